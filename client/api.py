@@ -1,0 +1,147 @@
+"""Python API of the daemon: ``Client`` wraps the generated ``offcut.v1`` stubs.
+
+Example::
+
+    from offcut.client import Client
+    with Client() as c:                      # default unix socket
+        print(c.status().idle_nodes)
+
+gRPC errors are raised as :mod:`offcut.errors` exceptions (``InvalidArgument``, ``NotFound``,
+``FailedPrecondition``, ``Unavailable`` ...), whose message names the offending field.
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import datetime, timezone
+from typing import Iterable, Iterator
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from offcut.addresses import default_socket
+from offcut.errors import Unavailable, from_rpc_error
+from offcut.v1 import (nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
+                       tasks_pb2_grpc)
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def to_timestamp(t: float | datetime) -> Timestamp:
+    """A Timestamp from seconds since the epoch or a datetime (naive = UTC)."""
+    ts = Timestamp()
+    if isinstance(t, datetime):
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=timezone.utc)
+        ts.FromDatetime(t)
+    else:
+        ts.FromNanoseconds(int(round(t * 1e9)))
+    return ts
+
+
+def _translate(method):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                raise Unavailable(
+                    f"cannot reach offcutd at {self.address} ({err.details()}); start it with "
+                    f"`offcutd --listen {self.address}` or pass the right address") from None
+            raise from_rpc_error(err) from None
+    return wrapper
+
+
+class Client:
+    """Synchronous client of one daemon.
+
+    Args:
+        address: ``unix:///path.sock`` or ``HOST:PORT``; default: the daemon's default socket.
+        timeout_s: deadline per call [s].
+    """
+
+    def __init__(self, address: str | None = None, timeout_s: float = 60.0):
+        self.address = address or default_socket()
+        self.timeout_s = timeout_s
+        limit = 64 * 1024 * 1024
+        self.channel = grpc.insecure_channel(self.address, options=[
+            ("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)])
+        self.nodes = nodes_pb2_grpc.NodeEventsStub(self.channel)
+        self.tasks = tasks_pb2_grpc.TasksStub(self.channel)
+        self.status_stub = status_pb2_grpc.StatusStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    # ------------------------------------------------------------------ health
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Block until the daemon answers SERVING; raises :class:`Unavailable` after
+        ``timeout_s`` seconds."""
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+            resp = self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except (grpc.FutureTimeoutError, grpc.RpcError) as exc:
+            raise Unavailable(f"offcutd at {self.address} did not become ready in {timeout_s:.0f} s "
+                              f"({exc.__class__.__name__})") from None
+        if resp.status != health_pb2.HealthCheckResponse.SERVING:
+            raise Unavailable(f"offcutd at {self.address} is not serving")
+
+    # ------------------------------------------------------------------ nodes
+    @_translate
+    def report_nodes(self, time: float | datetime, source: str, seq: int, *,
+                     idle: Iterable[str] = (), preempted: Iterable[str] = ()):
+        """Report nodes that became idle / idle nodes taken back; returns the ``Decision``."""
+        return self.nodes.ReportNodes(nodes_pb2.NodeEvent(
+            time=to_timestamp(time), source=source, seq=seq, idle=list(idle),
+            preempted=list(preempted)), timeout=self.timeout_s)
+
+    @_translate
+    def sync_nodes(self, time: float | datetime, source: str, seq: int, idle: Iterable[str]):
+        """Send the full idle set; the daemon diffs it. Returns the ``Decision``."""
+        return self.nodes.SyncNodes(nodes_pb2.NodeSnapshot(
+            time=to_timestamp(time), source=source, seq=seq, idle=list(idle)),
+            timeout=self.timeout_s)
+
+    # ------------------------------------------------------------------ tasks
+    @_translate
+    def submit(self, spec: tasks_pb2.TaskSpec, *, submit_time: float | datetime | None = None,
+               owner: str = "", request_id: str = "") -> tasks_pb2.SubmitTaskResponse:
+        """Submit a task; ``request_id`` makes retries idempotent."""
+        req = tasks_pb2.SubmitTaskRequest(spec=spec, owner=owner, request_id=request_id)
+        if submit_time is not None:
+            req.submit_time.CopyFrom(to_timestamp(submit_time))
+        return self.tasks.SubmitTask(req, timeout=self.timeout_s)
+
+    @_translate
+    def get_task(self, task_id: str) -> tasks_pb2.Task:
+        return self.tasks.GetTask(tasks_pb2.GetTaskRequest(task_id=task_id), timeout=self.timeout_s)
+
+    @_translate
+    def list_tasks(self, states: Iterable[int] = (), owner: str = "") -> list[tasks_pb2.Task]:
+        return list(self.tasks.ListTasks(tasks_pb2.ListTasksRequest(
+            states=list(states), owner=owner), timeout=self.timeout_s).tasks)
+
+    @_translate
+    def cancel(self, task_id: str, time: float | datetime | None = None) -> tasks_pb2.CancelTaskResponse:
+        req = tasks_pb2.CancelTaskRequest(task_id=task_id)
+        if time is not None:
+            req.time.CopyFrom(to_timestamp(time))
+        return self.tasks.CancelTask(req, timeout=self.timeout_s)
+
+    def watch(self, task_id: str = "", after_revision: int = 0) -> Iterator[tasks_pb2.PlacementUpdate]:
+        """Stream placement updates (blocking iterator; ``.cancel()`` the returned call to stop)."""
+        return self.tasks.WatchPlacements(tasks_pb2.WatchPlacementsRequest(
+            task_id=task_id, after_revision=after_revision))
+
+    # ------------------------------------------------------------------ status
+    @_translate
+    def status(self, include_idle_nodes: bool = False) -> status_pb2.StatusResponse:
+        return self.status_stub.GetStatus(status_pb2.GetStatusRequest(
+            include_idle_nodes=include_idle_nodes), timeout=self.timeout_s)

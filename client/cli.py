@@ -1,0 +1,203 @@
+"""The ``offcut`` command line: replays, the demo, offline solves, daemon status.
+
+Run ``offcut COMMAND --help`` for each command's options and examples.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from offcut.errors import OffcutError
+
+app = typer.Typer(add_completion=False, rich_markup_mode=None, no_args_is_help=True,
+                  help="Offcut: elastic DL training on the idle nodes of a supercomputer.")
+replay_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                         help="Replay recorded scheduler logs through the daemon.")
+app.add_typer(replay_app, name="replay")
+
+SOLVER_HELP = "auto | gurobi | cbc | dp | greedy (auto: gurobi if installed and the model fits its licence, else cbc)"
+
+
+def _fail(message: str, code: int = 1) -> None:
+    typer.echo(f"offcut: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _print_summary(summary: dict, out: Path) -> None:
+    keys = ("events", "stop_reason", "tasks_submitted", "tasks_completed", "all_done_at", "total_samples",
+            "idle_node_hours", "used_node_hours", "utilisation", "solver")
+    for k in keys:
+        v = summary.get(k)
+        typer.echo(f"  {k:18s} {v:.4g}" if isinstance(v, float) else f"  {k:18s} {v}")
+    dm = summary["decision_ms"]
+    if dm["p50"] is not None:
+        typer.echo(f"  {'decision_ms':18s} p50 {dm['p50']:.2f}  p99 {dm['p99']:.2f}  max {dm['max']:.2f}")
+    typer.echo(f"report: {out / 'report.png'}   steps: {out / 'steps.csv'}   summary: {out / 'summary.json'}")
+
+
+def _replay(node_log, tasks, out: Path, **opts) -> None:
+    from offcut.replay.driver import ReplayOptions, run_replay
+
+    try:
+        summary = run_replay(node_log, tasks, out, ReplayOptions(**opts))
+    except OffcutError as exc:
+        _fail(str(exc))
+    typer.echo(f"replay finished in {summary['wall_s']:.1f} s ({summary['events']} events)")
+    _print_summary(summary, out)
+
+
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("offcut-demo"), help="output folder"),
+    solver: str = typer.Option("auto", help=SOLVER_HELP),
+    progress: bool = typer.Option(True, help="show a progress bar"),
+) -> None:
+    """Replay the bundled demo log (synthetic, with the real log's statistics) and print the summary.
+
+    Example: offcut demo --out /tmp/demo
+    """
+    from offcut.replay.bftrainer_data import load_node_log, load_task_set
+    from offcut.replay.synth import demo_data_dir
+
+    data = demo_data_dir()
+    node_log = load_node_log(data, skip_rows=0)
+    tasks = load_task_set(data)
+    typer.echo(f"demo: {len(node_log.node_names)} nodes, {len(tasks)} tasks, bundled log {data}")
+    _replay(node_log, tasks, out, solver=solver, progress=progress)
+
+
+@replay_app.command("bftrainer")
+def replay_bftrainer(
+    node_log: Path = typer.Option(..., "--node-log", help="node-state log: safe-format folder, or ndstat-*.tar.gz / .pkl (needs --allow-pickle)"),
+    tasks: Path = typer.Option(..., "--tasks", help="task set: tasks.csv (or its folder), or a *-Jbnd-*.pkl (JNPs found beside it; needs --allow-pickle)"),
+    jnps: Optional[Path] = typer.Option(None, "--jnps", help="the *-JNPs-*.pkl when not beside the Jbnd file"),
+    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="allow loading pickles (runs code from the file: only for trusted data)"),
+    first_node: int = typer.Option(0, "--first-node", min=0, help="first node (log column index)"),
+    num_nodes: Optional[int] = typer.Option(None, "--num-nodes", min=1, help="number of nodes [default: all]"),
+    skip_rows: int = typer.Option(1000, "--skip-rows", min=0, help="log rows skipped at the start (as the original)"),
+    max_tasks: int = typer.Option(10, "--max-tasks", min=1, help="maxJ: tasks admitted at once"),
+    tfwd: float = typer.Option(10.0, "--tfwd", min=0.001, help="look-ahead Tfwd, s"),
+    solver: str = typer.Option("auto", "--solver", help=SOLVER_HELP),
+    time_limit: float = typer.Option(10.0, "--time-limit", min=0.01, help="hard limit per MILP solve, s"),
+    max_events: Optional[int] = typer.Option(None, "--max-events", min=1, help="stop after this many events"),
+    seed: int = typer.Option(0, "--seed", help="recorded in summary.json (no current solver is randomised)"),
+    target: Optional[str] = typer.Option(None, "--target", help="drive this running daemon instead of a private one"),
+    record_instances: Optional[Path] = typer.Option(None, "--record-instances", help="record every allocation problem to this JSONL file"),
+    until_log_end: bool = typer.Option(False, "--until-log-end", help="keep replaying after every task is done (node-hour accounting over the whole log)"),
+    out: Path = typer.Option(Path("replay-out"), "--out", help="output folder"),
+    progress: bool = typer.Option(True, help="show a progress bar"),
+) -> None:
+    """Replay a BFTrainer node-state log and task set (arXiv 2106.12091) through offcutd.
+
+    Example (the real public log, 128 nodes, the 10-task hps-shufflenet set):
+
+      offcut replay bftrainer --allow-pickle \\
+        --node-log ../shared/data/bftrainer/ndstat-10sdn6-evt.tar.gz \\
+        --tasks ../shared/data/bftrainer/hps-shufflenet-Jbnd-10J.pkl \\
+        --num-nodes 128 --solver cbc --out out/128
+    """
+    from offcut.replay.bftrainer_data import ReplayInputError, load_node_log, load_task_set
+
+    try:
+        log = load_node_log(node_log, first_node=first_node, num_nodes=num_nodes,
+                            skip_rows=skip_rows, allow_pickle=allow_pickle)
+        task_set = load_task_set(tasks, jnps, allow_pickle=allow_pickle)
+    except ReplayInputError as exc:
+        _fail(str(exc), 2)
+    typer.echo(f"replay: {len(log.node_names)} nodes from {log.initial_time}, {len(task_set)} tasks")
+    _replay(log, task_set, out, solver=solver, tfwd_s=tfwd, max_tasks=max_tasks,
+            max_events=max_events, seed=seed, target=target, time_limit_s=time_limit,
+            record_instances=str(record_instances) if record_instances else None,
+            until_log_end=until_log_end, progress=progress)
+
+
+@replay_app.command("convert")
+def replay_convert(
+    out: Path = typer.Option(..., "--out", help="output folder (safe format: nodes.csv, events.csv.gz, tasks.csv)"),
+    node_log: Optional[Path] = typer.Option(None, "--node-log", help="ndstat-*.tar.gz or .pkl"),
+    tasks: Optional[Path] = typer.Option(None, "--tasks", help="*-Jbnd-*.pkl (JNPs found beside it)"),
+    jnps: Optional[Path] = typer.Option(None, "--jnps", help="*-JNPs-*.pkl when not beside the Jbnd file"),
+    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="required: the inputs are pickles"),
+) -> None:
+    """Convert the BFTrainer pickles to the safe CSV format (no code runs when it is read).
+
+    Example: offcut replay convert --allow-pickle --node-log ndstat-10sdn6-evt.tar.gz
+             --tasks hps-shufflenet-Jbnd-10J.pkl --out data/bftrainer-safe
+    """
+    from offcut.replay.bftrainer_data import ReplayInputError, convert
+
+    if node_log is None and tasks is None:
+        _fail("nothing to convert: give --node-log and/or --tasks", 2)
+    if tasks is not None and jnps is None and "-Jbnd-" in tasks.name:
+        jnps = tasks.with_name(tasks.name.replace("-Jbnd-", "-JNPs-"))
+    try:
+        convert(node_log, tasks, jnps, out, allow_pickle=allow_pickle)
+    except ReplayInputError as exc:
+        _fail(str(exc), 2)
+    typer.echo(f"wrote {out}")
+
+
+@app.command()
+def solve(
+    records: Path = typer.Argument(..., help="JSONL file of allocation problems (offcutd --record-instances)"),
+    solver: str = typer.Option("auto", "--solver", help=SOLVER_HELP),
+    time_limit: float = typer.Option(10.0, "--time-limit", min=0.01, help="limit per solve, s"),
+) -> None:
+    """Re-solve recorded allocation problems; one JSON line per instance
+    (objective, bound, counts, solve_ms).
+
+    Example: offcut solve instances.jsonl --solver dp
+    """
+    from offcut.daemon.solvers.records import solve_records
+
+    if not records.is_file():
+        _fail(f"{records}: no such file", 2)
+    try:
+        for result in solve_records(records, solver, time_limit):
+            typer.echo(json.dumps(result))
+    except OffcutError as exc:
+        _fail(str(exc), 2)
+
+
+@app.command()
+def status(
+    address: Optional[str] = typer.Option(None, "--address", "-a", help="daemon address [default: the local socket]"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Show the daemon's idle pool, tasks and solver statistics.
+
+    Example: offcut status --json
+    """
+    from google.protobuf.json_format import MessageToDict
+
+    from offcut.client.api import Client
+
+    try:
+        with Client(address) as c:
+            st = c.status()
+    except OffcutError as exc:
+        _fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(MessageToDict(st), indent=2))
+        return
+    s = st.solver
+    typer.echo(f"clock        {st.clock.ToJsonString() if st.clock.seconds else '-'} (revision {st.revision})")
+    typer.echo(f"nodes        {st.idle_nodes} idle, {st.nodes_in_use} in use")
+    typer.echo(f"tasks        {st.queued_tasks} queued, {st.admitted_tasks} admitted, "
+               f"{st.running_tasks} running, {st.completed_tasks} completed, {st.cancelled_tasks} cancelled")
+    typer.echo(f"solver       {s.configured_solver}: {s.decisions} decisions, p50 {s.decision_ms_p50:.2f} ms, "
+               f"p99 {s.decision_ms_p99:.2f} ms, {s.fallbacks} fallbacks")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from offcut.v1 import decision_pb2 as _decision_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_STATE_UNSPECIFIED: _ClassVar[TaskState]
+    TASK_STATE_QUEUED: _ClassVar[TaskState]
+    TASK_STATE_ADMITTED: _ClassVar[TaskState]
+    TASK_STATE_RUNNING: _ClassVar[TaskState]
+    TASK_STATE_COMPLETED: _ClassVar[TaskState]
+    TASK_STATE_CANCELLED: _ClassVar[TaskState]
+TASK_STATE_UNSPECIFIED: TaskState
+TASK_STATE_QUEUED: TaskState
+TASK_STATE_ADMITTED: TaskState
+TASK_STATE_RUNNING: TaskState
+TASK_STATE_COMPLETED: TaskState
+TASK_STATE_CANCELLED: TaskState
+
+class TaskSpec(_message.Message):
+    __slots__ = ("name", "min_nodes", "max_nodes", "node_counts", "throughputs", "objective_values", "rescale_up_s", "rescale_down_s", "total_work_samples", "command")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MIN_NODES_FIELD_NUMBER: _ClassVar[int]
+    MAX_NODES_FIELD_NUMBER: _ClassVar[int]
+    NODE_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUTS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_VALUES_FIELD_NUMBER: _ClassVar[int]
+    RESCALE_UP_S_FIELD_NUMBER: _ClassVar[int]
+    RESCALE_DOWN_S_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_WORK_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    min_nodes: int
+    max_nodes: int
+    node_counts: _containers.RepeatedScalarFieldContainer[int]
+    throughputs: _containers.RepeatedScalarFieldContainer[float]
+    objective_values: _containers.RepeatedScalarFieldContainer[float]
+    rescale_up_s: float
+    rescale_down_s: float
+    total_work_samples: float
+    command: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., node_counts: _Optional[_Iterable[int]] = ..., throughputs: _Optional[_Iterable[float]] = ..., objective_values: _Optional[_Iterable[float]] = ..., rescale_up_s: _Optional[float] = ..., rescale_down_s: _Optional[float] = ..., total_work_samples: _Optional[float] = ..., command: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SubmitTaskRequest(_message.Message):
+    __slots__ = ("spec", "submit_time", "request_id", "owner")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    spec: TaskSpec
+    submit_time: _timestamp_pb2.Timestamp
+    request_id: str
+    owner: str
+    def __init__(self, spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
+
+class SubmitTaskResponse(_message.Message):
+    __slots__ = ("task", "decision")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    decision: _decision_pb2.Decision
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ...) -> None: ...
+
+class Task(_message.Message):
+    __slots__ = ("task_id", "spec", "owner", "state", "submit_time", "admit_time", "finish_time", "nodes", "work_done_samples", "rate_samples_per_s", "rescales", "preemptions")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    FINISH_TIME_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    WORK_DONE_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    RATE_SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    RESCALES_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    spec: TaskSpec
+    owner: str
+    state: TaskState
+    submit_time: _timestamp_pb2.Timestamp
+    admit_time: _timestamp_pb2.Timestamp
+    finish_time: _timestamp_pb2.Timestamp
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    work_done_samples: float
+    rate_samples_per_s: float
+    rescales: int
+    preemptions: int
+    def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., owner: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., admit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[str]] = ..., work_done_samples: _Optional[float] = ..., rate_samples_per_s: _Optional[float] = ..., rescales: _Optional[int] = ..., preemptions: _Optional[int] = ...) -> None: ...
+
+class GetTaskRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class ListTasksRequest(_message.Message):
+    __slots__ = ("states", "owner")
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    states: _containers.RepeatedScalarFieldContainer[TaskState]
+    owner: str
+    def __init__(self, states: _Optional[_Iterable[_Union[TaskState, str]]] = ..., owner: _Optional[str] = ...) -> None: ...
+
+class ListTasksResponse(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[Task]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
+
+class CancelTaskRequest(_message.Message):
+    __slots__ = ("task_id", "time")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    time: _timestamp_pb2.Timestamp
+    def __init__(self, task_id: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class CancelTaskResponse(_message.Message):
+    __slots__ = ("task", "decision")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    decision: _decision_pb2.Decision
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ...) -> None: ...
+
+class WatchPlacementsRequest(_message.Message):
+    __slots__ = ("task_id", "after_revision")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_REVISION_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    after_revision: int
+    def __init__(self, task_id: _Optional[str] = ..., after_revision: _Optional[int] = ...) -> None: ...
+
+class PlacementUpdate(_message.Message):
+    __slots__ = ("revision", "time", "cause", "placements")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    time: _timestamp_pb2.Timestamp
+    cause: str
+    placements: _containers.RepeatedCompositeFieldContainer[_decision_pb2.Placement]
+    def __init__(self, revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., placements: _Optional[_Iterable[_Union[_decision_pb2.Placement, _Mapping]]] = ...) -> None: ...

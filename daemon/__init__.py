@@ -1,0 +1,1 @@
+"""The Offcut daemon (offcutd): gRPC service, deterministic cluster core, allocation, store."""

@@ -1,0 +1,74 @@
+"""``offcutd``: the Offcut daemon.
+
+Examples::
+
+    offcutd                                   # unix socket, default state file, solver auto
+    offcutd --config /etc/offcut/offcut.toml
+    offcutd --listen 127.0.0.1:50051 --state /var/lib/offcut/state.sqlite --solver cbc
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from offcut.daemon.config import ConfigError, load_config
+
+app = typer.Typer(add_completion=False, rich_markup_mode=None, help=__doc__)
+
+
+@app.command()
+def serve(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file (keys as the long flags, with _)"),
+    listen: Optional[str] = typer.Option(None, help="unix:///path.sock or HOST:PORT [default: unix://$XDG_RUNTIME_DIR/offcut/offcutd.sock]"),
+    state: Optional[str] = typer.Option(None, help="SQLite state file [default: $XDG_STATE_HOME/offcut/state.sqlite]"),
+    solver: Optional[str] = typer.Option(None, help="auto | gurobi | cbc | dp | greedy [default: auto]"),
+    solver_time_limit_s: Optional[float] = typer.Option(None, "--time-limit", help="hard limit per MILP solve, s [default: 10]"),
+    isolate_solver: Optional[bool] = typer.Option(None, "--isolate-solver/--in-process-solver", help="run MILP solves in a guarded child process [default: isolate]"),
+    tfwd_s: Optional[float] = typer.Option(None, "--tfwd", help="BFTrainer look-ahead Tfwd, s [default: 10]"),
+    max_running_tasks: Optional[int] = typer.Option(None, "--max-running-tasks", help="maxJ: tasks admitted at once [default: 10]"),
+    snapshot_every: Optional[int] = typer.Option(None, help="journal rows between state snapshots [default: 1000]"),
+    record_instances: Optional[str] = typer.Option(None, "--record-instances", help="append every allocation problem to this JSONL file"),
+    log_level: Optional[str] = typer.Option(None, help="debug | info | warning | error [default: info]"),
+) -> None:
+    """Run the Offcut daemon until SIGTERM/SIGINT."""
+    try:
+        cfg = load_config(config, dict(
+            listen=listen, state=state, solver=solver, solver_time_limit_s=solver_time_limit_s,
+            isolate_solver=isolate_solver, tfwd_s=tfwd_s, max_running_tasks=max_running_tasks,
+            snapshot_every=snapshot_every, record_instances=record_instances, log_level=log_level))
+    except ConfigError as exc:
+        typer.echo(f"offcutd: {exc}", err=True)
+        raise typer.Exit(2)
+    logging.basicConfig(level=cfg.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from offcut.daemon.server import OffcutServer
+    from offcut.daemon.store import StoreError
+
+    try:
+        server = OffcutServer(cfg)
+    except (StoreError, RuntimeError, OSError) as exc:
+        typer.echo(f"offcutd: {exc}", err=True)
+        raise typer.Exit(1)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    stop.wait()
+    logging.getLogger("offcut.daemon").info("shutting down")
+    server.stop()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,409 @@
+"""The deterministic cluster core: ``(state, event) -> (state', outcome)`` (DESIGN §2-4).
+
+No I/O and no wall clock: every time comes from the events. The allocation backend is passed
+in as a callable, so a restart can re-apply journaled events with the answers recorded then.
+
+Progress model (BFTrainer, arXiv 2106.12091 §3-4; DESIGN §3):
+
+* between events a task earns ``rate * dt`` samples, rate = Ps(n) if n >= Jmin else 0;
+* a decision that grows a task from c nodes costs ``Ps(c) * Tcup`` samples, a shrink
+  ``Ps(c) * Tcdw`` (0 when c < Jmin: the task was earning nothing);
+* losing nodes to preemption costs ``Tcdw * rate`` once per task per event;
+* a task finishes the moment its work reaches ``total_work``: the core stops the clock there,
+  releases its nodes and re-allocates before going on to the event's time;
+* at most ``max_running_tasks`` unfinished tasks are admitted, in submit order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
+from offcut.daemon import placement
+from offcut.daemon.model import (CancelEvent, Event, NodeEvent, SubmitEvent, Task, TaskState,
+                                 check_node_names)
+from offcut.daemon.solvers.problem import AllocationProblem
+
+MAX_SOURCE_LEN = 200
+
+
+@dataclass
+class SolveRecord:
+    """One allocation answer, as journaled. ``counts`` is per admitted task (submit order)."""
+
+    counts: list[int]
+    solver: str
+    status: str
+    objective: float
+    bound: float
+    solve_ms: float
+    fallback_reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+Allocate = Callable[[AllocationProblem], SolveRecord]
+
+
+@dataclass
+class PlacementChange:
+    """How one task's node set changed (mirrors ``offcut.v1.Placement``)."""
+
+    task_id: str
+    task_name: str
+    change: str  # start | grow | shrink | stop | preempted | completed | cancelled
+    nodes: list[str]
+    previous_count: int
+    rate: float
+    work_done: float
+    total_work: float
+
+
+@dataclass
+class Outcome:
+    """What applying one event did (becomes an ``offcut.v1.Decision``)."""
+
+    time: float
+    source: str = ""
+    seq: int = 0
+    cause: str = "nodes"
+    revision: int = 0
+    placements: list[PlacementChange] = field(default_factory=list)
+    solves: list[SolveRecord] = field(default_factory=list)
+    ignored_nodes: list[str] = field(default_factory=list)
+    completed_task_ids: list[str] = field(default_factory=list)
+    task_id: str | None = None
+    # BFTrainer step-log figures
+    interval_s: float = 0.0
+    progress_samples: float = 0.0
+    rescale_cost_samples: float = 0.0
+    preemption_cost_samples: float = 0.0
+    nodes_left: int = 0
+    nodes_joined: int = 0
+    tasks_preempted: int = 0
+    rate_samples_per_s: float = 0.0
+    admitted_tasks: int = 0
+    idle_nodes: int = 0
+    running_tasks: int = 0
+    nodes_in_use: int = 0
+
+
+class Core:
+    """Cluster state: idle pool, tasks, placements, accounting; applies events.
+
+    Args:
+        tfwd_s: BFTrainer's look-ahead Tfwd [s] used in the allocation objective.
+        max_running_tasks: maxJ, tasks admitted to the allocation at once.
+    """
+
+    def __init__(self, tfwd_s: float = 10.0, max_running_tasks: int = 10):
+        self.tfwd_s = float(tfwd_s)
+        self.max_running_tasks = int(max_running_tasks)
+        self.clock: float | None = None
+        self.revision = 0
+        self.pool: dict[str, float] = {}        # idle node -> idle since [s]
+        self.holder: dict[str, str] = {}        # idle node -> task id holding it
+        self.tasks: dict[str, Task] = {}        # submit order
+        self.last_seq: dict[str, int] = {}
+        self.next_task_number = 1
+        self.total_samples = 0.0
+        self.idle_node_seconds = 0.0
+        self.used_node_seconds = 0.0
+        self.requests: dict[str, str] = {}      # submit request_id -> task id
+
+    # ================================================================= validation (pure)
+    def validate(self, event: Event) -> None:
+        """Raise InvalidArgument / FailedPrecondition / NotFound if ``event`` cannot be applied.
+        Never changes state."""
+        if not math.isfinite(event.time) or event.time <= 0:
+            raise InvalidArgument("must be a set, positive timestamp", "time")
+        if isinstance(event, NodeEvent):
+            if not event.source or len(event.source) > MAX_SOURCE_LEN or not event.source.isprintable():
+                raise InvalidArgument(f"must be 1-{MAX_SOURCE_LEN} printable characters", "source")
+            if event.seq < 1:
+                raise InvalidArgument("must be >= 1", "seq")
+            last = self.last_seq.get(event.source, 0)
+            if event.seq <= last:
+                raise FailedPrecondition(
+                    f"{event.seq} is not after the last applied seq {last} of source "
+                    f"{event.source!r}", "seq")
+            if self.clock is not None and event.time < self.clock:
+                raise FailedPrecondition(
+                    f"event at {event.time:.3f} is older than the last applied event at "
+                    f"{self.clock:.3f}", "time")
+            check_node_names(list(event.idle), "idle")
+            check_node_names(list(event.preempted), "preempted")
+            if not event.snapshot:
+                if not event.idle and not event.preempted:
+                    raise InvalidArgument("an event must name at least one node", "idle")
+                both = set(event.idle) & set(event.preempted)
+                if both:
+                    raise InvalidArgument(
+                        f"node {sorted(both)[0]!r} is both idle and preempted", "preempted")
+        elif isinstance(event, SubmitEvent):
+            event.spec.validate()
+            if event.request_id and len(event.request_id) > MAX_SOURCE_LEN:
+                raise InvalidArgument(f"must be at most {MAX_SOURCE_LEN} characters", "request_id")
+            if not event.owner or len(event.owner) > MAX_SOURCE_LEN:
+                raise InvalidArgument(f"must be 1-{MAX_SOURCE_LEN} characters", "owner")
+        elif isinstance(event, CancelEvent):
+            task = self.tasks.get(event.task_id)
+            if task is None:
+                raise NotFound(f"no task {event.task_id!r}", "task_id")
+            if task.state.finished:
+                raise FailedPrecondition(f"task {event.task_id} is already {task.state.value}",
+                                         "task_id")
+
+    # ================================================================= applying
+    def apply(self, event: Event, allocate: Allocate) -> Outcome:
+        """Validate and apply ``event``; returns the outcome. Raises like :meth:`validate`
+        (then nothing changed)."""
+        self.validate(event)
+        t = event.time if self.clock is None else max(event.time, self.clock)
+        out = Outcome(time=t)
+        out.interval_s = 0.0 if self.clock is None else t - self.clock
+        self._advance(t, out, allocate)
+        changed = False
+        if isinstance(event, NodeEvent):
+            out.source, out.seq = event.source, event.seq
+            out.cause = "snapshot" if event.snapshot else "nodes"
+            self.last_seq[event.source] = event.seq
+            changed = self._apply_nodes(event, t, out)
+        elif isinstance(event, SubmitEvent):
+            out.cause = "submit"
+            task = Task(task_id=f"t{self.next_task_number:06d}", spec=event.spec,
+                        owner=event.owner, submit_time=event.time, request_id=event.request_id)
+            self.next_task_number += 1
+            self.tasks[task.task_id] = task
+            if event.request_id:
+                self.requests[event.request_id] = task.task_id
+            out.task_id = task.task_id
+            changed = True
+        elif isinstance(event, CancelEvent):
+            out.cause = "cancel"
+            task = self.tasks[event.task_id]
+            self._finish(task, TaskState.CANCELLED, t, out)
+            out.task_id = task.task_id
+            changed = True
+        if changed:
+            self._reallocate(t, out, allocate)
+        self.revision += 1
+        out.revision = self.revision
+        self._fill_figures(out)
+        return out
+
+    # ----------------------------------------------------------------- time
+    def _advance(self, t: float, out: Outcome, allocate: Allocate) -> None:
+        """Accrue progress up to ``t``, completing tasks (and re-allocating) on the way."""
+        if self.clock is None:
+            self.clock = t
+            return
+        while True:
+            soonest, soonest_task = math.inf, None
+            for task in self.tasks.values():
+                if task.rate > 0 and task.state is TaskState.RUNNING:
+                    left = task.spec.total_work_samples - task.work_done
+                    at = self.clock + max(left, 0.0) / task.rate
+                    if at < soonest:
+                        soonest, soonest_task = at, task
+            if soonest_task is None or soonest > t:
+                break
+            self._accrue(soonest - self.clock, out)
+            self.clock = soonest
+            for task in list(self.tasks.values()):
+                if task.state is TaskState.RUNNING and (
+                        task is soonest_task or
+                        task.work_done >= task.spec.total_work_samples * (1 - 1e-12)):
+                    out.progress_samples += task.spec.total_work_samples - task.work_done
+                    self.total_samples += task.spec.total_work_samples - task.work_done
+                    task.work_done = task.spec.total_work_samples
+                    self._finish(task, TaskState.COMPLETED, soonest, out)
+                    out.completed_task_ids.append(task.task_id)
+            self._reallocate(soonest, out, allocate)
+        self._accrue(t - self.clock, out)
+        self.clock = t
+
+    def _accrue(self, dt: float, out: Outcome) -> None:
+        if dt <= 0:
+            return
+        for task in self.tasks.values():
+            if task.rate > 0:
+                gained = task.rate * dt
+                task.work_done += gained
+                out.progress_samples += gained
+                self.total_samples += gained
+        self.idle_node_seconds += len(self.pool) * dt
+        self.used_node_seconds += len(self.holder) * dt
+
+    # ----------------------------------------------------------------- nodes
+    def _apply_nodes(self, event: NodeEvent, t: float, out: Outcome) -> bool:
+        if event.snapshot:
+            now_idle = set(event.idle)
+            joined = sorted(now_idle - self.pool.keys())
+            left = sorted(n for n in self.pool if n not in now_idle)
+        else:
+            joined, left = [], []
+            for n in event.idle:
+                (out.ignored_nodes if n in self.pool else joined).append(n)
+            for n in event.preempted:
+                (left if n in self.pool else out.ignored_nodes).append(n)
+        hit: dict[str, Task] = {}
+        for n in left:
+            del self.pool[n]
+            owner = self.holder.pop(n, None)
+            if owner is not None:
+                hit[owner] = self.tasks[owner]
+        for task in hit.values():
+            cost = task.spec.rescale_down_s * task.rate
+            task.work_done -= cost
+            out.progress_samples -= cost
+            out.preemption_cost_samples += cost
+            self.total_samples -= cost
+            task.preemptions += 1
+            before = len(task.nodes)
+            task.nodes = [n for n in task.nodes if n in self.pool]
+            self._set_running_state(task)
+            out.placements.append(self._change(task, "preempted", before))
+        for n in joined:
+            self.pool[n] = t
+        out.nodes_left, out.nodes_joined, out.tasks_preempted = len(left), len(joined), len(hit)
+        return bool(joined or left)
+
+    def _set_running_state(self, task: Task) -> None:
+        task.rate = task.spec.throughput_at(len(task.nodes))
+        if not task.state.finished:
+            task.state = TaskState.RUNNING if task.nodes else TaskState.ADMITTED
+
+    def _finish(self, task: Task, state: TaskState, t: float, out: Outcome) -> None:
+        before = len(task.nodes)
+        for n in task.nodes:
+            self.holder.pop(n, None)
+        task.nodes = []
+        task.rate = 0.0
+        task.state = state
+        task.finish_time = t
+        out.placements.append(self._change(task, state.value, before))
+
+    def _change(self, task: Task, change: str, before: int) -> PlacementChange:
+        return PlacementChange(task.task_id, task.spec.name, change, list(task.nodes), before,
+                               task.rate, task.work_done, task.spec.total_work_samples)
+
+    # ----------------------------------------------------------------- allocation
+    def admitted(self) -> list[Task]:
+        """The tasks considered by the allocation (submit order, at most maxJ)."""
+        out = []
+        for task in self.tasks.values():
+            if task.state.finished:
+                continue
+            if len(out) == self.max_running_tasks:
+                break
+            out.append(task)
+        return out
+
+    def problem(self, tasks: list[Task]) -> AllocationProblem:
+        """The count-level allocation problem for ``tasks`` (DESIGN §4)."""
+        return AllocationProblem(
+            idle_nodes=len(self.pool),
+            current_nodes=[len(t.nodes) for t in tasks],
+            min_nodes=[t.spec.min_nodes for t in tasks],
+            max_nodes=[t.spec.max_nodes for t in tasks],
+            node_counts=[t.spec.node_counts for t in tasks],
+            objective_values=[t.spec.objective for t in tasks],
+            tfwd_s=self.tfwd_s,
+            rescale_up_s=[t.spec.rescale_up_s for t in tasks],
+            rescale_down_s=[t.spec.rescale_down_s for t in tasks],
+        )
+
+    def _reallocate(self, t: float, out: Outcome, allocate: Allocate) -> None:
+        tasks = self.admitted()
+        for task in tasks:
+            if task.state is TaskState.QUEUED:
+                task.state = TaskState.ADMITTED
+                task.admit_time = t
+        if not tasks:
+            return
+        answer = allocate(self.problem(tasks))
+        out.solves.append(answer)
+        counts = [int(c) for c in answer.counts]
+        if len(counts) != len(tasks):
+            raise RuntimeError(f"allocation returned {len(counts)} counts for {len(tasks)} tasks")
+        # shrink first: released nodes become free for growing tasks
+        before = {task.task_id: len(task.nodes) for task in tasks}
+        for task, n in zip(tasks, counts):
+            if n < len(task.nodes):
+                kept, released = placement.shrink(task.nodes, n)
+                for node in released:
+                    del self.holder[node]
+                task.nodes = kept
+        free = [n for n in self.pool if n not in self.holder]
+        for task, n in zip(tasks, counts):
+            extra = n - len(task.nodes)
+            if extra > 0:
+                picked = placement.grow(task.nodes, extra, free, self.pool)
+                taken = set(picked)
+                free = [x for x in free if x not in taken]
+                for node in picked:
+                    self.holder[node] = task.task_id
+                task.nodes = sorted(task.nodes + picked)
+        for task in tasks:
+            c, n = before[task.task_id], len(task.nodes)
+            if n == c:
+                continue
+            lost_rate = task.spec.throughput_at(c)
+            cost = lost_rate * (task.spec.rescale_up_s if n > c else task.spec.rescale_down_s)
+            task.work_done -= cost
+            out.progress_samples -= cost
+            out.rescale_cost_samples += cost
+            self.total_samples -= cost
+            task.rescales += 1
+            self._set_running_state(task)
+            kind = "start" if c == 0 else "stop" if n == 0 else "grow" if n > c else "shrink"
+            out.placements.append(self._change(task, kind, c))
+
+    def _fill_figures(self, out: Outcome) -> None:
+        running = [t for t in self.tasks.values() if t.state is TaskState.RUNNING]
+        out.rate_samples_per_s = float(sum(t.rate for t in running))
+        out.admitted_tasks = sum(1 for t in self.tasks.values()
+                                 if t.state in (TaskState.ADMITTED, TaskState.RUNNING))
+        out.idle_nodes = len(self.pool)
+        out.running_tasks = len(running)
+        out.nodes_in_use = len(self.holder)
+
+    # ================================================================= persistence
+    def to_dict(self) -> dict[str, Any]:
+        """The whole state as JSON-able data (for snapshots)."""
+        return {
+            "tfwd_s": self.tfwd_s, "max_running_tasks": self.max_running_tasks,
+            "clock": self.clock, "revision": self.revision, "pool": self.pool,
+            "tasks": [t.to_dict() for t in self.tasks.values()], "last_seq": self.last_seq,
+            "next_task_number": self.next_task_number, "total_samples": self.total_samples,
+            "idle_node_seconds": self.idle_node_seconds,
+            "used_node_seconds": self.used_node_seconds, "requests": self.requests,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Core":
+        """Inverse of :meth:`to_dict`."""
+        core = cls(d["tfwd_s"], d["max_running_tasks"])
+        core.clock, core.revision = d["clock"], d["revision"]
+        core.pool = dict(d["pool"])
+        core.tasks = {t["task_id"]: Task.from_dict(t) for t in d["tasks"]}
+        core.holder = {n: t.task_id for t in core.tasks.values() for n in t.nodes}
+        core.last_seq = dict(d["last_seq"])
+        core.next_task_number = d["next_task_number"]
+        core.total_samples = d["total_samples"]
+        core.idle_node_seconds = d["idle_node_seconds"]
+        core.used_node_seconds = d["used_node_seconds"]
+        core.requests = dict(d["requests"])
+        return core
+
+    def fingerprint(self) -> tuple:
+        """A comparable summary of the state (tests: state before == state after)."""
+        return (self.clock, self.revision, tuple(sorted(self.pool.items())),
+                tuple((t.task_id, t.state.value, tuple(t.nodes), round(t.work_done, 6))
+                      for t in self.tasks.values()),
+                tuple(sorted(self.last_seq.items())))
+

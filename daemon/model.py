@@ -1,0 +1,271 @@
+"""Domain types of the daemon core: task specs, tasks, node events (DESIGN §2-3).
+
+Times are float seconds since the Unix epoch (UTC), taken from the events themselves; nothing
+here reads a clock. Node counts are ints, work is in samples, throughput in samples/s.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from offcut.errors import InvalidArgument
+
+#: Node names accepted in events: Slurm-style host names (letters, digits, ``-``, ``_``, ``.``).
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MAX_NAME_LEN = 200
+
+
+class TaskState(str, Enum):
+    """Life cycle of a task (mirrors ``offcut.v1.TaskState``)."""
+
+    QUEUED = "queued"        # waiting for admission (max_running_tasks)
+    ADMITTED = "admitted"    # considered by the allocation, holds no node
+    RUNNING = "running"      # holds >= 1 node
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (TaskState.COMPLETED, TaskState.CANCELLED)
+
+
+def _finite(value: float, field_name: str, *, positive: bool = False, non_negative: bool = False) -> float:
+    value = float(value)
+    if not math.isfinite(value):
+        raise InvalidArgument(f"must be a finite number, got {value}", field_name)
+    if positive and value <= 0:
+        raise InvalidArgument(f"must be > 0, got {value}", field_name)
+    if non_negative and value < 0:
+        raise InvalidArgument(f"must be >= 0, got {value}", field_name)
+    return value
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a researcher submits (DESIGN §3; BFTrainer's Jbnd + JNPs rows).
+
+    Attributes:
+        name: human-readable name (1-200 characters).
+        min_nodes, max_nodes: Jmin >= 1 and Jmax >= Jmin; the task runs on 0 or Jmin..Jmax nodes.
+        node_counts: Ns, strictly increasing, starting at 0, last >= max_nodes.
+        throughputs: Ps [samples/s] at each count, finite and >= 0.
+        objective_values: Os at each count (what the allocation maximises); empty = Ps.
+        rescale_up_s, rescale_down_s: Tcup, Tcdw [s]: seconds of progress lost per grow/shrink.
+        total_work_samples: Pmax [samples] > 0.
+        command: argv of the task for live runs (may be empty in replays).
+    """
+
+    name: str
+    min_nodes: int
+    max_nodes: int
+    node_counts: tuple[int, ...]
+    throughputs: tuple[float, ...]
+    objective_values: tuple[float, ...] = ()
+    rescale_up_s: float = 0.0
+    rescale_down_s: float = 0.0
+    total_work_samples: float = 0.0
+    command: tuple[str, ...] = ()
+
+    @classmethod
+    def create(cls, **kwargs: Any) -> "TaskSpec":
+        """Build and validate a spec; raises :class:`InvalidArgument` naming the field
+        (``spec.<field>``) on the first problem found."""
+        spec = cls(
+            name=str(kwargs.get("name", "")),
+            min_nodes=kwargs.get("min_nodes", 0),
+            max_nodes=kwargs.get("max_nodes", 0),
+            node_counts=tuple(kwargs.get("node_counts", ())),
+            throughputs=tuple(float(x) for x in kwargs.get("throughputs", ())),
+            objective_values=tuple(float(x) for x in kwargs.get("objective_values", ())),
+            rescale_up_s=kwargs.get("rescale_up_s", 0.0),
+            rescale_down_s=kwargs.get("rescale_down_s", 0.0),
+            total_work_samples=kwargs.get("total_work_samples", 0.0),
+            command=tuple(str(x) for x in kwargs.get("command", ())),
+        )
+        spec.validate()
+        return spec
+
+    def validate(self) -> None:
+        """Raise :class:`InvalidArgument` (field ``spec.<name>``) if the spec is malformed."""
+        if not self.name or len(self.name) > MAX_NAME_LEN or not self.name.isprintable():
+            raise InvalidArgument(f"must be 1-{MAX_NAME_LEN} printable characters", "spec.name")
+        for fname in ("min_nodes", "max_nodes"):
+            v = getattr(self, fname)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise InvalidArgument(f"must be an integer, got {v!r}", f"spec.{fname}")
+        if self.min_nodes < 1:
+            raise InvalidArgument(f"must be >= 1, got {self.min_nodes}", "spec.min_nodes")
+        if self.max_nodes < self.min_nodes:
+            raise InvalidArgument(
+                f"must be >= min_nodes ({self.min_nodes}), got {self.max_nodes}", "spec.max_nodes")
+        ns, ps = self.node_counts, self.throughputs
+        if len(ns) < 2:
+            raise InvalidArgument("needs at least two points (0 and one more)", "spec.node_counts")
+        if len(ns) > 100_000:
+            raise InvalidArgument("has more than 100000 points", "spec.node_counts")
+        if any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) for n in ns):
+            raise InvalidArgument("must be integers", "spec.node_counts")
+        if ns[0] != 0:
+            raise InvalidArgument(f"must start at 0, starts at {ns[0]}", "spec.node_counts")
+        if any(b <= a for a, b in zip(ns, ns[1:])):
+            raise InvalidArgument("must be strictly increasing", "spec.node_counts")
+        if ns[-1] < self.max_nodes:
+            raise InvalidArgument(
+                f"must reach max_nodes ({self.max_nodes}); last point is {ns[-1]}", "spec.node_counts")
+        if len(ps) != len(ns):
+            raise InvalidArgument(
+                f"has {len(ps)} values for {len(ns)} node counts", "spec.throughputs")
+        for i, p in enumerate(ps):
+            if not math.isfinite(p) or p < 0:
+                raise InvalidArgument(f"value {i} is {p}; must be finite and >= 0", "spec.throughputs")
+        if self.objective_values:
+            if len(self.objective_values) != len(ns):
+                raise InvalidArgument(f"has {len(self.objective_values)} values for {len(ns)} node "
+                                      "counts", "spec.objective_values")
+            for i, o in enumerate(self.objective_values):
+                if not math.isfinite(o) or o < 0:
+                    raise InvalidArgument(f"value {i} is {o}; must be finite and >= 0",
+                                          "spec.objective_values")
+        _finite(self.rescale_up_s, "spec.rescale_up_s", non_negative=True)
+        _finite(self.rescale_down_s, "spec.rescale_down_s", non_negative=True)
+        _finite(self.total_work_samples, "spec.total_work_samples", positive=True)
+        if len(self.command) > 4096 or any(len(a) > 65536 for a in self.command):
+            raise InvalidArgument("is too long", "spec.command")
+
+    @property
+    def objective(self) -> tuple[float, ...]:
+        """Os, or Ps when no objective curve was given."""
+        return self.objective_values or self.throughputs
+
+    def throughput_at(self, nodes: int) -> float:
+        """Modelled progress rate [samples/s] on ``nodes`` nodes: Ps(n) by linear
+        interpolation if n >= Jmin, else 0 (DESIGN §3)."""
+        if nodes < self.min_nodes:
+            return 0.0
+        return float(np.interp(nodes, self.node_counts, self.throughputs))
+
+    def objective_at(self, nodes: int) -> float:
+        """S(n): the objective curve at ``nodes`` (0 below Jmin)."""
+        if nodes < self.min_nodes:
+            return 0.0
+        return float(np.interp(nodes, self.node_counts, self.objective))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("node_counts", "throughputs", "objective_values", "command"):
+            d[k] = list(d[k])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TaskSpec":
+        return cls(**{**d, **{k: tuple(d[k]) for k in
+                              ("node_counts", "throughputs", "objective_values", "command")}})
+
+
+@dataclass
+class Task:
+    """A submitted task and its progress as of the core's clock.
+
+    ``nodes`` are the names it holds (sorted); ``work_done`` [samples] is net of rescale and
+    preemption losses; ``rate`` [samples/s] is ``spec.throughput_at(len(nodes))``.
+    """
+
+    task_id: str
+    spec: TaskSpec
+    owner: str
+    submit_time: float
+    state: TaskState = TaskState.QUEUED
+    admit_time: float | None = None
+    finish_time: float | None = None
+    nodes: list[str] = field(default_factory=list)
+    work_done: float = 0.0
+    rate: float = 0.0
+    rescales: int = 0
+    preemptions: int = 0
+    request_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["spec"] = self.spec.to_dict()
+        d["state"] = self.state.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Task":
+        d = dict(d)
+        d["spec"] = TaskSpec.from_dict(d["spec"])
+        d["state"] = TaskState(d["state"])
+        return cls(**d)
+
+
+def check_node_names(names: list[str], field_name: str) -> None:
+    """Raise :class:`InvalidArgument` naming ``field_name`` if any name is malformed or repeated."""
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not NODE_NAME_RE.match(name):
+            shown = repr(name)[:60]
+            raise InvalidArgument(f"entry {i} ({shown}) is not a valid node name", field_name)
+        if name in seen:
+            raise InvalidArgument(f"node {name!r} is listed twice", field_name)
+        seen.add(name)
+
+
+# ----------------------------------------------------------------------------- events
+@dataclass(frozen=True)
+class NodeEvent:
+    """Nodes that became idle and idle nodes taken back, at ``time`` [s since epoch]."""
+
+    time: float
+    source: str
+    seq: int
+    idle: tuple[str, ...] = ()
+    preempted: tuple[str, ...] = ()
+    snapshot: bool = False  # True: ``idle`` is the full idle set (SyncNodes)
+
+
+@dataclass(frozen=True)
+class SubmitEvent:
+    time: float
+    spec: TaskSpec
+    owner: str
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class CancelEvent:
+    time: float
+    task_id: str
+
+
+Event = NodeEvent | SubmitEvent | CancelEvent
+
+
+def event_to_dict(event: Event) -> dict[str, Any]:
+    """JSON-able form of an event for the journal."""
+    if isinstance(event, NodeEvent):
+        return {"kind": "nodes", "time": event.time, "source": event.source, "seq": event.seq,
+                "idle": list(event.idle), "preempted": list(event.preempted),
+                "snapshot": event.snapshot}
+    if isinstance(event, SubmitEvent):
+        return {"kind": "submit", "time": event.time, "spec": event.spec.to_dict(),
+                "owner": event.owner, "request_id": event.request_id}
+    return {"kind": "cancel", "time": event.time, "task_id": event.task_id}
+
+
+def event_from_dict(d: dict[str, Any]) -> Event:
+    """Inverse of :func:`event_to_dict`."""
+    kind = d["kind"]
+    if kind == "nodes":
+        return NodeEvent(d["time"], d["source"], d["seq"], tuple(d["idle"]),
+                         tuple(d["preempted"]), d.get("snapshot", False))
+    if kind == "submit":
+        return SubmitEvent(d["time"], TaskSpec.from_dict(d["spec"]), d["owner"], d["request_id"])
+    if kind == "cancel":
+        return CancelEvent(d["time"], d["task_id"])
+    raise ValueError(f"unknown event kind {kind!r}")

@@ -1,0 +1,161 @@
+"""Translation between ``offcut.v1`` messages and the core's domain types.
+
+Only shapes are checked here (types, required fields); the core validates values.
+"""
+
+from __future__ import annotations
+
+import math
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from offcut.errors import InvalidArgument
+from offcut.daemon.core import Core, Outcome
+from offcut.daemon.model import (CancelEvent, NodeEvent, SubmitEvent, Task, TaskSpec, TaskState)
+from offcut.v1 import decision_pb2, nodes_pb2, status_pb2, tasks_pb2
+
+CHANGE_TO_PB = {
+    "start": decision_pb2.PLACEMENT_CHANGE_START,
+    "grow": decision_pb2.PLACEMENT_CHANGE_GROW,
+    "shrink": decision_pb2.PLACEMENT_CHANGE_SHRINK,
+    "stop": decision_pb2.PLACEMENT_CHANGE_STOP,
+    "preempted": decision_pb2.PLACEMENT_CHANGE_PREEMPTED,
+    "completed": decision_pb2.PLACEMENT_CHANGE_COMPLETED,
+    "cancelled": decision_pb2.PLACEMENT_CHANGE_CANCELLED,
+}
+STATE_TO_PB = {
+    TaskState.QUEUED: tasks_pb2.TASK_STATE_QUEUED,
+    TaskState.ADMITTED: tasks_pb2.TASK_STATE_ADMITTED,
+    TaskState.RUNNING: tasks_pb2.TASK_STATE_RUNNING,
+    TaskState.COMPLETED: tasks_pb2.TASK_STATE_COMPLETED,
+    TaskState.CANCELLED: tasks_pb2.TASK_STATE_CANCELLED,
+}
+PB_TO_STATE = {v: k for k, v in STATE_TO_PB.items()}
+
+
+def time_from_pb(ts: Timestamp, field: str, *, required: bool, default: float | None = None) -> float:
+    """Seconds since the epoch from a Timestamp; unset -> ``default`` or InvalidArgument."""
+    if ts.seconds == 0 and ts.nanos == 0:
+        if required or default is None:
+            raise InvalidArgument("is required", field)
+        return default
+    if not 0 <= ts.nanos < 1_000_000_000 or ts.seconds < 0:
+        raise InvalidArgument("is not a valid timestamp", field)
+    return ts.seconds + ts.nanos / 1e9
+
+
+def time_to_pb(t: float | None) -> Timestamp:
+    ts = Timestamp()
+    if t is not None:
+        seconds = math.floor(t)
+        ts.seconds = int(seconds)
+        ts.nanos = min(999_999_999, int(round((t - seconds) * 1e9)))
+    return ts
+
+
+def node_event_from_pb(msg: nodes_pb2.NodeEvent | nodes_pb2.NodeSnapshot, *, snapshot: bool) -> NodeEvent:
+    return NodeEvent(
+        time=time_from_pb(msg.time, "time", required=True),
+        source=msg.source, seq=msg.seq, idle=tuple(msg.idle),
+        preempted=() if snapshot else tuple(msg.preempted), snapshot=snapshot)
+
+
+def spec_from_pb(spec: tasks_pb2.TaskSpec) -> TaskSpec:
+    """A validated :class:`TaskSpec`; raises InvalidArgument naming ``spec.<field>``."""
+    return TaskSpec.create(
+        name=spec.name, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
+        node_counts=list(spec.node_counts), throughputs=list(spec.throughputs),
+        objective_values=list(spec.objective_values), rescale_up_s=spec.rescale_up_s,
+        rescale_down_s=spec.rescale_down_s, total_work_samples=spec.total_work_samples,
+        command=list(spec.command))
+
+
+def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
+    return tasks_pb2.TaskSpec(
+        name=spec.name, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
+        node_counts=spec.node_counts, throughputs=spec.throughputs,
+        objective_values=spec.objective_values, rescale_up_s=spec.rescale_up_s,
+        rescale_down_s=spec.rescale_down_s, total_work_samples=spec.total_work_samples,
+        command=spec.command)
+
+
+def submit_from_pb(req: tasks_pb2.SubmitTaskRequest, clock: float | None, now: float) -> SubmitEvent:
+    if not req.HasField("spec"):
+        raise InvalidArgument("is required", "spec")
+    t = time_from_pb(req.submit_time, "submit_time", required=False,
+                     default=now if clock is None else max(now, clock))
+    return SubmitEvent(time=t, spec=spec_from_pb(req.spec), owner=req.owner or "anonymous",
+                       request_id=req.request_id)
+
+
+def cancel_from_pb(req: tasks_pb2.CancelTaskRequest, clock: float | None, now: float) -> CancelEvent:
+    if not req.task_id:
+        raise InvalidArgument("is required", "task_id")
+    t = time_from_pb(req.time, "time", required=False,
+                     default=now if clock is None else max(now, clock))
+    return CancelEvent(time=t, task_id=req.task_id)
+
+
+def task_to_pb(task: Task, core: Core) -> tasks_pb2.Task:
+    """A task with its progress projected to the core's clock."""
+    return tasks_pb2.Task(
+        task_id=task.task_id, spec=spec_to_pb(task.spec), owner=task.owner,
+        state=STATE_TO_PB[task.state], submit_time=time_to_pb(task.submit_time),
+        admit_time=time_to_pb(task.admit_time), finish_time=time_to_pb(task.finish_time),
+        nodes=task.nodes, work_done_samples=task.work_done, rate_samples_per_s=task.rate,
+        rescales=task.rescales, preemptions=task.preemptions)
+
+
+def decision_to_pb(out: Outcome, requested_solver: str) -> decision_pb2.Decision:
+    """The reply for an applied event."""
+    solve = decision_pb2.SolveStats(requested_solver=requested_solver, solves=len(out.solves),
+                                    solve_ms=sum(s.solve_ms for s in out.solves))
+    if out.solves:
+        last = out.solves[-1]
+        solve.solver, solve.objective, solve.bound = last.solver, last.objective, last.bound
+        solve.status = "fallback" if any(s.fallback_reason for s in out.solves) else last.status
+        reasons = [s.fallback_reason for s in out.solves if s.fallback_reason]
+        solve.fallback_reason = reasons[-1] if reasons else ""
+    else:
+        solve.status = "skipped"
+    return decision_pb2.Decision(
+        time=time_to_pb(out.time), source=out.source, seq=out.seq, revision=out.revision,
+        placements=[placement_to_pb(p) for p in out.placements],
+        stats=decision_pb2.EventStats(
+            interval_s=out.interval_s, progress_samples=out.progress_samples,
+            rate_samples_per_s=out.rate_samples_per_s,
+            rescale_cost_samples=out.rescale_cost_samples, nodes_left=out.nodes_left,
+            tasks_preempted=out.tasks_preempted, nodes_joined=out.nodes_joined,
+            admitted_tasks=out.admitted_tasks, idle_nodes=out.idle_nodes,
+            running_tasks=out.running_tasks, nodes_in_use=out.nodes_in_use,
+            preemption_cost_samples=out.preemption_cost_samples,
+            tasks_completed=len(out.completed_task_ids)),
+        solve=solve, ignored_nodes=out.ignored_nodes,
+        completed_task_ids=out.completed_task_ids)
+
+
+def placement_to_pb(p) -> decision_pb2.Placement:
+    return decision_pb2.Placement(
+        task_id=p.task_id, task_name=p.task_name, change=CHANGE_TO_PB[p.change], nodes=p.nodes,
+        previous_node_count=p.previous_count, rate_samples_per_s=p.rate,
+        work_done_samples=p.work_done, total_work_samples=p.total_work)
+
+
+def status_to_pb(core: Core, last: decision_pb2.Decision | None, solver: status_pb2.SolverStatistics,
+                 include_idle: bool) -> status_pb2.StatusResponse:
+    counts = {s: 0 for s in TaskState}
+    for task in core.tasks.values():
+        counts[task.state] += 1
+    resp = status_pb2.StatusResponse(
+        clock=time_to_pb(core.clock), revision=core.revision, idle_nodes=len(core.pool),
+        nodes_in_use=len(core.holder),
+        idle_node_names=sorted(core.pool) if include_idle else [],
+        queued_tasks=counts[TaskState.QUEUED], admitted_tasks=counts[TaskState.ADMITTED],
+        running_tasks=counts[TaskState.RUNNING], completed_tasks=counts[TaskState.COMPLETED],
+        cancelled_tasks=counts[TaskState.CANCELLED], solver=solver,
+        last_seq=core.last_seq, total_samples=core.total_samples,
+        idle_node_seconds=core.idle_node_seconds, used_node_seconds=core.used_node_seconds,
+        tfwd_s=core.tfwd_s, max_running_tasks=core.max_running_tasks)
+    if last is not None:
+        resp.last_decision.CopyFrom(last)
+    return resp

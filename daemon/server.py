@@ -1,0 +1,100 @@
+"""Building and running the gRPC server (health checking and reflection included)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from offcut.daemon.config import DaemonConfig
+from offcut.daemon.engine import Engine
+from offcut.daemon.service import NodeEventsService, StatusService, TasksService
+from offcut.daemon.solvers.allocator import Allocator
+from offcut.daemon.store import Store
+from offcut.v1 import nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2, tasks_pb2_grpc
+
+log = logging.getLogger("offcut.daemon")
+
+SERVICE_NAMES = (
+    nodes_pb2.DESCRIPTOR.services_by_name["NodeEvents"].full_name,
+    tasks_pb2.DESCRIPTOR.services_by_name["Tasks"].full_name,
+    status_pb2.DESCRIPTOR.services_by_name["Status"].full_name,
+)
+
+
+def _prepare_unix_socket(address: str) -> Path:
+    path = Path(address[len("unix://"):] if address.startswith("unix://") else address[len("unix:"):])
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
+        path.unlink()  # a stale socket of a previous run
+    return path
+
+
+class OffcutServer:
+    """The daemon: engine + gRPC server on ``config.listen``.
+
+    Raises:
+        offcut.daemon.store.StoreError: unusable state file.
+        RuntimeError: the address cannot be bound.
+    """
+
+    def __init__(self, config: DaemonConfig):
+        self.config = config
+        store = Store(config.state, snapshot_every=config.snapshot_every)
+        allocator = Allocator(config.solver, time_limit_s=config.solver_time_limit_s,
+                              isolate=config.isolate_solver)
+        self.engine = Engine(store, allocator, tfwd_s=config.tfwd_s,
+                             max_running_tasks=config.max_running_tasks,
+                             record_instances=config.record_instances)
+        limit = config.max_message_mb * 1024 * 1024
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="offcut-rpc"),
+            options=[("grpc.max_receive_message_length", limit),
+                     ("grpc.max_send_message_length", limit)])
+        nodes_pb2_grpc.add_NodeEventsServicer_to_server(NodeEventsService(self.engine), self.server)
+        tasks_pb2_grpc.add_TasksServicer_to_server(TasksService(self.engine), self.server)
+        status_pb2_grpc.add_StatusServicer_to_server(StatusService(self.engine), self.server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                             reflection.SERVICE_NAME), self.server)
+        self.socket_path: Path | None = None
+        address = config.listen
+        if address.startswith("unix:"):
+            self.socket_path = _prepare_unix_socket(address)
+            address = f"unix://{self.socket_path}"
+        try:
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError as exc:
+            self.engine.close()
+            raise RuntimeError(f"cannot listen on {config.listen}: {exc}") from exc
+        self.address = address
+
+    def start(self) -> None:
+        self.server.start()
+        if self.socket_path is not None:
+            os.chmod(self.socket_path, 0o600)  # only the service user may connect
+        for name in SERVICE_NAMES + ("",):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("offcutd serving on %s (solver %s, state %s)", self.address, self.config.solver,
+                 self.config.state)
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Stop accepting calls, finish in-flight ones, snapshot and close the state file."""
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace_s).wait()
+        self.engine.close()
+        if self.socket_path is not None and self.socket_path.exists():
+            self.socket_path.unlink()
+
+    def wait(self) -> None:
+        self.server.wait_for_termination()

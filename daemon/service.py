@@ -1,0 +1,137 @@
+"""gRPC servicers: proto <-> domain, errors -> status codes. No decisions are made here."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import grpc
+
+from offcut.errors import InvalidArgument, NotFound, OffcutError
+from offcut.daemon import protocol
+from offcut.daemon.engine import Engine, clock_now
+from offcut.v1 import (decision_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
+                       tasks_pb2_grpc)
+
+log = logging.getLogger("offcut.daemon")
+
+
+def _rpc(method):
+    """Map :class:`OffcutError` to its gRPC status; anything else is INTERNAL and logged."""
+
+    @functools.wraps(method)
+    def wrapper(self, request, context):
+        try:
+            return method(self, request, context)
+        except OffcutError as exc:
+            context.abort(exc.code, str(exc))
+        except Exception:  # a bug: keep serving, say so without leaking internals
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed; see the daemon log")
+
+    return wrapper
+
+
+def _decision(stored: bytes) -> decision_pb2.Decision:
+    return decision_pb2.Decision.FromString(stored)
+
+
+class NodeEventsService(nodes_pb2_grpc.NodeEventsServicer):
+    """``offcut.v1.NodeEvents``: idle / preempt reports and idle-set snapshots."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def _apply(self, event):
+        reply, duplicate = self.engine.apply(
+            event, build=lambda out, decision: decision.SerializeToString(), parse=_decision)
+        if duplicate:
+            reply.duplicate = True
+        return reply
+
+    @_rpc
+    def ReportNodes(self, request, context):
+        return self._apply(protocol.node_event_from_pb(request, snapshot=False))
+
+    @_rpc
+    def SyncNodes(self, request, context):
+        return self._apply(protocol.node_event_from_pb(request, snapshot=True))
+
+
+class TasksService(tasks_pb2_grpc.TasksServicer):
+    """``offcut.v1.Tasks``: submit, get, list, cancel, watch placements."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def _task_pb(self, task_id: str) -> tasks_pb2.Task:
+        task = self.engine.core.tasks.get(task_id)
+        if task is None:
+            raise NotFound(f"no task {task_id!r}", "task_id")
+        return protocol.task_to_pb(task, self.engine.core)
+
+    @_rpc
+    def SubmitTask(self, request, context):
+        with self.engine.lock:
+            event = protocol.submit_from_pb(request, self.engine.core.clock, clock_now())
+
+            def build(out, decision):
+                return tasks_pb2.SubmitTaskResponse(
+                    task=self._task_pb(out.task_id), decision=decision).SerializeToString()
+
+            reply, duplicate = self.engine.apply(event, build, tasks_pb2.SubmitTaskResponse.FromString)
+        if duplicate:
+            reply.decision.duplicate = True
+        return reply
+
+    @_rpc
+    def GetTask(self, request, context):
+        if not request.task_id:
+            raise InvalidArgument("is required", "task_id")
+        with self.engine.lock:
+            return self._task_pb(request.task_id)
+
+    @_rpc
+    def ListTasks(self, request, context):
+        wanted = set()
+        for s in request.states:
+            if s not in protocol.PB_TO_STATE:
+                raise InvalidArgument(f"unknown state {s}", "states")
+            wanted.add(protocol.PB_TO_STATE[s])
+        with self.engine.lock:
+            core = self.engine.core
+            tasks = [protocol.task_to_pb(t, core) for t in core.tasks.values()
+                     if (not wanted or t.state in wanted)
+                     and (not request.owner or t.owner == request.owner)]
+        return tasks_pb2.ListTasksResponse(tasks=tasks)
+
+    @_rpc
+    def CancelTask(self, request, context):
+        with self.engine.lock:
+            event = protocol.cancel_from_pb(request, self.engine.core.clock, clock_now())
+
+            def build(out, decision):
+                return tasks_pb2.CancelTaskResponse(
+                    task=self._task_pb(out.task_id), decision=decision).SerializeToString()
+
+            reply, _ = self.engine.apply(event, build, tasks_pb2.CancelTaskResponse.FromString)
+        return reply
+
+    def WatchPlacements(self, request, context):
+        if request.task_id and request.task_id not in self.engine.core.tasks:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"task_id: no task {request.task_id!r}")
+        yield from self.engine.watch(request.after_revision, request.task_id, context.is_active)
+
+
+class StatusService(status_pb2_grpc.StatusServicer):
+    """``offcut.v1.Status``: idle pool, tasks, last decision, solver statistics."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    @_rpc
+    def GetStatus(self, request: status_pb2.GetStatusRequest, context):
+        with self.engine.lock:
+            return protocol.status_to_pb(self.engine.core, self.engine.last_decision,
+                                         self.engine.solver_statistics(),
+                                         request.include_idle_nodes)

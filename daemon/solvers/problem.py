@@ -1,0 +1,228 @@
+"""The count-level allocation problem of DESIGN §4 and its exact evaluator.
+
+For admitted tasks j = 1..J choose node counts n_j in {0} U [Jmin_j, Jmax_j] maximising
+
+    sum_j  Tfwd * S_j(n_j) - [n_j > c_j] * Tcup_j * R_j - [n_j < c_j] * Tcdw_j * R_j
+    subject to sum_j n_j <= N
+
+with S_j the piecewise-linear objective curve (``Os``; ``Ps`` when no objective is given),
+S_j(n) = 0 below Jmin_j, c_j the nodes the task holds (after preemption), and
+R_j = S_j(c_j) the value rate it loses per second of rescale. This is BFTrainer's MILP
+(Liu et al., arXiv 2106.12091, §3, eq. 1-9) at the level of counts: nodes are
+interchangeable and any count vector with sum <= N is realisable without migration.
+
+Every solver backend returns a :class:`Solution` whose ``objective`` is re-scored here, so
+no backend's own arithmetic is trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from offcut.errors import InvalidArgument
+
+
+def interpolate(node_counts: np.ndarray, values: np.ndarray, n: np.ndarray | int) -> np.ndarray:
+    """Piecewise-linear curve value at ``n`` nodes (``np.interp``; flat beyond the last point).
+
+    ``node_counts``: (K,) strictly increasing, starting at 0; ``values``: (K,).
+    """
+    return np.interp(n, node_counts, values)
+
+
+@dataclass
+class AllocationProblem:
+    """One allocation instance. Arrays are per admitted task, shape (J,).
+
+    Attributes:
+        idle_nodes: N, the idle pool size (nodes held by tasks included).
+        current_nodes: c_j, nodes each task holds now (after preemption).
+        min_nodes, max_nodes: Jmin_j >= 1, Jmax_j >= Jmin_j.
+        node_counts: per task, Ns (K_j,) strictly increasing from 0.
+        objective_values: per task, Os (K_j,) >= 0 (samples/s for throughput objectives).
+        tfwd_s: look-ahead Tfwd [s].
+        rescale_up_s, rescale_down_s: Tcup_j, Tcdw_j [s].
+    """
+
+    idle_nodes: int
+    current_nodes: np.ndarray
+    min_nodes: np.ndarray
+    max_nodes: np.ndarray
+    node_counts: list[np.ndarray]
+    objective_values: list[np.ndarray]
+    tfwd_s: float
+    rescale_up_s: np.ndarray
+    rescale_down_s: np.ndarray
+    _tables: list[np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.idle_nodes = int(self.idle_nodes)
+        self.current_nodes = np.asarray(self.current_nodes, dtype=np.int64)
+        self.min_nodes = np.asarray(self.min_nodes, dtype=np.int64)
+        self.max_nodes = np.asarray(self.max_nodes, dtype=np.int64)
+        self.rescale_up_s = np.asarray(self.rescale_up_s, dtype=float)
+        self.rescale_down_s = np.asarray(self.rescale_down_s, dtype=float)
+        self.node_counts = [np.asarray(x, dtype=float) for x in self.node_counts]
+        self.objective_values = [np.asarray(x, dtype=float) for x in self.objective_values]
+        self.tfwd_s = float(self.tfwd_s)
+        self.validate()
+
+    # ------------------------------------------------------------------ checks
+    @property
+    def num_tasks(self) -> int:
+        """J, the number of admitted tasks."""
+        return len(self.current_nodes)
+
+    def validate(self) -> None:
+        """Raise :class:`InvalidArgument` (naming the field) when the instance is malformed."""
+        J = self.num_tasks
+        for name in ("min_nodes", "max_nodes", "rescale_up_s", "rescale_down_s"):
+            if len(getattr(self, name)) != J:
+                raise InvalidArgument(f"has {len(getattr(self, name))} entries, expected {J}", name)
+        for name in ("node_counts", "objective_values"):
+            if len(getattr(self, name)) != J:
+                raise InvalidArgument(f"has {len(getattr(self, name))} curves, expected {J}", name)
+        if self.idle_nodes < 0:
+            raise InvalidArgument("must be >= 0", "idle_nodes")
+        if not math.isfinite(self.tfwd_s) or self.tfwd_s <= 0:
+            raise InvalidArgument("must be a positive number of seconds", "tfwd_s")
+        if J and (self.current_nodes < 0).any():
+            raise InvalidArgument("must be >= 0", "current_nodes")
+        if int(self.current_nodes.sum()) > self.idle_nodes:
+            raise InvalidArgument("tasks hold more nodes than the idle pool has", "current_nodes")
+        if J and ((self.min_nodes < 1).any() or (self.max_nodes < self.min_nodes).any()):
+            raise InvalidArgument("need 1 <= min_nodes <= max_nodes", "min_nodes")
+        for arr, name in ((self.rescale_up_s, "rescale_up_s"), (self.rescale_down_s, "rescale_down_s")):
+            if J and (~np.isfinite(arr) | (arr < 0)).any():
+                raise InvalidArgument("must be finite and >= 0", name)
+        for j, (ns, os_) in enumerate(zip(self.node_counts, self.objective_values)):
+            if len(ns) < 2 or len(ns) != len(os_):
+                raise InvalidArgument(f"task {j}: need >= 2 points and equal lengths", "node_counts")
+            if ns[0] != 0 or (np.diff(ns) <= 0).any():
+                raise InvalidArgument(f"task {j}: must start at 0 and strictly increase", "node_counts")
+            if (~np.isfinite(os_) | (os_ < 0)).any():
+                raise InvalidArgument(f"task {j}: must be finite and >= 0", "objective_values")
+
+    # ------------------------------------------------------------------ values
+    def value_tables(self) -> list[np.ndarray]:
+        """f_j(n) for n = 0..min(Jmax_j, N): the objective term of task j at n nodes.
+
+        Returns a list of J float arrays; entries for 0 < n < Jmin_j are ``-inf`` (not
+        admissible). Cached: the problem is immutable once built.
+        """
+        if self._tables is None:
+            tables = []
+            for j in range(self.num_tasks):
+                top = int(min(self.max_nodes[j], self.idle_nodes))
+                n = np.arange(top + 1)
+                s = interpolate(self.node_counts[j], self.objective_values[j], n)
+                s[n < self.min_nodes[j]] = 0.0
+                f = self.tfwd_s * s
+                c = int(self.current_nodes[j])
+                r = self.current_rate(j)
+                f[n > c] -= self.rescale_up_s[j] * r
+                f[n < c] -= self.rescale_down_s[j] * r
+                f[(n > 0) & (n < self.min_nodes[j])] = -np.inf
+                tables.append(f)
+            self._tables = tables
+        return self._tables
+
+    def current_rate(self, j: int) -> float:
+        """R_j = S_j(c_j) if c_j >= Jmin_j else 0 (objective units per second)."""
+        c = int(self.current_nodes[j])
+        if c < self.min_nodes[j]:
+            return 0.0
+        return float(interpolate(self.node_counts[j], self.objective_values[j], c))
+
+    def admissible(self, counts: Sequence[int]) -> str | None:
+        """Why ``counts`` is infeasible, or None when it is feasible."""
+        counts = np.asarray(counts, dtype=np.int64)
+        if counts.shape != (self.num_tasks,):
+            return f"expected {self.num_tasks} counts, got shape {counts.shape}"
+        if int(counts.sum()) > self.idle_nodes:
+            return f"uses {int(counts.sum())} nodes, only {self.idle_nodes} idle"
+        for j, n in enumerate(counts):
+            if n != 0 and not (self.min_nodes[j] <= n <= self.max_nodes[j]):
+                return f"task {j}: {n} nodes outside {{0}} U [{self.min_nodes[j]}, {self.max_nodes[j]}]"
+        return None
+
+    def evaluate(self, counts: Sequence[int]) -> float:
+        """Objective of a count vector (shape (J,)); raises ``ValueError`` when infeasible."""
+        why = self.admissible(counts)
+        if why is not None:
+            raise ValueError(f"infeasible allocation: {why}")
+        tables = self.value_tables()
+        return float(sum(tables[j][int(n)] for j, n in enumerate(counts)))
+
+    def keep_current(self) -> np.ndarray:
+        """The no-change answer: every task keeps c_j if that is admissible, else 0 nodes."""
+        c = self.current_nodes.copy()
+        bad = (c > 0) & ((c < self.min_nodes) | (c > self.max_nodes))
+        c[bad] = 0
+        return c
+
+    # ------------------------------------------------------------------ records
+    def to_record(self) -> dict[str, Any]:
+        """The JSONL record format of ``--record-instances`` (issue 2, item 7)."""
+        return {
+            "idle_nodes": self.idle_nodes,
+            "current_nodes": self.current_nodes.tolist(),
+            "min_nodes": self.min_nodes.tolist(),
+            "max_nodes": self.max_nodes.tolist(),
+            "node_counts": [x.astype(int).tolist() for x in self.node_counts],
+            "objective_values": [x.tolist() for x in self.objective_values],
+            "tfwd_s": self.tfwd_s,
+            "rescale_up_s": self.rescale_up_s.tolist(),
+            "rescale_down_s": self.rescale_down_s.tolist(),
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> "AllocationProblem":
+        """Inverse of :meth:`to_record`; raises :class:`InvalidArgument` naming a missing or
+        malformed field."""
+        keys = ("idle_nodes", "current_nodes", "min_nodes", "max_nodes", "node_counts",
+                "objective_values", "tfwd_s", "rescale_up_s", "rescale_down_s")
+        missing = [k for k in keys if k not in record]
+        if missing:
+            raise InvalidArgument("missing from record", ", ".join(missing))
+        try:
+            return cls(**{k: record[k] for k in keys})
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(str(exc), "record") from exc
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_record(), separators=(",", ":"))
+
+
+@dataclass
+class Solution:
+    """A solver's answer.
+
+    Attributes:
+        counts: (J,) int node counts n_j.
+        objective: value of ``counts`` re-scored by :meth:`AllocationProblem.evaluate`.
+        bound: proven upper bound on the optimum (== objective when proven optimal;
+            ``inf`` when the backend proves nothing, e.g. greedy).
+        solve_ms: wall time of the solve [ms].
+        solver: backend name (``gurobi``, ``cbc``, ``dp``, ``greedy``, ``keep``).
+        status: ``optimal`` or ``feasible``.
+    """
+
+    counts: np.ndarray
+    objective: float
+    bound: float
+    solve_ms: float
+    solver: str
+    status: str
+
+    @property
+    def gap(self) -> float:
+        """Relative optimality gap (bound - objective) / max(1, |objective|)."""
+        if not math.isfinite(self.bound):
+            return math.inf
+        return max(0.0, self.bound - self.objective) / max(1.0, abs(self.objective))

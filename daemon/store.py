@@ -1,0 +1,153 @@
+"""Durable state: a SQLite journal of applied events plus periodic snapshots (DESIGN §6).
+
+Every applied event is one row of ``journal`` holding the event, the allocation answers used
+(so a restart re-applies it without re-solving) and the serialized reply (so a repeated
+``(source, seq)`` or submit ``request_id`` gets the same answer). A row and, when due, a
+snapshot of the whole core are written in one transaction before the daemon replies. WAL
+mode with ``synchronous=FULL``: a committed reply survives ``kill -9`` and power loss.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS journal (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    source TEXT,
+    seq INTEGER,
+    request_id TEXT,
+    event TEXT NOT NULL,
+    solves TEXT NOT NULL,
+    response BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS journal_source_seq ON journal(source, seq) WHERE source IS NOT NULL;
+CREATE UNIQUE INDEX IF NOT EXISTS journal_request ON journal(request_id) WHERE request_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS snapshots (
+    journal_id INTEGER PRIMARY KEY,
+    state TEXT NOT NULL
+);
+"""
+
+
+class StoreError(RuntimeError):
+    """The state file cannot be opened or is not an Offcut state file."""
+
+
+class Store:
+    """The daemon's state file.
+
+    Args:
+        path: SQLite file (created with its parent folder if missing).
+        snapshot_every: write a full snapshot every this many journal rows (>= 1).
+
+    Raises:
+        StoreError: the file is not a SQLite database or has another schema version.
+    """
+
+    def __init__(self, path: str | Path, snapshot_every: int = 1000):
+        self.path = Path(path)
+        self.snapshot_every = max(1, int(snapshot_every))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.executescript(_SCHEMA)
+            version = self._meta("schema_version")
+            if version is None:
+                self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif int(version) != SCHEMA_VERSION:
+                raise StoreError(f"{self.path}: schema version {version}, this offcutd needs "
+                                 f"{SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: not a usable Offcut state file ({exc})") from exc
+        self._rows_since_snapshot = self._count_since_snapshot()
+
+    def _meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def _count_since_snapshot(self) -> int:
+        last = self.db.execute("SELECT COALESCE(MAX(journal_id), 0) FROM snapshots").fetchone()[0]
+        return self.db.execute("SELECT COUNT(*) FROM journal WHERE id > ?", (last,)).fetchone()[0]
+
+    # ------------------------------------------------------------------ reading
+    def load(self) -> tuple[dict[str, Any] | None, Iterator[tuple[dict, list[dict]]]]:
+        """The latest snapshot (or None) and the journal rows after it as
+        ``(event_dict, solves)`` pairs, oldest first."""
+        row = self.db.execute(
+            "SELECT journal_id, state FROM snapshots ORDER BY journal_id DESC LIMIT 1").fetchone()
+        after = row[0] if row else 0
+        state = json.loads(row[1]) if row else None
+
+        def rows() -> Iterator[tuple[dict, list[dict]]]:
+            cur = self.db.execute("SELECT event, solves FROM journal WHERE id > ? ORDER BY id", (after,))
+            for event, solves in cur:
+                yield json.loads(event), json.loads(solves)
+
+        return state, rows()
+
+    def response_for_seq(self, source: str, seq: int) -> bytes | None:
+        """The stored reply to event ``(source, seq)``, or None."""
+        row = self.db.execute("SELECT response FROM journal WHERE source = ? AND seq = ?",
+                              (source, seq)).fetchone()
+        return row[0] if row else None
+
+    def response_for_request(self, request_id: str) -> bytes | None:
+        """The stored reply to the submission with ``request_id``, or None."""
+        row = self.db.execute("SELECT response FROM journal WHERE request_id = ?",
+                              (request_id,)).fetchone()
+        return row[0] if row else None
+
+    def journal_length(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM journal").fetchone()[0]
+
+    # ------------------------------------------------------------------ writing
+    def append(self, *, kind: str, event: dict[str, Any], solves: list[dict[str, Any]],
+               response: bytes, source: str | None = None, seq: int | None = None,
+               request_id: str | None = None, state: dict[str, Any] | None = None) -> None:
+        """Commit one applied event, and a snapshot of ``state`` if given, atomically
+        (callers pass ``state`` when :meth:`snapshot_due` says so)."""
+        with self.db:  # one transaction
+            self.db.execute("BEGIN IMMEDIATE")
+            cur = self.db.execute(
+                "INSERT INTO journal (kind, source, seq, request_id, event, solves, response) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (kind, source, seq, request_id or None, json.dumps(event, separators=(",", ":")),
+                 json.dumps(solves, separators=(",", ":")), response))
+            if state is not None:
+                self.db.execute("INSERT INTO snapshots VALUES (?, ?)",
+                                (cur.lastrowid, json.dumps(state, separators=(",", ":"))))
+                self._prune_snapshots()
+        self._rows_since_snapshot = 0 if state is not None else self._rows_since_snapshot + 1
+
+    def snapshot_due(self) -> bool:
+        """True when the next :meth:`append` should carry a snapshot."""
+        return self._rows_since_snapshot + 1 >= self.snapshot_every
+
+    def write_snapshot(self, state: dict[str, Any]) -> None:
+        """Snapshot ``state`` as of the last journal row (e.g. at shutdown or after a
+        settings change)."""
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            last = self.db.execute("SELECT COALESCE(MAX(id), 0) FROM journal").fetchone()[0]
+            self.db.execute("INSERT OR REPLACE INTO snapshots VALUES (?, ?)",
+                            (last, json.dumps(state, separators=(",", ":"))))
+            self._prune_snapshots()
+        self._rows_since_snapshot = 0
+
+    def _prune_snapshots(self) -> None:
+        """Keep the two newest snapshots (inside the caller's transaction)."""
+        self.db.execute("DELETE FROM snapshots WHERE journal_id NOT IN "
+                        "(SELECT journal_id FROM snapshots ORDER BY journal_id DESC LIMIT 2)")
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,1 @@
+"""Replays of recorded scheduler logs through the daemon's gRPC interface."""

@@ -1,0 +1,1 @@
+"""Programs that Slurm runs or that run beside Slurm (hooks, watcher, launcher)."""

@@ -1,0 +1,342 @@
+"""Tests of the allocation backends (DESIGN §4): every exact backend equals an exhaustive
+enumeration on random instances; greedy is feasible and no better; the guard survives
+crashes and hangs; records round trip; real BFTrainer task sets agree across solvers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from offcut.daemon.solvers.allocator import Allocator
+from offcut.daemon.solvers.base import SOLVER_NAMES, SolverFailed, SolverUnavailable
+from offcut.daemon.solvers.cbc import solve_cbc
+from offcut.daemon.solvers.dp import solve_dp
+from offcut.daemon.solvers.greedy import solve_greedy
+from offcut.daemon.solvers.gurobi import choose_form, gurobi_importable, solve_gurobi
+from offcut.daemon.solvers.guard import GuardedWorker
+from offcut.daemon.solvers.problem import AllocationProblem
+from offcut.daemon.solvers.records import solve_records
+from offcut.errors import InvalidArgument
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+HAS_GUROBI = gurobi_importable()
+needs_gurobi = pytest.mark.skipif(not HAS_GUROBI, reason="gurobipy is not importable")
+
+
+# ---------------------------------------------------------------- helpers
+def brute_force(p: AllocationProblem) -> float:
+    """Optimum by enumerating every count vector in prod_j ({0} U [Jmin_j, min(Jmax_j, N)])."""
+    N = p.idle_nodes
+    choices = []
+    for j in range(p.num_tasks):
+        top = min(int(p.max_nodes[j]), N)
+        choices.append([0] + list(range(int(p.min_nodes[j]), top + 1)))
+    best = -math.inf
+    for combo in itertools.product(*choices):
+        if sum(combo) <= N:
+            best = max(best, p.evaluate(combo))
+    return best
+
+
+def close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
+
+
+@st.composite
+def problems(draw, max_tasks=5, max_nodes=12):
+    J = draw(st.integers(1, max_tasks))
+    N = draw(st.integers(0, max_nodes))
+    monotone = draw(st.booleans())
+    jmin, jmax, ns, os_, cur = [], [], [], [], []
+    for _ in range(J):
+        lo = draw(st.integers(1, 4))
+        jmin.append(lo)
+        jmax.append(lo + draw(st.integers(0, 8)))
+        pts = sorted(draw(st.sets(st.integers(1, 14), min_size=1, max_size=5)))
+        ns.append([0] + pts)
+        vals = draw(st.lists(st.floats(0, 100, allow_nan=False), min_size=len(pts) + 1,
+                             max_size=len(pts) + 1))
+        if monotone:
+            vals = list(np.cumsum(vals) / 2)
+        os_.append(vals)
+        cur.append(draw(st.integers(0, 6)))
+    cur = np.array(cur)
+    while cur.sum() > N:
+        cur[int(np.argmax(cur))] -= 1
+    return AllocationProblem(
+        idle_nodes=N, current_nodes=cur, min_nodes=jmin, max_nodes=jmax, node_counts=ns,
+        objective_values=os_, tfwd_s=draw(st.floats(0.5, 20)),
+        rescale_up_s=draw(st.lists(st.floats(0, 30), min_size=J, max_size=J)),
+        rescale_down_s=draw(st.lists(st.floats(0, 30), min_size=J, max_size=J)))
+
+
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MILP = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# ---------------------------------------------------------------- exactness
+@FAST
+@given(problems())
+def test_dp_equals_brute_force(p):
+    s = solve_dp(p)
+    assert s.status == "optimal" and s.bound == s.objective
+    assert p.admissible(s.counts) is None
+    assert close(s.objective, brute_force(p))
+
+
+@FAST
+@given(problems())
+def test_greedy_feasible_and_not_better(p):
+    s = solve_greedy(p)
+    assert p.admissible(s.counts) is None
+    assert s.bound == math.inf and s.status == "feasible"
+    assert s.objective <= solve_dp(p).objective + 1e-6 * max(1.0, abs(s.objective))
+
+
+@MILP
+@given(problems())
+def test_cbc_equals_brute_force(p):
+    s = solve_cbc(p, 10.0)
+    assert p.admissible(s.counts) is None
+    assert close(s.objective, brute_force(p))
+
+
+@needs_gurobi
+@MILP
+@given(problems())
+def test_gurobi_both_forms_equal_brute_force(p):
+    opt = brute_force(p)
+    for form in ("sos2", "knapsack"):
+        s = solve_gurobi(p, 10.0, form=form)
+        assert p.admissible(s.counts) is None
+        assert close(s.objective, opt), form
+        assert s.bound >= s.objective - 1e-6 * max(1.0, abs(opt))
+
+
+@pytest.fixture(scope="module")
+def guarded_cbc():
+    with Allocator("cbc", time_limit_s=10.0, isolate=True) as alloc:
+        yield alloc
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(problems())
+def test_allocator_isolated_cbc_equals_brute_force(guarded_cbc, p):
+    s, reason = guarded_cbc.solve(p)
+    assert reason is None
+    assert close(s.objective, brute_force(p))
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems())
+def test_allocator_auto_in_process(p):
+    s, reason = Allocator("auto", isolate=False).solve(p)
+    assert reason is None
+    assert s.solver in ("gurobi", "cbc", "trivial")
+    assert close(s.objective, brute_force(p))
+
+
+def test_trivial_cases():
+    alloc = Allocator("cbc", isolate=False)
+    p = AllocationProblem(0, [0, 0], [1, 1], [2, 2], [[0, 1], [0, 1]], [[0, 1], [0, 1]], 10,
+                          [1, 1], [1, 1])
+    s, reason = alloc.solve(p)
+    assert s.solver == "trivial" and list(s.counts) == [0, 0] and reason is None
+    p = AllocationProblem(5, [], [], [], [], [], 10, [], [])
+    s, _ = alloc.solve(p)
+    assert s.solver == "trivial" and len(s.counts) == 0 and s.objective == 0.0
+    assert alloc.solves_by_backend == {"trivial": 2}
+
+
+def test_solver_names_and_bad_settings():
+    assert SOLVER_NAMES == ("auto", "gurobi", "cbc", "dp", "greedy")
+    with pytest.raises(InvalidArgument) as e:
+        Allocator("cplex")
+    assert e.value.field == "solver"
+    with pytest.raises(InvalidArgument) as e:
+        Allocator("dp", time_limit_s=0)
+    assert e.value.field == "time_limit_s"
+
+
+# ---------------------------------------------------------------- validation
+def _good(**over):
+    kw = dict(idle_nodes=4, current_nodes=[1, 0], min_nodes=[1, 1], max_nodes=[3, 3],
+              node_counts=[[0, 4], [0, 4]], objective_values=[[0, 4], [0, 8]], tfwd_s=10,
+              rescale_up_s=[1, 1], rescale_down_s=[1, 1])
+    kw.update(over)
+    return kw
+
+
+@pytest.mark.parametrize("over, field", [
+    (dict(idle_nodes=-1, current_nodes=[0, 0]), "idle_nodes"),
+    (dict(current_nodes=[3, 3]), "current_nodes"),
+    (dict(current_nodes=[-1, 0]), "current_nodes"),
+    (dict(min_nodes=[0, 1]), "min_nodes"),
+    (dict(max_nodes=[1]), "max_nodes"),
+    (dict(tfwd_s=0), "tfwd_s"),
+    (dict(rescale_up_s=[1, -1]), "rescale_up_s"),
+    (dict(rescale_down_s=[1, math.inf]), "rescale_down_s"),
+    (dict(node_counts=[[1, 4], [0, 4]]), "node_counts"),
+    (dict(objective_values=[[0, -4], [0, 8]]), "objective_values"),
+])
+def test_validation_names_field(over, field):
+    with pytest.raises(InvalidArgument) as e:
+        AllocationProblem(**_good(**over))
+    assert e.value.field == field
+    assert field in str(e.value)
+
+
+def test_from_record_missing_field():
+    rec = AllocationProblem(**_good()).to_record()
+    del rec["tfwd_s"]
+    with pytest.raises(InvalidArgument, match="tfwd_s"):
+        AllocationProblem.from_record(rec)
+
+
+# ---------------------------------------------------------------- guard
+SMALL = AllocationProblem(**_good())
+
+
+def test_guard_abort_and_hang_restart():
+    with GuardedWorker(margin_s=0.5) as w:
+        ok = w.solve("cbc", SMALL, 5.0)
+        assert SMALL.evaluate(ok["counts"]) == solve_dp(SMALL).objective
+        pid = w.pid
+        with pytest.raises(SolverFailed, match="died"):
+            w.solve("_test_abort", SMALL, 1.0)
+        with pytest.raises(SolverFailed, match="no answer"):
+            w.solve("_test_hang", SMALL, 0.5)
+        ok = w.solve("cbc", SMALL, 5.0)  # a fresh child answers again
+        assert w.pid != pid and w.restarts >= 2
+        assert SMALL.evaluate(ok["counts"]) == solve_dp(SMALL).objective
+
+
+@pytest.mark.parametrize("hook", ["_test_abort", "_test_hang"])
+def test_allocator_falls_back_when_backend_dies(hook):
+    with Allocator("cbc", time_limit_s=1.0, margin_s=0.5) as alloc:
+        alloc.solver = hook  # the hooks are not public solver names
+        s, reason = alloc.solve(SMALL)
+        assert reason and s.solver == "dp"
+        assert s.objective == solve_dp(SMALL).objective
+        assert alloc.fallbacks == 1
+        alloc.solver = "cbc"
+        s, reason = alloc.solve(SMALL)  # the worker restarted
+        assert reason is None and s.solver == "cbc"
+
+
+def test_allocator_falls_back_on_unavailable_gurobi(monkeypatch):
+    import offcut.daemon.solvers.gurobi as g
+
+    monkeypatch.setattr(g, "SIZE_LIMIT_VARS", 1)
+    with pytest.raises(SolverUnavailable, match="variables"):
+        choose_form(SMALL)
+    alloc = Allocator("gurobi", isolate=False)
+    s, reason = alloc.solve(SMALL)
+    assert s.solver == "dp" and reason
+    assert Allocator("auto", isolate=False).backend_for(SMALL) == "cbc"
+
+
+def test_allocator_falls_back_on_infeasible_answer(monkeypatch):
+    import offcut.daemon.solvers.cbc as cbc_mod
+    from offcut.daemon.solvers.problem import Solution
+
+    def bad(problem, limit):
+        return Solution(np.array([9, 9]), 0.0, 0.0, 0.0, "cbc", "optimal")
+
+    monkeypatch.setattr(cbc_mod, "solve_cbc", bad)
+    s, reason = Allocator("cbc", isolate=False).solve(SMALL)
+    assert s.solver == "dp" and "infeasible" in reason
+
+
+# ---------------------------------------------------------------- records
+def test_records_round_trip(tmp_path):
+    rng = np.random.default_rng(1)
+    probs = []
+    for _ in range(5):
+        J = int(rng.integers(1, 4))
+        probs.append(AllocationProblem(
+            8, np.zeros(J, int), np.ones(J, int), np.full(J, 5),
+            [[0, 2, 6]] * J, [list(rng.uniform(0, 9, 3))] * J, 10, rng.uniform(0, 5, J),
+            rng.uniform(0, 5, J)))
+    for p in probs:
+        q = AllocationProblem.from_record(json.loads(p.to_json()))
+        assert q.to_record() == p.to_record()
+    f = tmp_path / "inst.jsonl"
+    f.write_text("\n".join(p.to_json() for p in probs[:3]) + "\n\n" + "\n".join(
+        p.to_json() for p in probs[3:]) + "\n")
+    out = list(solve_records(f, "dp", 5.0))
+    assert len(out) == 5
+    for p, o in zip(probs, out):
+        assert set(o) >= {"objective", "bound", "counts", "solve_ms", "solver", "status"}
+        assert close(o["objective"], brute_force(p))
+        assert o["solver"] == "dp" and "fallback_reason" not in o
+
+
+def test_records_bad_line_named(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    good = SMALL.to_json()
+    f.write_text(good + "\n\n{not json\n")
+    with pytest.raises(InvalidArgument, match="line 3"):
+        list(solve_records(f, "dp", 5.0))
+    rec = SMALL.to_record()
+    rec["min_nodes"] = [0, 1]
+    f.write_text(good + "\n" + json.dumps(rec) + "\n")
+    with pytest.raises(InvalidArgument, match="line 2.*min_nodes"):
+        list(solve_records(f, "dp", 5.0))
+
+
+# ---------------------------------------------------------------- real task sets
+def _bftrainer_instance(n_nodes: int, seed: int) -> AllocationProblem:
+    pd = pytest.importorskip("pandas")
+    folder = DATA / "bftrainer"
+    if not folder.is_dir():
+        pytest.skip(f"real BFTrainer data not found at {folder} (shared data folder absent)")
+    nps = pd.read_pickle(folder / "hps-shufflenet-JNPs-10J.pkl")
+    bnd = pd.read_pickle(folder / "hps-shufflenet-Jbnd-10J.pkl").loc[nps.index]
+    rng = np.random.default_rng(seed)
+    J = len(nps)
+    cur = np.zeros(J, dtype=int)
+    held = rng.random(J) < 0.6
+    cur[held] = rng.integers(1, 2 * n_nodes // J, held.sum())
+    while cur.sum() > n_nodes:
+        cur[int(np.argmax(cur))] -= 1
+    return AllocationProblem(
+        n_nodes, cur, bnd["Jmin"].to_numpy(int), bnd["Jmax"].to_numpy(int),
+        list(nps["Ns"]), list(nps["Os"]), 10.0, bnd["Tcup"].to_numpy(float),
+        bnd["Tcdw"].to_numpy(float))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_recorded_task_set_all_solvers_agree(seed):
+    p = _bftrainer_instance(128, seed)
+    assert p.num_tasks == 10
+    ref = solve_dp(p).objective
+    assert close(solve_cbc(p, 30.0).objective, ref)
+    if HAS_GUROBI:
+        assert close(solve_gurobi(p, 30.0).objective, ref)
+        assert close(solve_gurobi(p, 30.0, form="knapsack").objective, ref)
+    assert solve_greedy(p).objective <= ref + 1e-6 * abs(ref)
+
+
+@settings(max_examples=100, deadline=None)
+@given(problems(max_nodes=30))
+def test_dp_loop_and_block_paths_agree(p):
+    import offcut.daemon.solvers.dp as dp_mod
+
+    block = dp_mod.solve_dp(p)
+    old = dp_mod._LOOP_MIN_NODES
+    dp_mod._LOOP_MIN_NODES = 0
+    try:
+        loop = dp_mod.solve_dp(p)
+    finally:
+        dp_mod._LOOP_MIN_NODES = old
+    assert loop.objective == block.objective
+    assert list(loop.counts) == list(block.counts)
