@@ -144,7 +144,7 @@ class Engine:
                     source=event.source if isinstance(event, NodeEvent) else None,
                     seq=event.seq if isinstance(event, NodeEvent) else None,
                     request_id=event.request_id if isinstance(event, SubmitEvent) else None,
-                    state=self.core.to_dict() if self.store.snapshot_due() else None)
+                    state=None)
             except Exception:
                 log.exception("committing revision %d failed; reloading state", out.revision)
                 self.core = self._recover()

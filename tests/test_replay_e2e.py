@@ -1,0 +1,136 @@
+"""End-to-end replays: the CLI starts a real offcutd and drives it over a unix socket."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from offcut.client.cli import app
+from offcut.replay.driver import STEP_COLUMNS
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "bftrainer"
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"real BFTrainer data not found at {DATA}")
+runner = CliRunner()
+
+
+def _run(*args: str):
+    result = runner.invoke(app, list(args))
+    return result
+
+
+def _summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_demo_replays_bundled_log_and_all_tasks_finish(tmp_path):
+    out = tmp_path / "demo"
+    result = _run("demo", "--out", str(out), "--solver", "dp", "--no-progress")
+    assert result.exit_code == 0, result.output
+    s = _summary(out)
+    assert s["tasks_submitted"] == s["tasks_completed"] == 6
+    assert s["all_done_at"] is not None and s["stop_reason"] == "all tasks done"
+    # used node-hours can never exceed idle node-hours, and the tasks did use nodes
+    assert 0 < s["used_node_hours"] <= s["idle_node_hours"]
+    # all work is accounted: completed tasks earned exactly their total work in net samples
+    tasks = pd.read_csv(out / "placements.csv")
+    total_work = tasks.groupby("task_id")["total_work_samples"].first().sum()
+    assert s["total_samples"] == pytest.approx(total_work, rel=1e-9)
+    with open(out / "steps.csv") as fh:
+        header = next(csv.reader(fh))
+    assert header == STEP_COLUMNS
+    steps = pd.read_csv(out / "steps.csv")
+    assert len(steps) == s["events"] + 1  # + the initial snapshot row
+    assert (steps["nNrun"] <= steps["nNd"]).all()
+    assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert str(out / "report.png") in result.output
+
+
+def test_max_events_stops_the_replay(tmp_path):
+    out = tmp_path / "short"
+    from offcut.replay.bftrainer_data import load_node_log, load_task_set
+    from offcut.replay.driver import ReplayOptions, run_replay
+    from offcut.replay.synth import demo_data_dir
+
+    data = demo_data_dir()
+    s = run_replay(load_node_log(data, skip_rows=0), load_task_set(data), out,
+                   ReplayOptions(solver="dp", max_events=50, progress=False))
+    assert s["events"] == 50 and s["stop_reason"] == "max_events"
+    assert len(pd.read_csv(out / "steps.csv")) == 51
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--node-log", "/nonexistent/log.tar.gz", "--tasks", "/nonexistent/t.csv"], "not found"),
+    (["--node-log", "{demo}", "--tasks", "{demo}", "--first-node", "5000"], "first"),
+])
+def test_bad_replay_input_is_one_clear_line(tmp_path, args, needle):
+    from offcut.replay.synth import demo_data_dir
+
+    args = [a.replace("{demo}", str(demo_data_dir())) for a in args]
+    result = _run("replay", "bftrainer", *args, "--out", str(tmp_path / "o"), "--no-progress")
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert needle in result.output.lower()
+
+
+@needs_data
+def test_pickles_need_allow_pickle(tmp_path):
+    result = _run("replay", "bftrainer", "--node-log", str(DATA / "ndstat-10sdn6-evt.tar.gz"),
+                  "--tasks", str(DATA / "hps-shufflenet-Jbnd-10J.pkl"), "--out", str(tmp_path))
+    assert result.exit_code == 2
+    assert "--allow-pickle" in result.output
+    assert not (tmp_path / "summary.json").exists()
+
+
+@needs_data
+@pytest.mark.parametrize("num_nodes, original_all_done", [
+    (128, "2021-02-12 03:33:11"),  # BFTrainer's MILP on the same input (issue 2)
+    (64, "2021-02-12 13:42:38"),
+])
+def test_real_log_all_tasks_done_no_later_than_bftrainer(tmp_path, num_nodes, original_all_done):
+    out = tmp_path / f"r{num_nodes}"
+    result = _run("replay", "bftrainer", "--allow-pickle",
+                  "--node-log", str(DATA / "ndstat-10sdn6-evt.tar.gz"),
+                  "--tasks", str(DATA / "hps-shufflenet-Jbnd-10J.pkl"),
+                  "--num-nodes", str(num_nodes), "--tfwd", "10", "--solver", "cbc",
+                  "--out", str(out), "--no-progress")
+    assert result.exit_code == 0, result.output
+    s = _summary(out)
+    assert s["tasks_completed"] == s["tasks_submitted"] == 10
+    assert s["solves_by_backend"].get("cbc", 0) > 0 and s["solver_fallbacks"] == 0
+    assert pd.Timestamp(s["all_done_at"]) <= pd.Timestamp(original_all_done)
+
+
+@needs_data
+def test_recorded_real_instances_agree_across_solvers(tmp_path):
+    """Instances recorded from the real replay: dp (exact), cbc and gurobi give one optimum."""
+    records = tmp_path / "instances.jsonl"
+    out = tmp_path / "rec"
+    result = _run("replay", "bftrainer", "--allow-pickle",
+                  "--node-log", str(DATA / "ndstat-10sdn6-evt.tar.gz"),
+                  "--tasks", str(DATA / "hps-shufflenet-Jbnd-10J.pkl"),
+                  "--num-nodes", "128", "--solver", "dp", "--max-events", "150",
+                  "--record-instances", str(records), "--out", str(out), "--no-progress")
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in records.read_text().splitlines() if x.strip()]
+    assert len(lines) > 50
+
+    def objectives(solver: str) -> list[dict]:
+        res = _run("solve", str(records), "--solver", solver)
+        assert res.exit_code == 0, res.output
+        rows = [json.loads(x) for x in res.output.splitlines() if x.startswith("{")]
+        assert len(rows) == len(lines)
+        return rows
+
+    exact = [r["objective"] for r in objectives("dp")]
+    cbc = objectives("cbc")
+    assert {r["solver"] for r in cbc} <= {"cbc", "trivial"}  # trivial: no idle node
+    assert [r["objective"] for r in cbc] == pytest.approx(exact, rel=1e-6, abs=1e-6)
+    gurobi = objectives("gurobi")
+    if any(r.get("fallback_reason") for r in gurobi):
+        pytest.skip("gurobipy not usable here: " + gurobi[0].get("fallback_reason", ""))
+    assert [r["objective"] for r in gurobi] == pytest.approx(exact, rel=1e-6, abs=1e-6)
