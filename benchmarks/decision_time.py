@@ -76,12 +76,36 @@ def run_solver(name, p, limit):
     raise ValueError(name)
 
 
+def record_real_replay(folder: Path, num_nodes: int, max_events: int) -> Path:
+    """Run a real replay (private daemon, solver dp) with --record-instances; return the
+    JSONL path (in a temporary folder)."""
+    import tempfile
+
+    from offcut.replay.bftrainer_data import load_node_log, load_task_set
+    from offcut.replay.driver import ReplayOptions, run_replay
+
+    tmp = Path(tempfile.mkdtemp(prefix="offcut-bench-"))
+    records = tmp / f"replay-{num_nodes}n.jsonl"
+    log = load_node_log(folder / "ndstat-10sdn6-evt.tar.gz", num_nodes=num_nodes, allow_pickle=True)
+    tasks = load_task_set(folder / "hps-shufflenet-Jbnd-10J.pkl", allow_pickle=True)
+    print(f"recording the instances of a real replay: {num_nodes} nodes, {max_events} events ...")
+    run_replay(log, tasks, tmp / "out", ReplayOptions(solver="dp", max_events=max_events,
+                                                      record_instances=str(records),
+                                                      progress=False))
+    return records
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5, help="instances per size (default 5)")
     ap.add_argument("--solvers", default="dp,cbc,gurobi,greedy")
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--records", type=Path, help="JSONL of recorded instances, also timed")
+    ap.add_argument("--replay-nodes", type=int, default=128,
+                    help="without --records: record the instances of a real replay on this many "
+                         "nodes (hps-shufflenet 10 tasks, Tfwd 10 s) and time them (0 = skip)")
+    ap.add_argument("--replay-events", type=int, default=600,
+                    help="events of that replay (default 600)")
     ap.add_argument("--time-limit", type=float, default=30.0, help="MILP time limit [s]")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -92,6 +116,9 @@ def main() -> None:
     jobs = jobs or synthetic_jobs(rng)
     sets = [(f"{J}x{N}", [make_instance(jobs, J, N, rng) for _ in range(args.repeat)])
             for J, N in SIZES]
+    if not args.records and args.replay_nodes and (args.data_dir / "bftrainer").is_dir():
+        args.records = record_real_replay(args.data_dir / "bftrainer", args.replay_nodes,
+                                          args.replay_events)
     if args.records:
         from offcut.daemon.solvers.records import read_records
 

@@ -126,12 +126,11 @@ class Engine:
                 stored = self.store.response_for_request(event.request_id)
             if stored is not None:
                 return parse(stored), True
+            self.core.validate(event)  # rejected events raise here, before anything changes
             started = time.perf_counter()
             try:
                 out = self.core.apply(event, self._allocate)
-            except OffcutError:
-                raise
-            except Exception:
+            except Exception:  # after validation, any failure may have left a partial change
                 log.exception("applying %s failed; reloading state", type(event).__name__)
                 self.core = self._recover()
                 raise
@@ -144,7 +143,7 @@ class Engine:
                     source=event.source if isinstance(event, NodeEvent) else None,
                     seq=event.seq if isinstance(event, NodeEvent) else None,
                     request_id=event.request_id if isinstance(event, SubmitEvent) else None,
-                    state=None)
+                    state=self.core.to_dict() if self.store.snapshot_due() else None)
             except Exception:
                 log.exception("committing revision %d failed; reloading state", out.revision)
                 self.core = self._recover()

@@ -78,6 +78,8 @@ class OffcutServer:
             self.engine.close()
             raise RuntimeError(f"cannot listen on {config.listen}: {exc}") from exc
         self.address = address
+        if self.socket_path is not None and self.socket_path.exists():
+            os.chmod(self.socket_path, 0o600)  # only the service user may connect
 
     def start(self) -> None:
         self.server.start()

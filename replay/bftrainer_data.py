@@ -428,16 +428,21 @@ def _iter_events_csv(path: Path) -> Iterator[tuple[int, int, str, pd.Timestamp |
         yield ln, row, t, idle, busy
 
 
-def _parse_time(text: str, path: Path, ln: int) -> pd.Timestamp:
+def _utc_naive(value, where: str) -> pd.Timestamp:
+    """``value`` as a UTC-naive Timestamp; ReplayInputError naming ``where`` if it is not one."""
     try:
-        ts = pd.Timestamp(text)
+        ts = pd.Timestamp(value)
     except (ValueError, TypeError):
-        raise ReplayInputError(f"{path}: line {ln}: bad time {text!r}") from None
+        raise ReplayInputError(f"{where}: bad time {value!r}") from None
     if ts is pd.NaT:
-        raise ReplayInputError(f"{path}: line {ln}: bad time {text!r}")
+        raise ReplayInputError(f"{where}: time is missing")
     if ts.tzinfo is not None:
         ts = ts.tz_convert("UTC").tz_localize(None)
     return ts
+
+
+def _parse_time(text: str, path: Path, ln: int) -> pd.Timestamp:
+    return _utc_naive(text, f"{path}: line {ln}")
 
 
 def _load_node_log_safe(directory: Path, first_node: int, num_nodes: int | None,
@@ -610,15 +615,7 @@ def _check_task(t: TaskRecord, path: Path) -> TaskRecord:
 
 
 def _naive(ts, path: Path, name: str) -> pd.Timestamp:
-    try:
-        ts = pd.Timestamp(ts)
-    except (TypeError, ValueError):
-        raise ReplayInputError(f"{path}: task {name!r}: bad submit time {ts!r}") from None
-    if ts is pd.NaT:
-        raise ReplayInputError(f"{path}: task {name!r}: submit time is missing")
-    if ts.tzinfo is not None:
-        ts = ts.tz_convert("UTC").tz_localize(None)
-    return ts
+    return _utc_naive(ts, f"{path}: task {name!r}: submit time")
 
 
 def _load_tasks_pickles(jbnd: Path, jnps: Path, allow_pickle: bool) -> list[TaskRecord]:

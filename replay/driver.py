@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
@@ -220,7 +220,7 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="offcut-replay-") as tmp:
         if opts.target:
-            ctx = _existing(opts.target)
+            ctx = nullcontext(opts.target)
             source = f"replay-{os.getpid()}-{int(time.time())}"
         else:
             ctx = private_daemon(opts, Path(tmp), out_dir / "daemon.log")
@@ -239,11 +239,6 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
     from offcut.replay.report import render_report
     render_report(out_dir)
     return summary
-
-
-@contextmanager
-def _existing(address: str) -> Iterator[str]:
-    yield address
 
 
 def _drive(client: Client, node_log: NodeLog, tasks: list[TaskRecord], opts: ReplayOptions,

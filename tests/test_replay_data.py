@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import itertools
-import math
 import struct
 from pathlib import Path
 

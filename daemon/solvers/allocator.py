@@ -9,7 +9,7 @@ import numpy as np
 
 from offcut.errors import InvalidArgument
 
-from .base import SOLVER_NAMES, SolverFailed, SolverUnavailable
+from .base import SOLVER_NAMES, SolverFailed
 from .dp import solve_dp
 from .greedy import solve_greedy
 from .problem import AllocationProblem, Solution

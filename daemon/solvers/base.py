@@ -39,3 +39,27 @@ def knapsack_items(problem) -> list[tuple[list[int], list[float]]]:
                 best = v
         items.append((keep_n, keep_v))
     return items
+
+
+def milp_solution(problem, counts, status: str, bound: float, started: float, solver: str):
+    """Re-score a MILP backend's ``counts`` (shape (J,)) with our own evaluator and wrap them
+    in a :class:`~offcut.daemon.solvers.problem.Solution`.
+
+    ``status`` is ``optimal`` or ``feasible`` (time limit with an incumbent); ``bound`` the
+    backend's proven bound (ignored when optimal); ``started`` a ``time.perf_counter()`` value.
+    Raises :class:`SolverFailed` when the counts are infeasible (DESIGN §4: never trust a
+    returned assignment).
+    """
+    import math
+    import time
+
+    from .problem import Solution
+
+    try:
+        obj = problem.evaluate(counts)
+    except ValueError as exc:
+        raise SolverFailed(f"{solver} returned an infeasible assignment: {exc}") from exc
+    if status == "optimal" or not math.isfinite(bound):
+        bound = obj if status == "optimal" else bound
+    return Solution(counts=counts, objective=obj, bound=max(bound, obj),
+                    solve_ms=(time.perf_counter() - started) * 1e3, solver=solver, status=status)

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from .base import SolverFailed, SolverUnavailable, knapsack_items
+from .base import SolverFailed, SolverUnavailable, knapsack_items, milp_solution
 from .problem import AllocationProblem, Solution
 
 
@@ -71,12 +71,4 @@ def solve_cbc(problem: AllocationProblem, time_limit_s: float) -> Solution:
             vals = [x.x if x.x is not None else 0.0 for x in xs[j]]
             counts[j] = items[j][0][int(np.argmax(vals))]
         bound = float(m.objective_bound) + constant
-    try:
-        obj = problem.evaluate(counts)
-    except ValueError as exc:
-        raise SolverFailed(f"cbc returned an infeasible assignment: {exc}") from exc
-    if status == "optimal" or not math.isfinite(bound):
-        bound = obj if status == "optimal" else bound
-    bound = max(bound, obj)
-    return Solution(counts=counts, objective=obj, bound=bound,
-                    solve_ms=(time.perf_counter() - t0) * 1e3, solver="cbc", status=status)
+    return milp_solution(problem, counts, status, bound, t0, "cbc")

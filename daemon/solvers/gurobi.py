@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import SolverFailed, SolverUnavailable, knapsack_items
+from .base import SolverFailed, SolverUnavailable, knapsack_items, milp_solution
 from .problem import AllocationProblem, Solution, interpolate
 
 SIZE_LIMIT_VARS = 2000
@@ -195,15 +195,7 @@ def solve_gurobi(problem: AllocationProblem, time_limit_s: float, form: str | No
         if getattr(exc, "errno", None) in (10009, 10032):  # no / expired licence
             raise SolverUnavailable(f"gurobi licence problem: {exc}") from exc
         raise SolverFailed(f"gurobi error {getattr(exc, 'errno', '?')}: {exc}") from exc
-    try:
-        obj = problem.evaluate(counts)
-    except ValueError as exc:
-        raise SolverFailed(f"gurobi returned an infeasible assignment: {exc}") from exc
-    if status == "optimal" or not math.isfinite(bound):
-        bound = obj if status == "optimal" else bound
-    bound = max(bound, obj)
-    return Solution(counts=counts, objective=obj, bound=bound,
-                    solve_ms=(time.perf_counter() - t0) * 1e3, solver="gurobi", status=status)
+    return milp_solution(problem, counts, status, bound, t0, "gurobi")
 
 
 def _build_sos2(m, problem: AllocationProblem, gp, GRB):

@@ -209,7 +209,7 @@ class Solution:
         bound: proven upper bound on the optimum (== objective when proven optimal;
             ``inf`` when the backend proves nothing, e.g. greedy).
         solve_ms: wall time of the solve [ms].
-        solver: backend name (``gurobi``, ``cbc``, ``dp``, ``greedy``, ``keep``).
+        solver: backend name (``gurobi``, ``cbc``, ``dp``, ``greedy``; ``trivial`` when J == 0 or N == 0).
         status: ``optimal`` or ``feasible``.
     """
 
