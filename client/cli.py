@@ -94,8 +94,10 @@ def replay_bftrainer(
 ) -> None:
     """Replay a BFTrainer node-state log and task set (arXiv 2106.12091) through offcutd.
 
-    Example (the real public log, 128 nodes, the 10-task hps-shufflenet set):
+    Writes steps.csv, placements.csv, summary.json and report.png to --out.
 
+    \b
+    Example (the real public log, 128 nodes, the 10-task hps-shufflenet set):
       offcut replay bftrainer --allow-pickle \\
         --node-log ../shared/data/bftrainer/ndstat-10sdn6-evt.tar.gz \\
         --tasks ../shared/data/bftrainer/hps-shufflenet-Jbnd-10J.pkl \\
@@ -126,8 +128,10 @@ def replay_convert(
 ) -> None:
     """Convert the BFTrainer pickles to the safe CSV format (no code runs when it is read).
 
-    Example: offcut replay convert --allow-pickle --node-log ndstat-10sdn6-evt.tar.gz
-             --tasks hps-shufflenet-Jbnd-10J.pkl --out data/bftrainer-safe
+    \b
+    Example:
+      offcut replay convert --allow-pickle --node-log ndstat-10sdn6-evt.tar.gz \\
+        --tasks hps-shufflenet-Jbnd-10J.pkl --out data/bftrainer-safe
     """
     from offcut.replay.bftrainer_data import ReplayInputError, convert
 

@@ -20,22 +20,32 @@ import typer
 
 from offcut.daemon.config import ConfigError, load_config
 
-app = typer.Typer(add_completion=False, rich_markup_mode=None, help=__doc__)
+EPILOG = """Examples:
+
+  offcutd                                       (unix socket, default state file, solver auto)
+
+  offcutd --config /etc/offcut/offcut.toml
+
+  offcutd --listen 127.0.0.1:50051 --state /var/lib/offcut/state.sqlite --solver cbc
+
+Each flag's config-file key is given in brackets; flags override the file."""
+
+app = typer.Typer(add_completion=False, rich_markup_mode=None)
 
 
-@app.command()
+@app.command(epilog=EPILOG)
 def serve(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file (keys as the long flags, with _)"),
-    listen: Optional[str] = typer.Option(None, help="unix:///path.sock or HOST:PORT [default: unix://$XDG_RUNTIME_DIR/offcut/offcutd.sock]"),
-    state: Optional[str] = typer.Option(None, help="SQLite state file [default: $XDG_STATE_HOME/offcut/state.sqlite]"),
-    solver: Optional[str] = typer.Option(None, help="auto | gurobi | cbc | dp | greedy [default: auto]"),
-    solver_time_limit_s: Optional[float] = typer.Option(None, "--time-limit", help="hard limit per MILP solve, s [default: 10]"),
-    isolate_solver: Optional[bool] = typer.Option(None, "--isolate-solver/--in-process-solver", help="run MILP solves in a guarded child process [default: isolate]"),
-    tfwd_s: Optional[float] = typer.Option(None, "--tfwd", help="BFTrainer look-ahead Tfwd, s [default: 10]"),
-    max_running_tasks: Optional[int] = typer.Option(None, "--max-running-tasks", help="maxJ: tasks admitted at once [default: 10]"),
-    snapshot_every: Optional[int] = typer.Option(None, help="journal rows between state snapshots [default: 1000]"),
-    record_instances: Optional[str] = typer.Option(None, "--record-instances", help="append every allocation problem to this JSONL file"),
-    log_level: Optional[str] = typer.Option(None, help="debug | info | warning | error [default: info]"),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file"),
+    listen: Optional[str] = typer.Option(None, help="[listen] unix:///path.sock or HOST:PORT (default: unix://$XDG_RUNTIME_DIR/offcut/offcutd.sock)"),
+    state: Optional[str] = typer.Option(None, help="[state] SQLite state file (default: $XDG_STATE_HOME/offcut/state.sqlite)"),
+    solver: Optional[str] = typer.Option(None, help="[solver] auto | gurobi | cbc | dp | greedy (default: auto = gurobi when installed and the model fits its licence, else cbc)"),
+    solver_time_limit_s: Optional[float] = typer.Option(None, "--time-limit", help="[solver_time_limit_s] limit per MILP solve, s; the incumbent is used when it is hit (default: 10)"),
+    isolate_solver: Optional[bool] = typer.Option(None, "--isolate-solver/--in-process-solver", help="[isolate_solver] run MILP solves in a guarded child process (default: isolate)"),
+    tfwd_s: Optional[float] = typer.Option(None, "--tfwd", help="[tfwd_s] BFTrainer look-ahead Tfwd, s (default: 10)"),
+    max_running_tasks: Optional[int] = typer.Option(None, "--max-running-tasks", help="[max_running_tasks] maxJ: tasks admitted at once (default: 10)"),
+    snapshot_every: Optional[int] = typer.Option(None, help="[snapshot_every] journal rows between state snapshots (default: 1000)"),
+    record_instances: Optional[str] = typer.Option(None, "--record-instances", help="[record_instances] append every allocation problem to this JSONL file (offcut solve re-solves it)"),
+    log_level: Optional[str] = typer.Option(None, help="[log_level] debug | info | warning | error (default: info)"),
 ) -> None:
     """Run the Offcut daemon until SIGTERM/SIGINT."""
     try:

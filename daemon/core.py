@@ -60,6 +60,7 @@ class PlacementChange:
     rate: float
     work_done: float
     total_work: float
+    time: float  # when it took effect [s since epoch]
 
 
 @dataclass
@@ -266,7 +267,7 @@ class Core:
             before = len(task.nodes)
             task.nodes = [n for n in task.nodes if n in self.pool]
             self._set_running_state(task)
-            out.placements.append(self._change(task, "preempted", before))
+            out.placements.append(self._change(task, "preempted", before, t))
         for n in joined:
             self.pool[n] = t
         out.nodes_left, out.nodes_joined, out.tasks_preempted = len(left), len(joined), len(hit)
@@ -285,11 +286,11 @@ class Core:
         task.rate = 0.0
         task.state = state
         task.finish_time = t
-        out.placements.append(self._change(task, state.value, before))
+        out.placements.append(self._change(task, state.value, before, t))
 
-    def _change(self, task: Task, change: str, before: int) -> PlacementChange:
+    def _change(self, task: Task, change: str, before: int, t: float) -> PlacementChange:
         return PlacementChange(task.task_id, task.spec.name, change, list(task.nodes), before,
-                               task.rate, task.work_done, task.spec.total_work_samples)
+                               task.rate, task.work_done, task.spec.total_work_samples, t)
 
     # ----------------------------------------------------------------- allocation
     def admitted(self) -> list[Task]:
@@ -361,7 +362,7 @@ class Core:
             task.rescales += 1
             self._set_running_state(task)
             kind = "start" if c == 0 else "stop" if n == 0 else "grow" if n > c else "shrink"
-            out.placements.append(self._change(task, kind, c))
+            out.placements.append(self._change(task, kind, c, t))
 
     def _fill_figures(self, out: Outcome) -> None:
         running = [t for t in self.tasks.values() if t.state is TaskState.RUNNING]

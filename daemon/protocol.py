@@ -10,7 +10,7 @@ import math
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from offcut.errors import InvalidArgument
-from offcut.daemon.core import Core, Outcome
+from offcut.daemon.core import Core, Outcome, PlacementChange
 from offcut.daemon.model import (CancelEvent, NodeEvent, SubmitEvent, Task, TaskSpec, TaskState)
 from offcut.v1 import decision_pb2, nodes_pb2, status_pb2, tasks_pb2
 
@@ -134,11 +134,11 @@ def decision_to_pb(out: Outcome, requested_solver: str) -> decision_pb2.Decision
         completed_task_ids=out.completed_task_ids)
 
 
-def placement_to_pb(p) -> decision_pb2.Placement:
+def placement_to_pb(p: PlacementChange) -> decision_pb2.Placement:
     return decision_pb2.Placement(
         task_id=p.task_id, task_name=p.task_name, change=CHANGE_TO_PB[p.change], nodes=p.nodes,
         previous_node_count=p.previous_count, rate_samples_per_s=p.rate,
-        work_done_samples=p.work_done, total_work_samples=p.total_work)
+        work_done_samples=p.work_done, total_work_samples=p.total_work, time=time_to_pb(p.time))
 
 
 def status_to_pb(core: Core, last: decision_pb2.Decision | None, solver: status_pb2.SolverStatistics,

@@ -70,6 +70,11 @@ def to_epoch(ts: pd.Timestamp) -> float:
     return ts.value / 1e9
 
 
+def seconds(ts) -> float:
+    """Seconds since the epoch of a protobuf Timestamp."""
+    return ts.seconds + ts.nanos / 1e9
+
+
 def iso(t: float | None) -> str | None:
     """ISO-8601 (UTC, seconds) of epoch seconds, or None."""
     if t is None:
@@ -134,12 +139,16 @@ class _Writers:
         self.pl.writerow(PLACEMENT_COLUMNS)
         self.solve_ms: list[float] = []
         self.stop_reason = "end of log"
+        self.completed: set[str] = set()
 
     def decision(self, d: decision_pb2.Decision, index: int | None) -> None:
-        t = iso(d.time.seconds + d.time.nanos / 1e9)
+        """Record a decision: its placement changes, and a steps.csv row unless ``index`` is
+        None (decisions answering a submission)."""
+        self.completed.update(d.completed_task_ids)
+        t = iso(seconds(d.time))
         for p in d.placements:
             change = decision_pb2.PlacementChange.Name(p.change).removeprefix("PLACEMENT_CHANGE_").lower()
-            self.pl.writerow([t, p.task_id, p.task_name, change, len(p.nodes),
+            self.pl.writerow([iso(seconds(p.time)), p.task_id, p.task_name, change, len(p.nodes),
                               repr(p.work_done_samples), repr(p.total_work_samples)])
         if d.solve.solves:
             self.solve_ms.append(d.solve.solve_ms)
@@ -154,7 +163,7 @@ class _Writers:
 
     def submitted(self, task: tasks_pb2.Task) -> None:
         """A placements.csv row at the task's submit time (0 % progress)."""
-        t = iso(task.submit_time.seconds + task.submit_time.nanos / 1e9)
+        t = iso(seconds(task.submit_time))
         self.pl.writerow([t, task.task_id, task.spec.name, "submitted", 0, "0.0",
                           repr(task.spec.total_work_samples)])
 
@@ -179,7 +188,7 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
     status = client.status()
     tasks = client.list_tasks()
     completed = [t for t in tasks if t.state == tasks_pb2.TASK_STATE_COMPLETED]
-    finish = [t.finish_time.seconds + t.finish_time.nanos / 1e9 for t in completed]
+    finish = [seconds(t.finish_time) for t in completed]
     all_done = len(completed) == submitted and submitted > 0
     idle_h = status.idle_node_seconds / 3600.0
     used_h = status.used_node_seconds / 3600.0
@@ -198,14 +207,14 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
         "solver_fallbacks": status.solver.fallbacks,
         "num_nodes": len(node_log.node_names),
         "first_event": iso(to_epoch(node_log.initial_time)),
-        "last_event": iso(status.clock.seconds + status.clock.nanos / 1e9),
+        "last_event": iso(seconds(status.clock)),
         "options": {k: v for k, v in asdict(opts).items() if k != "progress"},
         "wall_s": wall_s,
         "events_per_s": events / wall_s if wall_s > 0 else None,
         "tasks": [{"task_id": t.task_id, "name": t.spec.name,
                    "state": tasks_pb2.TaskState.Name(t.state).removeprefix("TASK_STATE_").lower(),
                    "work_done_samples": t.work_done_samples,
-                   "finish_time": iso(t.finish_time.seconds) if t.finish_time.seconds else None}
+                   "finish_time": iso(seconds(t.finish_time)) if t.finish_time.seconds else None}
                   for t in tasks],
     }
 
@@ -257,11 +266,9 @@ def _drive(client: Client, node_log: NodeLog, tasks: list[TaskRecord], opts: Rep
             next_task += 1
 
     submit_until(node_log.initial_time)
-    completed = 0
     seq = 1
     first = client.sync_nodes(to_epoch(node_log.initial_time), source, seq, node_log.initial_idle)
     writers.decision(first, 0)
-    completed += len(first.completed_task_ids)
     total = node_log.num_events
     if opts.max_events is not None:
         total = min(total, opts.max_events) if total is not None else opts.max_events
@@ -273,7 +280,8 @@ def _drive(client: Client, node_log: NodeLog, tasks: list[TaskRecord], opts: Rep
             if opts.max_events is not None and events >= opts.max_events:
                 writers.stop_reason = "max_events"
                 break
-            if next_task == len(pending) and completed == len(pending) and not opts.until_log_end:
+            if (next_task == len(pending) and len(writers.completed) == len(pending)
+                    and not opts.until_log_end):
                 writers.stop_reason = "all tasks done"
                 break
             submit_until(change.time)
@@ -281,7 +289,6 @@ def _drive(client: Client, node_log: NodeLog, tasks: list[TaskRecord], opts: Rep
             d = client.report_nodes(to_epoch(change.time), source, seq,
                                     idle=change.became_idle, preempted=change.became_busy)
             events += 1
-            completed += len(d.completed_task_ids)
             writers.decision(d, events)
             bar.update(1)
             if events % 200 == 0:

@@ -411,3 +411,20 @@ def test_bad_config_exits_with_one_line(tmp_path, body, key):
     assert len(lines) == 1, res.stderr
     assert key in lines[0]
     assert not (tmp_path / "x.sqlite").exists()
+
+
+def test_tcp_loopback_listener(tmp_path):
+    """``listen = HOST:PORT`` serves the same protocol over TCP (port 0 = any free port)."""
+    cfg = DaemonConfig(listen="127.0.0.1:0", state=str(tmp_path / "tcp.sqlite"), solver="dp")
+    srv = OffcutServer(cfg)
+    srv.start()
+    try:
+        assert srv.port > 0
+        with Client(f"127.0.0.1:{srv.port}", timeout_s=10) as client:
+            client.wait_ready(10)
+            client.submit(make_spec(), submit_time=T0)
+            d = client.report_nodes(T0 + 1, "tcp", 1, idle=["c01n01", "c01n02"])
+            assert [p.task_id for p in d.placements] == ["t000001"]
+            assert list(d.placements[0].nodes) == ["c01n01", "c01n02"]
+    finally:
+        srv.stop(0.2)

@@ -40,6 +40,11 @@ def test_demo_replays_bundled_log_and_all_tasks_finish(tmp_path):
     tasks = pd.read_csv(out / "placements.csv")
     total_work = tasks.groupby("task_id")["total_work_samples"].first().sum()
     assert s["total_samples"] == pytest.approx(total_work, rel=1e-9)
+    # completion rows carry the exact completion time, not the time of the event after it
+    done = tasks[tasks["change"] == "completed"]
+    assert len(done) == 6 and done["time"].max() == s["all_done_at"]
+    finish = {t["task_id"]: t["finish_time"] for t in s["tasks"]}
+    assert all(finish[r.task_id] == r.time for r in done.itertuples())
     with open(out / "steps.csv") as fh:
         header = next(csv.reader(fh))
     assert header == STEP_COLUMNS

@@ -30,7 +30,7 @@ PLACEMENT_CHANGE_COMPLETED: PlacementChange
 PLACEMENT_CHANGE_CANCELLED: PlacementChange
 
 class Placement(_message.Message):
-    __slots__ = ("task_id", "task_name", "change", "nodes", "previous_node_count", "rate_samples_per_s", "work_done_samples", "total_work_samples")
+    __slots__ = ("task_id", "task_name", "change", "nodes", "previous_node_count", "rate_samples_per_s", "work_done_samples", "total_work_samples", "time")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_NAME_FIELD_NUMBER: _ClassVar[int]
     CHANGE_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class Placement(_message.Message):
     RATE_SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
     WORK_DONE_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_WORK_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     task_name: str
     change: PlacementChange
@@ -47,7 +48,8 @@ class Placement(_message.Message):
     rate_samples_per_s: float
     work_done_samples: float
     total_work_samples: float
-    def __init__(self, task_id: _Optional[str] = ..., task_name: _Optional[str] = ..., change: _Optional[_Union[PlacementChange, str]] = ..., nodes: _Optional[_Iterable[str]] = ..., previous_node_count: _Optional[int] = ..., rate_samples_per_s: _Optional[float] = ..., work_done_samples: _Optional[float] = ..., total_work_samples: _Optional[float] = ...) -> None: ...
+    time: _timestamp_pb2.Timestamp
+    def __init__(self, task_id: _Optional[str] = ..., task_name: _Optional[str] = ..., change: _Optional[_Union[PlacementChange, str]] = ..., nodes: _Optional[_Iterable[str]] = ..., previous_node_count: _Optional[int] = ..., rate_samples_per_s: _Optional[float] = ..., work_done_samples: _Optional[float] = ..., total_work_samples: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class EventStats(_message.Message):
     __slots__ = ("interval_s", "progress_samples", "rate_samples_per_s", "rescale_cost_samples", "nodes_left", "tasks_preempted", "nodes_joined", "admitted_tasks", "idle_nodes", "running_tasks", "nodes_in_use", "preemption_cost_samples", "tasks_completed")
