@@ -78,6 +78,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        """Close the channel."""
         self.channel.close()
 
     # ------------------------------------------------------------------ health
@@ -121,15 +122,18 @@ class Client:
 
     @_translate
     def get_task(self, task_id: str) -> tasks_pb2.Task:
+        """One task by id; raises NotFound for an unknown id."""
         return self.tasks.GetTask(tasks_pb2.GetTaskRequest(task_id=task_id), timeout=self.timeout_s)
 
     @_translate
     def list_tasks(self, states: Iterable[int] = (), owner: str = "") -> list[tasks_pb2.Task]:
+        """Tasks, optionally filtered by ``offcut.v1.TaskState`` values and owner."""
         return list(self.tasks.ListTasks(tasks_pb2.ListTasksRequest(
             states=list(states), owner=owner), timeout=self.timeout_s).tasks)
 
     @_translate
     def cancel(self, task_id: str, time: float | datetime | None = None) -> tasks_pb2.CancelTaskResponse:
+        """Cancel a task (releases its nodes); NotFound / FailedPrecondition for unknown or finished tasks."""
         req = tasks_pb2.CancelTaskRequest(task_id=task_id)
         if time is not None:
             req.time.CopyFrom(to_timestamp(time))
@@ -143,5 +147,6 @@ class Client:
     # ------------------------------------------------------------------ status
     @_translate
     def status(self, include_idle_nodes: bool = False) -> status_pb2.StatusResponse:
+        """The daemon status: clock, idle pool, tasks by state, solver statistics, node-seconds."""
         return self.status_stub.GetStatus(status_pb2.GetStatusRequest(
             include_idle_nodes=include_idle_nodes), timeout=self.timeout_s)

@@ -42,6 +42,7 @@ class SolveRecord:
     fallback_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form for the journal."""
         return self.__dict__.copy()
 
 

@@ -32,6 +32,7 @@ class TaskState(str, Enum):
 
     @property
     def finished(self) -> bool:
+        """True for completed and cancelled tasks."""
         return self in (TaskState.COMPLETED, TaskState.CANCELLED)
 
 
@@ -157,6 +158,7 @@ class TaskSpec:
         return float(np.interp(nodes, self.node_counts, self.objective))
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (lists for the tuples)."""
         d = asdict(self)
         for k in ("node_counts", "throughputs", "objective_values", "command"):
             d[k] = list(d[k])
@@ -164,6 +166,7 @@ class TaskSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TaskSpec":
+        """Inverse of :meth:`to_dict` (no validation: the data was validated when stored)."""
         return cls(**{**d, **{k: tuple(d[k]) for k in
                               ("node_counts", "throughputs", "objective_values", "command")}})
 
@@ -191,6 +194,7 @@ class Task:
     request_id: str = ""
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form for snapshots."""
         d = asdict(self)
         d["spec"] = self.spec.to_dict()
         d["state"] = self.state.value
@@ -198,6 +202,7 @@ class Task:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Task":
+        """Inverse of :meth:`to_dict`."""
         d = dict(d)
         d["spec"] = TaskSpec.from_dict(d["spec"])
         d["state"] = TaskState(d["state"])
@@ -231,6 +236,7 @@ class NodeEvent:
 
 @dataclass(frozen=True)
 class SubmitEvent:
+    """A task submission at ``time`` [s since epoch] by ``owner``; ``request_id`` makes retries idempotent."""
     time: float
     spec: TaskSpec
     owner: str
@@ -239,6 +245,7 @@ class SubmitEvent:
 
 @dataclass(frozen=True)
 class CancelEvent:
+    """Cancellation of task ``task_id`` at ``time`` [s since epoch]."""
     time: float
     task_id: str
 

@@ -45,6 +45,7 @@ def time_from_pb(ts: Timestamp, field: str, *, required: bool, default: float | 
 
 
 def time_to_pb(t: float | None) -> Timestamp:
+    """A Timestamp from seconds since the epoch (unset for None)."""
     ts = Timestamp()
     if t is not None:
         seconds = math.floor(t)
@@ -54,6 +55,7 @@ def time_to_pb(t: float | None) -> Timestamp:
 
 
 def node_event_from_pb(msg: nodes_pb2.NodeEvent | nodes_pb2.NodeSnapshot, *, snapshot: bool) -> NodeEvent:
+    """A core NodeEvent from ReportNodes / SyncNodes; InvalidArgument when ``time`` is unset."""
     return NodeEvent(
         time=time_from_pb(msg.time, "time", required=True),
         source=msg.source, seq=msg.seq, idle=tuple(msg.idle),
@@ -71,6 +73,7 @@ def spec_from_pb(spec: tasks_pb2.TaskSpec) -> TaskSpec:
 
 
 def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
+    """The protocol form of a spec."""
     return tasks_pb2.TaskSpec(
         name=spec.name, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
         node_counts=spec.node_counts, throughputs=spec.throughputs,
@@ -80,6 +83,7 @@ def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
 
 
 def submit_from_pb(req: tasks_pb2.SubmitTaskRequest, clock: float | None, now: float) -> SubmitEvent:
+    """A SubmitEvent; an unset submit_time means max(now, clock) [s since epoch]."""
     if not req.HasField("spec"):
         raise InvalidArgument("is required", "spec")
     t = time_from_pb(req.submit_time, "submit_time", required=False,
@@ -89,6 +93,7 @@ def submit_from_pb(req: tasks_pb2.SubmitTaskRequest, clock: float | None, now: f
 
 
 def cancel_from_pb(req: tasks_pb2.CancelTaskRequest, clock: float | None, now: float) -> CancelEvent:
+    """A CancelEvent; an unset time means max(now, clock) [s since epoch]."""
     if not req.task_id:
         raise InvalidArgument("is required", "task_id")
     t = time_from_pb(req.time, "time", required=False,
@@ -135,6 +140,7 @@ def decision_to_pb(out: Outcome, requested_solver: str) -> decision_pb2.Decision
 
 
 def placement_to_pb(p: PlacementChange) -> decision_pb2.Placement:
+    """The protocol form of one placement change."""
     return decision_pb2.Placement(
         task_id=p.task_id, task_name=p.task_name, change=CHANGE_TO_PB[p.change], nodes=p.nodes,
         previous_node_count=p.previous_count, rate_samples_per_s=p.rate,
@@ -143,6 +149,7 @@ def placement_to_pb(p: PlacementChange) -> decision_pb2.Placement:
 
 def status_to_pb(core: Core, last: decision_pb2.Decision | None, solver: status_pb2.SolverStatistics,
                  include_idle: bool) -> status_pb2.StatusResponse:
+    """The Status reply (idle node names only when ``include_idle``)."""
     counts = {s: 0 for s in TaskState}
     for task in core.tasks.values():
         counts[task.state] += 1

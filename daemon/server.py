@@ -82,6 +82,7 @@ class OffcutServer:
             os.chmod(self.socket_path, 0o600)  # only the service user may connect
 
     def start(self) -> None:
+        """Start serving; marks every service SERVING in the health service."""
         self.server.start()
         if self.socket_path is not None:
             os.chmod(self.socket_path, 0o600)  # only the service user may connect
@@ -99,4 +100,5 @@ class OffcutServer:
             self.socket_path.unlink()
 
     def wait(self) -> None:
+        """Block until the server terminates."""
         self.server.wait_for_termination()

@@ -51,10 +51,12 @@ class NodeEventsService(nodes_pb2_grpc.NodeEventsServicer):
 
     @_rpc
     def ReportNodes(self, request, context):
+        """Idle / preempted nodes -> Decision (INVALID_ARGUMENT, FAILED_PRECONDITION on bad events)."""
         return self._apply(protocol.node_event_from_pb(request, snapshot=False))
 
     @_rpc
     def SyncNodes(self, request, context):
+        """The full idle set -> diffed into joins and preemptions -> Decision."""
         return self._apply(protocol.node_event_from_pb(request, snapshot=True))
 
 
@@ -72,6 +74,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
 
     @_rpc
     def SubmitTask(self, request, context):
+        """Validate the spec (INVALID_ARGUMENT naming ``spec.<field>``), queue the task, re-allocate."""
         with self.engine.lock:
             event = protocol.submit_from_pb(request, self.engine.core.clock, clock_now())
 
@@ -86,6 +89,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
 
     @_rpc
     def GetTask(self, request, context):
+        """One task (NOT_FOUND for an unknown id)."""
         if not request.task_id:
             raise InvalidArgument("is required", "task_id")
         with self.engine.lock:
@@ -93,6 +97,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
 
     @_rpc
     def ListTasks(self, request, context):
+        """Tasks filtered by state and owner, in submit order."""
         wanted = set()
         for s in request.states:
             if s not in protocol.PB_TO_STATE:
@@ -107,6 +112,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
 
     @_rpc
     def CancelTask(self, request, context):
+        """Cancel a task, release its nodes, re-allocate (NOT_FOUND / FAILED_PRECONDITION)."""
         with self.engine.lock:
             event = protocol.cancel_from_pb(request, self.engine.core.clock, clock_now())
 
@@ -118,6 +124,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         return reply
 
     def WatchPlacements(self, request, context):
+        """Stream placement updates (retained ones after ``after_revision`` first)."""
         if request.task_id and request.task_id not in self.engine.core.tasks:
             context.abort(grpc.StatusCode.NOT_FOUND, f"task_id: no task {request.task_id!r}")
         yield from self.engine.watch(request.after_revision, request.task_id, context.is_active)
@@ -131,6 +138,7 @@ class StatusService(status_pb2_grpc.StatusServicer):
 
     @_rpc
     def GetStatus(self, request: status_pb2.GetStatusRequest, context):
+        """Idle pool, tasks by state, last decision, solver statistics."""
         with self.engine.lock:
             return protocol.status_to_pb(self.engine.core, self.engine.last_decision,
                                          self.engine.solver_statistics(),

@@ -108,6 +108,7 @@ class Store:
         return row[0] if row else None
 
     def journal_length(self) -> int:
+        """Number of journal rows (applied events)."""
         return self.db.execute("SELECT COUNT(*) FROM journal").fetchone()[0]
 
     # ------------------------------------------------------------------ writing
@@ -150,4 +151,5 @@ class Store:
                         "(SELECT journal_id FROM snapshots ORDER BY journal_id DESC LIMIT 2)")
 
     def close(self) -> None:
+        """Close the database connection."""
         self.db.close()

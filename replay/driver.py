@@ -168,6 +168,7 @@ class _Writers:
                           repr(task.spec.total_work_samples)])
 
     def close(self) -> None:
+        """Close both CSV files."""
         self.steps_fh.close()
         self.pl_fh.close()
 

@@ -196,6 +196,7 @@ class AllocationProblem:
             raise InvalidArgument(str(exc), "record") from exc
 
     def to_json(self) -> str:
+        """:meth:`to_record` as one compact JSON line."""
         return json.dumps(self.to_record(), separators=(",", ":"))
 
 
