@@ -148,6 +148,10 @@ class Engine:
                 log.exception("committing revision %d failed; reloading state", out.revision)
                 self.core = self._recover()
                 raise
+            if out.ignored_nodes:
+                log.warning("event %s/%s: ignored %d node(s) that were not idle or already idle: %s",
+                            out.source, out.seq, len(out.ignored_nodes),
+                            ", ".join(out.ignored_nodes[:10]))
             if out.solves:
                 self.decision_ms.append((time.perf_counter() - started) * 1000.0)
             self.last_decision = decision
