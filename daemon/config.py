@@ -41,6 +41,8 @@ class DaemonConfig(BaseModel):
     tfwd_s: float = Field(10.0, gt=0, le=86400, description="BFTrainer look-ahead Tfwd")
     max_running_tasks: int = Field(10, ge=1, le=100000, description="maxJ: tasks admitted at once")
     snapshot_every: int = Field(1000, ge=1, description="journal rows between snapshots")
+    durability: Literal["full", "normal"] = Field(
+        "full", description="full: fsync each commit (survives power loss); normal: survives kill -9")
     record_instances: str | None = Field(None, description="append every allocation problem (JSONL)")
     max_message_mb: int = Field(64, ge=1, le=1024, description="largest gRPC message accepted")
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -16,15 +16,18 @@ Progress model (BFTrainer, arXiv 2106.12091 §3-4; DESIGN §3):
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import numpy as np
 
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 from offcut.daemon import placement
 from offcut.daemon.model import (CancelEvent, Event, NodeEvent, SubmitEvent, Task, TaskState,
                                  check_node_names)
-from offcut.daemon.solvers.problem import AllocationProblem
+from offcut.daemon.solvers.problem import AllocationProblem, objective_table
 
 MAX_SOURCE_LEN = 200
 
@@ -109,6 +112,8 @@ class Core:
         self.pool: dict[str, float] = {}        # idle node -> idle since [s]
         self.holder: dict[str, str] = {}        # idle node -> task id holding it
         self.tasks: dict[str, Task] = {}        # submit order
+        self.active: dict[str, Task] = {}       # unfinished tasks, submit order
+        self._objective: dict[str, tuple] = {}  # task id -> (Ns, Os, S(n)) arrays (cache)
         self.last_seq: dict[str, int] = {}
         self.next_task_number = 1
         self.total_samples = 0.0
@@ -180,6 +185,7 @@ class Core:
                         owner=event.owner, submit_time=event.time, request_id=event.request_id)
             self.next_task_number += 1
             self.tasks[task.task_id] = task
+            self.active[task.task_id] = task
             if event.request_id:
                 self.requests[event.request_id] = task.task_id
             out.task_id = task.task_id
@@ -187,9 +193,10 @@ class Core:
         elif isinstance(event, CancelEvent):
             out.cause = "cancel"
             task = self.tasks[event.task_id]
-            self._finish(task, TaskState.CANCELLED, t, out)
             out.task_id = task.task_id
-            changed = True
+            if not task.state.finished:  # it may have completed on the way to ``t``
+                self._finish(task, TaskState.CANCELLED, t, out)
+                changed = True
         if changed:
             self._reallocate(t, out, allocate)
         self.revision += 1
@@ -205,7 +212,7 @@ class Core:
             return
         while True:
             soonest, soonest_task = math.inf, None
-            for task in self.tasks.values():
+            for task in self.admitted():  # only admitted tasks can hold nodes
                 if task.rate > 0 and task.state is TaskState.RUNNING:
                     left = task.spec.total_work_samples - task.work_done
                     at = self.clock + max(left, 0.0) / task.rate
@@ -215,7 +222,7 @@ class Core:
                 break
             self._accrue(soonest - self.clock, out)
             self.clock = soonest
-            for task in list(self.tasks.values()):
+            for task in self.admitted():
                 if task.state is TaskState.RUNNING and (
                         task is soonest_task or
                         task.work_done >= task.spec.total_work_samples * (1 - 1e-12)):
@@ -231,7 +238,7 @@ class Core:
     def _accrue(self, dt: float, out: Outcome) -> None:
         if dt <= 0:
             return
-        for task in self.tasks.values():
+        for task in self.admitted():
             if task.rate > 0:
                 gained = task.rate * dt
                 task.work_done += gained
@@ -287,6 +294,8 @@ class Core:
         task.rate = 0.0
         task.state = state
         task.finish_time = t
+        del self.active[task.task_id]
+        self._objective.pop(task.task_id, None)
         out.placements.append(self._change(task, state.value, before, t))
 
     def _change(self, task: Task, change: str, before: int, t: float) -> PlacementChange:
@@ -296,14 +305,7 @@ class Core:
     # ----------------------------------------------------------------- allocation
     def admitted(self) -> list[Task]:
         """The tasks considered by the allocation (submit order, at most maxJ)."""
-        out = []
-        for task in self.tasks.values():
-            if task.state.finished:
-                continue
-            if len(out) == self.max_running_tasks:
-                break
-            out.append(task)
-        return out
+        return list(itertools.islice(self.active.values(), self.max_running_tasks))
 
     def problem(self, tasks: list[Task]) -> AllocationProblem:
         """The count-level allocation problem for ``tasks`` (DESIGN §4)."""
@@ -312,12 +314,25 @@ class Core:
             current_nodes=[len(t.nodes) for t in tasks],
             min_nodes=[t.spec.min_nodes for t in tasks],
             max_nodes=[t.spec.max_nodes for t in tasks],
-            node_counts=[t.spec.node_counts for t in tasks],
-            objective_values=[t.spec.objective for t in tasks],
+            node_counts=[self._curves(t)[0] for t in tasks],
+            objective_values=[self._curves(t)[1] for t in tasks],
             tfwd_s=self.tfwd_s,
             rescale_up_s=[t.spec.rescale_up_s for t in tasks],
             rescale_down_s=[t.spec.rescale_down_s for t in tasks],
+            objective_tables=[self._curves(t)[2] for t in tasks],
+            check=False,  # specs were validated at submission
         )
+
+    def _curves(self, task: Task) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(Ns, Os, S(n) for n = 0..Jmax) of a task as float arrays, cached per task."""
+        curves = self._objective.get(task.task_id)
+        if curves is None:
+            spec = task.spec
+            ns = np.asarray(spec.node_counts, dtype=float)
+            os_ = np.asarray(spec.objective, dtype=float)
+            curves = (ns, os_, objective_table(ns, os_, spec.min_nodes, spec.max_nodes))
+            self._objective[task.task_id] = curves
+        return curves
 
     def _reallocate(self, t: float, out: Outcome, allocate: Allocate) -> None:
         tasks = self.admitted()
@@ -366,10 +381,10 @@ class Core:
             out.placements.append(self._change(task, kind, c, t))
 
     def _fill_figures(self, out: Outcome) -> None:
-        running = [t for t in self.tasks.values() if t.state is TaskState.RUNNING]
+        admitted = [t for t in self.admitted() if t.state is not TaskState.QUEUED]
+        running = [t for t in admitted if t.state is TaskState.RUNNING]
         out.rate_samples_per_s = float(sum(t.rate for t in running))
-        out.admitted_tasks = sum(1 for t in self.tasks.values()
-                                 if t.state in (TaskState.ADMITTED, TaskState.RUNNING))
+        out.admitted_tasks = len(admitted)
         out.idle_nodes = len(self.pool)
         out.running_tasks = len(running)
         out.nodes_in_use = len(self.holder)
@@ -393,6 +408,7 @@ class Core:
         core.clock, core.revision = d["clock"], d["revision"]
         core.pool = dict(d["pool"])
         core.tasks = {t["task_id"]: Task.from_dict(t) for t in d["tasks"]}
+        core.active = {k: t for k, t in core.tasks.items() if not t.state.finished}
         core.holder = {n: t.task_id for t in core.tasks.values() for n in t.nodes}
         core.last_seq = dict(d["last_seq"])
         core.next_task_number = d["next_task_number"]

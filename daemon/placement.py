@@ -10,6 +10,7 @@ of its nodes and takes free ones. Choices are deterministic and prefer locality:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 from typing import Mapping
@@ -18,6 +19,7 @@ _CABINET_RE = re.compile(r"^(.*?\d)[A-Za-z_.-]+\d+$")
 _TRAILING_DIGITS_RE = re.compile(r"\d+$")
 
 
+@functools.lru_cache(maxsize=65536)
 def cabinet_of(node: str) -> str:
     """Cabinet prefix of a node name: ``c05n06`` -> ``c05``, ``nid00012`` -> ``nid``.
 

@@ -48,7 +48,8 @@ class OffcutServer:
 
     def __init__(self, config: DaemonConfig):
         self.config = config
-        store = Store(config.state, snapshot_every=config.snapshot_every)
+        store = Store(config.state, snapshot_every=config.snapshot_every,
+                      durability=config.durability)
         allocator = Allocator(config.solver, time_limit_s=config.solver_time_limit_s,
                               isolate=config.isolate_solver)
         self.engine = Engine(store, allocator, tfwd_s=config.tfwd_s,

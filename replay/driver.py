@@ -93,6 +93,7 @@ def private_daemon(opts: ReplayOptions, workdir: Path, log_path: Path) -> Iterat
            "--state", str(workdir / "state.sqlite"), "--solver", opts.solver,
            "--tfwd", str(opts.tfwd_s), "--max-running-tasks", str(opts.max_tasks),
            "--time-limit", str(opts.time_limit_s), "--snapshot-every", "5000",
+           "--durability", "normal",
            "--log-level", "warning"]
     if opts.record_instances:
         cmd += ["--record-instances", str(Path(opts.record_instances).resolve())]

@@ -35,6 +35,17 @@ def interpolate(node_counts: np.ndarray, values: np.ndarray, n: np.ndarray | int
     return np.interp(n, node_counts, values)
 
 
+def objective_table(node_counts: np.ndarray, values: np.ndarray, min_nodes: int,
+                    max_nodes: int) -> np.ndarray:
+    """S(n) for n = 0..max_nodes: the curve by linear interpolation, 0 below ``min_nodes``.
+
+    Shape (max_nodes + 1,), float; the piecewise-linear objective of DESIGN §3-4.
+    """
+    s = interpolate(node_counts, values, np.arange(max_nodes + 1))
+    s[:min_nodes] = 0.0
+    return s
+
+
 @dataclass
 class AllocationProblem:
     """One allocation instance. Arrays are per admitted task, shape (J,).
@@ -47,6 +58,9 @@ class AllocationProblem:
         objective_values: per task, Os (K_j,) >= 0 (samples/s for throughput objectives).
         tfwd_s: look-ahead Tfwd [s].
         rescale_up_s, rescale_down_s: Tcup_j, Tcdw_j [s].
+        objective_tables: optional, per task S_j(n) for n = 0..Jmax_j (0 below Jmin_j),
+            precomputed by a caller that builds many problems from the same tasks (the core).
+        check: validate on construction (callers passing already-validated data may skip it).
     """
 
     idle_nodes: int
@@ -58,6 +72,8 @@ class AllocationProblem:
     tfwd_s: float
     rescale_up_s: np.ndarray
     rescale_down_s: np.ndarray
+    objective_tables: list[np.ndarray] | None = field(default=None, repr=False, compare=False)
+    check: bool = field(default=True, repr=False, compare=False)
     _tables: list[np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -70,7 +86,8 @@ class AllocationProblem:
         self.node_counts = [np.asarray(x, dtype=float) for x in self.node_counts]
         self.objective_values = [np.asarray(x, dtype=float) for x in self.objective_values]
         self.tfwd_s = float(self.tfwd_s)
-        self.validate()
+        if self.check:
+            self.validate()
 
     # ------------------------------------------------------------------ checks
     @property
@@ -119,24 +136,33 @@ class AllocationProblem:
             tables = []
             for j in range(self.num_tasks):
                 top = int(min(self.max_nodes[j], self.idle_nodes))
-                n = np.arange(top + 1)
-                s = interpolate(self.node_counts[j], self.objective_values[j], n)
-                s[n < self.min_nodes[j]] = 0.0
-                f = self.tfwd_s * s
+                f = self.tfwd_s * self._objective_table(j)[: top + 1]
                 c = int(self.current_nodes[j])
                 r = self.current_rate(j)
-                f[n > c] -= self.rescale_up_s[j] * r
-                f[n < c] -= self.rescale_down_s[j] * r
-                f[(n > 0) & (n < self.min_nodes[j])] = -np.inf
+                if r:
+                    f[c + 1:] -= self.rescale_up_s[j] * r
+                    f[:c] -= self.rescale_down_s[j] * r
+                jmin = int(self.min_nodes[j])
+                if jmin > 1:
+                    f[1:jmin] = -np.inf
                 tables.append(f)
             self._tables = tables
         return self._tables
+
+    def _objective_table(self, j: int) -> np.ndarray:
+        """S_j(n) for n = 0..Jmax_j (0 below Jmin_j)."""
+        if self.objective_tables is not None:
+            return self.objective_tables[j]
+        return objective_table(self.node_counts[j], self.objective_values[j],
+                               int(self.min_nodes[j]), int(self.max_nodes[j]))
 
     def current_rate(self, j: int) -> float:
         """R_j = S_j(c_j) if c_j >= Jmin_j else 0 (objective units per second)."""
         c = int(self.current_nodes[j])
         if c < self.min_nodes[j]:
             return 0.0
+        if c <= self.max_nodes[j]:
+            return float(self._objective_table(j)[c])
         return float(interpolate(self.node_counts[j], self.objective_values[j], c))
 
     def admissible(self, counts: Sequence[int]) -> str | None:
