@@ -83,8 +83,9 @@ def iso(t: float | None) -> str | None:
 
 
 @contextmanager
-def private_daemon(opts: ReplayOptions, workdir: Path, log_path: Path) -> Iterator[str]:
-    """Run ``offcutd`` on a private unix socket in ``workdir``; yields its address.
+def private_daemon(opts: ReplayOptions, workdir: Path, log_path: Path
+                   ) -> Iterator[tuple[str, int | None]]:
+    """Run ``offcutd`` on a private unix socket in ``workdir``; yields (address, pid).
 
     Raises :class:`Unavailable` (with the daemon's log tail) if it does not come up.
     """
@@ -108,7 +109,7 @@ def private_daemon(opts: ReplayOptions, workdir: Path, log_path: Path) -> Iterat
                     proc.wait()
                     tail = log_path.read_text()[-2000:]
                     raise Unavailable(f"the replay's offcutd did not start:\n{tail}") from None
-            yield address
+            yield address, proc.pid
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -117,6 +118,19 @@ def private_daemon(opts: ReplayOptions, workdir: Path, log_path: Path) -> Iterat
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+
+def peak_rss_mb(pid: int | None) -> float | None:
+    """Peak resident set size [MiB] of process ``pid`` (Linux ``VmHWM``); None if unknown."""
+    if pid is None:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
 
 
 def task_spec(task: TaskRecord) -> tasks_pb2.TaskSpec:
@@ -231,12 +245,12 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="offcut-replay-") as tmp:
         if opts.target:
-            ctx = nullcontext(opts.target)
+            ctx = nullcontext((opts.target, None))
             source = f"replay-{os.getpid()}-{int(time.time())}"
         else:
             ctx = private_daemon(opts, Path(tmp), out_dir / "daemon.log")
             source = "replay"
-        with ctx as address, Client(address) as client:
+        with ctx as (address, daemon_pid), Client(address) as client:
             client.wait_ready()
             writers = _Writers(out_dir)
             try:
@@ -246,6 +260,7 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
             summary = summarise(client, events, submitted, writers.solve_ms, opts,
                                 time.perf_counter() - started, node_log)
             summary["stop_reason"] = writers.stop_reason
+            summary["daemon_peak_rss_mb"] = peak_rss_mb(daemon_pid)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     from offcut.replay.report import render_report
     render_report(out_dir)

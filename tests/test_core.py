@@ -595,3 +595,20 @@ def test_random_sequences_keep_invariants(ops, max_running):
         assert out.revision == core.revision
         check_invariants(core)
         assert core.clock == pytest.approx(t)
+
+
+def test_cancel_arriving_after_the_task_completed_changes_nothing_more():
+    """A cancel stamped after the modelled completion time: the task completes first (at its
+    exact time) and stays completed; the cancel releases nothing twice."""
+    core = Core(tfwd_s=10.0, max_running_tasks=2)
+    alloc = Scripted()
+    core.apply(NodeEvent(T0, "t", 1, idle=("c1n1", "c1n2")), alloc)
+    out = core.apply(SubmitEvent(T0, spec(work=100.0), "alice"), alloc)  # 2 nodes: 18 samples/s
+    task_id = out.task_id
+    late = core.apply(CancelEvent(T0 + 60.0, task_id), alloc)
+    task = core.tasks[task_id]
+    assert task.state is TaskState.COMPLETED
+    assert task.finish_time == pytest.approx(T0 + 100.0 / 18.0)
+    assert late.completed_task_ids == [task_id]
+    assert [p.change for p in late.placements] == ["completed"]
+    assert core.holder == {}
