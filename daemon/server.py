@@ -48,6 +48,9 @@ class OffcutServer:
 
     def __init__(self, config: DaemonConfig):
         self.config = config
+        from offcut.daemon.solvers.dp import warm_up
+
+        log.info("dp kernel ready in %.1f s", warm_up())  # the exact fallback of every backend
         store = Store(config.state, snapshot_every=config.snapshot_every,
                       durability=config.durability)
         allocator = Allocator(config.solver, time_limit_s=config.solver_time_limit_s,

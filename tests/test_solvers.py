@@ -340,3 +340,204 @@ def test_dp_loop_and_block_paths_agree(p):
         dp_mod._LOOP_MIN_NODES = old
     assert loop.objective == block.objective
     assert list(loop.counts) == list(block.counts)
+
+
+# ---------------------------------------------------------------- breakpoint dp vs reference
+def _rel_close(a: float, b: float, rtol: float = 1e-9) -> bool:
+    return abs(a - b) <= rtol * max(1.0, abs(a), abs(b))
+
+
+@st.composite
+def hard_problems(draw, max_tasks=5, max_nodes=40):
+    """Non-concave, non-monotone curves (non-integer curve points too), c_j below Jmin or
+    above Jmax, N below some Jmin, wide Jmax ranges."""
+    J = draw(st.integers(1, max_tasks))
+    N = draw(st.integers(0, max_nodes))
+    jmin, jmax, ns, os_, cur = [], [], [], [], []
+    for _ in range(J):
+        lo = draw(st.integers(1, max(1, max_nodes // 2)))
+        jmin.append(lo)
+        jmax.append(lo + draw(st.integers(0, max_nodes)))
+        pts = sorted(draw(st.sets(st.floats(0.5, 1.5 * max_nodes + 1, allow_nan=False),
+                                  min_size=1, max_size=6)))
+        ns.append([0.0] + pts)
+        vals = draw(st.lists(st.floats(0, 1000, allow_nan=False), min_size=len(pts) + 1,
+                             max_size=len(pts) + 1))
+        if draw(st.booleans()):
+            vals = list(np.cumsum(vals))
+        os_.append(vals)
+        cur.append(draw(st.integers(0, max_nodes)))
+    cur = np.array(cur)
+    while cur.sum() > N:
+        cur[int(np.argmax(cur))] -= 1
+    return AllocationProblem(
+        idle_nodes=N, current_nodes=cur, min_nodes=jmin, max_nodes=jmax, node_counts=ns,
+        objective_values=os_, tfwd_s=draw(st.floats(0.5, 20)),
+        rescale_up_s=draw(st.lists(st.floats(0, 30), min_size=J, max_size=J)),
+        rescale_down_s=draw(st.lists(st.floats(0, 30), min_size=J, max_size=J)))
+
+
+def _check_dp_against(p: AllocationProblem, opt: float) -> None:
+    s = solve_dp(p)
+    assert s.status == "optimal" and s.bound == s.objective and s.solver == "dp"
+    assert p.admissible(s.counts) is None
+    assert s.counts.dtype == np.int64 and s.counts.shape == (p.num_tasks,)
+    assert s.objective == p.evaluate(s.counts)
+    assert _rel_close(s.objective, opt), (s.objective, opt)
+
+
+@pytest.fixture
+def window_everywhere(monkeypatch):
+    """Force the sliding-window path for every free segment longer than one count."""
+    import offcut.daemon.solvers.dp as dp_mod
+
+    monkeypatch.setattr(dp_mod, "_BRUTE_WIDTH", 1)
+
+
+@FAST
+@given(hard_problems(max_tasks=4, max_nodes=10))
+def test_breakpoint_dp_equals_brute_force_hard(p):
+    _check_dp_against(p, brute_force(p))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hard_problems(max_tasks=7, max_nodes=60))
+def test_breakpoint_dp_equals_reference(p):
+    from offcut.daemon.solvers.dp import _solve_dp_reference
+
+    ref = _solve_dp_reference(p)
+    _check_dp_against(p, ref.objective)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(hard_problems(max_tasks=7, max_nodes=60))
+def test_breakpoint_dp_window_path_equals_reference(window_everywhere, p):
+    from offcut.daemon.solvers.dp import _solve_dp_reference
+
+    _check_dp_against(p, _solve_dp_reference(p).objective)
+
+
+@settings(max_examples=100, deadline=None)
+@given(problems(max_nodes=30))
+def test_reference_loop_and_block_paths_agree(p):
+    import offcut.daemon.solvers.dp as dp_mod
+
+    block = dp_mod._solve_dp_reference(p)
+    old = dp_mod._LOOP_MIN_NODES
+    dp_mod._LOOP_MIN_NODES = 0
+    try:
+        loop = dp_mod._solve_dp_reference(p)
+    finally:
+        dp_mod._LOOP_MIN_NODES = old
+    assert loop.objective == block.objective
+    assert list(loop.counts) == list(block.counts)
+
+
+def test_breakpoint_dp_exact_ties_follow_documented_rule():
+    # two identical linear tasks: every split of the pool is optimal; the rule is the
+    # fewest total nodes, then from the last task backwards c_j, then fewer nodes
+    p = AllocationProblem(10, [0, 0], [1, 1], [8, 8], [[0, 8], [0, 8]], [[0, 8], [0, 8]],
+                          1.0, [0, 0], [0, 0])
+    s = solve_dp(p)
+    assert list(s.counts) == [8, 2]
+    p = AllocationProblem(10, [0, 5], [1, 1], [8, 8], [[0, 8], [0, 8]], [[0, 8], [0, 8]],
+                          1.0, [0, 0], [0, 0])
+    assert list(solve_dp(p).counts) == [5, 5]
+    # a flat curve: no node beyond what is needed
+    p = AllocationProblem(10, [0, 0], [1, 1], [8, 8], [[0, 2], [0, 2]], [[0, 4], [0, 4]],
+                          1.0, [0, 0], [0, 0])
+    assert list(solve_dp(p).counts) == [2, 2]
+
+
+def _benchmark_like(J: int, N: int, seed: int) -> AllocationProblem:
+    """Synthetic Amdahl curves as in benchmarks/decision_time.py (no data needed)."""
+    rng = np.random.default_rng(seed)
+    ns = np.array([0, 1, 2, 4, 8, 16, 32, 64])
+    curves = []
+    for _ in range(J):
+        r, a = rng.uniform(1e3, 1e4), rng.uniform(0.001, 0.05)
+        curves.append(np.where(ns > 0, r * ns / (1 + a * (np.maximum(ns, 1) - 1)), 0.0))
+    cur = np.zeros(J, dtype=int)
+    held = rng.random(J) < 0.7
+    cur[held] = rng.integers(1, max(2, 2 * N // J), held.sum())
+    while cur.sum() > N:
+        cur[int(np.argmax(cur))] -= 1
+    return AllocationProblem(N, cur, np.ones(J, int), np.full(J, 64), [ns] * J, curves, 10.0,
+                             rng.uniform(17, 19, J), rng.uniform(11, 13, J))
+
+
+def _random_large(J: int, N: int, seed: int) -> AllocationProblem:
+    """Rugged random curves, wide [Jmin, Jmax], current counts anywhere."""
+    rng = np.random.default_rng(seed)
+    jmin = rng.integers(1, 40, J)
+    jmax = jmin + rng.integers(0, 400, J)
+    ns, os_ = [], []
+    for _ in range(J):
+        pts = np.unique(rng.integers(1, 500, rng.integers(1, 12)))
+        ns.append(np.concatenate(([0], pts)))
+        os_.append(rng.uniform(0, 1e4, len(pts) + 1))
+    cur = rng.integers(0, 2 * N // J + 2, J)
+    while cur.sum() > N:
+        cur[int(np.argmax(cur))] -= 1
+    return AllocationProblem(N, cur, jmin, jmax, ns, os_, float(rng.uniform(1, 20)),
+                             rng.uniform(0, 30, J), rng.uniform(0, 30, J))
+
+
+@pytest.mark.parametrize("J, N, seed", [(30, 800, 0), (30, 800, 1), (100, 4734, 2),
+                                        (100, 4734, 3)])
+def test_breakpoint_dp_large_benchmark_like(J, N, seed):
+    from offcut.daemon.solvers.dp import _solve_dp_reference
+
+    p = _benchmark_like(J, N, seed)
+    _check_dp_against(p, _solve_dp_reference(p).objective)
+
+
+@pytest.mark.parametrize("J, N, seed", [(30, 800, 0), (30, 800, 1), (12, 1500, 2)])
+@pytest.mark.parametrize("window", [False, True])
+def test_breakpoint_dp_large_random(J, N, seed, window, monkeypatch):
+    import offcut.daemon.solvers.dp as dp_mod
+    from offcut.daemon.solvers.dp import _solve_dp_reference
+
+    if window:
+        monkeypatch.setattr(dp_mod, "_BRUTE_WIDTH", 1)
+    p = _random_large(J, N, seed)
+    _check_dp_against(p, _solve_dp_reference(p).objective)
+
+
+def test_breakpoint_dp_real_curves_100x4734():
+    pd = pytest.importorskip("pandas")
+    folder = DATA / "bftrainer"
+    if not (folder / "ImageNet-imgps-JNPs-1001J.pkl").exists():
+        pytest.skip(f"real BFTrainer data not found at {folder}")
+    from offcut.daemon.solvers.dp import _solve_dp_reference
+
+    nps = pd.read_pickle(folder / "ImageNet-imgps-JNPs-1001J.pkl")
+    bnd = pd.read_pickle(folder / "ImageNet-imgps-Jbnd-1001J.pkl").loc[nps.index]
+    rng = np.random.default_rng(7)
+    for _ in range(2):
+        J, N = 100, 4734
+        pick = rng.choice(len(nps), J, replace=False)
+        cur = np.zeros(J, dtype=int)
+        held = rng.random(J) < 0.7
+        cur[held] = rng.integers(1, 2 * N // J, held.sum())
+        while cur.sum() > N:
+            cur[int(np.argmax(cur))] -= 1
+        b = bnd.iloc[pick]
+        p = AllocationProblem(N, cur, b["Jmin"].to_numpy(int), b["Jmax"].to_numpy(int),
+                              list(nps["Ns"].iloc[pick]), list(nps["Os"].iloc[pick]), 10.0,
+                              b["Tcup"].to_numpy(float), b["Tcdw"].to_numpy(float))
+        _check_dp_against(p, _solve_dp_reference(p).objective)
+
+
+def test_dp_kernel_without_cache_locator(monkeypatch):
+    """A read-only install with no writable cache folder must not crash: the kernel is then
+    compiled per process (numba's NullCache) instead of cached on disk."""
+    numba_caching = pytest.importorskip("numba.core.caching")
+    import offcut.daemon.solvers.dp as dp_mod
+
+    monkeypatch.setattr(numba_caching.CacheImpl, "_locator_classes", [])
+    monkeypatch.setattr(dp_mod, "_KERNEL", None)
+    monkeypatch.setattr(dp_mod, "_KERNEL_ERROR", None)
+    kernel = dp_mod._get_kernel()  # compiling it would take ~10 s: only build the dispatcher
+    assert kernel is not None and type(kernel._cache).__name__ == "NullCache"
