@@ -18,6 +18,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from google.protobuf.message import Message
+
 from offcut.errors import OffcutError
 from offcut.daemon.core import Core, Outcome, SolveRecord
 from offcut.daemon.model import Event, NodeEvent, SubmitEvent, event_from_dict, event_to_dict
@@ -108,12 +110,12 @@ class Engine:
         return record
 
     # ------------------------------------------------------------------ events
-    def apply(self, event: Event, build: Callable[[Outcome, decision_pb2.Decision], bytes],
-              parse: Callable[[bytes], object]) -> tuple[object, bool]:
+    def apply(self, event: Event, build: Callable[[Outcome, decision_pb2.Decision], Message],
+              parse: Callable[[bytes], Message]) -> tuple[Message, bool]:
         """Apply ``event``; return ``(reply, duplicate)``.
 
-        ``build(outcome, decision)`` serializes the reply for the journal; ``parse`` turns
-        stored bytes back into a reply for a repeated request. Raises :class:`OffcutError`
+        ``build(outcome, decision)`` makes the reply message (stored serialized in the
+        journal); ``parse`` turns stored bytes back into a reply for a repeated request. Raises :class:`OffcutError`
         for rejected events (state unchanged).
         """
         with self.lock:
@@ -136,10 +138,11 @@ class Engine:
                 raise
             decision = decision_to_pb(out, self.requested_solver)
             reply = build(out, decision)
+            raw = reply.SerializeToString()
             try:
                 self.store.append(
                     kind=out.cause, event=event_to_dict(event),
-                    solves=[s.to_dict() for s in out.solves], response=reply,
+                    solves=[s.to_dict() for s in out.solves], response=raw,
                     source=event.source if isinstance(event, NodeEvent) else None,
                     seq=event.seq if isinstance(event, NodeEvent) else None,
                     request_id=event.request_id if isinstance(event, SubmitEvent) else None,
@@ -160,7 +163,7 @@ class Engine:
                     revision=out.revision, time=decision.time, cause=out.cause,
                     placements=decision.placements))
             self.changed.notify_all()
-            return parse(reply), False
+            return reply, False
 
     # ------------------------------------------------------------------ reads
     def solver_statistics(self) -> status_pb2.SolverStatistics:

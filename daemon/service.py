@@ -44,7 +44,7 @@ class NodeEventsService(nodes_pb2_grpc.NodeEventsServicer):
 
     def _apply(self, event):
         reply, duplicate = self.engine.apply(
-            event, build=lambda out, decision: decision.SerializeToString(), parse=_decision)
+            event, build=lambda out, decision: decision, parse=_decision)
         if duplicate:
             reply.duplicate = True
         return reply
@@ -79,8 +79,8 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
             event = protocol.submit_from_pb(request, self.engine.core.clock, clock_now())
 
             def build(out, decision):
-                return tasks_pb2.SubmitTaskResponse(
-                    task=self._task_pb(out.task_id), decision=decision).SerializeToString()
+                return tasks_pb2.SubmitTaskResponse(task=self._task_pb(out.task_id),
+                                                    decision=decision)
 
             reply, duplicate = self.engine.apply(event, build, tasks_pb2.SubmitTaskResponse.FromString)
         if duplicate:
@@ -117,8 +117,8 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
             event = protocol.cancel_from_pb(request, self.engine.core.clock, clock_now())
 
             def build(out, decision):
-                return tasks_pb2.CancelTaskResponse(
-                    task=self._task_pb(out.task_id), decision=decision).SerializeToString()
+                return tasks_pb2.CancelTaskResponse(task=self._task_pb(out.task_id),
+                                                    decision=decision)
 
             reply, _ = self.engine.apply(event, build, tasks_pb2.CancelTaskResponse.FromString)
         return reply

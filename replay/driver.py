@@ -23,6 +23,7 @@ import tempfile
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
@@ -76,10 +77,10 @@ def seconds(ts) -> float:
 
 
 def iso(t: float | None) -> str | None:
-    """ISO-8601 (UTC, seconds) of epoch seconds, or None."""
+    """ISO-8601 (UTC-naive, whole seconds) of epoch seconds, or None."""
     if t is None:
         return None
-    return pd.Timestamp(round(t), unit="s").isoformat()
+    return datetime.fromtimestamp(round(t), timezone.utc).replace(tzinfo=None).isoformat()
 
 
 @contextmanager
@@ -253,13 +254,16 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
         with ctx as (address, daemon_pid), Client(address) as client:
             client.wait_ready()
             writers = _Writers(out_dir)
+            drive_started = time.perf_counter()
             try:
                 events, submitted = _drive(client, node_log, tasks, opts, writers, source)
             finally:
                 writers.close()
+            drive_s = time.perf_counter() - drive_started
             summary = summarise(client, events, submitted, writers.solve_ms, opts,
                                 time.perf_counter() - started, node_log)
             summary["stop_reason"] = writers.stop_reason
+            summary["drive_s"] = drive_s  # sending events and submissions, no daemon start
             summary["daemon_peak_rss_mb"] = peak_rss_mb(daemon_pid)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     from offcut.replay.report import render_report

@@ -139,3 +139,22 @@ def test_recorded_real_instances_agree_across_solvers(tmp_path):
     if any(r.get("fallback_reason") for r in gurobi):
         pytest.skip("gurobipy not usable here: " + gurobi[0].get("fallback_reason", ""))
     assert [r["objective"] for r in gurobi] == pytest.approx(exact, rel=1e-6, abs=1e-6)
+
+
+@needs_data
+def test_whole_machine_replay_first_500_events(tmp_path):
+    """All 4,734 nodes, the 1,001-task ImageNet set, 100 admitted tasks, exact dp, over gRPC."""
+    out = tmp_path / "full"
+    result = _run("replay", "bftrainer", "--allow-pickle",
+                  "--node-log", str(DATA / "ndstat-10sdn6-evt.tar.gz"),
+                  "--tasks", str(DATA / "ImageNet-imgps-Jbnd-1001J.pkl"),
+                  "--max-tasks", "100", "--solver", "dp", "--max-events", "500",
+                  "--out", str(out), "--no-progress")
+    assert result.exit_code == 0, result.output
+    s = _summary(out)
+    assert s["num_nodes"] == 4734 and s["events"] == 500
+    assert s["solves_by_backend"].get("dp", 0) > 0 and s["solver_fallbacks"] == 0
+    steps = pd.read_csv(out / "steps.csv")
+    assert steps["nJob"].max() == 100  # admission cap reached, never exceeded
+    assert (steps["nNrun"] <= steps["nNd"]).all() and steps["nNrun"].max() > 0
+    assert s["daemon_peak_rss_mb"] is None or s["daemon_peak_rss_mb"] < 300
