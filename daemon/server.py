@@ -48,9 +48,13 @@ class OffcutServer:
 
     def __init__(self, config: DaemonConfig):
         self.config = config
-        from offcut.daemon.solvers.dp import warm_up
+        from offcut.daemon.solvers.dp import compiled_kernel_missing, warm_up
 
         log.info("dp kernel ready in %.1f s", warm_up())  # the exact fallback of every backend
+        missing = compiled_kernel_missing()
+        if missing:
+            log.warning("%s: the dp solver runs its numpy version (same optimum, about 50x "
+                        "slower at whole-machine scale); pip install numba", missing)
         store = Store(config.state, snapshot_every=config.snapshot_every,
                       durability=config.durability)
         allocator = Allocator(config.solver, time_limit_s=config.solver_time_limit_s,

@@ -590,3 +590,9 @@ def warm_up() -> float:
         node_counts=[[0, 1, 2], [0, 1, 2]], objective_values=[[0.0, 1.0, 1.5], [0.0, 2.0, 2.5]],
         tfwd_s=10.0, rescale_up_s=[1.0, 1.0], rescale_down_s=[1.0, 1.0]))
     return time.perf_counter() - started
+
+
+def compiled_kernel_missing() -> str | None:
+    """Why the compiled kernel is not in use (numba missing), or None when it is."""
+    _get_kernel()
+    return _KERNEL_ERROR
