@@ -59,9 +59,6 @@ def serve(
     except ConfigError as exc:
         typer.echo(f"offcutd: {exc}", err=True)
         raise typer.Exit(2)
-    # gRPC hands each call between its poller and a worker thread; the default 5 ms GIL switch
-    # interval can add up to that much latency per hop
-    sys.setswitchinterval(0.0005)
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from offcut.daemon.server import OffcutServer
