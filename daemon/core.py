@@ -309,17 +309,18 @@ class Core:
 
     def problem(self, tasks: list[Task]) -> AllocationProblem:
         """The count-level allocation problem for ``tasks`` (DESIGN §4)."""
+        curves = [self._curves(t) for t in tasks]
         return AllocationProblem(
             idle_nodes=len(self.pool),
             current_nodes=[len(t.nodes) for t in tasks],
             min_nodes=[t.spec.min_nodes for t in tasks],
             max_nodes=[t.spec.max_nodes for t in tasks],
-            node_counts=[self._curves(t)[0] for t in tasks],
-            objective_values=[self._curves(t)[1] for t in tasks],
+            node_counts=[c[0] for c in curves],
+            objective_values=[c[1] for c in curves],
             tfwd_s=self.tfwd_s,
             rescale_up_s=[t.spec.rescale_up_s for t in tasks],
             rescale_down_s=[t.spec.rescale_down_s for t in tasks],
-            objective_tables=[self._curves(t)[2] for t in tasks],
+            objective_tables=[c[2] for c in curves],
             check=False,  # specs were validated at submission
         )
 

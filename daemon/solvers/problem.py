@@ -133,20 +133,24 @@ class AllocationProblem:
         admissible). Cached: the problem is immutable once built.
         """
         if self._tables is None:
-            tables = []
-            for j in range(self.num_tasks):
-                top = int(min(self.max_nodes[j], self.idle_nodes))
-                f = self.tfwd_s * self._objective_table(j)[: top + 1]
-                c = int(self.current_nodes[j])
-                r = self.current_rate(j)
-                if r:
-                    f[c + 1:] -= self.rescale_up_s[j] * r
-                    f[:c] -= self.rescale_down_s[j] * r
-                jmin = int(self.min_nodes[j])
-                if jmin > 1:
-                    f[1:jmin] = -np.inf
-                tables.append(f)
-            self._tables = tables
+            J = self.num_tasks
+            if J == 0:
+                self._tables = []
+                return self._tables
+            tops = np.minimum(self.max_nodes, self.idle_nodes)
+            # all tasks at once on one flat array: n = position inside the task's table
+            flat = self.tfwd_s * np.concatenate(
+                [self._objective_table(j)[: int(tops[j]) + 1] for j in range(J)])
+            lengths = tops + 1
+            task = np.repeat(np.arange(J), lengths)
+            starts = np.cumsum(lengths) - lengths
+            n = np.arange(len(flat)) - starts[task]
+            rates = np.array([self.current_rate(j) for j in range(J)])
+            c = self.current_nodes[task]
+            flat -= np.where(n > c, (self.rescale_up_s * rates)[task],
+                             np.where(n < c, (self.rescale_down_s * rates)[task], 0.0))
+            flat[(n > 0) & (n < self.min_nodes[task])] = -np.inf
+            self._tables = np.split(flat, np.cumsum(lengths)[:-1])
         return self._tables
 
     def _objective_table(self, j: int) -> np.ndarray:
