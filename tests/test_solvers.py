@@ -326,22 +326,6 @@ def test_recorded_task_set_all_solvers_agree(seed):
     assert solve_greedy(p).objective <= ref + 1e-6 * abs(ref)
 
 
-@settings(max_examples=100, deadline=None)
-@given(problems(max_nodes=30))
-def test_dp_loop_and_block_paths_agree(p):
-    import offcut.daemon.solvers.dp as dp_mod
-
-    block = dp_mod.solve_dp(p)
-    old = dp_mod._LOOP_MIN_NODES
-    dp_mod._LOOP_MIN_NODES = 0
-    try:
-        loop = dp_mod.solve_dp(p)
-    finally:
-        dp_mod._LOOP_MIN_NODES = old
-    assert loop.objective == block.objective
-    assert list(loop.counts) == list(block.counts)
-
-
 # ---------------------------------------------------------------- breakpoint dp vs reference
 def _rel_close(a: float, b: float, rtol: float = 1e-9) -> bool:
     return abs(a - b) <= rtol * max(1.0, abs(a), abs(b))
