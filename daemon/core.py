@@ -169,6 +169,11 @@ class Core:
         """Validate and apply ``event``; returns the outcome. Raises like :meth:`validate`
         (then nothing changed)."""
         self.validate(event)
+        return self.apply_validated(event, allocate)
+
+    def apply_validated(self, event: Event, allocate: Allocate) -> Outcome:
+        """Apply an event that :meth:`validate` accepted in the current state (callers that
+        validate first to separate rejections from failures, like the engine)."""
         t = event.time if self.clock is None else max(event.time, self.clock)
         out = Outcome(time=t)
         out.interval_s = 0.0 if self.clock is None else t - self.clock

@@ -131,7 +131,7 @@ class Engine:
             self.core.validate(event)  # rejected events raise here, before anything changes
             started = time.perf_counter()
             try:
-                out = self.core.apply(event, self._allocate)
+                out = self.core.apply_validated(event, self._allocate)
             except Exception:  # after validation, any failure may have left a partial change
                 log.exception("applying %s failed; reloading state", type(event).__name__)
                 self.core = self._recover()

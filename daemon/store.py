@@ -113,10 +113,6 @@ class Store:
                               (request_id,)).fetchone()
         return row[0] if row else None
 
-    def journal_length(self) -> int:
-        """Number of journal rows (applied events)."""
-        return self.db.execute("SELECT COUNT(*) FROM journal").fetchone()[0]
-
     # ------------------------------------------------------------------ writing
     def append(self, *, kind: str, event: dict[str, Any], solves: list[dict[str, Any]],
                response: bytes, source: str | None = None, seq: int | None = None,

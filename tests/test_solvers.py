@@ -49,6 +49,20 @@ def close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
 
 
+def _assemble(draw, N, jmin, jmax, ns, os_, cur) -> AllocationProblem:
+    """A problem from drawn per-task parts; current counts are trimmed to fit N, Tfwd and
+    rescale costs are drawn here."""
+    J = len(jmin)
+    cur = np.array(cur)
+    while cur.sum() > N:
+        cur[int(np.argmax(cur))] -= 1
+    return AllocationProblem(
+        idle_nodes=N, current_nodes=cur, min_nodes=jmin, max_nodes=jmax, node_counts=ns,
+        objective_values=os_, tfwd_s=draw(st.floats(0.5, 20)),
+        rescale_up_s=draw(st.lists(st.floats(0, 30), min_size=J, max_size=J)),
+        rescale_down_s=draw(st.lists(st.floats(0, 30), min_size=J, max_size=J)))
+
+
 @st.composite
 def problems(draw, max_tasks=5, max_nodes=12):
     J = draw(st.integers(1, max_tasks))
@@ -67,14 +81,7 @@ def problems(draw, max_tasks=5, max_nodes=12):
             vals = list(np.cumsum(vals) / 2)
         os_.append(vals)
         cur.append(draw(st.integers(0, 6)))
-    cur = np.array(cur)
-    while cur.sum() > N:
-        cur[int(np.argmax(cur))] -= 1
-    return AllocationProblem(
-        idle_nodes=N, current_nodes=cur, min_nodes=jmin, max_nodes=jmax, node_counts=ns,
-        objective_values=os_, tfwd_s=draw(st.floats(0.5, 20)),
-        rescale_up_s=draw(st.lists(st.floats(0, 30), min_size=J, max_size=J)),
-        rescale_down_s=draw(st.lists(st.floats(0, 30), min_size=J, max_size=J)))
+    return _assemble(draw, N, jmin, jmax, ns, os_, cur)
 
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -351,14 +358,7 @@ def hard_problems(draw, max_tasks=5, max_nodes=40):
             vals = list(np.cumsum(vals))
         os_.append(vals)
         cur.append(draw(st.integers(0, max_nodes)))
-    cur = np.array(cur)
-    while cur.sum() > N:
-        cur[int(np.argmax(cur))] -= 1
-    return AllocationProblem(
-        idle_nodes=N, current_nodes=cur, min_nodes=jmin, max_nodes=jmax, node_counts=ns,
-        objective_values=os_, tfwd_s=draw(st.floats(0.5, 20)),
-        rescale_up_s=draw(st.lists(st.floats(0, 30), min_size=J, max_size=J)),
-        rescale_down_s=draw(st.lists(st.floats(0, 30), min_size=J, max_size=J)))
+    return _assemble(draw, N, jmin, jmax, ns, os_, cur)
 
 
 def _check_dp_against(p: AllocationProblem, opt: float) -> None:
