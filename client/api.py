@@ -22,7 +22,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from offcut.addresses import default_socket
 from offcut.errors import Unavailable, from_rpc_error
 from offcut.v1 import (nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
-                       tasks_pb2_grpc)
+                       tasks_pb2_grpc, zeus_pb2, zeus_pb2_grpc)
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
@@ -70,6 +70,8 @@ class Client:
         self.tasks = tasks_pb2_grpc.TasksStub(self.channel)
         self.status_stub = status_pb2_grpc.StatusStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.bso = zeus_pb2_grpc.BatchSizeOptimizerStub(self.channel)
+        self.plo = zeus_pb2_grpc.PowerLimitOptimizerStub(self.channel)
 
     def __enter__(self) -> "Client":
         return self
@@ -150,3 +152,70 @@ class Client:
         """The daemon status: clock, idle pool, tasks by state, solver statistics, node-seconds."""
         return self.status_stub.GetStatus(status_pb2.GetStatusRequest(
             include_idle_nodes=include_idle_nodes), timeout=self.timeout_s)
+
+    # ------------------------------------------------------------------ Zeus optimizers
+    @_translate
+    def register_zeus_job(self, spec: zeus_pb2.BatchSizeJobSpec) -> zeus_pb2.ZeusJob:
+        """Register a recurring job with the batch-size optimizer (idempotent for the same
+        spec; AlreadyExists for a different one). Returns the stored job."""
+        return self.bso.RegisterJob(zeus_pb2.RegisterJobRequest(spec=spec), timeout=self.timeout_s)
+
+    @_translate
+    def predict_batch_size(self, job_id: str, request_id: str = "") -> zeus_pb2.Prediction:
+        """Batch size and trial number of the next run; ``request_id`` makes a retry return
+        the same trial."""
+        return self.bso.Predict(zeus_pb2.PredictRequest(job_id=job_id, request_id=request_id),
+                                timeout=self.timeout_s)
+
+    @_translate
+    def report_epoch(self, job_id: str, trial_number: int, epoch: int, time_s: float,
+                     energy_j: float, metric: float) -> zeus_pb2.TrialVerdict:
+        """Cumulative time [s] and energy [J] of the trial after ``epoch``, with the
+        validation metric; the verdict says whether to stop."""
+        return self.bso.ReportEpoch(zeus_pb2.ReportEpochRequest(
+            job_id=job_id, trial_number=trial_number, epoch=epoch, time_s=time_s,
+            energy_j=energy_j, metric=metric), timeout=self.timeout_s)
+
+    @_translate
+    def end_trial(self, job_id: str, trial_number: int) -> zeus_pb2.TrialVerdict:
+        """Close a trial that ended without a stopping verdict."""
+        return self.bso.EndTrial(zeus_pb2.EndTrialRequest(job_id=job_id, trial_number=trial_number),
+                                 timeout=self.timeout_s)
+
+    @_translate
+    def get_zeus_job(self, job_id: str) -> zeus_pb2.ZeusJob:
+        """The job's spec and optimizer state; NotFound if unknown."""
+        return self.bso.GetJob(zeus_pb2.GetJobRequest(job_id=job_id), timeout=self.timeout_s)
+
+    @_translate
+    def delete_zeus_job(self, job_id: str) -> None:
+        """Forget a job and its power profiles."""
+        self.bso.DeleteJob(zeus_pb2.DeleteJobRequest(job_id=job_id), timeout=self.timeout_s)
+
+    @_translate
+    def power_plan(self, job_id: str, batch_size: int) -> zeus_pb2.PowerPlan:
+        """The power limit [W] to use, or the next window to profile."""
+        return self.plo.GetPowerPlan(zeus_pb2.PowerPlanRequest(job_id=job_id, batch_size=batch_size),
+                                     timeout=self.timeout_s)
+
+    @_translate
+    def report_power_window(self, job_id: str, batch_size: int, power_limit_w: float,
+                            time_s: float, energy_j: float) -> zeus_pb2.PowerPlan:
+        """A measured profiling window (time [s], energy [J]); returns the next plan."""
+        return self.plo.ReportWindow(zeus_pb2.ReportWindowRequest(
+            job_id=job_id, batch_size=batch_size, power_limit_w=power_limit_w, time_s=time_s,
+            energy_j=energy_j), timeout=self.timeout_s)
+
+    @_translate
+    def interrupt_power_window(self, job_id: str, batch_size: int,
+                               power_limit_w: float) -> zeus_pb2.PowerPlan:
+        """The window at ``power_limit_w`` was cut short; it is planned again."""
+        return self.plo.InterruptWindow(zeus_pb2.InterruptWindowRequest(
+            job_id=job_id, batch_size=batch_size, power_limit_w=power_limit_w),
+            timeout=self.timeout_s)
+
+    @_translate
+    def power_profile(self, job_id: str, batch_size: int) -> zeus_pb2.PowerProfile:
+        """Measurements and chosen limit of a job's batch size."""
+        return self.plo.GetProfile(zeus_pb2.GetProfileRequest(job_id=job_id, batch_size=batch_size),
+                                   timeout=self.timeout_s)

@@ -118,6 +118,48 @@ def replay_bftrainer(
             until_log_end=until_log_end, progress=progress)
 
 
+@replay_app.command("zeus")
+def replay_zeus(
+    train: Path = typer.Option(..., "--train", help="Zeus's summary_train.csv (epochs to reach each target per run)"),
+    power: Path = typer.Option(..., "--power", help="Zeus's summary_power_<gpu>.csv (time per epoch and average power per power limit)"),
+    workload: str = typer.Option(..., "--workload", help="cifar100 | imagenet | librispeech | movielens-1m | sentiment140 | squad"),
+    recurrences: int = typer.Option(50, "--recurrences", min=1, help="recurrences of the job"),
+    eta: float = typer.Option(0.5, "--eta", min=0.0, max=1.0, help="eta_knob of zeus_cost: 0 = time only, 1 = energy only"),
+    beta: Optional[float] = typer.Option(2.0, "--beta", help="beta_knob: stop a run whose cost exceeds beta x min_cost; 0 disables early stopping"),
+    seed: int = typer.Option(1, "--seed", help="seed of the optimizer and of the sampled training runs"),
+    max_epochs: Optional[int] = typer.Option(None, "--max-epochs", min=1, help="epochs before a run is given up [default: the workload's]"),
+    target: Optional[str] = typer.Option(None, "--target", help="drive this running daemon instead of a private one"),
+    out: Path = typer.Option(Path("zeus-out"), "--out", help="output folder"),
+) -> None:
+    """Simulate a recurring job on Zeus's GPU traces through the daemon's batch-size and
+    power-limit optimizers (Zeus, NSDI '23), against the default batch size at max power.
+
+    Writes history.csv, summary.json and history.png to --out.
+
+    \b
+    Example (the recorded V100 traces):
+      offcut replay zeus --train ../shared/data/zeus-nsdi23/summary_train.csv \\
+        --power ../shared/data/zeus-nsdi23/summary_power_v100.csv \\
+        --workload librispeech --recurrences 50 --eta 0.5 --beta 2 --seed 1 --out out/zeus
+    """
+    from offcut.replay.zeus_sim import ZeusReplayError, ZeusReplayOptions, run_zeus_replay
+
+    opts = ZeusReplayOptions(recurrences=recurrences, eta_knob=eta,
+                             beta_knob=beta if beta else None, seed=seed, max_epochs=max_epochs)
+    try:
+        summary = run_zeus_replay(train, power, workload, opts, out, target=target)
+    except ZeusReplayError as exc:
+        _fail(str(exc), 2)
+    except OffcutError as exc:
+        _fail(str(exc))
+    typer.echo(f"{workload}: {summary['runs']} runs in {summary['wall_s']:.1f} s")
+    for key in ("energy_j", "baseline_energy_j", "energy_saving", "time_s", "baseline_time_s",
+                "time_change", "final_batch_size", "final_power_limit_w"):
+        value = summary[key]
+        typer.echo(f"  {key:20s} {value:.4g}" if isinstance(value, float) else f"  {key:20s} {value}")
+    typer.echo(f"history: {out / 'history.csv'}   summary: {out / 'summary.json'}   plot: {out / 'history.png'}")
+
+
 @replay_app.command("convert")
 def replay_convert(
     out: Path = typer.Option(..., "--out", help="output folder (safe format: nodes.csv, events.csv.gz, tasks.csv)"),

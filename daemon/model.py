@@ -36,7 +36,9 @@ class TaskState(str, Enum):
         return self in (TaskState.COMPLETED, TaskState.CANCELLED)
 
 
-def _finite(value: float, field_name: str, *, positive: bool = False, non_negative: bool = False) -> float:
+def check_finite(value: float, field_name: str, *, positive: bool = False, non_negative: bool = False) -> float:
+    """``value`` as a float. Raises InvalidArgument naming ``field_name`` if it is NaN or
+    infinite, or not > 0 (``positive``) / not >= 0 (``non_negative``)."""
     value = float(value)
     if not math.isfinite(value):
         raise InvalidArgument(f"must be a finite number, got {value}", field_name)
@@ -133,9 +135,9 @@ class TaskSpec:
                 if not math.isfinite(o) or o < 0:
                     raise InvalidArgument(f"value {i} is {o}; must be finite and >= 0",
                                           "spec.objective_values")
-        _finite(self.rescale_up_s, "spec.rescale_up_s", non_negative=True)
-        _finite(self.rescale_down_s, "spec.rescale_down_s", non_negative=True)
-        _finite(self.total_work_samples, "spec.total_work_samples", positive=True)
+        check_finite(self.rescale_up_s, "spec.rescale_up_s", non_negative=True)
+        check_finite(self.rescale_down_s, "spec.rescale_down_s", non_negative=True)
+        check_finite(self.total_work_samples, "spec.total_work_samples", positive=True)
         if len(self.command) > 4096 or any(len(a) > 65536 for a in self.command):
             raise InvalidArgument("is too long", "spec.command")
 

@@ -17,7 +17,10 @@ from offcut.daemon.engine import Engine
 from offcut.daemon.service import NodeEventsService, StatusService, TasksService
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.store import Store
-from offcut.v1 import nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2, tasks_pb2_grpc
+from offcut.daemon.zeus.registry import ZeusRegistry
+from offcut.daemon.zeus.service import BatchSizeOptimizerService, PowerLimitOptimizerService
+from offcut.v1 import (nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
+                       tasks_pb2_grpc, zeus_pb2, zeus_pb2_grpc)
 
 log = logging.getLogger("offcut.daemon")
 
@@ -25,6 +28,8 @@ SERVICE_NAMES = (
     nodes_pb2.DESCRIPTOR.services_by_name["NodeEvents"].full_name,
     tasks_pb2.DESCRIPTOR.services_by_name["Tasks"].full_name,
     status_pb2.DESCRIPTOR.services_by_name["Status"].full_name,
+    zeus_pb2.DESCRIPTOR.services_by_name["BatchSizeOptimizer"].full_name,
+    zeus_pb2.DESCRIPTOR.services_by_name["PowerLimitOptimizer"].full_name,
 )
 
 
@@ -62,6 +67,10 @@ class OffcutServer:
         self.engine = Engine(store, allocator, tfwd_s=config.tfwd_s,
                              max_running_tasks=config.max_running_tasks,
                              record_instances=config.record_instances)
+        # The Zeus optimizers keep their own connection to the state file: their transactions
+        # must not interleave with the engine's on one connection (SQLite serialises writers).
+        self.zeus_store = Store(config.state, durability=config.durability)
+        self.zeus = ZeusRegistry(self.zeus_store)
         limit = config.max_message_mb * 1024 * 1024
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="offcut-rpc"),
@@ -70,6 +79,10 @@ class OffcutServer:
         nodes_pb2_grpc.add_NodeEventsServicer_to_server(NodeEventsService(self.engine), self.server)
         tasks_pb2_grpc.add_TasksServicer_to_server(TasksService(self.engine), self.server)
         status_pb2_grpc.add_StatusServicer_to_server(StatusService(self.engine), self.server)
+        zeus_pb2_grpc.add_BatchSizeOptimizerServicer_to_server(
+            BatchSizeOptimizerService(self.zeus), self.server)
+        zeus_pb2_grpc.add_PowerLimitOptimizerServicer_to_server(
+            PowerLimitOptimizerService(self.zeus), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -84,6 +97,7 @@ class OffcutServer:
             self.port = self.server.add_insecure_port(address)
         except RuntimeError as exc:
             self.engine.close()
+            self.zeus_store.close()
             raise RuntimeError(f"cannot listen on {config.listen}: {exc}") from exc
         self.address = address
         if self.socket_path is not None and self.socket_path.exists():
@@ -104,6 +118,7 @@ class OffcutServer:
         self.health.enter_graceful_shutdown()
         self.server.stop(grace_s).wait()
         self.engine.close()
+        self.zeus_store.close()
         if self.socket_path is not None and self.socket_path.exists():
             self.socket_path.unlink()
 

@@ -35,6 +35,18 @@ CREATE TABLE IF NOT EXISTS snapshots (
     journal_id INTEGER PRIMARY KEY,
     state TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS zeus_state (
+    kind TEXT NOT NULL,
+    job_id TEXT NOT NULL,
+    batch_size INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    PRIMARY KEY (kind, job_id, batch_size)
+);
+CREATE TABLE IF NOT EXISTS zeus_requests (
+    request_id TEXT PRIMARY KEY,
+    job_id TEXT NOT NULL,
+    response BLOB NOT NULL
+);
 """
 
 
@@ -151,6 +163,38 @@ class Store:
         """Keep the two newest snapshots (inside the caller's transaction)."""
         self.db.execute("DELETE FROM snapshots WHERE journal_id NOT IN "
                         "(SELECT journal_id FROM snapshots ORDER BY journal_id DESC LIMIT 2)")
+
+    # ------------------------------------------------------------------ Zeus optimizers
+    # Their state is small and keyed, so it is stored as the latest state per object (one
+    # row per job and per (job, batch size) power profile) rather than journalled.
+    def zeus_load(self) -> list[tuple[str, str, int, dict[str, Any]]]:
+        """Every stored optimizer object as ``(kind, job_id, batch_size, state)``."""
+        return [(kind, job_id, bs, json.loads(state)) for kind, job_id, bs, state in
+                self.db.execute("SELECT kind, job_id, batch_size, state FROM zeus_state")]
+
+    def zeus_response(self, request_id: str) -> bytes | None:
+        """The stored reply to the Zeus call with ``request_id``, or None."""
+        row = self.db.execute("SELECT response FROM zeus_requests WHERE request_id = ?",
+                              (request_id,)).fetchone()
+        return row[0] if row else None
+
+    def zeus_put(self, kind: str, job_id: str, batch_size: int, state: dict[str, Any], *,
+                 request_id: str | None = None, response: bytes | None = None) -> None:
+        """Replace one object's state (and remember the reply to ``request_id``) atomically."""
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.execute("INSERT OR REPLACE INTO zeus_state VALUES (?, ?, ?, ?)",
+                            (kind, job_id, batch_size, json.dumps(state, separators=(",", ":"))))
+            if request_id:
+                self.db.execute("INSERT INTO zeus_requests VALUES (?, ?, ?)",
+                                (request_id, job_id, response))
+
+    def zeus_delete_job(self, job_id: str) -> None:
+        """Remove a job, its power profiles and its remembered replies atomically."""
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.execute("DELETE FROM zeus_state WHERE job_id = ?", (job_id,))
+            self.db.execute("DELETE FROM zeus_requests WHERE job_id = ?", (job_id,))
 
     def close(self) -> None:
         """Close the database connection."""

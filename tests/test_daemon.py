@@ -30,52 +30,6 @@ T0 = 1_600_000_000.0  # well before "now": explicit times everywhere keep runs d
 STATES = tasks_pb2
 
 
-# ----------------------------------------------------------------------------- fixtures
-class Daemons:
-    def __init__(self, root: Path):
-        self.root = root
-        self.servers: list[OffcutServer] = []
-        self.clients: list[Client] = []
-
-    def config(self, name: str = "a", **kw) -> DaemonConfig:
-        d = self.root / name
-        d.mkdir(exist_ok=True)
-        return DaemonConfig(listen=f"unix://{d}/s.sock", state=str(d / "state.sqlite"),
-                            solver="dp", **kw)
-
-    def start(self, name: str = "a", **kw) -> tuple[OffcutServer, Client]:
-        cfg = self.config(name, **kw)
-        srv = OffcutServer(cfg)
-        srv.start()
-        self.servers.append(srv)
-        client = Client(cfg.listen, timeout_s=10)
-        self.clients.append(client)
-        client.wait_ready(10)
-        return srv, client
-
-    def stop(self, srv: OffcutServer) -> None:
-        srv.stop(0.5)
-        self.servers.remove(srv)
-
-    def close(self) -> None:
-        for c in self.clients:
-            c.close()
-        for s in self.servers:
-            s.stop(0.2)
-
-
-@pytest.fixture
-def daemons(tmp_path):
-    d = Daemons(tmp_path)
-    yield d
-    d.close()
-
-
-@pytest.fixture
-def daemon(daemons):
-    return daemons.start()
-
-
 def make_spec(name="job", min_nodes=1, max_nodes=4, ns=(0, 1, 2, 4), ps=(0.0, 10.0, 18.0, 30.0),
               up=0.0, down=0.0, work=1e6, **kw) -> tasks_pb2.TaskSpec:
     return tasks_pb2.TaskSpec(name=name, min_nodes=min_nodes, max_nodes=max_nodes,

@@ -1,0 +1,179 @@
+"""gRPC servicers of ``offcut.v1.BatchSizeOptimizer`` and ``offcut.v1.PowerLimitOptimizer``:
+proto <-> the registry's domain types. The optimizers decide; nothing is decided here."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from offcut.daemon.service import _rpc
+from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Verdict
+from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
+from offcut.daemon.zeus.registry import ZeusRegistry
+from offcut.errors import InvalidArgument
+from offcut.v1 import zeus_pb2, zeus_pb2_grpc
+
+_OPTIONAL_JOB_FIELDS = ("beta_knob", "num_pruning_rounds", "window_size", "mab_prior_mean",
+                        "mab_prior_precision", "mab_num_explorations", "seed")
+_OPTIONAL_POWER_FIELDS = ("step_w", "warmup_steps", "profile_steps", "max_slowdown_factor")
+
+
+def _job_id(value: str) -> str:
+    if not value:
+        raise InvalidArgument("is required", "job_id")
+    return value
+
+
+def power_spec_from_pb(pb: zeus_pb2.PowerLimitSpec, eta_knob: float) -> PowerLimitSpec:
+    """``spec.power`` -> :class:`PowerLimitSpec` (unset options take their defaults; the
+    selector's eta defaults to the job's). Raises InvalidArgument naming ``spec.power.<field>``."""
+    fields = {"min_power_limit_w": pb.min_power_limit_w, "max_power_limit_w": pb.max_power_limit_w,
+              "eta_knob": pb.eta_knob if pb.HasField("eta_knob") else eta_knob}
+    if pb.selector:
+        fields["selector"] = pb.selector
+    fields.update({name: getattr(pb, name) for name in _OPTIONAL_POWER_FIELDS if pb.HasField(name)})
+    try:
+        return PowerLimitSpec.create(**fields)
+    except InvalidArgument as exc:
+        name = (exc.field or "").removeprefix("spec.")
+        message = str(exc).split(": ", 1)[-1]
+        raise InvalidArgument(message, f"spec.power.{name}") from None
+
+
+def job_spec_from_pb(pb: zeus_pb2.BatchSizeJobSpec) -> BatchSizeJobSpec:
+    """``spec`` -> validated :class:`BatchSizeJobSpec` (unset options take their defaults;
+    no seed = None, drawn by the registry). Raises InvalidArgument naming ``spec.<field>``."""
+    fields = {"job_id": pb.job_id, "batch_sizes": tuple(pb.batch_sizes),
+              "default_batch_size": pb.default_batch_size, "eta_knob": pb.eta_knob,
+              "max_epochs": pb.max_epochs, "target_metric": pb.target_metric,
+              "higher_is_better": pb.higher_is_better, "max_power_w": pb.max_power_w,
+              "beta_knob": None, "seed": None}
+    fields.update({name: getattr(pb, name) for name in _OPTIONAL_JOB_FIELDS if pb.HasField(name)})
+    return BatchSizeJobSpec.create(**fields)
+
+
+def job_to_pb(job: BatchSizeJob, power: PowerLimitSpec | None) -> zeus_pb2.ZeusJob:
+    """The stored spec (defaults filled in) and a view of the optimizer's state."""
+    spec = job.spec
+    pb_spec = zeus_pb2.BatchSizeJobSpec(
+        job_id=spec.job_id, batch_sizes=list(spec.batch_sizes),
+        default_batch_size=spec.default_batch_size, eta_knob=spec.eta_knob,
+        max_epochs=spec.max_epochs, target_metric=spec.target_metric,
+        higher_is_better=spec.higher_is_better, max_power_w=spec.max_power_w,
+        num_pruning_rounds=spec.num_pruning_rounds, window_size=spec.window_size,
+        mab_prior_mean=spec.mab_prior_mean, mab_prior_precision=spec.mab_prior_precision,
+        mab_num_explorations=spec.mab_num_explorations, seed=spec.seed)
+    if spec.beta_knob is not None and math.isfinite(spec.beta_knob):
+        pb_spec.beta_knob = spec.beta_knob
+    if power is not None:
+        pb_spec.power.CopyFrom(zeus_pb2.PowerLimitSpec(
+            min_power_limit_w=power.min_power_limit_w, max_power_limit_w=power.max_power_limit_w,
+            step_w=power.step_w, warmup_steps=power.warmup_steps,
+            profile_steps=power.profile_steps, selector=power.selector, eta_knob=power.eta_knob,
+            max_slowdown_factor=power.max_slowdown_factor))
+    state = job.state()
+    trials = [zeus_pb2.ZeusTrial(
+        trial_number=t["trial_number"], batch_size=t["batch_size"], status=t["status"],
+        epochs=t["epochs"], time_s=t["time_s"], energy_j=t["energy_j"], cost_j=t["cost_j"])
+        for t in state["trials"]]
+    min_cost = state["min_cost_j"]
+    return zeus_pb2.ZeusJob(spec=pb_spec, phase=state["phase"],
+                            best_batch_size=state["best_batch_size"],
+                            min_cost_j=math.inf if min_cost is None else min_cost,
+                            trials=trials, state_json=json.dumps(state))
+
+
+def prediction_to_pb(p: Prediction) -> zeus_pb2.Prediction:
+    return zeus_pb2.Prediction(batch_size=p.batch_size, trial_number=p.trial_number,
+                               cost_bound_j=p.cost_bound_j, exploration=p.exploration)
+
+
+def verdict_to_pb(v: Verdict) -> zeus_pb2.TrialVerdict:
+    return zeus_pb2.TrialVerdict(stop=v.stop, converged=v.converged, cost_j=v.cost_j,
+                                 message=v.message, finished=v.finished)
+
+
+def plan_to_pb(p: PowerPlan) -> zeus_pb2.PowerPlan:
+    return zeus_pb2.PowerPlan(action=p.action, power_limit_w=p.power_limit_w,
+                              warmup_steps=p.warmup_steps, profile_steps=p.profile_steps)
+
+
+def profile_to_pb(job_id: str, batch_size: int, p: PowerLimitProfile) -> zeus_pb2.PowerProfile:
+    return zeus_pb2.PowerProfile(
+        job_id=job_id, batch_size=batch_size, done=p.done,
+        chosen_power_limit_w=p.chosen_power_limit_w or 0.0,
+        measurements=[zeus_pb2.PowerMeasurement(**m) for m in p.measurements()])
+
+
+class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
+    """``offcut.v1.BatchSizeOptimizer`` over a :class:`ZeusRegistry`."""
+
+    def __init__(self, registry: ZeusRegistry):
+        self.registry = registry
+
+    @_rpc
+    def RegisterJob(self, request, context):
+        """Validate (INVALID_ARGUMENT naming ``spec.<field>``) and register; ALREADY_EXISTS
+        for a different spec under the same id."""
+        spec = job_spec_from_pb(request.spec)
+        power = (power_spec_from_pb(request.spec.power, spec.eta_knob)
+                 if request.spec.HasField("power") else None)
+        return job_to_pb(*self.registry.register(spec, power))
+
+    @_rpc
+    def Predict(self, request, context):
+        """The next run's batch size; FAILED_PRECONDITION when every batch size failed."""
+        result = self.registry.predict(
+            _job_id(request.job_id), request.request_id,
+            encode=lambda p: prediction_to_pb(p).SerializeToString(),
+            decode=zeus_pb2.Prediction.FromString)
+        return result if isinstance(result, zeus_pb2.Prediction) else prediction_to_pb(result)
+
+    @_rpc
+    def ReportEpoch(self, request, context):
+        """Cumulative time/energy and the metric after an epoch -> stop / converged."""
+        return verdict_to_pb(self.registry.report(
+            _job_id(request.job_id), request.trial_number, request.epoch, request.time_s,
+            request.energy_j, request.metric))
+
+    @_rpc
+    def EndTrial(self, request, context):
+        return verdict_to_pb(self.registry.end_trial(_job_id(request.job_id),
+                                                     request.trial_number))
+
+    @_rpc
+    def DeleteJob(self, request, context):
+        self.registry.delete(_job_id(request.job_id))
+        return zeus_pb2.DeleteJobResponse()
+
+    @_rpc
+    def GetJob(self, request, context):
+        return job_to_pb(*self.registry.job(_job_id(request.job_id)))
+
+
+class PowerLimitOptimizerService(zeus_pb2_grpc.PowerLimitOptimizerServicer):
+    """``offcut.v1.PowerLimitOptimizer`` over a :class:`ZeusRegistry`."""
+
+    def __init__(self, registry: ZeusRegistry):
+        self.registry = registry
+
+    @_rpc
+    def GetPowerPlan(self, request, context):
+        return plan_to_pb(self.registry.power_plan(_job_id(request.job_id), request.batch_size))
+
+    @_rpc
+    def ReportWindow(self, request, context):
+        return plan_to_pb(self.registry.report_window(
+            _job_id(request.job_id), request.batch_size, request.power_limit_w, request.time_s,
+            request.energy_j))
+
+    @_rpc
+    def InterruptWindow(self, request, context):
+        return plan_to_pb(self.registry.interrupt_window(
+            _job_id(request.job_id), request.batch_size, request.power_limit_w))
+
+    @_rpc
+    def GetProfile(self, request, context):
+        job_id = _job_id(request.job_id)
+        return profile_to_pb(job_id, request.batch_size,
+                             self.registry.profile(job_id, request.batch_size))

@@ -1,0 +1,58 @@
+"""Shared fixtures: real daemons (``OffcutServer``) on unix sockets in a temporary folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from offcut.client import Client
+from offcut.daemon.config import DaemonConfig
+from offcut.daemon.server import OffcutServer
+
+
+class Daemons:
+    def __init__(self, root: Path):
+        self.root = root
+        self.servers: list[OffcutServer] = []
+        self.clients: list[Client] = []
+
+    def config(self, name: str = "a", **kw) -> DaemonConfig:
+        d = self.root / name
+        d.mkdir(exist_ok=True)
+        return DaemonConfig(listen=f"unix://{d}/s.sock", state=str(d / "state.sqlite"),
+                            solver="dp", **kw)
+
+    def start(self, name: str = "a", **kw) -> tuple[OffcutServer, Client]:
+        cfg = self.config(name, **kw)
+        srv = OffcutServer(cfg)
+        srv.start()
+        self.servers.append(srv)
+        client = Client(cfg.listen, timeout_s=10)
+        self.clients.append(client)
+        client.wait_ready(10)
+        return srv, client
+
+    def stop(self, srv: OffcutServer) -> None:
+        srv.stop(0.5)
+        self.servers.remove(srv)
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+        for s in self.servers:
+            s.stop(0.2)
+
+
+@pytest.fixture
+def daemons(tmp_path):
+    d = Daemons(tmp_path)
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def daemon(daemons):
+    return daemons.start()
+
+

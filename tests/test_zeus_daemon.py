@@ -1,0 +1,256 @@
+"""The Zeus optimizers hosted in the daemon, over real gRPC (DESIGN §5): registration rules,
+bad input leaving state unchanged, durability across restarts (the batch-size sequence
+continues exactly), the power-limit optimizer, and the trace-driven simulation
+``offcut replay zeus`` on the recorded traces."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from offcut.client.cli import app
+from offcut.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from offcut.v1 import zeus_pb2
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "zeus-nsdi23"
+needs_traces = pytest.mark.skipif(not DATA.is_dir(), reason=f"Zeus traces not found at {DATA} "
+                                  "(../shared/data/zeus-nsdi23 is not part of the repository)")
+
+
+def job_spec(job_id="resnet", **kw) -> zeus_pb2.BatchSizeJobSpec:
+    fields = dict(job_id=job_id, batch_sizes=[32, 64, 128, 256], default_batch_size=64,
+                  eta_knob=0.5, beta_knob=2.0, max_epochs=20, target_metric=0.7,
+                  higher_is_better=True, max_power_w=250.0, seed=7,
+                  power=zeus_pb2.PowerLimitSpec(min_power_limit_w=100, max_power_limit_w=250,
+                                                step_w=50))
+    fields.update(kw)
+    return zeus_pb2.BatchSizeJobSpec(**{k: v for k, v in fields.items() if v is not None})
+
+
+def run_trial(client, job_id, converge_at: int | None, epoch_time_s=10.0, epoch_energy_j=2000.0):
+    """Predict and report epochs until the daemon says stop; converges at ``converge_at``."""
+    pred = client.predict_batch_size(job_id)
+    epoch = 0
+    while True:
+        epoch += 1
+        metric = 0.8 if converge_at is not None and epoch >= converge_at else 0.1
+        verdict = client.report_epoch(job_id, pred.trial_number, epoch, epoch * epoch_time_s,
+                                      epoch * epoch_energy_j, metric)
+        if verdict.stop:
+            return pred, verdict
+
+
+def job_state(client, job_id):
+    job = client.get_zeus_job(job_id)
+    return json.loads(job.state_json)
+
+
+# ----------------------------------------------------------------------------- registration
+def test_register_is_idempotent_and_conflicting_spec_is_already_exists(daemon):
+    _, client = daemon
+    first = client.register_zeus_job(job_spec())
+    again = client.register_zeus_job(job_spec())
+    assert again.spec == first.spec
+    assert first.spec.num_pruning_rounds == 2  # default filled in and returned
+    with pytest.raises(AlreadyExists, match="spec.job_id"):
+        client.register_zeus_job(job_spec(default_batch_size=128))
+    assert client.get_zeus_job("resnet").spec.default_batch_size == 64
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(num_pruning_rounds=0), "spec.num_pruning_rounds"),
+    (dict(batch_sizes=[]), "spec.batch_sizes"),
+    (dict(default_batch_size=48), "spec.default_batch_size"),
+    (dict(eta_knob=1.5), "spec.eta_knob"),
+    (dict(eta_knob=math.nan), "spec.eta_knob"),
+    (dict(beta_knob=0.0), "spec.beta_knob"),
+    (dict(max_epochs=0), "spec.max_epochs"),
+    (dict(job_id=""), "spec.job_id"),
+    (dict(power=zeus_pb2.PowerLimitSpec(min_power_limit_w=300, max_power_limit_w=250)),
+     "spec.power."),
+    (dict(power=zeus_pb2.PowerLimitSpec(min_power_limit_w=100, max_power_limit_w=250,
+                                        selector="fastest")), "spec.power.selector"),
+])
+def test_invalid_specs_are_rejected_and_nothing_is_registered(daemon, change, field):
+    _, client = daemon
+    with pytest.raises(InvalidArgument, match=field.replace(".", r"\.")):
+        client.register_zeus_job(job_spec(**change))
+    with pytest.raises(NotFound, match="job_id"):
+        client.get_zeus_job(change.get("job_id") or "resnet")
+
+
+def test_unknown_job_and_trial_are_not_found(daemon):
+    _, client = daemon
+    with pytest.raises(NotFound, match="job_id"):
+        client.predict_batch_size("nope")
+    with pytest.raises(InvalidArgument, match="job_id"):
+        client.predict_batch_size("")
+    client.register_zeus_job(job_spec())
+    with pytest.raises(NotFound, match="trial_number"):
+        client.report_epoch("resnet", 99, 1, 1.0, 1.0, 0.1)
+
+
+@pytest.mark.parametrize("epoch, time_s, energy_j, field", [
+    (1, math.nan, 10.0, "time_s"),
+    (1, 5.0, -1.0, "energy_j"),
+    (1, 5.0, math.inf, "energy_j"),
+    (0, 5.0, 10.0, "epoch"),
+])
+def test_bad_reports_change_nothing(daemon, epoch, time_s, energy_j, field):
+    _, client = daemon
+    client.register_zeus_job(job_spec())
+    pred = client.predict_batch_size("resnet")
+    client.report_epoch("resnet", pred.trial_number, 1, 10.0, 100.0, 0.1)
+    before = client.get_zeus_job("resnet").state_json
+    with pytest.raises(InvalidArgument, match=field):
+        client.report_epoch("resnet", pred.trial_number, epoch, time_s, energy_j, 0.2)
+    assert client.get_zeus_job("resnet").state_json == before
+
+
+def test_epochs_going_backwards_are_rejected(daemon):
+    _, client = daemon
+    client.register_zeus_job(job_spec())
+    pred = client.predict_batch_size("resnet")
+    client.report_epoch("resnet", pred.trial_number, 2, 20.0, 100.0, 0.1)
+    before = client.get_zeus_job("resnet").state_json
+    with pytest.raises((InvalidArgument, FailedPrecondition), match="epoch"):
+        client.report_epoch("resnet", pred.trial_number, 1, 25.0, 120.0, 0.1)
+    assert client.get_zeus_job("resnet").state_json == before
+
+
+def test_predict_request_id_makes_a_retry_return_the_same_trial(daemon):
+    _, client = daemon
+    client.register_zeus_job(job_spec())
+    a = client.predict_batch_size("resnet", request_id="r1")
+    b = client.predict_batch_size("resnet", request_id="r1")
+    assert (a.trial_number, a.batch_size) == (b.trial_number, b.batch_size)
+    assert len(job_state(client, "resnet")["trials"]) == 1
+
+
+def test_every_batch_size_failing_is_failed_precondition(daemon):
+    _, client = daemon
+    client.register_zeus_job(job_spec(beta_knob=None, max_epochs=3))
+    for _ in range(10):
+        try:
+            run_trial(client, "resnet", converge_at=None)
+        except FailedPrecondition as exc:
+            assert "job_id" in str(exc)
+            return
+    pytest.fail("predict never reported that every batch size failed")
+
+
+# ----------------------------------------------------------------------------- durability
+def _sequence(client, job_id, runs):
+    """Batch sizes of ``runs`` runs: converge when the batch size is >= 64, else fail."""
+    sizes = []
+    for _ in range(runs):
+        pred = client.predict_batch_size(job_id)
+        converge = pred.batch_size >= 64
+        epoch, verdict = 0, None
+        while verdict is None or not verdict.stop:
+            epoch += 1
+            metric = 0.8 if converge and epoch >= 3 else 0.1
+            verdict = client.report_epoch(job_id, pred.trial_number, epoch,
+                                          epoch * 1000.0 / pred.batch_size, epoch * 50.0, metric)
+        sizes.append(pred.batch_size)
+    return sizes
+
+
+def test_restart_continues_the_batch_size_sequence_exactly(daemons):
+    srv, client = daemons.start("uninterrupted")
+    client.register_zeus_job(job_spec(beta_knob=None))
+    expected = _sequence(client, "resnet", 24)
+    assert len(set(expected)) > 1  # the scenario explores
+
+    srv, client = daemons.start("restarted")
+    client.register_zeus_job(job_spec(beta_knob=None))
+    first = _sequence(client, "resnet", 11)
+    daemons.stop(srv)
+    srv, client = daemons.start("restarted")
+    assert _sequence(client, "resnet", 13) == expected[11:]
+    assert first == expected[:11]
+
+
+# ----------------------------------------------------------------------------- power limits
+def test_power_profile_plans_measures_and_is_reused(daemons):
+    srv, client = daemons.start()
+    client.register_zeus_job(job_spec())
+    plan = client.power_plan("resnet", 64)
+    assert (plan.action, plan.power_limit_w) == ("profile", 250.0)
+    with pytest.raises(FailedPrecondition, match="power_limit_w"):
+        client.report_power_window("resnet", 64, 150.0, 10.0, 2000.0)
+    plan = client.interrupt_power_window("resnet", 64, 250.0)
+    assert plan.power_limit_w == 250.0  # an interrupted window is retried
+    # time grows and energy falls as the limit drops; 150 W has the lowest zeus_cost
+    measured = {250.0: (10.0, 2500.0), 200.0: (10.5, 2000.0), 150.0: (11.0, 1500.0),
+                100.0: (20.0, 1900.0)}
+    while plan.action == "profile":
+        t, e = measured[plan.power_limit_w]
+        plan = client.report_power_window("resnet", 64, plan.power_limit_w, t, e)
+    assert (plan.action, plan.power_limit_w) == ("use", 150.0)
+    daemons.stop(srv)
+    srv, client = daemons.start()
+    assert client.power_plan("resnet", 64).power_limit_w == 150.0  # survives a restart
+    profile = client.power_profile("resnet", 64)
+    assert profile.done and len(profile.measurements) == 4
+    with pytest.raises(NotFound, match="batch_size"):
+        client.power_plan("resnet", 48)
+    with pytest.raises(InvalidArgument, match="power_limit_w"):
+        client.report_power_window("resnet", 128, 400.0, 10.0, 2000.0)
+
+
+def test_power_calls_need_a_power_spec(daemon):
+    _, client = daemon
+    spec = job_spec()
+    spec.ClearField("power")
+    client.register_zeus_job(spec)
+    with pytest.raises(FailedPrecondition, match="power spec"):
+        client.power_plan("resnet", 64)
+
+
+def test_delete_forgets_the_job_and_its_profiles(daemon):
+    _, client = daemon
+    client.register_zeus_job(job_spec())
+    client.report_power_window("resnet", 64, 250.0, 10.0, 2500.0)
+    client.delete_zeus_job("resnet")
+    with pytest.raises(NotFound):
+        client.get_zeus_job("resnet")
+    client.register_zeus_job(job_spec())
+    assert client.power_plan("resnet", 64).power_limit_w == 250.0  # profile started afresh
+
+
+# ----------------------------------------------------------------------------- simulation
+@needs_traces
+def test_replay_zeus_on_the_recorded_traces(tmp_path):
+    out = tmp_path / "zeus"
+    result = CliRunner().invoke(app, [
+        "replay", "zeus", "--train", str(DATA / "summary_train.csv"),
+        "--power", str(DATA / "summary_power_v100.csv"), "--workload", "squad",
+        "--recurrences", "12", "--eta", "0.5", "--beta", "2", "--seed", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    history = pd.read_csv(out / "history.csv")
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(history.columns[:8]) == ["recurrence", "try", "batch_size", "power_limit_w",
+                                         "energy_j", "time_s", "reached", "cost"]
+    assert history.loc[history.reached, "recurrence"].tolist() == list(range(1, 13))
+    assert summary["energy_j"] == pytest.approx(history.energy_j.sum())
+    assert summary["energy_saving"] == pytest.approx(
+        1 - summary["energy_j"] / summary["baseline_energy_j"])
+    assert (out / "history.png").stat().st_size > 10_000
+    assert set(history.power_limit_w) <= {100.0, 125.0, 150.0, 175.0, 200.0, 225.0, 250.0}
+
+
+def test_replay_zeus_bad_input_is_one_clear_line(tmp_path):
+    result = CliRunner().invoke(app, [
+        "replay", "zeus", "--train", str(tmp_path / "missing.csv"), "--power",
+        str(tmp_path / "p.csv"), "--workload", "squad", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "missing.csv: no such file" in result.output
+    result = CliRunner().invoke(app, [
+        "replay", "zeus", "--train", "a", "--power", "b", "--workload", "mnist"])
+    assert result.exit_code == 2 and "unknown workload 'mnist'" in result.output
