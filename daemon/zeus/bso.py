@@ -269,8 +269,11 @@ class BatchSizeJob:
 
     def _thompson_sample(self) -> int:
         rewards = {arm: self._arm_rewards(arm) for arm in self.arms}
+        runs = {arm: sum(1 for b, _ in self.observations if b == arm) for arm in self.arms}
+        # Exploration counts every run of the arm, not only those in the window (Zeus counts
+        # the window, so a window smaller than mab_num_explorations would explore forever).
         for arm in self.rng.choice(np.asarray(self.arms), len(self.arms), replace=False):
-            if len(rewards[int(arm)]) < self.spec.mab_num_explorations:
+            if runs[int(arm)] < self.spec.mab_num_explorations:
                 return int(arm)
         best, best_sample = self.arms[0], -math.inf
         for arm in self.arms:
