@@ -169,12 +169,13 @@ class Client:
 
     @_translate
     def report_epoch(self, job_id: str, trial_number: int, epoch: int, time_s: float,
-                     energy_j: float, metric: float) -> zeus_pb2.TrialVerdict:
+                     energy_j: float, metric: float, batch_size: int = 0) -> zeus_pb2.TrialVerdict:
         """Cumulative time [s] and energy [J] of the trial after ``epoch``, with the
-        validation metric; the verdict says whether to stop."""
+        validation metric; the verdict says whether to stop. ``batch_size`` (optional) is
+        checked against the trial's (FailedPrecondition if it differs)."""
         return self.bso.ReportEpoch(zeus_pb2.ReportEpochRequest(
             job_id=job_id, trial_number=trial_number, epoch=epoch, time_s=time_s,
-            energy_j=energy_j, metric=metric), timeout=self.timeout_s)
+            energy_j=energy_j, metric=metric, batch_size=batch_size), timeout=self.timeout_s)
 
     @_translate
     def end_trial(self, job_id: str, trial_number: int) -> zeus_pb2.TrialVerdict:

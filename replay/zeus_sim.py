@@ -198,7 +198,7 @@ def simulate(client: Client, df: pd.DataFrame, workload: Workload, opts: ZeusRep
                 continue
             metric = workload.target_metric if reached else _not_reached(workload)
             verdict = client.report_epoch(job_id, pred.trial_number, epochs, seconds, energy,
-                                          metric)
+                                          metric, batch_size=bs)
             if not verdict.finished:  # cut by the cost bound before the daemon's own stop
                 verdict = client.end_trial(job_id, pred.trial_number)
             history.append({"recurrence": recurrence, "try": attempt, "batch_size": bs,

@@ -112,6 +112,20 @@ def test_bad_reports_change_nothing(daemon, epoch, time_s, energy_j, field):
     assert client.get_zeus_job("resnet").state_json == before
 
 
+def test_a_report_for_a_batch_size_that_was_not_predicted_is_rejected(daemon):
+    _, client = daemon
+    client.register_zeus_job(job_spec())
+    pred = client.predict_batch_size("resnet")
+    before = client.get_zeus_job("resnet").state_json
+    with pytest.raises(FailedPrecondition, match="batch_size"):
+        client.report_epoch("resnet", pred.trial_number, 1, 5.0, 10.0, 0.1,
+                            batch_size=pred.batch_size * 2)
+    assert client.get_zeus_job("resnet").state_json == before
+    verdict = client.report_epoch("resnet", pred.trial_number, 1, 5.0, 10.0, 0.1,
+                                  batch_size=pred.batch_size)
+    assert not verdict.stop
+
+
 def test_epochs_going_backwards_are_rejected(daemon):
     _, client = daemon
     client.register_zeus_job(job_spec())
@@ -180,6 +194,9 @@ def test_restart_continues_the_batch_size_sequence_exactly(daemons):
 def test_power_profile_plans_measures_and_is_reused(daemons):
     srv, client = daemons.start()
     client.register_zeus_job(job_spec())
+    with pytest.raises(FailedPrecondition, match="batch_size"):
+        client.power_plan("resnet", 64)  # not predicted yet
+    assert client.predict_batch_size("resnet").batch_size == 64
     plan = client.power_plan("resnet", 64)
     assert (plan.action, plan.power_limit_w) == ("profile", 250.0)
     with pytest.raises(FailedPrecondition, match="power_limit_w"):
@@ -201,7 +218,9 @@ def test_power_profile_plans_measures_and_is_reused(daemons):
     with pytest.raises(NotFound, match="batch_size"):
         client.power_plan("resnet", 48)
     with pytest.raises(InvalidArgument, match="power_limit_w"):
-        client.report_power_window("resnet", 128, 400.0, 10.0, 2000.0)
+        client.report_power_window("resnet", 64, 400.0, 10.0, 2000.0)
+    with pytest.raises(FailedPrecondition, match="batch_size"):
+        client.report_power_window("resnet", 128, 250.0, 10.0, 2000.0)
 
 
 def test_power_calls_need_a_power_spec(daemon):
@@ -216,11 +235,14 @@ def test_power_calls_need_a_power_spec(daemon):
 def test_delete_forgets_the_job_and_its_profiles(daemon):
     _, client = daemon
     client.register_zeus_job(job_spec())
+    client.predict_batch_size("resnet")
     client.report_power_window("resnet", 64, 250.0, 10.0, 2500.0)
+    assert client.power_plan("resnet", 64).power_limit_w == 200.0
     client.delete_zeus_job("resnet")
     with pytest.raises(NotFound):
         client.get_zeus_job("resnet")
     client.register_zeus_job(job_spec())
+    client.predict_batch_size("resnet")
     assert client.power_plan("resnet", 64).power_limit_w == 250.0  # profile started afresh
 
 

@@ -123,20 +123,22 @@ class Prediction(_message.Message):
     def __init__(self, batch_size: _Optional[int] = ..., trial_number: _Optional[int] = ..., cost_bound_j: _Optional[float] = ..., exploration: _Optional[bool] = ...) -> None: ...
 
 class ReportEpochRequest(_message.Message):
-    __slots__ = ("job_id", "trial_number", "epoch", "time_s", "energy_j", "metric")
+    __slots__ = ("job_id", "trial_number", "epoch", "time_s", "energy_j", "metric", "batch_size")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TRIAL_NUMBER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TIME_S_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     METRIC_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     trial_number: int
     epoch: int
     time_s: float
     energy_j: float
     metric: float
-    def __init__(self, job_id: _Optional[str] = ..., trial_number: _Optional[int] = ..., epoch: _Optional[int] = ..., time_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., metric: _Optional[float] = ...) -> None: ...
+    batch_size: int
+    def __init__(self, job_id: _Optional[str] = ..., trial_number: _Optional[int] = ..., epoch: _Optional[int] = ..., time_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., metric: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class TrialVerdict(_message.Message):
     __slots__ = ("stop", "converged", "cost_j", "message", "finished")

@@ -328,7 +328,7 @@ class BatchSizeJob:
                        f"trial {trial['trial_number']} already ended ({trial['status']})", True)
 
     def report(self, trial_number: int, epoch: int, time_s: float, energy_j: float,
-               metric: float) -> Verdict:
+               metric: float, batch_size: int = 0) -> Verdict:
         """Cumulative time [s] and energy [J] of a trial after ``epoch`` (>= 1), with the
         validation metric. Stops the run when it converged, crossed the cost bound, or reached
         ``max_epochs``. A report on an ended trial returns its stored verdict.
@@ -338,9 +338,13 @@ class BatchSizeJob:
             InvalidArgument: ``epoch`` < 1, NaN/inf/negative ``time_s`` or ``energy_j``, NaN
                 ``metric``.
             FailedPrecondition: ``epoch``, ``time_s`` or ``energy_j`` below the trial's last
-                report (epochs must increase, cumulative figures may not shrink).
+                report (epochs must increase, cumulative figures may not shrink), or a
+                ``batch_size`` (0 = not checked) other than the one predicted for the trial.
         """
         trial = self._trial(trial_number)
+        if batch_size and batch_size != trial["batch_size"]:
+            raise FailedPrecondition(f"trial {trial_number} was predicted with batch size "
+                                     f"{trial['batch_size']}, not {batch_size}", "batch_size")
         if epoch < 1:
             raise InvalidArgument(f"must be >= 1, got {epoch}", "epoch")
         check_finite(time_s, "time_s", non_negative=True)

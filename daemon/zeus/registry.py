@@ -124,11 +124,11 @@ class ZeusRegistry:
                                     encode=encode)
 
     def report(self, job_id: str, trial_number: int, epoch: int, time_s: float, energy_j: float,
-               metric: float) -> Verdict:
+               metric: float, batch_size: int = 0) -> Verdict:
         """Record an epoch of a trial (see :meth:`BatchSizeJob.report`)."""
         with self.lock:
             return self._mutate_job(job_id, lambda job: job.report(
-                trial_number, epoch, time_s, energy_j, metric))
+                trial_number, epoch, time_s, energy_j, metric, batch_size))
 
     def end_trial(self, job_id: str, trial_number: int) -> Verdict:
         """Close a trial (see :meth:`BatchSizeJob.end_trial`)."""
@@ -153,6 +153,9 @@ class ZeusRegistry:
         if batch_size not in entry.job.spec.batch_sizes:
             raise NotFound(f"batch size {batch_size} is not one of job {job_id!r}'s "
                            f"{list(entry.job.spec.batch_sizes)}", "batch_size")
+        if not any(t["batch_size"] == batch_size for t in entry.job.trials):
+            raise FailedPrecondition(f"batch size {batch_size} was never predicted for job "
+                                     f"{job_id!r}; call Predict first", "batch_size")
         return (self.profiles.get((job_id, batch_size))
                 or PowerLimitProfile(entry.power, entry.job.spec.max_power_w))
 

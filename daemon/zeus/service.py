@@ -134,7 +134,7 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
         """Cumulative time/energy and the metric after an epoch -> stop / converged."""
         return verdict_to_pb(self.registry.report(
             _job_id(request.job_id), request.trial_number, request.epoch, request.time_s,
-            request.energy_j, request.metric))
+            request.energy_j, request.metric, request.batch_size))
 
     @_rpc
     def EndTrial(self, request, context):
