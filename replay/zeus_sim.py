@@ -130,7 +130,8 @@ class _Gpu:
     def run(self, batch_size: int, power_limit_w: float, cost_bound_j: float,
             profiled: bool) -> tuple[int, float, float, bool]:
         """One training run: (epochs, energy [J], time [s], reached). ``epochs`` is 0 when even
-        the first epoch would cross the cost bound (Zeus's simulator: the run never starts)."""
+        the first epoch would cross the cost bound (Zeus's simulator: the run never starts);
+        energy and time are then those of the one epoch it would have cost."""
         at_bs = self.df.loc[self.df.batch_size == batch_size]
         rows = at_bs.loc[at_bs.power_limit == power_limit_w]
         path = rows.iloc[int(self.rng.integers(len(rows)))]
@@ -140,7 +141,7 @@ class _Gpu:
             per_epoch = self.eta * epoch_energy + (1 - self.eta) * self.max_power_w * epoch_time
             max_epochs = int(min(cost_bound_j // per_epoch, self.max_epochs))
         if max_epochs <= 0:
-            return 0, 0.0, 0.0, False
+            return 0, epoch_energy, epoch_time, False
         target = path.target_epoch
         reached = bool(pd.notna(target) and target <= max_epochs)
         epochs = int(target) if reached else max_epochs
@@ -193,8 +194,13 @@ def simulate(client: Client, df: pd.DataFrame, workload: Workload, opts: ZeusRep
                 plan = client.report_power_window(job_id, bs, plan.power_limit_w, t, e)
             epochs, energy, seconds, reached = gpu.run(bs, plan.power_limit_w,
                                                        pred.cost_bound_j, profiled)
-            if epochs == 0:  # could not run one epoch under the bound: a failed try, no row
-                client.end_trial(job_id, pred.trial_number)
+            if epochs == 0:
+                # Even one epoch would cross the bound: Zeus's simulator does not run it, but
+                # tells its optimizer the batch size failed. Here the daemon is told the cost of
+                # that epoch, which it judges over the bound (stopped, not converged); the run
+                # adds nothing to the history, as in Zeus.
+                client.report_epoch(job_id, pred.trial_number, 1, seconds, energy,
+                                    _not_reached(workload), batch_size=bs)
                 continue
             metric = workload.target_metric if reached else _not_reached(workload)
             verdict = client.report_epoch(job_id, pred.trial_number, epochs, seconds, energy,

@@ -276,3 +276,27 @@ def test_replay_zeus_bad_input_is_one_clear_line(tmp_path):
     result = CliRunner().invoke(app, [
         "replay", "zeus", "--train", "a", "--power", "b", "--workload", "mnist"])
     assert result.exit_code == 2 and "unknown workload 'mnist'" in result.output
+
+
+def test_simulated_run_that_cannot_afford_one_epoch_fails_without_a_history_row(daemon):
+    """Zeus's simulator semantics: a batch size whose first epoch already crosses the cost
+    bound never runs, and the optimizer learns that it failed (it must not be retried forever)."""
+    from offcut.replay.zeus_sim import Workload, ZeusReplayOptions, simulate
+
+    _, client = daemon
+    w = Workload("toy", "net", "sgd", 0.9, True, default_batch_size=8, max_epochs=10)
+    rows = []
+    for bs, epoch_s, target in ((8, 10.0, 3), (16, 100.0, 2)):  # 16: one epoch costs > 2x a run of 8
+        for run in (0, 1):
+            for pl in (100.0, 150.0):
+                rows.append(dict(dataset="toy", network="net", optimizer="sgd", target_metric=0.9,
+                                 batch_size=bs, run=run, target_epoch=target, power_limit=pl,
+                                 time_per_epoch=epoch_s * 150.0 / pl, average_power=pl * 0.8))
+    df = pd.DataFrame(rows)
+    df["energy_per_epoch"] = df.time_per_epoch * df.average_power
+    history = simulate(client, df, w, ZeusReplayOptions(recurrences=4, beta_knob=2.0, seed=3),
+                       "toy")
+    assert [h["batch_size"] for h in history] == [8, 8, 8, 8]
+    trials = client.get_zeus_job("toy").trials
+    assert [(t.batch_size, t.status, t.epochs) for t in trials if t.batch_size == 16] == \
+        [(16, "failed", 1)]  # tried once: round 2 prunes over round 1's survivors only
