@@ -1,4 +1,5 @@
-"""The ``offcut`` command line: replays, the demo, offline solves, daemon status.
+"""The ``offcut`` command line: replays, the demo, offline solves, recurring Zeus jobs, daemon
+status.
 
 Run ``offcut COMMAND --help`` for each command's options and examples.
 """
@@ -208,6 +209,73 @@ def solve(
             typer.echo(json.dumps(result))
     except OffcutError as exc:
         _fail(str(exc), 2)
+
+
+@app.command()
+def recur(
+    command: str = typer.Option(..., "--command", help="training command template; placeholders {batch_size} {learning_rate} {trial} {recurrence}; run without a shell (shlex.split)"),
+    batch_sizes: str = typer.Option(..., "--batch-sizes", help="comma-separated batch sizes, e.g. 32,64,128"),
+    default: int = typer.Option(..., "--default", help="the default batch size (one of --batch-sizes)"),
+    target_metric: float = typer.Option(..., "--target-metric", help="validation metric that counts as converged"),
+    recurrences: int = typer.Option(1, "--recurrences", help="how many times the job recurs"),
+    job_id: Optional[str] = typer.Option(None, "--job-id", help="job id [default: derived from --command]"),
+    target: Optional[str] = typer.Option(None, "--target", help="daemon address [default: the local socket]"),
+    eta: float = typer.Option(0.5, "--eta", help="eta_knob of zeus_cost: 0 = time only, 1 = energy only"),
+    beta: float = typer.Option(2.0, "--beta", help="stop a run whose cost exceeds beta x min_cost; 0 = no early stopping"),
+    max_epochs: int = typer.Option(100, "--max-epochs", help="epochs before a run is given up"),
+    lower_is_better: bool = typer.Option(False, "--lower-is-better", help="the metric is reached from above (e.g. WER)"),
+    max_power_w: Optional[float] = typer.Option(None, "--max-power-w", help="zeus_cost's MaxPower, W: the GPU's maximum power limit x GPUs per run [default: read via pynvml, else required]"),
+    num_gpus: Optional[int] = typer.Option(None, "--num-gpus", help="GPUs per run, for MaxPower read via pynvml [default: all visible]"),
+    power_limits: Optional[str] = typer.Option(None, "--power-limits", help="MIN-MAX power limits to profile, W (e.g. 100-250), or auto (the GPU's range via pynvml); enables the power-limit optimizer"),
+    power_step: float = typer.Option(25.0, "--power-step", help="stride between profiled power limits, W"),
+    warmup_steps: int = typer.Option(10, "--warmup-steps", help="steps run at a power limit before its window"),
+    profile_steps: int = typer.Option(40, "--profile-steps", help="steps measured per power limit"),
+    selector: str = typer.Option("zeus_cost", "--power-selector", help="zeus_cost | energy | time | max_slowdown"),
+    base_lr: Optional[float] = typer.Option(None, "--base-lr", help="learning rate at the default batch size (for {learning_rate})"),
+    lr_scaling: str = typer.Option("linear", "--lr-scaling", help="linear: base_lr*b/default | sqrt: base_lr*sqrt(b/default) | none: base_lr"),
+    max_tries: int = typer.Option(20, "--max-tries", help="runs per recurrence before giving up"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="seed of the batch-size optimizer [default: drawn by the daemon]"),
+    out: Path = typer.Option(Path("recur-out"), "--out", help="output folder (history.csv, logs/)"),
+    timeout_s: Optional[float] = typer.Option(None, "--timeout-s", help="wall-clock limit per run, s"),
+    poll_s: float = typer.Option(1.0, "--poll-s", help="how often a running trial is checked, s"),
+    grace_s: float = typer.Option(10.0, "--grace-s", help="time a stopped run gets to exit, and again between SIGTERM and SIGKILL, s"),
+    run_logs: bool = typer.Option(True, "--run-logs/--no-run-logs", help="write each run's output to OUT/logs (else it goes to this terminal)"),
+) -> None:
+    """Run a recurring training job with Zeus's batch-size (and power-limit) optimizers
+    hosted by offcutd (Zeus's ZeusMaster): each run gets the predicted batch size; a
+    recurrence is retried until a run reaches the target metric.
+
+    The command reads its trial from OFFCUT_ADDRESS, OFFCUT_ZEUS_JOB_ID, OFFCUT_ZEUS_TRIAL and
+    OFFCUT_BATCH_SIZE (see offcut.client.training.ZeusTraining.from_env). Writes
+    OUT/history.csv, one row per run.
+
+    \b
+    Example:
+      offcut recur --command "python train.py --batch-size {batch_size} --lr {learning_rate}" \\
+        --batch-sizes 32,64,128 --default 64 --base-lr 0.1 --lr-scaling linear \\
+        --target-metric 0.9 --max-epochs 30 --recurrences 10 --max-power-w 300 \\
+        --power-limits 100-300 --out out/recur
+    """
+    from offcut.client.recur import RecurError, RecurOptions, parse_batch_sizes, parse_power_limits, run_recur
+
+    try:
+        limits = parse_power_limits(power_limits) if power_limits is not None else None
+        options = RecurOptions(
+            command=command, batch_sizes=parse_batch_sizes(batch_sizes), default_batch_size=default,
+            target_metric=target_metric, recurrences=recurrences, job_id=job_id, target=target,
+            eta=eta, beta=beta or None, max_epochs=max_epochs, higher_is_better=not lower_is_better,
+            max_power_w=max_power_w, num_gpus=num_gpus, power_limits=limits,
+            power_limits_auto=power_limits is not None and limits is None, power_step_w=power_step,
+            warmup_steps=warmup_steps, profile_steps=profile_steps, selector=selector,
+            base_lr=base_lr, lr_scaling=lr_scaling, max_tries=max_tries, seed=seed, out=out,
+            timeout_s=timeout_s, poll_s=poll_s, grace_s=grace_s, run_logs=run_logs)
+        run_recur(options, echo=typer.echo)
+    except RecurError as exc:
+        _fail(str(exc), exc.exit_code)
+    except OffcutError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
 
 
 @app.command()
