@@ -20,7 +20,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from offcut.addresses import default_socket
-from offcut.errors import Unavailable, from_rpc_error
+from offcut.errors import OffcutError, Unavailable, from_rpc_error
 from offcut.v1 import (nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
                        tasks_pb2_grpc, zeus_pb2, zeus_pb2_grpc)
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -44,11 +44,7 @@ def _translate(method):
         try:
             return method(self, *args, **kwargs)
         except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.UNAVAILABLE:
-                raise Unavailable(
-                    f"cannot reach offcutd at {self.address} ({err.details()}); start it with "
-                    f"`offcutd --listen {self.address}` or pass the right address") from None
-            raise from_rpc_error(err) from None
+            raise self._error(err) from None
     return wrapper
 
 
@@ -72,6 +68,16 @@ class Client:
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.bso = zeus_pb2_grpc.BatchSizeOptimizerStub(self.channel)
         self.plo = zeus_pb2_grpc.PowerLimitOptimizerStub(self.channel)
+
+    def _error(self, err: grpc.RpcError) -> OffcutError:
+        """The :mod:`offcut.errors` exception for a failed call (UNAVAILABLE says how to
+        start the daemon at this address)."""
+        if err.code() == grpc.StatusCode.UNAVAILABLE:
+            return Unavailable(
+                f"cannot reach offcutd at {self.address} ({err.details()}); start it with "
+                f"`offcutd --listen {self.address}` or pass the right address (--address or "
+                f"$OFFCUT_ADDRESS)")
+        return from_rpc_error(err)
 
     def __enter__(self) -> "Client":
         return self
@@ -141,10 +147,22 @@ class Client:
             req.time.CopyFrom(to_timestamp(time))
         return self.tasks.CancelTask(req, timeout=self.timeout_s)
 
-    def watch(self, task_id: str = "", after_revision: int = 0) -> Iterator[tasks_pb2.PlacementUpdate]:
-        """Stream placement updates (blocking iterator; ``.cancel()`` the returned call to stop)."""
-        return self.tasks.WatchPlacements(tasks_pb2.WatchPlacementsRequest(
-            task_id=task_id, after_revision=after_revision))
+    def watch(self, task_id: str = "", after_revision: int = 0,
+              timeout_s: float | None = None) -> Iterator[tasks_pb2.PlacementUpdate]:
+        """Placement updates as they are decided (retained ones after ``after_revision``
+        first): a blocking iterator that ends after ``timeout_s`` seconds (None: never).
+
+        Raises, while iterating: :class:`NotFound` (unknown ``task_id``), :class:`Unavailable`,
+        and an :class:`OffcutError` with code ``DEADLINE_EXCEEDED`` when ``timeout_s`` passes.
+        """
+        call = self.tasks.WatchPlacements(tasks_pb2.WatchPlacementsRequest(
+            task_id=task_id, after_revision=after_revision), timeout=timeout_s)
+        try:
+            yield from call
+        except grpc.RpcError as err:
+            raise self._error(err) from None
+        finally:
+            call.cancel()
 
     # ------------------------------------------------------------------ status
     @_translate

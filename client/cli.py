@@ -13,6 +13,7 @@ from typing import Optional
 
 import typer
 
+from offcut.client import task_cli
 from offcut.errors import OffcutError
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, no_args_is_help=True,
@@ -20,6 +21,7 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None, no_args_is_help=T
 replay_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                          help="Replay recorded scheduler logs through the daemon.")
 app.add_typer(replay_app, name="replay")
+task_cli.register(app)
 
 SOLVER_HELP = "auto | gurobi | cbc | dp | greedy (auto: gurobi if installed and the model fits its licence, else cbc)"
 
@@ -280,32 +282,56 @@ def recur(
 
 @app.command()
 def status(
-    address: Optional[str] = typer.Option(None, "--address", "-a", help="daemon address [default: the local socket]"),
+    address: Optional[str] = typer.Option(None, "--address", "-a", envvar="OFFCUT_ADDRESS", help=task_cli.ADDRESS_HELP),
+    idle_nodes: bool = typer.Option(False, "--idle-nodes", help="also list the idle pool (hostlist)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
-    """Show the daemon's idle pool, tasks and solver statistics.
+    """For admins: the idle pool, nodes in use, tasks by state, the solver and its decision
+    times, and the event lag (wall clock minus the time of the last applied event).
 
-    Example: offcut status --json
+    \b
+    Examples:
+      offcut status
+      offcut status --idle-nodes --json
     """
+    import time
+
+    import hostlist
     from google.protobuf.json_format import MessageToDict
 
     from offcut.client.api import Client
 
     try:
         with Client(address) as c:
-            st = c.status()
+            st = c.status(include_idle_nodes=idle_nodes)
     except OffcutError as exc:
         _fail(str(exc))
+    has_clock = bool(st.clock.seconds or st.clock.nanos)
+    lag_s = time.time() - st.clock.ToNanoseconds() / 1e9 if has_clock else None
     if as_json:
-        typer.echo(json.dumps(MessageToDict(st), indent=2))
+        doc = MessageToDict(st, preserving_proto_field_name=True)
+        doc["event_lag_s"] = lag_s
+        typer.echo(json.dumps(doc, indent=2))
         return
-    s = st.solver
-    typer.echo(f"clock        {st.clock.ToJsonString() if st.clock.seconds else '-'} (revision {st.revision})")
-    typer.echo(f"nodes        {st.idle_nodes} idle, {st.nodes_in_use} in use")
+    s, last = st.solver, st.last_decision
+    typer.echo(f"clock        {st.clock.ToJsonString() if has_clock else '-'} (revision {st.revision}; "
+               f"event lag {task_cli.format_duration(lag_s)})")
+    typer.echo(f"nodes        {st.idle_nodes} idle, {st.nodes_in_use} in use by tasks")
     typer.echo(f"tasks        {st.queued_tasks} queued, {st.admitted_tasks} admitted, "
-               f"{st.running_tasks} running, {st.completed_tasks} completed, {st.cancelled_tasks} cancelled")
+               f"{st.running_tasks} running, {st.completed_tasks} completed, {st.cancelled_tasks} cancelled "
+               f"(at most {st.max_running_tasks} admitted)")
     typer.echo(f"solver       {s.configured_solver}: {s.decisions} decisions, p50 {s.decision_ms_p50:.2f} ms, "
-               f"p99 {s.decision_ms_p99:.2f} ms, {s.fallbacks} fallbacks")
+               f"p99 {s.decision_ms_p99:.2f} ms, max {s.decision_ms_max:.2f} ms, {s.fallbacks} fallbacks")
+    if last.revision:
+        typer.echo(f"last         {last.source or '-'} at {last.time.ToJsonString()}: {last.solve.status} by "
+                   f"{last.solve.solver or '-'} in {last.solve.solve_ms:.2f} ms, "
+                   f"{len(last.placements)} placement change(s)")
+    if s.last_fallback_reason:
+        typer.echo(f"fallback     {s.last_fallback_reason}")
+    typer.echo(f"node-hours   {st.idle_node_seconds / 3600:.1f} idle, {st.used_node_seconds / 3600:.1f} used; "
+               f"{st.total_samples:.6g} samples trained")
+    if idle_nodes:
+        typer.echo(f"idle pool    {hostlist.collect_hostlist(list(st.idle_node_names)) or '-'}")
 
 
 def main() -> None:

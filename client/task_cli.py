@@ -1,0 +1,339 @@
+"""Task commands of the ``offcut`` CLI, shaped after ``sbatch``/``squeue``/``scontrol
+show job``/``scancel``: ``submit``, ``queue``, ``show``, ``cancel``, ``watch``.
+
+Every command takes ``--address`` (default: ``$OFFCUT_ADDRESS``, else the daemon's local
+socket), prints one clear line and exits non-zero on errors, and ``--json`` where it lists.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Iterable, List, Optional
+
+import grpc
+import hostlist
+import typer
+from google.protobuf.json_format import MessageToDict
+
+from offcut.errors import InvalidArgument, NotFound, OffcutError
+from offcut.v1 import decision_pb2, tasks_pb2
+
+ADDRESS_HELP = "daemon address: unix:///path.sock or HOST:PORT [default: $OFFCUT_ADDRESS, else the local socket]"
+ACTIVE_STATES = ("queued", "admitted", "running")
+ALL_STATES = ACTIVE_STATES + ("completed", "cancelled")
+
+
+def _fail(message: str, code: int = 1) -> None:
+    typer.echo(f"offcut: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _address_option():
+    return typer.Option(None, "--address", "-a", envvar="OFFCUT_ADDRESS", help=ADDRESS_HELP,
+                        show_envvar=False)
+
+
+def state_name(state: int) -> str:
+    """``TASK_STATE_RUNNING`` -> ``running``."""
+    return tasks_pb2.TaskState.Name(state).removeprefix("TASK_STATE_").lower()
+
+
+def change_name(change: int) -> str:
+    """``PLACEMENT_CHANGE_GROW`` -> ``grow``."""
+    return decision_pb2.PlacementChange.Name(change).removeprefix("PLACEMENT_CHANGE_").lower()
+
+
+def format_duration(seconds: float | None) -> str:
+    """Slurm's time format: ``[D-]HH:MM:SS`` (``-`` for unknown or infinite)."""
+    if seconds is None or not seconds < float("inf") or seconds < 0:
+        return "-"
+    s = int(round(seconds))
+    days, s = divmod(s, 86400)
+    text = f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+def _ts(ts) -> str:
+    return ts.ToJsonString() if (ts.seconds or ts.nanos) else "-"
+
+
+def eta_seconds(task: tasks_pb2.Task) -> float | None:
+    """Seconds to completion at the task's current rate (None when it earns nothing now)."""
+    remaining = task.spec.total_work_samples - task.work_done_samples
+    if task.state != tasks_pb2.TASK_STATE_RUNNING or task.rate_samples_per_s <= 0:
+        return None
+    return max(remaining, 0.0) / task.rate_samples_per_s
+
+
+def progress_pct(task: tasks_pb2.Task) -> float:
+    """Work done in % of the task's total work."""
+    total = task.spec.total_work_samples
+    return 100.0 * min(task.work_done_samples / total, 1.0) if total > 0 else 0.0
+
+
+def task_row(task: tasks_pb2.Task) -> dict:
+    """One ``queue`` row (also the ``--json`` form)."""
+    return {"task_id": task.task_id, "name": task.spec.name, "owner": task.owner,
+            "state": state_name(task.state), "nodes": len(task.nodes),
+            "min_nodes": task.spec.min_nodes, "max_nodes": task.spec.max_nodes,
+            "progress_pct": round(progress_pct(task), 2), "eta_s": eta_seconds(task),
+            "rate_samples_per_s": task.rate_samples_per_s}
+
+
+def render_table(headers: list[str], rows: Iterable[list[str]]) -> str:
+    """Left-aligned columns separated by two spaces (like squeue)."""
+    rows = [list(map(str, r)) for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _client(address: str | None):
+    from offcut.client.api import Client
+
+    return Client(address, timeout_s=30.0)
+
+
+def submit(
+    name: str = typer.Option(..., "--name", "-J", help="task name"),
+    nodes: str = typer.Option(..., "--nodes", "-N", help="node count or range MIN-MAX, as in sbatch --nodes (e.g. 2-8)"),
+    work: float = typer.Option(..., "--work", help="total work of the task, samples (e.g. 1.2e9)"),
+    scalability: Optional[Path] = typer.Option(None, "--scalability", help="CSV with header nodes,throughput (samples/s at each node count, up to the maximum); omit only when the daemon learns scalability"),
+    rescale_up: float = typer.Option(30.0, "--rescale-up", help="Tcup: seconds of progress lost when the task grows"),
+    rescale_down: float = typer.Option(30.0, "--rescale-down", help="Tcdw: seconds of progress lost when the task shrinks"),
+    objective: str = typer.Option("throughput", "--objective", help="throughput (samples/s) | speedup (over the smallest measured count)"),
+    parsable: bool = typer.Option(False, "--parsable", help="print only the task id (like sbatch --parsable)"),
+    address: Optional[str] = _address_option(),
+    command: Optional[List[str]] = typer.Argument(None, help="training command (after --), run on the task's nodes in live mode"),
+) -> None:
+    """Submit an elastic training task; prints its id.
+
+    \b
+    Examples:
+      offcut submit --name resnet18 --nodes 1-8 --work 1.2e9 --scalability resnet18.csv -- python train.py
+      id=$(offcut submit --parsable -J bert -N 2-16 --work 5e8 --scalability bert.csv)
+    """
+    from offcut.client.taskspec import make_task_spec, read_scalability_csv
+
+    try:
+        curve = read_scalability_csv(scalability) if scalability is not None else None
+        spec = make_task_spec(name, nodes=nodes, work_samples=work, scalability=curve,
+                              rescale_up_s=rescale_up, rescale_down_s=rescale_down,
+                              objective=objective, command=command or [])
+    except InvalidArgument as exc:
+        _fail(_cli_field(str(exc)), 2)
+    try:
+        with _client(address) as c:
+            reply = c.submit(spec, owner=getpass.getuser(), request_id=str(uuid.uuid4()))
+    except InvalidArgument as exc:
+        if scalability is None and exc.field is None and "node_counts" in str(exc):
+            _fail("--scalability is required: this daemon needs a scalability curve "
+                  f"(nodes,throughput CSV) ({exc})", 2)
+        _fail(str(exc), 2)
+    except OffcutError as exc:
+        _fail(str(exc))
+    task = reply.task
+    if parsable:
+        typer.echo(task.task_id)
+        return
+    placed = [p for p in reply.decision.placements if p.task_id == task.task_id]
+    where = (f", started on {len(placed[0].nodes)} node(s)" if placed and placed[0].nodes
+             else f", {state_name(task.state)}")
+    typer.echo(f"Submitted task {task.task_id}{where}")
+
+
+def _cli_field(message: str) -> str:
+    """Name the CLI option rather than the API argument in client-side errors."""
+    for api, option in (("work:", "--work:"), ("nodes:", "--nodes:"), ("scalability:", "--scalability:"),
+                        ("rescale_up:", "--rescale-up:"), ("rescale_down:", "--rescale-down:"),
+                        ("objective:", "--objective:")):
+        if message.startswith(api):
+            return option + message[len(api):]
+    return message
+
+
+def _states(values: list[str] | None, all_states: bool) -> list[int]:
+    if all_states:
+        return []
+    names = values or list(ACTIVE_STATES)
+    out = []
+    for n in names:
+        for part in n.split(","):
+            part = part.strip().lower()
+            if part not in ALL_STATES:
+                _fail(f"--state: {part!r} is not one of {', '.join(ALL_STATES)}", 2)
+            out.append(tasks_pb2.TaskState.Value(f"TASK_STATE_{part.upper()}"))
+    return out
+
+
+def queue(
+    state: Optional[List[str]] = typer.Option(None, "--state", "-t", help="only these states (queued, admitted, running, completed, cancelled; comma-separated or repeated) [default: the active ones]"),
+    all_states: bool = typer.Option(False, "--all", help="every state, finished tasks included"),
+    user: Optional[str] = typer.Option(None, "--user", "-u", help="only this owner's tasks"),
+    me: bool = typer.Option(False, "--me", help="only my tasks"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    address: Optional[str] = _address_option(),
+) -> None:
+    """List tasks like squeue: id, name, owner, state, nodes now, progress, ETA.
+
+    \b
+    Examples:
+      offcut queue
+      offcut queue --me --all
+      offcut queue --state running --json
+    """
+    owner = getpass.getuser() if me else (user or "")
+    try:
+        with _client(address) as c:
+            tasks = c.list_tasks(states=_states(state, all_states), owner=owner)
+    except OffcutError as exc:
+        _fail(str(exc))
+    rows = [task_row(t) for t in tasks]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    typer.echo(render_table(
+        ["TASK_ID", "NAME", "OWNER", "STATE", "NODES", "RANGE", "PROGRESS", "ETA"],
+        [[r["task_id"], r["name"], r["owner"], r["state"], r["nodes"],
+          f"{r['min_nodes']}-{r['max_nodes']}", f"{r['progress_pct']:.1f}%",
+          format_duration(r["eta_s"])] for r in rows]))
+
+
+def show(
+    task_id: str = typer.Argument(..., help="task id (from submit or queue)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    address: Optional[str] = _address_option(),
+) -> None:
+    """Show one task in full, like scontrol show job.
+
+    Example: offcut show t-000001
+    """
+    try:
+        with _client(address) as c:
+            task = c.get_task(task_id)
+    except OffcutError as exc:
+        _fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(MessageToDict(task, preserving_proto_field_name=True), indent=2))
+        return
+    s = task.spec
+    fields = [
+        ("TaskId", task.task_id), ("Name", s.name), ("Owner", task.owner),
+        ("State", state_name(task.state)),
+        ("Nodes", f"{len(task.nodes)} of {s.min_nodes}-{s.max_nodes}"),
+        ("NodeList", hostlist.collect_hostlist(list(task.nodes)) if task.nodes else "(null)"),
+        ("Progress", f"{progress_pct(task):.2f}% ({task.work_done_samples:.6g} of "
+                     f"{s.total_work_samples:.6g} samples)"),
+        ("Rate", f"{task.rate_samples_per_s:.6g} samples/s"),
+        ("ETA", format_duration(eta_seconds(task))),
+        ("Rescales", task.rescales), ("Preemptions", task.preemptions),
+        ("RescaleUp", f"{s.rescale_up_s:g} s"), ("RescaleDown", f"{s.rescale_down_s:g} s"),
+        ("Scalability", " ".join(f"{n}:{p:g}" for n, p in zip(s.node_counts, s.throughputs)) or "-"),
+        ("SubmitTime", _ts(task.submit_time)), ("AdmitTime", _ts(task.admit_time)),
+        ("FinishTime", _ts(task.finish_time)),
+        ("Command", " ".join(s.command) or "-"),
+    ]
+    for key, value in fields:
+        typer.echo(f"{key:12s} {value}")
+
+
+def cancel(
+    task_ids: List[str] = typer.Argument(..., help="task ids"),
+    address: Optional[str] = _address_option(),
+) -> None:
+    """Cancel tasks (their nodes are released and re-allocated), like scancel.
+
+    Exits 1 if any id could not be cancelled (each failure is one line).
+
+    Example: offcut cancel t-000001 t-000002
+    """
+    failed = 0
+    try:
+        with _client(address) as c:
+            for task_id in task_ids:
+                try:
+                    reply = c.cancel(task_id)
+                except (NotFound, InvalidArgument) as exc:
+                    typer.echo(f"offcut: {exc}", err=True)
+                    failed += 1
+                    continue
+                except OffcutError as exc:
+                    if exc.code == grpc.StatusCode.UNAVAILABLE:
+                        raise
+                    typer.echo(f"offcut: {task_id}: {exc}", err=True)
+                    failed += 1
+                    continue
+                typer.echo(f"Cancelled task {reply.task.task_id}")
+    except OffcutError as exc:
+        _fail(str(exc))
+    if failed:
+        raise typer.Exit(1)
+
+
+def format_update(update: tasks_pb2.PlacementUpdate) -> list[str]:
+    """One line per placement change of an update."""
+    lines = []
+    for p in update.placements:
+        nodes = hostlist.collect_hostlist(list(p.nodes)) if p.nodes else "-"
+        lines.append(f"{_ts(p.time)}  rev {update.revision:<6d} {update.cause:10s} {p.task_id}  "
+                     f"{p.task_name}  {change_name(p.change)} {p.previous_node_count}->"
+                     f"{len(p.nodes)}  {nodes}")
+    return lines
+
+
+def watch(
+    task_id: Optional[str] = typer.Argument(None, help="only this task [default: all tasks]"),
+    after_revision: int = typer.Option(0, "--after-revision", min=0, help="first replay retained changes after this revision (0: only the daemon's retained history)"),
+    count: Optional[int] = typer.Option(None, "--count", min=1, help="exit after this many updates"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=0.1, help="exit after this many seconds"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object per update"),
+    address: Optional[str] = _address_option(),
+) -> None:
+    """Print placement changes (start, grow, shrink, preempted, completed ...) as they
+    happen; Ctrl-C stops.
+
+    \b
+    Examples:
+      offcut watch
+      offcut watch t-000001 --json
+      offcut watch --count 1 --timeout 60
+    """
+    seen = 0
+    started = time.monotonic()
+    try:
+        with _client(address) as c:
+            for update in c.watch(task_id or "", after_revision=after_revision, timeout_s=timeout):
+                if as_json:
+                    typer.echo(json.dumps(MessageToDict(update, preserving_proto_field_name=True)))
+                else:
+                    for line in format_update(update):
+                        typer.echo(line)
+                seen += 1
+                if count is not None and seen >= count:
+                    return
+    except KeyboardInterrupt:
+        return
+    except OffcutError as exc:
+        if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
+            if count is not None and seen < count:
+                _fail(f"only {seen} of {count} update(s) in {time.monotonic() - started:.0f} s")
+            return
+        _fail(str(exc))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the task commands to the ``offcut`` app."""
+    app.command()(submit)
+    app.command()(queue)
+    app.command()(show)
+    app.command()(cancel)
+    app.command()(watch)
+
+
+__all__ = ["register", "task_row", "format_duration", "eta_seconds", "progress_pct",
+           "render_table", "format_update", "state_name", "change_name"]

@@ -1,0 +1,217 @@
+"""The researcher-facing CLI (``offcut submit/queue/show/cancel/watch/status``) against a real
+daemon on a unix socket, run through typer's CliRunner; and its input parsing."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import threading
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from offcut.client.cli import app
+from offcut.client.taskspec import make_task_spec, parse_node_range, read_scalability_csv
+from offcut.errors import InvalidArgument
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def one_line_error(result, code: int, *needles: str) -> str:
+    """A failed command: the exit code, exactly one line on stderr, no traceback."""
+    assert result.exit_code == code, (result.exit_code, result.output)
+    err = result.stderr.strip()
+    assert err.count("\n") == 0 and "Traceback" not in result.output, err
+    assert err.startswith("offcut: "), err
+    for n in needles:
+        assert n in err, (n, err)
+    return err
+
+
+@pytest.fixture
+def curve(tmp_path):
+    path = tmp_path / "curve.csv"
+    path.write_text("nodes,throughput\n1,100\n2,190\n4,360\n")
+    return path
+
+
+# ------------------------------------------------------------------ parsing
+@pytest.mark.parametrize("text,expected", [("4", (4, 4)), ("2-8", (2, 8)), (" 1 - 3 ", (1, 3))])
+def test_node_range_accepts_sbatch_syntax(text, expected):
+    assert parse_node_range(text) == expected
+
+
+@pytest.mark.parametrize("text,needle", [("4-2", "exceeds"), ("0", ">= 1"), ("abc", "not a node"),
+                                         ("", "not a node"), ("1-", "not a node"), ("-3", "not a node")])
+def test_node_range_rejects_bad_ranges(text, needle):
+    with pytest.raises(InvalidArgument, match=needle) as info:
+        parse_node_range(text)
+    assert info.value.field == "nodes"
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("", "empty file"),
+    ("count,rate\n1,2\n", "missing column(s) nodes, throughput"),
+    ("nodes,throughput\n1,abc\n", "line 2: column 'throughput'"),
+    ("nodes,throughput\n1,10\nx,20\n", "line 3: column 'nodes'"),
+    ("nodes,throughput\n2,10\n1,20\n", "increase strictly"),
+    ("nodes,throughput\n1,-5\n", ">= 0"),
+    ("nodes,throughput\n1,nan\n", "finite"),
+    ("nodes,throughput\n", "no data rows"),
+    ("nodes,throughput\n1\n", "expected 2 fields"),
+])
+def test_scalability_csv_errors_name_file_and_line(tmp_path, body, needle):
+    path = tmp_path / "bad.csv"
+    path.write_text(body)
+    with pytest.raises(InvalidArgument) as info:
+        read_scalability_csv(path)
+    assert needle in str(info.value) and str(path) in str(info.value)
+
+
+def test_scalability_csv_and_spec(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("nodes,throughput,note\n0,0,\n1,10,a\n2,18,b\n4,30,c\n")
+    curve = read_scalability_csv(path)
+    assert curve == ([1, 2, 4], [10.0, 18.0, 30.0])
+    spec = make_task_spec("t", nodes="1-4", work_samples=1e6, scalability=curve, objective="speedup")
+    assert list(spec.node_counts) == [0, 1, 2, 4]
+    assert list(spec.throughputs) == [0.0, 10.0, 18.0, 30.0]
+    assert list(spec.objective_values) == pytest.approx([0.0, 1.0, 1.8, 3.0])
+    with pytest.raises(InvalidArgument, match="curve ends at 4 nodes"):
+        make_task_spec("t", nodes="1-8", work_samples=1e6, scalability=curve)
+    with pytest.raises(InvalidArgument, match="work"):
+        make_task_spec("t", nodes="1-4", work_samples=0, scalability=curve)
+
+
+# ------------------------------------------------------------------ CLI, bad input
+def test_submit_bad_input_is_one_line(curve, tmp_path, daemon):
+    srv, _ = daemon
+    addr = srv.address
+    base = ["submit", "--name", "x", "--work", "1e6", "--address", addr]
+    one_line_error(run(*base, "--nodes", "4-2", "--scalability", str(curve)), 2, "--nodes", "exceeds")
+    one_line_error(run(*base, "--nodes", "abc", "--scalability", str(curve)), 2, "--nodes")
+    one_line_error(run(*base, "--nodes", "0", "--scalability", str(curve)), 2, "--nodes")
+    one_line_error(run(*base, "--nodes", "1-2", "--scalability", str(tmp_path / "none.csv")), 2,
+                   "--scalability", "no such file")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("nodes;throughput\n1;2\n")
+    one_line_error(run(*base, "--nodes", "1-2", "--scalability", str(bad)), 2, "missing column")
+    one_line_error(run(*base, "--nodes", "1-2"), 2, "--scalability is required")
+    one_line_error(run(*base, "--nodes", "1-2", "--scalability", str(curve), "--objective", "fun"), 2,
+                   "--objective")
+    # nothing of it reached the daemon
+    assert json.loads(run("queue", "--all", "--json", "--address", addr).stdout) == []
+
+
+def test_unreachable_daemon_says_where_and_how(tmp_path, curve):
+    addr = f"unix://{tmp_path}/nobody.sock"
+    for args in (["queue"], ["status"], ["show", "t-1"], ["cancel", "t-1"],
+                 ["submit", "-J", "x", "-N", "1-2", "--work", "10", "--scalability", str(curve)]):
+        one_line_error(run(*args, "--address", addr), 1, addr, "offcutd --listen")
+
+
+def test_address_from_environment(tmp_path, monkeypatch):
+    addr = f"unix://{tmp_path}/env.sock"
+    monkeypatch.setenv("OFFCUT_ADDRESS", addr)
+    one_line_error(run("queue"), 1, addr)
+
+
+# ------------------------------------------------------------------ CLI, end to end
+def test_researcher_session(daemon, curve):
+    """Submit two tasks, list, watch a placement change caused by a node event, show,
+    cancel one; every step checked against the daemon's own view."""
+    srv, client = daemon
+    addr = srv.address
+    me = getpass.getuser()
+    t0 = time.time()
+    client.report_nodes(t0, "test", 1, idle=["n1", "n2"])
+
+    ids = []
+    for name in ("alpha", "beta"):
+        res = run("submit", "--name", name, "--nodes", "1-4", "--work", "1e9", "--scalability",
+                  str(curve), "--rescale-up", "0", "--rescale-down", "0", "--parsable",
+                  "--address", addr, "--", "python", "train.py")
+        assert res.exit_code == 0, res.output
+        ids.append(res.stdout.strip())
+    assert len(set(ids)) == 2
+    tasks = {t.task_id: t for t in client.list_tasks()}
+    assert set(tasks) == set(ids)
+    assert all(t.owner == me for t in tasks.values())
+    assert list(tasks[ids[0]].spec.command) == ["python", "train.py"]
+    # concave curve, free rescales: one node each beats both nodes on one task
+    assert [len(tasks[i].nodes) for i in ids] == [1, 1]
+
+    rows = json.loads(run("queue", "--json", "--address", addr).stdout)
+    assert [r["task_id"] for r in rows] == ids
+    for r in rows:
+        t = tasks[r["task_id"]]
+        assert r["nodes"] == len(t.nodes) and r["owner"] == me and r["state"] == "running"
+        assert r["eta_s"] == pytest.approx((1e9 - t.work_done_samples) / t.rate_samples_per_s)
+    text = run("queue", "--address", addr).stdout.splitlines()
+    assert text[0].split() == ["TASK_ID", "NAME", "OWNER", "STATE", "NODES", "RANGE", "PROGRESS", "ETA"]
+    assert len(text) == 3 and text[1].split()[:4] == [ids[0], "alpha", me, "running"]
+
+    # watch: a node event sent while the CLI waits shows up as placement changes
+    revision = client.status().revision
+
+    def later():
+        time.sleep(0.5)
+        client.report_nodes(time.time(), "test", 2, idle=["n3", "n4"])
+
+    threading.Thread(target=later, daemon=True).start()
+    res = run("watch", "--after-revision", str(revision), "--count", "1", "--timeout", "20",
+              "--json", "--address", addr)
+    assert res.exit_code == 0, res.output
+    update = json.loads(res.stdout.strip().splitlines()[0])
+    assert update["cause"] == "nodes" and int(update["revision"]) == revision + 1
+    grown = {p["task_id"]: p for p in update["placements"]}
+    assert set(grown) <= set(ids) and grown
+    assert all(p["change"] == "PLACEMENT_CHANGE_GROW" for p in grown.values())
+    held = {t.task_id: len(t.nodes) for t in client.list_tasks()}
+    assert sum(held.values()) == 4
+    for tid, p in grown.items():
+        assert len(p["nodes"]) == held[tid]
+
+    # the plain form of watch replays the same retained update
+    res = run("watch", "--after-revision", str(revision), "--count", "1", "--timeout", "5",
+              "--address", addr)
+    assert res.exit_code == 0 and "grow" in res.stdout and f"rev {revision + 1}" in res.stdout
+
+    shown = run("show", ids[0], "--address", addr).stdout
+    assert f"TaskId       {ids[0]}" in shown and "Command      python train.py" in shown
+    assert f"Nodes        {held[ids[0]]} of 1-4" in shown
+    one_line_error(run("show", "t-nope", "--address", addr), 1, "t-nope")
+
+    res = run("cancel", ids[1], "--address", addr)
+    assert res.exit_code == 0 and f"Cancelled task {ids[1]}" in res.stdout
+    assert client.get_task(ids[1]).state == 5  # TASK_STATE_CANCELLED
+    assert len(client.get_task(ids[0]).nodes) == 4  # its nodes went to the other task
+    res = run("cancel", ids[1], "t-nope", "--address", addr)
+    assert res.exit_code == 1 and res.stderr.count("offcut: ") == 2
+
+    active = json.loads(run("queue", "--json", "--address", addr).stdout)
+    assert [r["task_id"] for r in active] == [ids[0]]
+    everything = json.loads(run("queue", "--all", "--json", "--address", addr).stdout)
+    assert {r["task_id"]: r["state"] for r in everything} == {ids[0]: "running", ids[1]: "cancelled"}
+    assert json.loads(run("queue", "--user", "someone-else", "--json", "--address", addr).stdout) == []
+    one_line_error(run("queue", "--state", "sleeping", "--address", addr), 2, "--state")
+
+    st = json.loads(run("status", "--json", "--idle-nodes", "--address", addr).stdout)
+    assert st["nodes_in_use"] == 4 and st["idle_nodes"] == 4 and st["running_tasks"] == 1
+    assert st["event_lag_s"] >= 0
+    plain = run("status", "--idle-nodes", "--address", addr).stdout
+    assert "4 idle, 4 in use" in plain and "n[1-4]" in plain
+
+
+def test_watch_timeout_without_updates(daemon):
+    srv, _ = daemon
+    res = run("watch", "--timeout", "0.5", "--address", srv.address)
+    assert res.exit_code == 0 and res.stdout == ""
+    one_line_error(run("watch", "--timeout", "0.5", "--count", "2", "--address", srv.address), 1,
+                   "only 0 of 2")
+    one_line_error(run("watch", "t-none", "--timeout", "2", "--address", srv.address), 1, "t-none")
