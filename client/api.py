@@ -13,6 +13,7 @@ gRPC errors are raised as :mod:`offcut.errors` exceptions (``InvalidArgument``, 
 from __future__ import annotations
 
 import functools
+import os
 from datetime import datetime, timezone
 from typing import Iterable, Iterator
 
@@ -52,12 +53,13 @@ class Client:
     """Synchronous client of one daemon.
 
     Args:
-        address: ``unix:///path.sock`` or ``HOST:PORT``; default: the daemon's default socket.
+        address: ``unix:///path.sock`` or ``HOST:PORT``; default: ``$OFFCUT_ADDRESS``, else
+            the daemon's default socket.
         timeout_s: deadline per call [s].
     """
 
     def __init__(self, address: str | None = None, timeout_s: float = 60.0):
-        self.address = address or default_socket()
+        self.address = address or os.environ.get("OFFCUT_ADDRESS") or default_socket()
         self.timeout_s = timeout_s
         limit = 64 * 1024 * 1024
         self.channel = grpc.insecure_channel(self.address, options=[

@@ -316,14 +316,14 @@ def status(
     s, last = st.solver, st.last_decision
     typer.echo(f"clock        {st.clock.ToJsonString() if has_clock else '-'} (revision {st.revision}; "
                f"event lag {task_cli.format_duration(lag_s)})")
-    typer.echo(f"nodes        {st.idle_nodes} idle, {st.nodes_in_use} in use by tasks")
+    typer.echo(f"nodes        {st.idle_nodes} in the idle pool, {st.nodes_in_use} of them in use by tasks")
     typer.echo(f"tasks        {st.queued_tasks} queued, {st.admitted_tasks} admitted, "
                f"{st.running_tasks} running, {st.completed_tasks} completed, {st.cancelled_tasks} cancelled "
                f"(at most {st.max_running_tasks} admitted)")
     typer.echo(f"solver       {s.configured_solver}: {s.decisions} decisions, p50 {s.decision_ms_p50:.2f} ms, "
                f"p99 {s.decision_ms_p99:.2f} ms, max {s.decision_ms_max:.2f} ms, {s.fallbacks} fallbacks")
     if last.revision:
-        typer.echo(f"last         {last.source or '-'} at {last.time.ToJsonString()}: {last.solve.status} by "
+        typer.echo(f"last         {last.source or 'task request'} at {last.time.ToJsonString()}: {last.solve.status} by "
                    f"{last.solve.solver or '-'} in {last.solve.solve_ms:.2f} ms, "
                    f"{len(last.placements)} placement change(s)")
     if s.last_fallback_reason:

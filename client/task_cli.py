@@ -70,9 +70,11 @@ def eta_seconds(task: tasks_pb2.Task) -> float | None:
 
 
 def progress_pct(task: tasks_pb2.Task) -> float:
-    """Work done in % of the task's total work."""
+    """Work done in % of the task's total work, within [0, 100] (the progress model subtracts
+    rescale and preemption costs, so a task that lost more than it earned has negative work
+    done; ``work_done_samples`` keeps the signed figure)."""
     total = task.spec.total_work_samples
-    return 100.0 * min(task.work_done_samples / total, 1.0) if total > 0 else 0.0
+    return 100.0 * min(max(task.work_done_samples / total, 0.0), 1.0) if total > 0 else 0.0
 
 
 def task_row(task: tasks_pb2.Task) -> dict:
@@ -288,7 +290,7 @@ def format_update(update: tasks_pb2.PlacementUpdate) -> list[str]:
 
 def watch(
     task_id: Optional[str] = typer.Argument(None, help="only this task [default: all tasks]"),
-    after_revision: int = typer.Option(0, "--after-revision", min=0, help="first replay retained changes after this revision (0: only the daemon's retained history)"),
+    after_revision: Optional[int] = typer.Option(None, "--after-revision", min=0, help="first print the changes the daemon retains after this revision (0: all it retains) [default: only new changes]"),
     count: Optional[int] = typer.Option(None, "--count", min=1, help="exit after this many updates"),
     timeout: Optional[float] = typer.Option(None, "--timeout", min=0.1, help="exit after this many seconds"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object per update"),
@@ -307,6 +309,8 @@ def watch(
     started = time.monotonic()
     try:
         with _client(address) as c:
+            if after_revision is None:
+                after_revision = c.status().revision
             for update in c.watch(task_id or "", after_revision=after_revision, timeout_s=timeout):
                 if as_json:
                     typer.echo(json.dumps(MessageToDict(update, preserving_proto_field_name=True)))

@@ -164,8 +164,7 @@ def test_researcher_session(daemon, curve):
         client.report_nodes(time.time(), "test", 2, idle=["n3", "n4"])
 
     threading.Thread(target=later, daemon=True).start()
-    res = run("watch", "--after-revision", str(revision), "--count", "1", "--timeout", "20",
-              "--json", "--address", addr)
+    res = run("watch", "--count", "1", "--timeout", "20", "--json", "--address", addr)
     assert res.exit_code == 0, res.output
     update = json.loads(res.stdout.strip().splitlines()[0])
     assert update["cause"] == "nodes" and int(update["revision"]) == revision + 1
@@ -205,13 +204,17 @@ def test_researcher_session(daemon, curve):
     assert st["nodes_in_use"] == 4 and st["idle_nodes"] == 4 and st["running_tasks"] == 1
     assert st["event_lag_s"] >= 0
     plain = run("status", "--idle-nodes", "--address", addr).stdout
-    assert "4 idle, 4 in use" in plain and "n[1-4]" in plain
+    assert "4 in the idle pool, 4 of them in use" in plain and "n[1-4]" in plain
 
 
 def test_watch_timeout_without_updates(daemon):
-    srv, _ = daemon
+    srv, client = daemon
+    client.report_nodes(time.time(), "test", 1, idle=["n1"])
+    client.submit(make_task_spec("t", nodes="1", work_samples=1e9, scalability=([1], [1.0])))
     res = run("watch", "--timeout", "0.5", "--address", srv.address)
-    assert res.exit_code == 0 and res.stdout == ""
+    assert res.exit_code == 0 and res.stdout == ""  # only new changes by default
+    res = run("watch", "--after-revision", "0", "--timeout", "0.5", "--address", srv.address)
+    assert res.exit_code == 0 and "start 0->1  n1" in res.stdout  # the retained one
     one_line_error(run("watch", "--timeout", "0.5", "--count", "2", "--address", srv.address), 1,
                    "only 0 of 2")
     one_line_error(run("watch", "t-none", "--timeout", "2", "--address", srv.address), 1, "t-none")
