@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import os
 from datetime import datetime, timezone
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -47,6 +47,32 @@ def _translate(method):
         except grpc.RpcError as err:
             raise self._error(err) from None
     return wrapper
+
+
+class Stream:
+    """A server stream of the daemon: iterate it for the messages; ``cancel()`` (from any
+    thread) ends the iteration quietly. gRPC errors are raised while iterating as
+    :mod:`offcut.errors` exceptions."""
+
+    def __init__(self, client: "Client", call):
+        self._client = client
+        self._call = call
+        self._cancelled = False
+
+    def __iter__(self):
+        try:
+            yield from self._call
+        except grpc.RpcError as err:
+            if self._cancelled and err.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise self._client._error(err) from None
+        finally:
+            self._call.cancel()
+
+    def cancel(self) -> None:
+        """Stop the stream; an iteration in progress ends without an error."""
+        self._cancelled = True
+        self._call.cancel()
 
 
 class Client:
@@ -150,21 +176,16 @@ class Client:
         return self.tasks.CancelTask(req, timeout=self.timeout_s)
 
     def watch(self, task_id: str = "", after_revision: int = 0,
-              timeout_s: float | None = None) -> Iterator[tasks_pb2.PlacementUpdate]:
+              timeout_s: float | None = None) -> "Stream":
         """Placement updates as they are decided (retained ones after ``after_revision``
-        first): a blocking iterator that ends after ``timeout_s`` seconds (None: never).
+        first): a blocking iterable :class:`Stream` that ends after ``timeout_s`` seconds
+        (None: never) or when ``.cancel()`` is called (from any thread).
 
         Raises, while iterating: :class:`NotFound` (unknown ``task_id``), :class:`Unavailable`,
         and an :class:`OffcutError` with code ``DEADLINE_EXCEEDED`` when ``timeout_s`` passes.
         """
-        call = self.tasks.WatchPlacements(tasks_pb2.WatchPlacementsRequest(
-            task_id=task_id, after_revision=after_revision), timeout=timeout_s)
-        try:
-            yield from call
-        except grpc.RpcError as err:
-            raise self._error(err) from None
-        finally:
-            call.cancel()
+        return Stream(self, self.tasks.WatchPlacements(tasks_pb2.WatchPlacementsRequest(
+            task_id=task_id, after_revision=after_revision), timeout=timeout_s))
 
     # ------------------------------------------------------------------ status
     @_translate
@@ -240,3 +261,18 @@ class Client:
         """Measurements and chosen limit of a job's batch size."""
         return self.plo.GetProfile(zeus_pb2.GetProfileRequest(job_id=job_id, batch_size=batch_size),
                                    timeout=self.timeout_s)
+
+    # ------------------------------------------------------------------ history
+    def export_history(self, after_revision: int = 0, limit: int = 0,
+                       timeout_s: float | None = None) -> "Stream":
+        """The daemon's journal, oldest first: one ``offcut.v1.HistoryEntry`` (revision, kind
+        ``nodes | snapshot | submit | cancel``, the decision, the task of a submission or
+        cancellation) per applied event with revision > ``after_revision``, at most ``limit``
+        entries (0: all), up to the revision current when the export began. A blocking
+        iterable :class:`Stream`; ``timeout_s`` bounds the whole export [s] (None: no limit).
+
+        Raises, while iterating: :class:`Unavailable`, and an :class:`OffcutError` with code
+        ``DEADLINE_EXCEEDED`` when ``timeout_s`` passes.
+        """
+        return Stream(self, self.status_stub.ExportHistory(status_pb2.ExportHistoryRequest(
+            after_revision=after_revision, limit=limit), timeout=timeout_s))

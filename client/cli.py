@@ -40,7 +40,8 @@ def _print_summary(summary: dict, out: Path) -> None:
     dm = summary["decision_ms"]
     if dm["p50"] is not None:
         typer.echo(f"  {'decision_ms':18s} p50 {dm['p50']:.2f}  p99 {dm['p99']:.2f}  max {dm['max']:.2f}")
-    typer.echo(f"report: {out / 'report.png'}   steps: {out / 'steps.csv'}   summary: {out / 'summary.json'}")
+    typer.echo(f"report: {out / 'report.png'}   steps: {out / 'steps.csv'}   summary: {out / 'summary.json'}, "
+               f"{out / 'summary.txt'}")
 
 
 def _replay(node_log, tasks, out: Path, **opts) -> None:
@@ -332,6 +333,93 @@ def status(
                f"{st.total_samples:.6g} samples trained")
     if idle_nodes:
         typer.echo(f"idle pool    {hostlist.collect_hostlist(list(st.idle_node_names)) or '-'}")
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+def _render_report(folder: Path, use_summary_json: bool = True) -> None:
+    """Render the report of ``folder``, print its summary and files (exit 2 on bad input)."""
+    from offcut.replay.bftrainer_data import ReplayInputError
+    from offcut.replay.report import build_report
+
+    try:
+        rep = build_report(folder, use_summary_json=use_summary_json)
+    except ReplayInputError as exc:
+        _fail(_one_line(exc), 2)
+    except OSError as exc:
+        _fail(f"{folder}: cannot write the report: {_one_line(exc)}")
+    typer.echo(rep.text, nl=False)
+    typer.echo("files: " + "  ".join(str(f) for f in rep.files))
+
+
+@app.command()
+def report(
+    folder: Path = typer.Argument(..., help="folder with steps.csv and placements.csv (a replay's --out, or offcut history's)"),
+) -> None:
+    """Render steps.csv + placements.csv of a replay or of an exported live history into
+    report.png (idle vs used nodes, task progress), throughput.png (aggregate rate, rescale
+    and preemption cost), decisions.png (decision time) and summary.txt (period, events,
+    node-hours, utilisation, samples, tasks, rescales, decision ms), and print the summary.
+    Replays and offcut history write these files themselves; a summary.json in the folder
+    adds the replay's stop reason and solver.
+
+    \b
+    Examples:
+      offcut report out/128
+      offcut report offcut-demo
+    """
+    _render_report(folder)
+
+
+@app.command()
+def history(
+    out: Path = typer.Option(..., "--out", help="output folder: steps.csv, placements.csv and the report files are replaced"),
+    address: Optional[str] = typer.Option(None, "--address", "-a", envvar="OFFCUT_ADDRESS", help=task_cli.ADDRESS_HELP),
+    after_revision: int = typer.Option(0, "--after-revision", min=0, help="export only events after this revision (0 = all; offcut status shows the current one)"),
+) -> None:
+    """Export a live daemon's history (its journal of applied events, oldest first, up to
+    now) into steps.csv and placements.csv with the replay's columns, then render the
+    report as offcut report does. steps.csv has one row per node event (evt counts from 0
+    in the export); submissions and cancellations add placements.csv rows only.
+
+    \b
+    Examples:
+      offcut history --out hist
+      offcut history --out hist-late --after-revision 5000 --address unix:///run/offcut/offcutd.sock
+    """
+    import os
+    import tempfile
+
+    from offcut.client.api import Client
+    from offcut.replay.history import HistoryWriter
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        # written beside the target and moved in only when the export is complete, so a
+        # failed export never clobbers an earlier one
+        with tempfile.TemporaryDirectory(prefix=".history-", dir=out) as tmp:
+            first = last = None
+            with Client(address) as c, HistoryWriter(tmp) as writer:
+                for entry in c.export_history(after_revision=after_revision):
+                    writer.entry(entry)
+                    first = entry.revision if first is None else first
+                    last = entry.revision
+            for name in ("steps.csv", "placements.csv"):
+                os.replace(Path(tmp) / name, out / name)
+    except OffcutError as exc:
+        _fail(_one_line(exc))
+    except OSError as exc:
+        _fail(f"{out}: {_one_line(exc)}", 2)
+    if first is None:
+        _fail(f"the daemon has no events after revision {after_revision}: empty steps.csv and "
+              f"placements.csv written to {out}, no report")
+    typer.echo(f"exported revisions {first}..{last}: {writer.node_events} node events -> "
+               f"{out / 'steps.csv'}, {out / 'placements.csv'}")
+    if writer.node_events == 0:
+        _fail(f"no node events after revision {after_revision}: nothing to plot, no report")
+    _render_report(out, use_summary_json=False)
 
 
 def main() -> None:

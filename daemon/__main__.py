@@ -28,6 +28,8 @@ EPILOG = """Examples:
 
   offcutd --listen 127.0.0.1:50051 --state /var/lib/offcut/state.sqlite --solver cbc
 
+  offcutd --metrics-listen 127.0.0.1:9464       (Prometheus scrapes http://127.0.0.1:9464/metrics)
+
 Each flag's config-file key is given in brackets; flags override the file."""
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None)
@@ -48,6 +50,7 @@ def serve(
     record_instances: Optional[str] = typer.Option(None, "--record-instances", help="[record_instances] append every allocation problem to this JSONL file (offcut solve re-solves it)"),
     max_message_mb: Optional[int] = typer.Option(None, "--max-message-mb", help="[max_message_mb] largest gRPC message accepted, MiB (default: 64)"),
     log_level: Optional[str] = typer.Option(None, help="[log_level] debug | info | warning | error (default: info)"),
+    metrics_listen: Optional[str] = typer.Option(None, "--metrics-listen", help="[metrics_listen] HOST:PORT of the Prometheus /metrics endpoint (HTTP, no authentication; port 0 = any free port) (default: unset = no endpoint)"),
 ) -> None:
     """Run the Offcut daemon until SIGTERM/SIGINT."""
     try:
@@ -55,7 +58,7 @@ def serve(
             listen=listen, state=state, solver=solver, solver_time_limit_s=solver_time_limit_s,
             isolate_solver=isolate_solver, tfwd_s=tfwd_s, max_running_tasks=max_running_tasks,
             snapshot_every=snapshot_every, durability=durability, record_instances=record_instances,
-            max_message_mb=max_message_mb, log_level=log_level))
+            max_message_mb=max_message_mb, log_level=log_level, metrics_listen=metrics_listen))
     except ConfigError as exc:
         typer.echo(f"offcutd: {exc}", err=True)
         raise typer.Exit(2)
@@ -72,7 +75,11 @@ def serve(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server.start()
+    try:
+        server.start()
+    except RuntimeError as exc:  # e.g. metrics_listen cannot be bound (state already closed)
+        typer.echo(f"offcutd: {exc}", err=True)
+        raise typer.Exit(1)
     stop.wait()
     logging.getLogger("offcut.daemon").info("shutting down")
     server.stop()

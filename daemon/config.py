@@ -8,6 +8,7 @@ Example ``offcut.toml``::
     solver_time_limit_s = 10.0
     tfwd_s = 10.0              # BFTrainer's look-ahead Tfwd
     max_running_tasks = 10     # maxJ
+    metrics_listen = "127.0.0.1:9464"   # Prometheus /metrics (unset: no endpoint)
 """
 
 from __future__ import annotations
@@ -18,13 +19,33 @@ from pathlib import Path
 from typing import Literal
 
 from offcut.addresses import default_socket
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 def default_state() -> str:
     """``$XDG_STATE_HOME/offcut/state.sqlite`` (``~/.local/state/offcut/`` without it)."""
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return str(Path(base) / "offcut" / "state.sqlite")
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``) -> ``(host, port)``; port 0 = any free port.
+
+    Raises:
+        ValueError: no host, no port, or a port outside 0-65535.
+    """
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not (port.isascii() and port.isdigit()):
+        raise ValueError(f"{value!r} is not HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"{value!r}: write an IPv6 host in brackets, [::1]:PORT")
+    if not host or any(c.isspace() for c in host):
+        raise ValueError(f"{value!r} is not HOST:PORT")
+    if not 0 <= int(port) <= 65535:
+        raise ValueError(f"port {port} is outside 0-65535")
+    return host, int(port)
 
 
 class DaemonConfig(BaseModel):
@@ -46,6 +67,16 @@ class DaemonConfig(BaseModel):
     record_instances: str | None = Field(None, description="append every allocation problem (JSONL)")
     max_message_mb: int = Field(64, ge=1, le=1024, description="largest gRPC message accepted")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    metrics_listen: str | None = Field(
+        None, description="HOST:PORT for the Prometheus /metrics endpoint; unset = no endpoint "
+                          "(port 0 = any free port)")
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _check_metrics_listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_host_port(value)
+        return value
 
 
 class ConfigError(ValueError):

@@ -12,8 +12,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from offcut.daemon.config import DaemonConfig
+from offcut.daemon.config import DaemonConfig, split_host_port
 from offcut.daemon.engine import Engine
+from offcut.daemon.metrics import DaemonMetrics, MetricsEndpoint
 from offcut.daemon.service import NodeEventsService, StatusService, TasksService
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.store import Store
@@ -44,7 +45,8 @@ def _prepare_unix_socket(address: str) -> Path:
 
 
 class OffcutServer:
-    """The daemon: engine + gRPC server on ``config.listen``.
+    """The daemon: engine + gRPC server on ``config.listen`` (+ Prometheus metrics on
+    ``config.metrics_listen`` when set, from :meth:`start`).
 
     Raises:
         offcut.daemon.store.StoreError: unusable state file.
@@ -71,9 +73,14 @@ class OffcutServer:
         # must not interleave with the engine's on one connection (SQLite serialises writers).
         self.zeus_store = Store(config.state, durability=config.durability)
         self.zeus = ZeusRegistry(self.zeus_store)
+        self.metrics = DaemonMetrics(self.engine, self.zeus)
+        self.metrics_endpoint: MetricsEndpoint | None = None
+        #: TCP port of the /metrics endpoint once started (None without ``metrics_listen``)
+        self.metrics_port: int | None = None
         limit = config.max_message_mb * 1024 * 1024
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="offcut-rpc"),
+            interceptors=[self.metrics.interceptor],
             options=[("grpc.max_receive_message_length", limit),
                      ("grpc.max_send_message_length", limit)])
         nodes_pb2_grpc.add_NodeEventsServicer_to_server(NodeEventsService(self.engine), self.server)
@@ -104,7 +111,23 @@ class OffcutServer:
             os.chmod(self.socket_path, 0o600)  # only the service user may connect
 
     def start(self) -> None:
-        """Start serving; marks every service SERVING in the health service."""
+        """Start serving (and the metrics endpoint when configured); marks every service
+        SERVING in the health service.
+
+        Raises:
+            RuntimeError: ``metrics_listen`` cannot be bound; the server is stopped then (as
+                :meth:`stop`: state file closed, socket removed).
+        """
+        if self.config.metrics_listen is not None:
+            host, port = split_host_port(self.config.metrics_listen)
+            try:
+                self.metrics_endpoint = self.metrics.serve(host, port)
+            except OSError as exc:
+                self.stop(0)  # release the gRPC address and close the state file
+                raise RuntimeError(f"cannot serve metrics on metrics_listen "
+                                   f"{self.config.metrics_listen}: {exc.strerror or exc}") from exc
+            self.metrics_port = self.metrics_endpoint.port
+            log.info("Prometheus metrics on %s", self.metrics_endpoint.url)
         self.server.start()
         if self.socket_path is not None:
             os.chmod(self.socket_path, 0o600)  # only the service user may connect
@@ -117,6 +140,9 @@ class OffcutServer:
         """Stop accepting calls, finish in-flight ones, snapshot and close the state file."""
         self.health.enter_graceful_shutdown()
         self.server.stop(grace_s).wait()
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.stop()
+            self.metrics_endpoint = None
         self.engine.close()
         self.zeus_store.close()
         if self.socket_path is not None and self.socket_path.exists():

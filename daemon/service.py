@@ -32,8 +32,43 @@ def _rpc(method):
     return wrapper
 
 
+def _rpc_stream(method):
+    """:func:`_rpc` for server-streaming methods (generators): an error while producing the
+    stream ends it with the matching status; entries already sent stay sent."""
+
+    @functools.wraps(method)
+    def wrapper(self, request, context):
+        try:
+            yield from method(self, request, context)
+        except OffcutError as exc:
+            context.abort(exc.code, str(exc))
+        except Exception:  # a bug: keep serving, say so without leaking internals
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed; see the daemon log")
+
+    return wrapper
+
+
 def _decision(stored: bytes) -> decision_pb2.Decision:
     return decision_pb2.Decision.FromString(stored)
+
+
+#: journal kind -> type of the stored reply (node events store the Decision itself)
+_STORED_REPLY = {"submit": tasks_pb2.SubmitTaskResponse, "cancel": tasks_pb2.CancelTaskResponse}
+
+
+def history_entry(row_id: int, kind: str, stored: bytes) -> status_pb2.HistoryEntry:
+    """A journal row as an ``offcut.v1.HistoryEntry``: its decision (the stored reply, or the
+    ``decision`` of a stored SubmitTask/CancelTask reply, with the ``task`` it answered). A row
+    of a kind not listed here is sent with its revision and kind only."""
+    if kind in ("nodes", "snapshot"):
+        return status_pb2.HistoryEntry(revision=row_id, kind=kind, decision=_decision(stored))
+    reply_type = _STORED_REPLY.get(kind)
+    if reply_type is None:
+        return status_pb2.HistoryEntry(revision=row_id, kind=kind)
+    reply = reply_type.FromString(stored)
+    return status_pb2.HistoryEntry(revision=row_id, kind=kind, decision=reply.decision,
+                                   task=reply.task)
 
 
 class NodeEventsService(nodes_pb2_grpc.NodeEventsServicer):
@@ -131,7 +166,8 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
 
 
 class StatusService(status_pb2_grpc.StatusServicer):
-    """``offcut.v1.Status``: idle pool, tasks, last decision, solver statistics."""
+    """``offcut.v1.Status``: idle pool, tasks, last decision, solver statistics; the export
+    of the journal (``ExportHistory``)."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -143,3 +179,19 @@ class StatusService(status_pb2_grpc.StatusServicer):
             return protocol.status_to_pb(self.engine.core, self.engine.last_decision,
                                          self.engine.solver_statistics(),
                                          request.include_idle_nodes)
+
+    @_rpc_stream
+    def ExportHistory(self, request: status_pb2.ExportHistoryRequest, context):
+        """Stream the journal after ``after_revision`` (at most ``limit`` entries, 0 = all),
+        oldest first, up to the revision current when the call began. Journal row ids equal
+        revisions (``Store.journal``), so this pages by row id; rows are read in chunks on a
+        read-only connection, without the engine's lock."""
+        after = min(request.after_revision, 2**63 - 1)  # SQLite integers are signed 64-bit
+        rows = self.engine.store.journal(after_id=after, limit=request.limit or None)
+        try:
+            for row_id, kind, stored in rows:
+                if not context.is_active():
+                    return
+                yield history_entry(row_id, kind, stored)
+        finally:
+            rows.close()

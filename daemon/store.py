@@ -113,6 +113,40 @@ class Store:
 
         return state, rows()
 
+    def journal(self, after_id: int = 0, limit: int | None = None, chunk_rows: int = 500
+                ) -> Iterator[tuple[int, str, bytes]]:
+        """Journal rows with ``id > after_id`` as ``(id, kind, response)``, oldest first, up to
+        the last row committed when the iteration starts, at most ``limit`` rows (None = all).
+
+        A row's id equals the core revision of its event: each applied event bumps the
+        revision by one and appends exactly one row in the same order, rows are never
+        deleted, and a failed commit reloads the core from this file. So paging by id is
+        paging by ``Decision.revision``.
+
+        Reads ``chunk_rows`` rows per query on a private read-only connection (WAL: it never
+        blocks the daemon's writer and needs none of its locks), so a long journal is not
+        loaded at once; closing the iterator closes the connection.
+        """
+        chunk_rows = max(1, int(chunk_rows))
+        db = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True,
+                             check_same_thread=False)
+        try:
+            last = db.execute("SELECT COALESCE(MAX(id), 0) FROM journal").fetchone()[0]
+            after, left = int(after_id), limit
+            while after < last and (left is None or left > 0):
+                n = chunk_rows if left is None else min(chunk_rows, left)
+                rows = db.execute("SELECT id, kind, response FROM journal WHERE id > ? AND id <= ? "
+                                  "ORDER BY id LIMIT ?", (after, last, n)).fetchall()
+                if not rows:
+                    break
+                for row in rows:
+                    yield row[0], row[1], bytes(row[2])
+                after = rows[-1][0]
+                if left is not None:
+                    left -= len(rows)
+        finally:
+            db.close()
+
     def response_for_seq(self, source: str, seq: int) -> bytes | None:
         """The stored reply to event ``(source, seq)``, or None."""
         row = self.db.execute("SELECT response FROM journal WHERE source = ? AND seq = ?",

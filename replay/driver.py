@@ -6,13 +6,14 @@ change as a ``ReportNodes`` event with the log's timestamps, and writes to ``out
 
 * ``steps.csv``: one row per event, BFTrainer's step-log columns
   (``evtTime,Thr,Rate,ReScost,evt,Nleft,Npre,Njoin,nJob,nNd,nJrun,nNrun,PreCost``) + ``solve_ms``;
-* ``placements.csv``: one row per task placement change (and per submission);
-* ``summary.json`` and ``report.png`` (see :func:`summarise` and ``offcut.replay.report``).
+* ``placements.csv``: one row per task placement change (and per submission)
+  (both written by ``offcut.replay.history.HistoryWriter``, as ``offcut history`` does);
+* ``summary.json`` (see :func:`summarise`), and ``report.png``, ``throughput.png``,
+  ``decisions.png``, ``summary.txt`` (see ``offcut.replay.report.build_report``).
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import os
@@ -23,7 +24,6 @@ import tempfile
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
@@ -34,14 +34,12 @@ from tqdm import tqdm
 from offcut.client.api import Client
 from offcut.errors import Unavailable
 from offcut.replay.bftrainer_data import NodeLog, TaskRecord
-from offcut.v1 import decision_pb2, tasks_pb2
+# steps.csv / placements.csv are written by the writer shared with ``offcut history``; the
+# names stay importable from here
+from offcut.replay.history import PLACEMENT_COLUMNS, STEP_COLUMNS, HistoryWriter, iso, seconds
+from offcut.v1 import tasks_pb2
 
 log = logging.getLogger("offcut.replay")
-
-STEP_COLUMNS = ["evtTime", "Thr", "Rate", "ReScost", "evt", "Nleft", "Npre", "Njoin", "nJob",
-                "nNd", "nJrun", "nNrun", "PreCost", "solve_ms"]
-PLACEMENT_COLUMNS = ["time", "task_id", "task_name", "change", "nodes", "work_done_samples",
-                     "total_work_samples"]
 
 
 @dataclass
@@ -69,18 +67,6 @@ class ReplayOptions:
 def to_epoch(ts: pd.Timestamp) -> float:
     """Seconds since the epoch of a UTC-naive Timestamp."""
     return ts.value / 1e9
-
-
-def seconds(ts) -> float:
-    """Seconds since the epoch of a protobuf Timestamp."""
-    return ts.seconds + ts.nanos / 1e9
-
-
-def iso(t: float | None) -> str | None:
-    """ISO-8601 (UTC-naive, whole seconds) of epoch seconds, or None."""
-    if t is None:
-        return None
-    return datetime.fromtimestamp(round(t), timezone.utc).replace(tzinfo=None).isoformat()
 
 
 @contextmanager
@@ -141,52 +127,6 @@ def task_spec(task: TaskRecord) -> tasks_pb2.TaskSpec:
         node_counts=[int(n) for n in task.node_counts], throughputs=task.throughputs,
         objective_values=task.objective_values, rescale_up_s=task.rescale_up_s,
         rescale_down_s=task.rescale_down_s, total_work_samples=task.total_work_samples)
-
-
-class _Writers:
-    """steps.csv and placements.csv, flushed as the replay goes."""
-
-    def __init__(self, out_dir: Path):
-        self.steps_fh = open(out_dir / "steps.csv", "w", newline="")
-        self.steps = csv.writer(self.steps_fh)
-        self.steps.writerow(STEP_COLUMNS)
-        self.pl_fh = open(out_dir / "placements.csv", "w", newline="")
-        self.pl = csv.writer(self.pl_fh)
-        self.pl.writerow(PLACEMENT_COLUMNS)
-        self.solve_ms: list[float] = []
-        self.stop_reason = "end of log"
-        self.completed: set[str] = set()
-
-    def decision(self, d: decision_pb2.Decision, index: int | None) -> None:
-        """Record a decision: its placement changes, and a steps.csv row unless ``index`` is
-        None (decisions answering a submission)."""
-        self.completed.update(d.completed_task_ids)
-        t = iso(seconds(d.time))
-        for p in d.placements:
-            change = decision_pb2.PlacementChange.Name(p.change).removeprefix("PLACEMENT_CHANGE_").lower()
-            self.pl.writerow([iso(seconds(p.time)), p.task_id, p.task_name, change, len(p.nodes),
-                              repr(p.work_done_samples), repr(p.total_work_samples)])
-        if d.solve.solves:
-            self.solve_ms.append(d.solve.solve_ms)
-        if index is None:
-            return
-        s = d.stats
-        self.steps.writerow([t, f"{s.progress_samples:.6f}", f"{s.rate_samples_per_s:.6f}",
-                             f"{s.rescale_cost_samples:.6f}", index, s.nodes_left,
-                             s.tasks_preempted, s.nodes_joined, s.admitted_tasks, s.idle_nodes,
-                             s.running_tasks, s.nodes_in_use, f"{s.preemption_cost_samples:.6f}",
-                             f"{d.solve.solve_ms:.3f}"])
-
-    def submitted(self, task: tasks_pb2.Task) -> None:
-        """A placements.csv row at the task's submit time (0 % progress)."""
-        t = iso(seconds(task.submit_time))
-        self.pl.writerow([t, task.task_id, task.spec.name, "submitted", 0, "0.0",
-                          repr(task.spec.total_work_samples)])
-
-    def close(self) -> None:
-        """Close both CSV files."""
-        self.steps_fh.close()
-        self.pl_fh.close()
 
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:
@@ -253,26 +193,26 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
             source = "replay"
         with ctx as (address, daemon_pid), Client(address) as client:
             client.wait_ready()
-            writers = _Writers(out_dir)
             drive_started = time.perf_counter()
-            try:
-                events, submitted = _drive(client, node_log, tasks, opts, writers, source)
-            finally:
-                writers.close()
+            with HistoryWriter(out_dir) as writers:
+                events, submitted, stop_reason = _drive(client, node_log, tasks, opts, writers,
+                                                        source)
             drive_s = time.perf_counter() - drive_started
             summary = summarise(client, events, submitted, writers.solve_ms, opts,
                                 time.perf_counter() - started, node_log)
-            summary["stop_reason"] = writers.stop_reason
+            summary["stop_reason"] = stop_reason
             summary["drive_s"] = drive_s  # sending events and submissions, no daemon start
             summary["daemon_peak_rss_mb"] = peak_rss_mb(daemon_pid)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    from offcut.replay.report import render_report
-    render_report(out_dir)
+    from offcut.replay.report import build_report
+    build_report(out_dir)  # report.png, throughput.png, decisions.png, summary.txt
     return summary
 
 
 def _drive(client: Client, node_log: NodeLog, tasks: list[TaskRecord], opts: ReplayOptions,
-           writers: _Writers, source: str) -> tuple[int, int]:
+           writers: HistoryWriter, source: str) -> tuple[int, int, str]:
+    """Send the log and the tasks; returns (node events after the initial snapshot, tasks
+    submitted, stop reason)."""
     pending = sorted(tasks, key=lambda t: (t.submit_time, t.name))
     next_task = 0
 
@@ -290,6 +230,7 @@ def _drive(client: Client, node_log: NodeLog, tasks: list[TaskRecord], opts: Rep
     seq = 1
     first = client.sync_nodes(to_epoch(node_log.initial_time), source, seq, node_log.initial_idle)
     writers.decision(first, 0)
+    stop_reason = "end of log"
     total = node_log.num_events
     if opts.max_events is not None:
         total = min(total, opts.max_events) if total is not None else opts.max_events
@@ -299,11 +240,11 @@ def _drive(client: Client, node_log: NodeLog, tasks: list[TaskRecord], opts: Rep
     try:
         for change in node_log.events():
             if opts.max_events is not None and events >= opts.max_events:
-                writers.stop_reason = "max_events"
+                stop_reason = "max_events"
                 break
             if (next_task == len(pending) and len(writers.completed) == len(pending)
                     and not opts.until_log_end):
-                writers.stop_reason = "all tasks done"
+                stop_reason = "all tasks done"
                 break
             submit_until(change.time)
             seq += 1
@@ -317,4 +258,4 @@ def _drive(client: Client, node_log: NodeLog, tasks: list[TaskRecord], opts: Rep
                                 running=d.stats.running_tasks)
     finally:
         bar.close()
-    return events, next_task
+    return events, next_task, stop_reason

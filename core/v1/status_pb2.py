@@ -24,9 +24,10 @@ _sym_db = _symbol_database.Default()
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from offcut.v1 import decision_pb2 as offcut_dot_v1_dot_decision__pb2
+from offcut.v1 import tasks_pb2 as offcut_dot_v1_dot_tasks__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16offcut/v1/status.proto\x12\toffcut.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18offcut/v1/decision.proto\".\n\x10GetStatusRequest\x12\x1a\n\x12include_idle_nodes\x18\x01 \x01(\x08\"\xda\x02\n\x10SolverStatistics\x12\x19\n\x11\x63onfigured_solver\x18\x01 \x01(\t\x12\x11\n\tdecisions\x18\x02 \x01(\x04\x12\x17\n\x0f\x64\x65\x63ision_ms_p50\x18\x03 \x01(\x01\x12\x17\n\x0f\x64\x65\x63ision_ms_p95\x18\x04 \x01(\x01\x12\x17\n\x0f\x64\x65\x63ision_ms_p99\x18\x05 \x01(\x01\x12\x17\n\x0f\x64\x65\x63ision_ms_max\x18\x06 \x01(\x01\x12\x11\n\tfallbacks\x18\x07 \x01(\x04\x12K\n\x11solves_by_backend\x18\x08 \x03(\x0b\x32\x30.offcut.v1.SolverStatistics.SolvesByBackendEntry\x12\x1c\n\x14last_fallback_reason\x18\t \x01(\t\x1a\x36\n\x14SolvesByBackendEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xc2\x04\n\x0eStatusResponse\x12)\n\x05\x63lock\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08revision\x18\x02 \x01(\x04\x12\x12\n\nidle_nodes\x18\x03 \x01(\x05\x12\x14\n\x0cnodes_in_use\x18\x04 \x01(\x05\x12\x17\n\x0fidle_node_names\x18\x05 \x03(\t\x12\x14\n\x0cqueued_tasks\x18\x06 \x01(\x05\x12\x16\n\x0e\x61\x64mitted_tasks\x18\x07 \x01(\x05\x12\x15\n\rrunning_tasks\x18\x08 \x01(\x05\x12\x17\n\x0f\x63ompleted_tasks\x18\t \x01(\x05\x12\x17\n\x0f\x63\x61ncelled_tasks\x18\n \x01(\x05\x12*\n\rlast_decision\x18\x0b \x01(\x0b\x32\x13.offcut.v1.Decision\x12+\n\x06solver\x18\x0c \x01(\x0b\x32\x1b.offcut.v1.SolverStatistics\x12\x38\n\x08last_seq\x18\r \x03(\x0b\x32&.offcut.v1.StatusResponse.LastSeqEntry\x12\x15\n\rtotal_samples\x18\x0e \x01(\x01\x12\x19\n\x11idle_node_seconds\x18\x0f \x01(\x01\x12\x19\n\x11used_node_seconds\x18\x10 \x01(\x01\x12\x0e\n\x06tfwd_s\x18\x11 \x01(\x01\x12\x19\n\x11max_running_tasks\x18\x12 \x01(\x05\x1a.\n\x0cLastSeqEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32M\n\x06Status\x12\x43\n\tGetStatus\x12\x1b.offcut.v1.GetStatusRequest\x1a\x19.offcut.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16offcut/v1/status.proto\x12\toffcut.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18offcut/v1/decision.proto\x1a\x15offcut/v1/tasks.proto\".\n\x10GetStatusRequest\x12\x1a\n\x12include_idle_nodes\x18\x01 \x01(\x08\"\xda\x02\n\x10SolverStatistics\x12\x19\n\x11\x63onfigured_solver\x18\x01 \x01(\t\x12\x11\n\tdecisions\x18\x02 \x01(\x04\x12\x17\n\x0f\x64\x65\x63ision_ms_p50\x18\x03 \x01(\x01\x12\x17\n\x0f\x64\x65\x63ision_ms_p95\x18\x04 \x01(\x01\x12\x17\n\x0f\x64\x65\x63ision_ms_p99\x18\x05 \x01(\x01\x12\x17\n\x0f\x64\x65\x63ision_ms_max\x18\x06 \x01(\x01\x12\x11\n\tfallbacks\x18\x07 \x01(\x04\x12K\n\x11solves_by_backend\x18\x08 \x03(\x0b\x32\x30.offcut.v1.SolverStatistics.SolvesByBackendEntry\x12\x1c\n\x14last_fallback_reason\x18\t \x01(\t\x1a\x36\n\x14SolvesByBackendEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xc2\x04\n\x0eStatusResponse\x12)\n\x05\x63lock\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08revision\x18\x02 \x01(\x04\x12\x12\n\nidle_nodes\x18\x03 \x01(\x05\x12\x14\n\x0cnodes_in_use\x18\x04 \x01(\x05\x12\x17\n\x0fidle_node_names\x18\x05 \x03(\t\x12\x14\n\x0cqueued_tasks\x18\x06 \x01(\x05\x12\x16\n\x0e\x61\x64mitted_tasks\x18\x07 \x01(\x05\x12\x15\n\rrunning_tasks\x18\x08 \x01(\x05\x12\x17\n\x0f\x63ompleted_tasks\x18\t \x01(\x05\x12\x17\n\x0f\x63\x61ncelled_tasks\x18\n \x01(\x05\x12*\n\rlast_decision\x18\x0b \x01(\x0b\x32\x13.offcut.v1.Decision\x12+\n\x06solver\x18\x0c \x01(\x0b\x32\x1b.offcut.v1.SolverStatistics\x12\x38\n\x08last_seq\x18\r \x03(\x0b\x32&.offcut.v1.StatusResponse.LastSeqEntry\x12\x15\n\rtotal_samples\x18\x0e \x01(\x01\x12\x19\n\x11idle_node_seconds\x18\x0f \x01(\x01\x12\x19\n\x11used_node_seconds\x18\x10 \x01(\x01\x12\x0e\n\x06tfwd_s\x18\x11 \x01(\x01\x12\x19\n\x11max_running_tasks\x18\x12 \x01(\x05\x1a.\n\x0cLastSeqEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"=\n\x14\x45xportHistoryRequest\x12\x16\n\x0e\x61\x66ter_revision\x18\x01 \x01(\x04\x12\r\n\x05limit\x18\x02 \x01(\x04\"t\n\x0cHistoryEntry\x12\x10\n\x08revision\x18\x01 \x01(\x04\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12%\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0b\x32\x13.offcut.v1.Decision\x12\x1d\n\x04task\x18\x04 \x01(\x0b\x32\x0f.offcut.v1.Task2\x9a\x01\n\x06Status\x12\x43\n\tGetStatus\x12\x1b.offcut.v1.GetStatusRequest\x1a\x19.offcut.v1.StatusResponse\x12K\n\rExportHistory\x12\x1f.offcut.v1.ExportHistoryRequest\x1a\x17.offcut.v1.HistoryEntry0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,16 +38,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SOLVERSTATISTICS_SOLVESBYBACKENDENTRY']._serialized_options = b'8\001'
   _globals['_STATUSRESPONSE_LASTSEQENTRY']._loaded_options = None
   _globals['_STATUSRESPONSE_LASTSEQENTRY']._serialized_options = b'8\001'
-  _globals['_GETSTATUSREQUEST']._serialized_start=96
-  _globals['_GETSTATUSREQUEST']._serialized_end=142
-  _globals['_SOLVERSTATISTICS']._serialized_start=145
-  _globals['_SOLVERSTATISTICS']._serialized_end=491
-  _globals['_SOLVERSTATISTICS_SOLVESBYBACKENDENTRY']._serialized_start=437
-  _globals['_SOLVERSTATISTICS_SOLVESBYBACKENDENTRY']._serialized_end=491
-  _globals['_STATUSRESPONSE']._serialized_start=494
-  _globals['_STATUSRESPONSE']._serialized_end=1072
-  _globals['_STATUSRESPONSE_LASTSEQENTRY']._serialized_start=1026
-  _globals['_STATUSRESPONSE_LASTSEQENTRY']._serialized_end=1072
-  _globals['_STATUS']._serialized_start=1074
-  _globals['_STATUS']._serialized_end=1151
+  _globals['_GETSTATUSREQUEST']._serialized_start=119
+  _globals['_GETSTATUSREQUEST']._serialized_end=165
+  _globals['_SOLVERSTATISTICS']._serialized_start=168
+  _globals['_SOLVERSTATISTICS']._serialized_end=514
+  _globals['_SOLVERSTATISTICS_SOLVESBYBACKENDENTRY']._serialized_start=460
+  _globals['_SOLVERSTATISTICS_SOLVESBYBACKENDENTRY']._serialized_end=514
+  _globals['_STATUSRESPONSE']._serialized_start=517
+  _globals['_STATUSRESPONSE']._serialized_end=1095
+  _globals['_STATUSRESPONSE_LASTSEQENTRY']._serialized_start=1049
+  _globals['_STATUSRESPONSE_LASTSEQENTRY']._serialized_end=1095
+  _globals['_EXPORTHISTORYREQUEST']._serialized_start=1097
+  _globals['_EXPORTHISTORYREQUEST']._serialized_end=1158
+  _globals['_HISTORYENTRY']._serialized_start=1160
+  _globals['_HISTORYENTRY']._serialized_end=1276
+  _globals['_STATUS']._serialized_start=1279
+  _globals['_STATUS']._serialized_end=1433
 # @@protoc_insertion_point(module_scope)

@@ -2,6 +2,7 @@ import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from offcut.v1 import decision_pb2 as _decision_pb2
+from offcut.v1 import tasks_pb2 as _tasks_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -91,3 +92,23 @@ class StatusResponse(_message.Message):
     tfwd_s: float
     max_running_tasks: int
     def __init__(self, clock: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revision: _Optional[int] = ..., idle_nodes: _Optional[int] = ..., nodes_in_use: _Optional[int] = ..., idle_node_names: _Optional[_Iterable[str]] = ..., queued_tasks: _Optional[int] = ..., admitted_tasks: _Optional[int] = ..., running_tasks: _Optional[int] = ..., completed_tasks: _Optional[int] = ..., cancelled_tasks: _Optional[int] = ..., last_decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ..., solver: _Optional[_Union[SolverStatistics, _Mapping]] = ..., last_seq: _Optional[_Mapping[str, int]] = ..., total_samples: _Optional[float] = ..., idle_node_seconds: _Optional[float] = ..., used_node_seconds: _Optional[float] = ..., tfwd_s: _Optional[float] = ..., max_running_tasks: _Optional[int] = ...) -> None: ...
+
+class ExportHistoryRequest(_message.Message):
+    __slots__ = ("after_revision", "limit")
+    AFTER_REVISION_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    after_revision: int
+    limit: int
+    def __init__(self, after_revision: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class HistoryEntry(_message.Message):
+    __slots__ = ("revision", "kind", "decision", "task")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    kind: str
+    decision: _decision_pb2.Decision
+    task: _tasks_pb2.Task
+    def __init__(self, revision: _Optional[int] = ..., kind: _Optional[str] = ..., decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ..., task: _Optional[_Union[_tasks_pb2.Task, _Mapping]] = ...) -> None: ...

@@ -39,6 +39,11 @@ class StatusStub:
                 request_serializer=offcut_dot_v1_dot_status__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=offcut_dot_v1_dot_status__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.ExportHistory = channel.unary_stream(
+                '/offcut.v1.Status/ExportHistory',
+                request_serializer=offcut_dot_v1_dot_status__pb2.ExportHistoryRequest.SerializeToString,
+                response_deserializer=offcut_dot_v1_dot_status__pb2.HistoryEntry.FromString,
+                _registered_method=True)
 
 
 class StatusServicer:
@@ -50,6 +55,14 @@ class StatusServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportHistory(self, request, context):
+        """The journal of applied events, oldest first: one entry per revision after
+        after_revision, up to the revision current when the call began (then the stream ends).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StatusServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +70,11 @@ def add_StatusServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=offcut_dot_v1_dot_status__pb2.GetStatusRequest.FromString,
                     response_serializer=offcut_dot_v1_dot_status__pb2.StatusResponse.SerializeToString,
+            ),
+            'ExportHistory': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportHistory,
+                    request_deserializer=offcut_dot_v1_dot_status__pb2.ExportHistoryRequest.FromString,
+                    response_serializer=offcut_dot_v1_dot_status__pb2.HistoryEntry.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +104,33 @@ class Status:
             '/offcut.v1.Status/GetStatus',
             offcut_dot_v1_dot_status__pb2.GetStatusRequest.SerializeToString,
             offcut_dot_v1_dot_status__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/offcut.v1.Status/ExportHistory',
+            offcut_dot_v1_dot_status__pb2.ExportHistoryRequest.SerializeToString,
+            offcut_dot_v1_dot_status__pb2.HistoryEntry.FromString,
             options,
             channel_credentials,
             insecure,

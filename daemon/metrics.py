@@ -1,0 +1,253 @@
+"""Prometheus metrics of the daemon: a ``/metrics`` HTTP endpoint (docs/metrics.md).
+
+Three parts, all on one :class:`prometheus_client.CollectorRegistry` per daemon (never the
+process-global one, so several daemons can share a process):
+
+* :class:`EngineCollector` reads the engine's figures at scrape time, under the engine's lock;
+  the event path (``Engine.apply``) does no metrics work at all;
+* :class:`RpcMetricsInterceptor` counts every finished RPC by method and status code and times it;
+* :class:`MetricsEndpoint` serves the registry over HTTP (``prometheus_client.start_http_server``).
+
+Units follow the Prometheus conventions: seconds, samples, nodes; counters end in ``_total``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Iterable, Iterator
+
+import grpc
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, Metric)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from offcut.daemon import protocol
+from offcut.daemon.engine import Engine
+from offcut.daemon.model import TaskState
+from offcut.daemon.zeus.registry import ZeusRegistry
+from offcut.v1 import status_pb2
+
+log = logging.getLogger("offcut.daemon")
+
+#: histogram bucket upper bounds [s] for decision and RPC times: 0.5 ms .. 10 s (+Inf added)
+LATENCY_BUCKETS_S: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                        0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def _histogram_buckets(values_s: np.ndarray, bounds_s: Iterable[float]) -> list[tuple[str, float]]:
+    """Cumulative ``(le, count)`` pairs of ``values_s`` [s] for the bounds, then ``+Inf``."""
+    ordered = np.sort(values_s)
+    bounds = list(bounds_s)
+    counts = np.searchsorted(ordered, bounds, side="right")
+    return [(floatToGoString(b), float(c)) for b, c in zip(bounds, counts)] + \
+        [("+Inf", float(len(ordered)))]
+
+
+class EngineCollector(Collector):
+    """Engine, core and Zeus figures read at scrape time (a custom Prometheus collector).
+
+    Args:
+        engine: the daemon's engine; its lock is held while the figures are copied.
+        zeus: the Zeus optimizer registry (optional; adds the ``offcut_zeus_*`` gauges).
+    """
+
+    def __init__(self, engine: Engine, zeus: ZeusRegistry | None = None):
+        self.engine = engine
+        self.zeus = zeus
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the metric families (see docs/metrics.md for units and meanings)."""
+        engine = self.engine
+        with engine.lock:  # copy only; the event path waits on this lock
+            core = engine.core
+            # the Status reply's own figures (tasks by state, node counts, accounting); its
+            # solver percentiles are not needed here (the histogram below carries them)
+            st = protocol.status_to_pb(core, None, status_pb2.SolverStatistics(),
+                                       include_idle=False)
+            clock = core.clock
+            rate = float(sum(t.rate for t in core.active.values() if t.state is TaskState.RUNNING))
+            fallbacks, solves_by_backend = engine.fallbacks, dict(engine.solves_by_backend)
+            decision_ms = list(engine.decision_ms)
+        decision_s = np.asarray(decision_ms, dtype=float) / 1000.0
+
+        yield GaugeMetricFamily("offcut_idle_nodes",
+                                "Nodes in the idle pool (held by a task or free), nodes",
+                                value=st.idle_nodes)
+        yield GaugeMetricFamily("offcut_nodes_in_use", "Idle-pool nodes held by a task, nodes",
+                                value=st.nodes_in_use)
+        tasks = GaugeMetricFamily("offcut_tasks", "Tasks by state, tasks", labels=["state"])
+        for state in TaskState:
+            tasks.add_metric([state.value], getattr(st, f"{state.value}_tasks"))
+        yield tasks
+        yield GaugeMetricFamily("offcut_rate_samples_per_second",
+                                "Sum of the modelled throughputs of running tasks, samples/s",
+                                value=rate)
+        yield GaugeMetricFamily(
+            "offcut_samples_net",
+            "Net samples earned by all tasks: progress minus rescale and preemption costs; "
+            "can decrease (preemption costs), so a gauge, samples", value=st.total_samples)
+        yield GaugeMetricFamily("offcut_revision", "Revision of the cluster state (applied events)",
+                                value=st.revision)
+        clock_family = GaugeMetricFamily(
+            "offcut_event_clock_seconds",
+            "Time of the last applied event (event time, not wall time), s since the epoch; "
+            "absent before the first event")
+        if clock is not None:
+            clock_family.add_metric([], clock)
+        yield clock_family
+        yield CounterMetricFamily("offcut_idle_node_seconds_total",
+                                  "Idle-pool node time accrued between events, node-s",
+                                  value=st.idle_node_seconds)
+        yield CounterMetricFamily("offcut_used_node_seconds_total",
+                                  "Idle-pool node time held by tasks, node-s",
+                                  value=st.used_node_seconds)
+        yield CounterMetricFamily("offcut_solver_fallbacks_total",
+                                  "Allocations answered by a fallback backend since the daemon "
+                                  "started", value=fallbacks)
+        solves = CounterMetricFamily("offcut_solves_total",
+                                     "Allocation problems solved since the daemon started, by "
+                                     "the backend that answered", labels=["backend"])
+        for backend, n in sorted(solves_by_backend.items()):
+            solves.add_metric([backend], n)
+        yield solves
+        yield HistogramMetricFamily(
+            "offcut_decision_seconds",
+            "Wall time of each decision (event in, allocation solved, journal committed) since "
+            "the daemon started, s", buckets=_histogram_buckets(decision_s, LATENCY_BUCKETS_S),
+            sum_value=float(decision_s.sum()))
+
+        if self.zeus is not None:
+            with self.zeus.lock:
+                jobs, profiles = len(self.zeus.jobs), len(self.zeus.profiles)
+            yield GaugeMetricFamily("offcut_zeus_jobs", "Registered Zeus batch-size optimizer jobs",
+                                    value=jobs)
+            yield GaugeMetricFamily("offcut_zeus_power_profiles",
+                                    "Zeus power-limit profiles (one per job and batch size)",
+                                    value=profiles)
+
+
+class RpcMetricsInterceptor(grpc.ServerInterceptor):
+    """Counts finished RPCs by method and status code and times them (a gRPC server interceptor).
+
+    Metrics (on ``registry``): ``offcut_rpc_requests_total{method, code}`` and
+    ``offcut_rpc_duration_seconds{method}`` [s]; for streaming responses the duration is the
+    stream's lifetime. ``method`` is the full gRPC name (``/offcut.v1.Tasks/SubmitTask``); calls
+    to unknown methods are not counted (their names come from the client). The code is the
+    one the handler aborted or set; otherwise OK, CANCELLED when the client went away, UNKNOWN
+    for an uncaught exception.
+    """
+
+    def __init__(self, registry: CollectorRegistry):
+        self.requests = Counter("offcut_rpc_requests_total",
+                                "Finished RPCs by gRPC method and status code",
+                                ["method", "code"], registry=registry)
+        self.duration = Histogram("offcut_rpc_duration_seconds",
+                                  "RPC handling time (stream lifetime for streaming responses), s",
+                                  ["method"], buckets=LATENCY_BUCKETS_S, registry=registry)
+
+    def _record(self, method: str, context: grpc.ServicerContext, started: float,
+                failed: bool) -> None:
+        code = context.code()
+        if code is None:
+            if not context.is_active():
+                code = grpc.StatusCode.CANCELLED
+            else:
+                code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
+        self.requests.labels(method, code.name).inc()
+        self.duration.labels(method).observe(time.perf_counter() - started)
+
+    def _unary_response(self, method: str, behavior: Callable) -> Callable:
+        def wrapper(request, context):
+            started, failed = time.perf_counter(), True
+            try:
+                response = behavior(request, context)
+                failed = False
+                return response
+            finally:
+                self._record(method, context, started, failed)
+        return wrapper
+
+    def _stream_response(self, method: str, behavior: Callable) -> Callable:
+        def wrapper(request, context):
+            started, failed = time.perf_counter(), True
+            try:
+                yield from behavior(request, context)
+                failed = False
+            finally:  # also on GeneratorExit: the RPC was cancelled (context no longer active)
+                self._record(method, context, started, failed)
+        return wrapper
+
+    def intercept_service(self, continuation, handler_call_details):
+        """Wrap the method's handler (all four arities) so that it records when it finishes."""
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        kw = dict(request_deserializer=handler.request_deserializer,
+                  response_serializer=handler.response_serializer)
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary_response(method, handler.unary_unary), **kw)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._stream_response(method, handler.unary_stream), **kw)
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                self._unary_response(method, handler.stream_unary), **kw)
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                self._stream_response(method, handler.stream_stream), **kw)
+        return handler
+
+
+class MetricsEndpoint:
+    """A running HTTP server answering ``GET /metrics`` from ``registry``.
+
+    Args:
+        registry: what to serve.
+        host: address to bind (IPv6 without brackets).
+        port: TCP port; 0 = any free port (see :attr:`port`).
+
+    Raises:
+        OSError: the address cannot be bound (port in use, unknown host).
+    """
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int):
+        self.host = host
+        self._httpd, self._thread = start_http_server(port, host, registry=registry)
+        #: the bound TCP port
+        self.port: int = int(self._httpd.server_port)
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT/metrics``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Stop serving and close the socket (waits up to ``timeout_s`` [s] for the thread)."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout_s)
+
+
+class DaemonMetrics:
+    """Everything a daemon exports: its registry, the engine collector and the RPC interceptor.
+
+    Args:
+        engine: the daemon's engine.
+        zeus: the Zeus optimizer registry (optional).
+    """
+
+    def __init__(self, engine: Engine, zeus: ZeusRegistry | None = None):
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineCollector(engine, zeus))
+        self.interceptor = RpcMetricsInterceptor(self.registry)
+
+    def serve(self, host: str, port: int) -> MetricsEndpoint:
+        """Start the HTTP endpoint on ``host:port`` (0 = any free port). Raises OSError."""
+        return MetricsEndpoint(self.registry, host, port)
