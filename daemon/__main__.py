@@ -18,7 +18,8 @@ from typing import Optional
 
 import typer
 
-from offcut.daemon.config import ConfigError, load_config
+from offcut.daemon.config import (ConfigError, flag_help, load_config, reference_markdown,
+                                   reference_toml)
 
 EPILOG = """Examples:
 
@@ -30,6 +31,8 @@ EPILOG = """Examples:
 
   offcutd --metrics-listen 127.0.0.1:9464       (Prometheus scrapes http://127.0.0.1:9464/metrics)
 
+  offcutd --print-config toml > /etc/offcut/offcut.toml   (every option with its default)
+
 Each flag's config-file key is given in brackets; flags override the file."""
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None)
@@ -38,21 +41,28 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None)
 @app.command(epilog=EPILOG)
 def serve(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file"),
-    listen: Optional[str] = typer.Option(None, help="[listen] unix:///path.sock or HOST:PORT (default: unix://$XDG_RUNTIME_DIR/offcut/offcutd.sock)"),
-    state: Optional[str] = typer.Option(None, help="[state] SQLite state file (default: $XDG_STATE_HOME/offcut/state.sqlite)"),
-    solver: Optional[str] = typer.Option(None, help="[solver] auto | gurobi | cbc | dp | greedy (default: auto = gurobi when installed and the model fits its licence, else cbc)"),
-    solver_time_limit_s: Optional[float] = typer.Option(None, "--time-limit", help="[solver_time_limit_s] limit per MILP solve, s; the incumbent is used when it is hit (default: 10)"),
-    isolate_solver: Optional[bool] = typer.Option(None, "--isolate-solver/--in-process-solver", help="[isolate_solver] run MILP solves in a guarded child process (default: isolate)"),
-    tfwd_s: Optional[float] = typer.Option(None, "--tfwd", help="[tfwd_s] BFTrainer look-ahead Tfwd, s (default: 10)"),
-    max_running_tasks: Optional[int] = typer.Option(None, "--max-running-tasks", help="[max_running_tasks] maxJ: tasks admitted at once (default: 10)"),
-    snapshot_every: Optional[int] = typer.Option(None, help="[snapshot_every] journal rows between state snapshots (default: 1000)"),
-    durability: Optional[str] = typer.Option(None, help="[durability] full: fsync every commit (survives power loss) | normal: survives kill -9, ~1 ms/event faster (default: full)"),
-    record_instances: Optional[str] = typer.Option(None, "--record-instances", help="[record_instances] append every allocation problem to this JSONL file (offcut solve re-solves it)"),
-    max_message_mb: Optional[int] = typer.Option(None, "--max-message-mb", help="[max_message_mb] largest gRPC message accepted, MiB (default: 64)"),
-    log_level: Optional[str] = typer.Option(None, help="[log_level] debug | info | warning | error (default: info)"),
-    metrics_listen: Optional[str] = typer.Option(None, "--metrics-listen", help="[metrics_listen] HOST:PORT of the Prometheus /metrics endpoint (HTTP, no authentication; port 0 = any free port) (default: unset = no endpoint)"),
+    listen: Optional[str] = typer.Option(None, help=flag_help("listen")),
+    state: Optional[str] = typer.Option(None, help=flag_help("state")),
+    solver: Optional[str] = typer.Option(None, help=flag_help("solver")),
+    solver_time_limit_s: Optional[float] = typer.Option(None, "--time-limit", help=flag_help("solver_time_limit_s")),
+    isolate_solver: Optional[bool] = typer.Option(None, "--isolate-solver/--in-process-solver", help=flag_help("isolate_solver")),
+    tfwd_s: Optional[float] = typer.Option(None, "--tfwd", help=flag_help("tfwd_s")),
+    max_running_tasks: Optional[int] = typer.Option(None, "--max-running-tasks", help=flag_help("max_running_tasks")),
+    snapshot_every: Optional[int] = typer.Option(None, help=flag_help("snapshot_every")),
+    durability: Optional[str] = typer.Option(None, help=flag_help("durability")),
+    record_instances: Optional[str] = typer.Option(None, "--record-instances", help=flag_help("record_instances")),
+    max_message_mb: Optional[int] = typer.Option(None, "--max-message-mb", help=flag_help("max_message_mb")),
+    log_level: Optional[str] = typer.Option(None, help=flag_help("log_level")),
+    metrics_listen: Optional[str] = typer.Option(None, "--metrics-listen", help=flag_help("metrics_listen")),
+    print_config: Optional[str] = typer.Option(None, "--print-config", help="print every option with its default and exit: toml (a commented offcut.toml to start from) | markdown (docs/configuration.md)"),
 ) -> None:
     """Run the Offcut daemon until SIGTERM/SIGINT."""
+    if print_config is not None:
+        if print_config not in ("toml", "markdown"):
+            typer.echo(f"offcutd: --print-config: {print_config!r} is not toml or markdown", err=True)
+            raise typer.Exit(2)
+        typer.echo(reference_toml() if print_config == "toml" else reference_markdown(), nl=False)
+        raise typer.Exit(0)
     try:
         cfg = load_config(config, dict(
             listen=listen, state=state, solver=solver, solver_time_limit_s=solver_time_limit_s,

@@ -1,4 +1,6 @@
-"""Daemon settings: one TOML file, every key also a ``offcutd`` flag (flags win).
+"""Daemon settings: one TOML file, every key also a ``offcutd`` flag (flags win). Every
+option, its default and meaning: ``docs/configuration.md`` (generated from
+:class:`DaemonConfig` by ``offcutd --print-config markdown``).
 
 Example ``offcut.toml``::
 
@@ -48,28 +50,54 @@ def split_host_port(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _doc(default: str) -> dict:
+    """``json_schema_extra`` naming a computed default in the documentation."""
+    return {"default_doc": default}
+
+
 class DaemonConfig(BaseModel):
-    """Validated daemon settings. Units: seconds."""
+    """Validated daemon settings (units in the key names: ``_s`` seconds, ``_mb`` MiB).
+
+    Every option is documented by its ``description`` here; ``offcutd --print-config``
+    renders them with their defaults (TOML, or Markdown for ``docs/configuration.md``).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    listen: str = Field(default_factory=default_socket,
-                        description="unix:///path.sock (default) or HOST:PORT for TCP")
-    state: str = Field(default_factory=default_state, description="SQLite state file")
-    solver: Literal["auto", "gurobi", "cbc", "dp", "greedy"] = "auto"
-    solver_time_limit_s: float = Field(10.0, gt=0, le=3600)
-    isolate_solver: bool = Field(True, description="run MILP backends in a guarded child process")
-    tfwd_s: float = Field(10.0, gt=0, le=86400, description="BFTrainer look-ahead Tfwd")
-    max_running_tasks: int = Field(10, ge=1, le=100000, description="maxJ: tasks admitted at once")
-    snapshot_every: int = Field(1000, ge=1, description="journal rows between snapshots")
+    listen: str = Field(default_factory=default_socket, json_schema_extra=_doc(
+        "unix://$XDG_RUNTIME_DIR/offcut/offcutd.sock (/tmp/offcut-$UID/offcut/ without it)"),
+        examples=["unix:///run/offcut/offcutd.sock"],
+        description="gRPC address: unix:///path.sock (mode 0600) or HOST:PORT for TCP")
+    state: str = Field(default_factory=default_state, json_schema_extra=_doc(
+        "$XDG_STATE_HOME/offcut/state.sqlite (~/.local/state/offcut/ without it)"),
+        examples=["/var/lib/offcut/state.sqlite"],
+        description="SQLite state file (journal + snapshots; back it up with sqlite3 .backup)")
+    solver: Literal["auto", "gurobi", "cbc", "dp", "greedy"] = Field(
+        "auto", description="allocation backend: auto = gurobi when installed and the model fits "
+                            "its licence, else cbc; dp = exact count-level dynamic programming")
+    solver_time_limit_s: float = Field(
+        10.0, gt=0, le=3600, description="limit per MILP solve, s; the incumbent is used when it "
+                                         "is hit (flag --time-limit)")
+    isolate_solver: bool = Field(True, description="run MILP backends in a guarded child process "
+                                                   "(flag --isolate-solver/--in-process-solver)")
+    tfwd_s: float = Field(10.0, gt=0, le=86400,
+                          description="BFTrainer look-ahead Tfwd, s (flag --tfwd)")
+    max_running_tasks: int = Field(10, ge=1, le=100000,
+                                   description="maxJ: tasks admitted at once, in submit order")
+    snapshot_every: int = Field(1000, ge=1, description="journal rows between state snapshots")
     durability: Literal["full", "normal"] = Field(
-        "full", description="full: fsync each commit (survives power loss); normal: survives kill -9")
-    record_instances: str | None = Field(None, description="append every allocation problem (JSONL)")
-    max_message_mb: int = Field(64, ge=1, le=1024, description="largest gRPC message accepted")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+        "full", description="full: fsync every commit (survives power loss); normal: survives "
+                            "kill -9, about 1 ms per event faster")
+    record_instances: str | None = Field(
+        None, examples=["/var/lib/offcut/instances.jsonl"],
+        description="append every allocation problem to this JSONL file (offcut solve "
+                          "re-solves it); unset = not recorded")
+    max_message_mb: int = Field(64, ge=1, le=1024, description="largest gRPC message accepted, MiB")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     metrics_listen: str | None = Field(
-        None, description="HOST:PORT for the Prometheus /metrics endpoint; unset = no endpoint "
-                          "(port 0 = any free port)")
+        None, examples=["127.0.0.1:9464"],
+        description="HOST:PORT of the Prometheus /metrics endpoint (HTTP, no "
+                          "authentication; port 0 = any free port); unset = no endpoint")
 
     @field_validator("metrics_listen")
     @classmethod
@@ -104,3 +132,61 @@ def load_config(path: str | Path | None, overrides: dict) -> DaemonConfig:
     except ValidationError as exc:
         msgs = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
         raise ConfigError(f"invalid configuration ({path or 'flags'}): " + "; ".join(msgs)) from exc
+
+
+def default_text(name: str) -> str:
+    """The documented default of option ``name`` (computed defaults described, unset = -)."""
+    field = DaemonConfig.model_fields[name]
+    extra = field.json_schema_extra or {}
+    if "default_doc" in extra:
+        return str(extra["default_doc"])
+    if field.default is None:
+        return "unset"
+    return _toml_value(field.default)
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+def flag_help(name: str) -> str:
+    """Help text of the ``offcutd`` flag of option ``name``: ``[key] description (default)``."""
+    field = DaemonConfig.model_fields[name]
+    return f"[{name}] {field.description} (default: {default_text(name)})"
+
+
+def reference_toml() -> str:
+    """A commented ``offcut.toml`` listing every option with its default (options whose
+    default is unset or computed are commented out)."""
+    lines = ["# offcut.toml: offcutd settings (offcutd --config FILE; flags override the file).",
+             "# Generated by `offcutd --print-config`; every key is optional.", ""]
+    for name, field in DaemonConfig.model_fields.items():
+        lines.append(f"# {field.description}")
+        extra = field.json_schema_extra or {}
+        if "default_doc" in extra or field.default is None:
+            lines.append(f"# default: {default_text(name)}")
+            example = _toml_value(field.examples[0]) if field.examples else '""'
+            lines.append(f"# {name} = {example}")
+        else:
+            lines.append(f"{name} = {_toml_value(field.default)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def reference_markdown() -> str:
+    """``docs/configuration.md``: every option, its default and meaning, in one table."""
+    lines = ["# offcutd configuration", "",
+             "One TOML file (`offcutd --config /etc/offcut/offcut.toml`); every key is optional "
+             "and is also an `offcutd` flag (flags win). Unknown keys and bad values are "
+             "refused at start with a message naming the key. This page is generated: "
+             "`offcutd --print-config markdown > docs/configuration.md` (a test checks it is "
+             "fresh); `offcutd --print-config` prints a commented TOML file to start from.", "",
+             "| key | default | meaning |", "|---|---|---|"]
+    for name, field in DaemonConfig.model_fields.items():
+        desc = field.description.replace("|", "\\|")
+        lines.append(f"| `{name}` | `{default_text(name)}` | {desc} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,68 @@
+"""The daemon's configuration: one documented place (the model), a fresh generated page,
+a reference TOML that loads, one flag per option, clear errors."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from offcut.daemon.__main__ import app as offcutd
+from offcut.daemon.config import (ConfigError, DaemonConfig, load_config, reference_markdown,
+                                  reference_toml)
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def test_configuration_page_is_fresh():
+    page = ROOT / "docs" / "configuration.md"
+    assert page.read_text() == reference_markdown(), (
+        "docs/configuration.md is stale: run `offcutd --print-config markdown > docs/configuration.md`")
+
+
+def test_every_option_is_described_and_has_a_flag():
+    help_text = runner.invoke(offcutd, ["--help"], terminal_width=200).stdout
+    for name, field in DaemonConfig.model_fields.items():
+        assert field.description, f"{name} has no description"
+        assert f"[{name}]" in help_text, f"offcutd has no flag for {name}"
+        assert f"`{name}`" in reference_markdown()
+
+
+def test_reference_toml_loads_to_the_defaults(tmp_path):
+    text = reference_toml()
+    path = tmp_path / "offcut.toml"
+    path.write_text(text)
+    cfg = load_config(path, {})
+    assert cfg == DaemonConfig()
+    # uncommenting the examples gives a valid file too
+    uncommented = "\n".join(line[2:] if re.match(r"# [a-z_]+ = ", line) else line
+                            for line in text.splitlines())
+    data = tomllib.loads(uncommented)
+    assert set(data) == set(DaemonConfig.model_fields)
+    path.write_text(uncommented)
+    assert load_config(path, {}).metrics_listen == "127.0.0.1:9464"
+
+
+def test_print_config_command():
+    res = runner.invoke(offcutd, ["--print-config", "markdown"])
+    assert res.exit_code == 0 and res.stdout == reference_markdown()
+    res = runner.invoke(offcutd, ["--print-config", "yaml"])
+    assert res.exit_code == 2 and "toml or markdown" in res.stderr
+
+
+# (unknown keys and bad values of the other options: tests/test_daemon.py, in a subprocess)
+@pytest.mark.parametrize("body,needle", [
+    ("metrics_listen = \"nohost\"\n", "metrics_listen"),
+    ("solver = \n", "offcut.toml"),
+])
+def test_bad_config_names_the_key(tmp_path, body, needle):
+    path = tmp_path / "offcut.toml"
+    path.write_text(body)
+    with pytest.raises(ConfigError, match=needle):
+        load_config(path, {})
+    res = runner.invoke(offcutd, ["--config", str(path)])
+    assert res.exit_code == 2 and needle in res.stderr and "Traceback" not in res.output
