@@ -7,8 +7,10 @@ import getpass
 import json
 import threading
 import time
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from offcut.client.cli import app
@@ -122,10 +124,10 @@ def test_address_from_environment(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------ CLI, end to end
-def test_researcher_session(daemon, curve):
+def test_researcher_session(daemons, curve):
     """Submit two tasks, list, watch a placement change caused by a node event, show,
-    cancel one; every step checked against the daemon's own view."""
-    srv, client = daemon
+    cancel one, read the metrics endpoint; every step checked against the daemon's own view."""
+    srv, client = daemons.start(metrics_listen="127.0.0.1:0")
     addr = srv.address
     me = getpass.getuser()
     t0 = time.time()
@@ -205,6 +207,18 @@ def test_researcher_session(daemon, curve):
     assert st["event_lag_s"] >= 0
     plain = run("status", "--idle-nodes", "--address", addr).stdout
     assert "4 in the idle pool, 4 of them in use" in plain and "n[1-4]" in plain
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=5) as resp:
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in text_string_to_metric_families(resp.read().decode())
+                   for s in family.samples}
+    assert samples[("offcut_nodes_in_use", ())] == 4
+    assert samples[("offcut_tasks", (("state", "running"),))] == 1
+    assert samples[("offcut_tasks", (("state", "cancelled"),))] == 1
+    submits = ("offcut_rpc_requests_total", (("code", "OK"), ("method", "/offcut.v1.Tasks/SubmitTask")))
+    assert samples[submits] == 2
+    not_found = ("offcut_rpc_requests_total", (("code", "NOT_FOUND"), ("method", "/offcut.v1.Tasks/CancelTask")))
+    assert samples[not_found] == 1
 
 
 def test_watch_timeout_without_updates(daemon):
