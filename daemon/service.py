@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 
@@ -16,18 +17,26 @@ from offcut.v1 import (decision_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc
 log = logging.getLogger("offcut.daemon")
 
 
+@contextlib.contextmanager
+def _abort_on_error(name: str, context):
+    """Turn an :class:`OffcutError` into its gRPC status; anything else is INTERNAL and
+    logged (a bug: keep serving, say so without leaking internals)."""
+    try:
+        yield
+    except OffcutError as exc:
+        context.abort(exc.code, str(exc))
+    except Exception:
+        log.exception("%s failed", name)
+        context.abort(grpc.StatusCode.INTERNAL, f"{name} failed; see the daemon log")
+
+
 def _rpc(method):
     """Map :class:`OffcutError` to its gRPC status; anything else is INTERNAL and logged."""
 
     @functools.wraps(method)
     def wrapper(self, request, context):
-        try:
+        with _abort_on_error(method.__name__, context):
             return method(self, request, context)
-        except OffcutError as exc:
-            context.abort(exc.code, str(exc))
-        except Exception:  # a bug: keep serving, say so without leaking internals
-            log.exception("%s failed", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed; see the daemon log")
 
     return wrapper
 
@@ -38,13 +47,8 @@ def _rpc_stream(method):
 
     @functools.wraps(method)
     def wrapper(self, request, context):
-        try:
+        with _abort_on_error(method.__name__, context):
             yield from method(self, request, context)
-        except OffcutError as exc:
-            context.abort(exc.code, str(exc))
-        except Exception:  # a bug: keep serving, say so without leaking internals
-            log.exception("%s failed", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed; see the daemon log")
 
     return wrapper
 
