@@ -21,7 +21,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from offcut.addresses import default_socket
-from offcut.errors import OffcutError, Unavailable, from_rpc_error
+from offcut.errors import InvalidArgument, OffcutError, Unavailable, from_rpc_error
 from offcut.v1 import (nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
                        tasks_pb2_grpc, zeus_pb2, zeus_pb2_grpc)
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -174,6 +174,26 @@ class Client:
         if time is not None:
             req.time.CopyFrom(to_timestamp(time))
         return self.tasks.CancelTask(req, timeout=self.timeout_s)
+
+    @_translate
+    def report_task_run(self, task_id: str, state: str, *, node: str = "", job_id: str = "",
+                        exit_code: int = 0, message: str = "",
+                        time: float | datetime | None = None,
+                        request_id: str = "") -> tasks_pb2.ReportTaskRunResponse:
+        """Report what happened to a run of a task (launchers): ``state`` is ``started``,
+        ``preempted``, ``finished`` (completes the task) or ``failed`` (fails it).
+        ``request_id`` makes a retry return the stored reply. Raises NotFound (unknown task),
+        FailedPrecondition (task already finished), InvalidArgument."""
+        value = {"started": tasks_pb2.RUN_STATE_STARTED, "preempted": tasks_pb2.RUN_STATE_PREEMPTED,
+                 "finished": tasks_pb2.RUN_STATE_FINISHED, "failed": tasks_pb2.RUN_STATE_FAILED}
+        if state not in value:
+            raise InvalidArgument(f"{state!r} is not one of {', '.join(value)}", "state")
+        req = tasks_pb2.TaskRunReport(task_id=task_id, state=value[state], node=node,
+                                      job_id=job_id, exit_code=exit_code, message=message,
+                                      request_id=request_id)
+        if time is not None:
+            req.time.CopyFrom(to_timestamp(time))
+        return self.tasks.ReportTaskRun(req, timeout=self.timeout_s)
 
     def watch(self, task_id: str = "", after_revision: int = 0,
               timeout_s: float | None = None) -> "Stream":

@@ -319,7 +319,8 @@ def status(
                f"event lag {task_cli.format_duration(lag_s)})")
     typer.echo(f"nodes        {st.idle_nodes} in the idle pool, {st.nodes_in_use} of them in use by tasks")
     typer.echo(f"tasks        {st.queued_tasks} queued, {st.admitted_tasks} admitted, "
-               f"{st.running_tasks} running, {st.completed_tasks} completed, {st.cancelled_tasks} cancelled "
+               f"{st.running_tasks} running, {st.completed_tasks} completed, {st.cancelled_tasks} cancelled, "
+               f"{st.failed_tasks} failed "
                f"(at most {st.max_running_tasks} admitted)")
     typer.echo(f"solver       {s.configured_solver}: {s.decisions} decisions, p50 {s.decision_ms_p50:.2f} ms, "
                f"p99 {s.decision_ms_p99:.2f} ms, max {s.decision_ms_max:.2f} ms, {s.fallbacks} fallbacks")

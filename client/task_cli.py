@@ -24,7 +24,7 @@ from offcut.v1 import decision_pb2, tasks_pb2
 
 ADDRESS_HELP = "daemon address: unix:///path.sock or HOST:PORT [default: $OFFCUT_ADDRESS, else the local socket]"
 ACTIVE_STATES = ("queued", "admitted", "running")
-ALL_STATES = ACTIVE_STATES + ("completed", "cancelled")
+ALL_STATES = ACTIVE_STATES + ("completed", "cancelled", "failed")
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -174,7 +174,7 @@ def _states(values: list[str] | None, all_states: bool) -> list[int]:
 
 
 def queue(
-    state: Optional[List[str]] = typer.Option(None, "--state", "-t", help="only these states (queued, admitted, running, completed, cancelled; comma-separated or repeated) [default: the active ones]"),
+    state: Optional[List[str]] = typer.Option(None, "--state", "-t", help="only these states (queued, admitted, running, completed, cancelled, failed; comma-separated or repeated) [default: the active ones]"),
     all_states: bool = typer.Option(False, "--all", help="every state, finished tasks included"),
     user: Optional[str] = typer.Option(None, "--user", "-u", help="only this owner's tasks"),
     me: bool = typer.Option(False, "--me", help="only my tasks"),
@@ -234,6 +234,7 @@ def show(
         ("Rate", f"{task.rate_samples_per_s:.6g} samples/s"),
         ("ETA", format_duration(eta_seconds(task))),
         ("Rescales", task.rescales), ("Preemptions", task.preemptions),
+        ("Launches", task.launches), ("LastRun", task.last_run or "-"),
         ("RescaleUp", f"{s.rescale_up_s:g} s"), ("RescaleDown", f"{s.rescale_down_s:g} s"),
         ("Scalability", " ".join(f"{n}:{p:g}" for n, p in zip(s.node_counts, s.throughputs)) or "-"),
         ("SubmitTime", _ts(task.submit_time)), ("AdmitTime", _ts(task.admit_time)),

@@ -25,11 +25,12 @@ import numpy as np
 
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 from offcut.daemon import placement
-from offcut.daemon.model import (CancelEvent, Event, NodeEvent, SubmitEvent, Task, TaskState,
-                                 check_node_names)
+from offcut.daemon.model import (RUN_STATES, CancelEvent, Event, NodeEvent, SubmitEvent, Task,
+                                 TaskRunEvent, TaskState, check_node_names)
 from offcut.daemon.solvers.problem import AllocationProblem, objective_table
 
 MAX_SOURCE_LEN = 200
+MAX_MESSAGE_LEN = 2000
 
 
 @dataclass
@@ -156,13 +157,29 @@ class Core:
                 raise InvalidArgument(f"must be at most {MAX_SOURCE_LEN} characters", "request_id")
             if not event.owner or len(event.owner) > MAX_SOURCE_LEN:
                 raise InvalidArgument(f"must be 1-{MAX_SOURCE_LEN} characters", "owner")
-        elif isinstance(event, CancelEvent):
+        elif isinstance(event, (CancelEvent, TaskRunEvent)):
             task = self.tasks.get(event.task_id)
             if task is None:
                 raise NotFound(f"no task {event.task_id!r}", "task_id")
+            if isinstance(event, TaskRunEvent):
+                self._validate_run(event)
             if task.state.finished:
                 raise FailedPrecondition(f"task {event.task_id} is already {task.state.value}",
                                          "task_id")
+
+    @staticmethod
+    def _validate_run(event: TaskRunEvent) -> None:
+        if event.state not in RUN_STATES:
+            raise InvalidArgument(f"must be one of {', '.join(RUN_STATES)}", "state")
+        if event.node:
+            check_node_names([event.node], "node")
+        for name, value, limit in (("job_id", event.job_id, MAX_SOURCE_LEN),
+                                   ("request_id", event.request_id, MAX_SOURCE_LEN),
+                                   ("message", event.message, MAX_MESSAGE_LEN)):
+            if len(value) > limit:
+                raise InvalidArgument(f"must be at most {limit} characters", name)
+        if not -(2**31) <= event.exit_code < 2**31:
+            raise InvalidArgument("must be a 32-bit integer", "exit_code")
 
     # ================================================================= applying
     def apply(self, event: Event, allocate: Allocate) -> Outcome:
@@ -202,6 +219,11 @@ class Core:
             if not task.state.finished:  # it may have completed on the way to ``t``
                 self._finish(task, TaskState.CANCELLED, t, out)
                 changed = True
+        elif isinstance(event, TaskRunEvent):
+            out.cause = "run"
+            task = self.tasks[event.task_id]
+            out.task_id = task.task_id
+            changed = self._apply_run(task, event, t, out)
         if changed:
             self._reallocate(t, out, allocate)
         self.revision += 1
@@ -285,6 +307,28 @@ class Core:
             self.pool[n] = t
         out.nodes_left, out.nodes_joined, out.tasks_preempted = len(left), len(joined), len(hit)
         return bool(joined or left)
+
+    def _apply_run(self, task: Task, event: TaskRunEvent, t: float, out: Outcome) -> bool:
+        """Record a run report; ``finished`` completes the task (its program says the work is
+        done: the model's progress is replaced by ``total_work``), ``failed`` fails it.
+        Returns whether the allocation must be re-solved."""
+        task.last_run = event.describe()
+        if event.state == "started":
+            task.launches += 1
+        if task.state.finished:  # it may have completed on the way to ``t``
+            return False
+        if event.state == "finished":
+            gained = task.spec.total_work_samples - task.work_done
+            task.work_done = task.spec.total_work_samples
+            out.progress_samples += gained
+            self.total_samples += gained
+            self._finish(task, TaskState.COMPLETED, t, out)
+            out.completed_task_ids.append(task.task_id)
+            return True
+        if event.state == "failed":
+            self._finish(task, TaskState.FAILED, t, out)
+            return True
+        return False
 
     def _set_running_state(self, task: Task) -> None:
         task.rate = task.spec.throughput_at(len(task.nodes))

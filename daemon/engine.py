@@ -22,7 +22,8 @@ from google.protobuf.message import Message
 
 from offcut.errors import OffcutError
 from offcut.daemon.core import Core, Outcome, SolveRecord
-from offcut.daemon.model import Event, NodeEvent, SubmitEvent, event_from_dict, event_to_dict
+from offcut.daemon.model import (Event, NodeEvent, SubmitEvent, TaskRunEvent, event_from_dict,
+                                 event_to_dict)
 from offcut.daemon.protocol import decision_to_pb
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.solvers.problem import AllocationProblem
@@ -124,8 +125,8 @@ class Engine:
             stored = None
             if isinstance(event, NodeEvent):
                 stored = self.store.response_for_seq(event.source, event.seq)
-            elif isinstance(event, SubmitEvent) and event.request_id:
-                stored = self.store.response_for_request(event.request_id)
+            elif _request_key(event):
+                stored = self.store.response_for_request(_request_key(event))
             if stored is not None:
                 return parse(stored), True
             self.core.validate(event)  # rejected events raise here, before anything changes
@@ -145,7 +146,7 @@ class Engine:
                     solves=[s.to_dict() for s in out.solves], response=raw,
                     source=event.source if isinstance(event, NodeEvent) else None,
                     seq=event.seq if isinstance(event, NodeEvent) else None,
-                    request_id=event.request_id if isinstance(event, SubmitEvent) else None,
+                    request_id=_request_key(event),
                     state=self.core.to_dict() if self.store.snapshot_due() else None)
             except Exception:
                 log.exception("committing revision %d failed; reloading state", out.revision)
@@ -211,6 +212,17 @@ class Engine:
                 self.allocator.close()
                 if self._record is not None:
                     self._record.close()
+
+
+def _request_key(event: Event) -> str | None:
+    """The journal's idempotency key of an event with a ``request_id``: submissions use it
+    as given, run reports in their own ``run:`` namespace (so ids of different kinds never
+    answer each other)."""
+    if isinstance(event, SubmitEvent) and event.request_id:
+        return event.request_id
+    if isinstance(event, TaskRunEvent) and event.request_id:
+        return f"run:{event.request_id}"
+    return None
 
 
 def clock_now() -> float:

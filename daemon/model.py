@@ -29,11 +29,12 @@ class TaskState(str, Enum):
     RUNNING = "running"      # holds >= 1 node
     COMPLETED = "completed"
     CANCELLED = "cancelled"
+    FAILED = "failed"        # its program failed (reported by the launcher)
 
     @property
     def finished(self) -> bool:
-        """True for completed and cancelled tasks."""
-        return self in (TaskState.COMPLETED, TaskState.CANCELLED)
+        """True for completed, cancelled and failed tasks."""
+        return self in (TaskState.COMPLETED, TaskState.CANCELLED, TaskState.FAILED)
 
 
 def check_finite(value: float, field_name: str, *, positive: bool = False, non_negative: bool = False) -> float:
@@ -194,6 +195,8 @@ class Task:
     rescales: int = 0
     preemptions: int = 0
     request_id: str = ""
+    launches: int = 0        # runs reported started (live mode)
+    last_run: str = ""       # the last run report, in words
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form for snapshots."""
@@ -252,7 +255,39 @@ class CancelEvent:
     task_id: str
 
 
-Event = NodeEvent | SubmitEvent | CancelEvent
+#: run states a launcher reports (TaskRunEvent.state)
+RUN_STATES = ("started", "preempted", "finished", "failed")
+
+
+@dataclass(frozen=True)
+class TaskRunEvent:
+    """What happened to a run of task ``task_id`` at ``time`` [s since epoch] (from the
+    launcher): ``state`` in :data:`RUN_STATES`; ``finished`` completes the task, ``failed``
+    fails it; ``started`` / ``preempted`` are recorded. ``request_id`` makes retries idempotent."""
+    time: float
+    task_id: str
+    state: str
+    node: str = ""
+    job_id: str = ""
+    exit_code: int = 0
+    message: str = ""
+    request_id: str = ""
+
+    def describe(self) -> str:
+        """The report in words (``Task.last_run``)."""
+        words = [self.state]
+        if self.node:
+            words.append(f"on {self.node}")
+        if self.job_id:
+            words.append(f"(job {self.job_id})")
+        if self.state == "failed" or self.exit_code:
+            words.append(f"exit code {self.exit_code}")
+        if self.message:
+            words.append(f"- {self.message}")
+        return " ".join(words)
+
+
+Event = NodeEvent | SubmitEvent | CancelEvent | TaskRunEvent
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
@@ -264,6 +299,8 @@ def event_to_dict(event: Event) -> dict[str, Any]:
     if isinstance(event, SubmitEvent):
         return {"kind": "submit", "time": event.time, "spec": event.spec.to_dict(),
                 "owner": event.owner, "request_id": event.request_id}
+    if isinstance(event, TaskRunEvent):
+        return {"kind": "run", **asdict(event)}
     return {"kind": "cancel", "time": event.time, "task_id": event.task_id}
 
 
@@ -277,4 +314,6 @@ def event_from_dict(d: dict[str, Any]) -> Event:
         return SubmitEvent(d["time"], TaskSpec.from_dict(d["spec"]), d["owner"], d["request_id"])
     if kind == "cancel":
         return CancelEvent(d["time"], d["task_id"])
+    if kind == "run":
+        return TaskRunEvent(**{k: v for k, v in d.items() if k != "kind"})
     raise ValueError(f"unknown event kind {kind!r}")

@@ -11,7 +11,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from offcut.errors import InvalidArgument
 from offcut.daemon.core import Core, Outcome, PlacementChange
-from offcut.daemon.model import (CancelEvent, NodeEvent, SubmitEvent, Task, TaskSpec, TaskState)
+from offcut.daemon.model import (CancelEvent, NodeEvent, SubmitEvent, Task, TaskRunEvent, TaskSpec,
+                                 TaskState)
 from offcut.v1 import decision_pb2, nodes_pb2, status_pb2, tasks_pb2
 
 CHANGE_TO_PB = {
@@ -22,6 +23,7 @@ CHANGE_TO_PB = {
     "preempted": decision_pb2.PLACEMENT_CHANGE_PREEMPTED,
     "completed": decision_pb2.PLACEMENT_CHANGE_COMPLETED,
     "cancelled": decision_pb2.PLACEMENT_CHANGE_CANCELLED,
+    "failed": decision_pb2.PLACEMENT_CHANGE_FAILED,
 }
 STATE_TO_PB = {
     TaskState.QUEUED: tasks_pb2.TASK_STATE_QUEUED,
@@ -29,6 +31,13 @@ STATE_TO_PB = {
     TaskState.RUNNING: tasks_pb2.TASK_STATE_RUNNING,
     TaskState.COMPLETED: tasks_pb2.TASK_STATE_COMPLETED,
     TaskState.CANCELLED: tasks_pb2.TASK_STATE_CANCELLED,
+    TaskState.FAILED: tasks_pb2.TASK_STATE_FAILED,
+}
+RUN_STATE_FROM_PB = {
+    tasks_pb2.RUN_STATE_STARTED: "started",
+    tasks_pb2.RUN_STATE_PREEMPTED: "preempted",
+    tasks_pb2.RUN_STATE_FINISHED: "finished",
+    tasks_pb2.RUN_STATE_FAILED: "failed",
 }
 PB_TO_STATE = {v: k for k, v in STATE_TO_PB.items()}
 
@@ -101,6 +110,20 @@ def cancel_from_pb(req: tasks_pb2.CancelTaskRequest, clock: float | None, now: f
     return CancelEvent(time=t, task_id=req.task_id)
 
 
+def task_run_from_pb(req: tasks_pb2.TaskRunReport, clock: float | None, now: float) -> TaskRunEvent:
+    """A TaskRunEvent; an unset time means max(now, clock) [s since epoch]; a time before
+    the clock is moved to the clock (run reports are not ordered with node events)."""
+    if not req.task_id:
+        raise InvalidArgument("is required", "task_id")
+    if req.state not in RUN_STATE_FROM_PB:
+        raise InvalidArgument(f"must be one of {', '.join(RUN_STATE_FROM_PB.values())}", "state")
+    default = now if clock is None else max(now, clock)
+    t = time_from_pb(req.time, "time", required=False, default=default)
+    return TaskRunEvent(time=t, task_id=req.task_id, state=RUN_STATE_FROM_PB[req.state],
+                        node=req.node, job_id=req.job_id, exit_code=req.exit_code,
+                        message=req.message, request_id=req.request_id)
+
+
 def task_to_pb(task: Task, core: Core) -> tasks_pb2.Task:
     """A task with its progress projected to the core's clock."""
     return tasks_pb2.Task(
@@ -108,7 +131,8 @@ def task_to_pb(task: Task, core: Core) -> tasks_pb2.Task:
         state=STATE_TO_PB[task.state], submit_time=time_to_pb(task.submit_time),
         admit_time=time_to_pb(task.admit_time), finish_time=time_to_pb(task.finish_time),
         nodes=task.nodes, work_done_samples=task.work_done, rate_samples_per_s=task.rate,
-        rescales=task.rescales, preemptions=task.preemptions)
+        rescales=task.rescales, preemptions=task.preemptions, launches=task.launches,
+        last_run=task.last_run)
 
 
 def decision_to_pb(out: Outcome, requested_solver: str) -> decision_pb2.Decision:
@@ -159,7 +183,8 @@ def status_to_pb(core: Core, last: decision_pb2.Decision | None, solver: status_
         idle_node_names=sorted(core.pool) if include_idle else [],
         queued_tasks=counts[TaskState.QUEUED], admitted_tasks=counts[TaskState.ADMITTED],
         running_tasks=counts[TaskState.RUNNING], completed_tasks=counts[TaskState.COMPLETED],
-        cancelled_tasks=counts[TaskState.CANCELLED], solver=solver,
+        cancelled_tasks=counts[TaskState.CANCELLED], failed_tasks=counts[TaskState.FAILED],
+        solver=solver,
         last_seq=core.last_seq, total_samples=core.total_samples,
         idle_node_seconds=core.idle_node_seconds, used_node_seconds=core.used_node_seconds,
         tfwd_s=core.tfwd_s, max_running_tasks=core.max_running_tasks)

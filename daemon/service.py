@@ -58,7 +58,8 @@ def _decision(stored: bytes) -> decision_pb2.Decision:
 
 
 #: journal kind -> type of the stored reply (node events store the Decision itself)
-_STORED_REPLY = {"submit": tasks_pb2.SubmitTaskResponse, "cancel": tasks_pb2.CancelTaskResponse}
+_STORED_REPLY = {"submit": tasks_pb2.SubmitTaskResponse, "cancel": tasks_pb2.CancelTaskResponse,
+                 "run": tasks_pb2.ReportTaskRunResponse}
 
 
 def history_entry(row_id: int, kind: str, stored: bytes) -> status_pb2.HistoryEntry:
@@ -160,6 +161,24 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
                                                     decision=decision)
 
             reply, _ = self.engine.apply(event, build, tasks_pb2.CancelTaskResponse.FromString)
+        return reply
+
+    @_rpc
+    def ReportTaskRun(self, request, context):
+        """A launcher's run report: started / preempted are recorded, finished completes the
+        task, failed fails it (both re-allocate). NOT_FOUND for an unknown task,
+        FAILED_PRECONDITION for a finished one; a repeated ``request_id`` gets the stored reply."""
+        with self.engine.lock:
+            event = protocol.task_run_from_pb(request, self.engine.core.clock, clock_now())
+
+            def build(out, decision):
+                return tasks_pb2.ReportTaskRunResponse(task=self._task_pb(out.task_id),
+                                                       decision=decision)
+
+            reply, duplicate = self.engine.apply(event, build,
+                                                 tasks_pb2.ReportTaskRunResponse.FromString)
+        if duplicate:
+            reply.decision.duplicate = True
         return reply
 
     def WatchPlacements(self, request, context):

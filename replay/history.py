@@ -109,7 +109,7 @@ class HistoryWriter:
     def entry(self, e: status_pb2.HistoryEntry) -> None:
         """Record one exported journal entry (``Status.ExportHistory``) as a replay would
         have: node events and snapshots get a step row; a submission gets its ``submitted``
-        row then its decision's placement rows; a cancellation its placement rows. Entries
+        row then its decision's placement rows; a cancellation or a run report its placement rows. Entries
         without a decision (journal kinds this writer does not know) are skipped."""
         if not e.HasField("decision"):
             return

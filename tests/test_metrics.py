@@ -21,14 +21,9 @@ from offcut.daemon.metrics import RpcMetricsInterceptor
 from offcut.errors import InvalidArgument, NotFound
 from offcut.v1 import tasks_pb2
 
-T0 = 1_600_000_000.0
+from daemon_helpers import T0, make_spec
+
 TASKS = "/offcut.v1.Tasks/"
-
-
-def make_spec(name="job", max_nodes=4, work=1e6, **kw) -> tasks_pb2.TaskSpec:
-    return tasks_pb2.TaskSpec(name=name, min_nodes=1, max_nodes=max_nodes,
-                              node_counts=[0, 1, 2, 4], throughputs=[0.0, 10.0, 18.0, 30.0],
-                              total_work_samples=work, **kw)
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:

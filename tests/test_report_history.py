@@ -5,6 +5,7 @@ and one-line errors for bad report input."""
 from __future__ import annotations
 
 import csv
+import functools
 from pathlib import Path
 
 import grpc
@@ -19,16 +20,14 @@ from offcut.replay.history import PLACEMENT_COLUMNS, STEP_COLUMNS, iso, seconds
 from offcut.replay.report import build_report, render_report
 from offcut.v1 import decision_pb2, tasks_pb2
 
-T0 = 1_600_000_000.0
+from daemon_helpers import T0
+from daemon_helpers import make_spec as _make_spec
+
 PNG = b"\x89PNG\r\n\x1a\n"
 runner = CliRunner()
 
 
-def make_spec(name, max_nodes=4, ns=(0, 1, 2, 4), ps=(0.0, 10.0, 18.0, 30.0), up=2.0, down=3.0,
-              work=1e6) -> tasks_pb2.TaskSpec:
-    return tasks_pb2.TaskSpec(name=name, min_nodes=1, max_nodes=max_nodes, node_counts=list(ns),
-                              throughputs=list(ps), rescale_up_s=up, rescale_down_s=down,
-                              total_work_samples=work)
+make_spec = functools.partial(_make_spec, up=2.0, down=3.0)  # rescales cost something here
 
 
 def drive(c) -> list[tuple[str, decision_pb2.Decision, tasks_pb2.Task | None]]:

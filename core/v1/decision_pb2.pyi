@@ -20,6 +20,7 @@ class PlacementChange(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PLACEMENT_CHANGE_PREEMPTED: _ClassVar[PlacementChange]
     PLACEMENT_CHANGE_COMPLETED: _ClassVar[PlacementChange]
     PLACEMENT_CHANGE_CANCELLED: _ClassVar[PlacementChange]
+    PLACEMENT_CHANGE_FAILED: _ClassVar[PlacementChange]
 PLACEMENT_CHANGE_UNSPECIFIED: PlacementChange
 PLACEMENT_CHANGE_START: PlacementChange
 PLACEMENT_CHANGE_GROW: PlacementChange
@@ -28,6 +29,7 @@ PLACEMENT_CHANGE_STOP: PlacementChange
 PLACEMENT_CHANGE_PREEMPTED: PlacementChange
 PLACEMENT_CHANGE_COMPLETED: PlacementChange
 PLACEMENT_CHANGE_CANCELLED: PlacementChange
+PLACEMENT_CHANGE_FAILED: PlacementChange
 
 class Placement(_message.Message):
     __slots__ = ("task_id", "task_name", "change", "nodes", "previous_node_count", "rate_samples_per_s", "work_done_samples", "total_work_samples", "time")

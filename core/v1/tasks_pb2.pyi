@@ -19,12 +19,27 @@ class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_STATE_RUNNING: _ClassVar[TaskState]
     TASK_STATE_COMPLETED: _ClassVar[TaskState]
     TASK_STATE_CANCELLED: _ClassVar[TaskState]
+    TASK_STATE_FAILED: _ClassVar[TaskState]
+
+class RunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RUN_STATE_UNSPECIFIED: _ClassVar[RunState]
+    RUN_STATE_STARTED: _ClassVar[RunState]
+    RUN_STATE_PREEMPTED: _ClassVar[RunState]
+    RUN_STATE_FINISHED: _ClassVar[RunState]
+    RUN_STATE_FAILED: _ClassVar[RunState]
 TASK_STATE_UNSPECIFIED: TaskState
 TASK_STATE_QUEUED: TaskState
 TASK_STATE_ADMITTED: TaskState
 TASK_STATE_RUNNING: TaskState
 TASK_STATE_COMPLETED: TaskState
 TASK_STATE_CANCELLED: TaskState
+TASK_STATE_FAILED: TaskState
+RUN_STATE_UNSPECIFIED: RunState
+RUN_STATE_STARTED: RunState
+RUN_STATE_PREEMPTED: RunState
+RUN_STATE_FINISHED: RunState
+RUN_STATE_FAILED: RunState
 
 class TaskSpec(_message.Message):
     __slots__ = ("name", "min_nodes", "max_nodes", "node_counts", "throughputs", "objective_values", "rescale_up_s", "rescale_down_s", "total_work_samples", "command")
@@ -71,7 +86,7 @@ class SubmitTaskResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "spec", "owner", "state", "submit_time", "admit_time", "finish_time", "nodes", "work_done_samples", "rate_samples_per_s", "rescales", "preemptions")
+    __slots__ = ("task_id", "spec", "owner", "state", "submit_time", "admit_time", "finish_time", "nodes", "work_done_samples", "rate_samples_per_s", "rescales", "preemptions", "launches", "last_run")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +99,8 @@ class Task(_message.Message):
     RATE_SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
     RESCALES_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHES_FIELD_NUMBER: _ClassVar[int]
+    LAST_RUN_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     spec: TaskSpec
     owner: str
@@ -96,7 +113,9 @@ class Task(_message.Message):
     rate_samples_per_s: float
     rescales: int
     preemptions: int
-    def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., owner: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., admit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[str]] = ..., work_done_samples: _Optional[float] = ..., rate_samples_per_s: _Optional[float] = ..., rescales: _Optional[int] = ..., preemptions: _Optional[int] = ...) -> None: ...
+    launches: int
+    last_run: str
+    def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., owner: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., admit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[str]] = ..., work_done_samples: _Optional[float] = ..., rate_samples_per_s: _Optional[float] = ..., rescales: _Optional[int] = ..., preemptions: _Optional[int] = ..., launches: _Optional[int] = ..., last_run: _Optional[str] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
     __slots__ = ("task_id",)
@@ -153,3 +172,31 @@ class PlacementUpdate(_message.Message):
     cause: str
     placements: _containers.RepeatedCompositeFieldContainer[_decision_pb2.Placement]
     def __init__(self, revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., placements: _Optional[_Iterable[_Union[_decision_pb2.Placement, _Mapping]]] = ...) -> None: ...
+
+class TaskRunReport(_message.Message):
+    __slots__ = ("task_id", "state", "time", "node", "job_id", "exit_code", "message", "request_id")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    state: RunState
+    time: _timestamp_pb2.Timestamp
+    node: str
+    job_id: str
+    exit_code: int
+    message: str
+    request_id: str
+    def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., node: _Optional[str] = ..., job_id: _Optional[str] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ReportTaskRunResponse(_message.Message):
+    __slots__ = ("task", "decision")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    decision: _decision_pb2.Decision
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ...) -> None: ...

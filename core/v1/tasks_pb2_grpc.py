@@ -59,6 +59,11 @@ class TasksStub:
                 request_serializer=offcut_dot_v1_dot_tasks__pb2.WatchPlacementsRequest.SerializeToString,
                 response_deserializer=offcut_dot_v1_dot_tasks__pb2.PlacementUpdate.FromString,
                 _registered_method=True)
+        self.ReportTaskRun = channel.unary_unary(
+                '/offcut.v1.Tasks/ReportTaskRun',
+                request_serializer=offcut_dot_v1_dot_tasks__pb2.TaskRunReport.SerializeToString,
+                response_deserializer=offcut_dot_v1_dot_tasks__pb2.ReportTaskRunResponse.FromString,
+                _registered_method=True)
 
 
 class TasksServicer:
@@ -95,6 +100,14 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportTaskRun(self, request, context):
+        """What happened to a task's run (from the launcher): started, preempted, finished, failed.
+        finished completes the task, failed fails it (both release its nodes and re-allocate).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -122,6 +135,11 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.WatchPlacements,
                     request_deserializer=offcut_dot_v1_dot_tasks__pb2.WatchPlacementsRequest.FromString,
                     response_serializer=offcut_dot_v1_dot_tasks__pb2.PlacementUpdate.SerializeToString,
+            ),
+            'ReportTaskRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportTaskRun,
+                    request_deserializer=offcut_dot_v1_dot_tasks__pb2.TaskRunReport.FromString,
+                    response_serializer=offcut_dot_v1_dot_tasks__pb2.ReportTaskRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -259,6 +277,33 @@ class Tasks:
             '/offcut.v1.Tasks/WatchPlacements',
             offcut_dot_v1_dot_tasks__pb2.WatchPlacementsRequest.SerializeToString,
             offcut_dot_v1_dot_tasks__pb2.PlacementUpdate.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportTaskRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/offcut.v1.Tasks/ReportTaskRun',
+            offcut_dot_v1_dot_tasks__pb2.TaskRunReport.SerializeToString,
+            offcut_dot_v1_dot_tasks__pb2.ReportTaskRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

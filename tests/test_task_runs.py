@@ -1,0 +1,116 @@
+"""Run reports from a launcher (``Tasks.ReportTaskRun``) over real gRPC: started/preempted are
+recorded, finished completes the task, failed fails it; both release the nodes and
+re-allocate; retries are idempotent; bad reports change nothing; all survive a restart."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
+from offcut.v1 import decision_pb2, tasks_pb2
+
+from daemon_helpers import T0, make_spec, status_key
+
+
+def two_tasks(client):
+    """Two tasks of 2 nodes each on 4 idle nodes (a superlinear curve), a third waiting."""
+    client.report_nodes(T0, "slurm", 1, idle=["n1", "n2", "n3", "n4"])
+    ids = [client.submit(make_spec(f"t{i}", max_nodes=2, ns=(0, 1, 2), ps=(0.0, 10.0, 21.0)),
+                         submit_time=T0 + 1).task.task_id for i in range(3)]
+    held = {t.task_id: len(t.nodes) for t in client.list_tasks()}
+    assert sorted(held.values()) == [0, 2, 2]
+    return ids, held
+
+
+def test_started_and_preempted_are_recorded(daemon):
+    _, c = daemon
+    ids, held = two_tasks(c)
+    running = [i for i in ids if held[i]][0]
+    before = c.status().revision
+    r = c.report_task_run(running, "started", node="n1", job_id="101", request_id="a", time=T0 + 2)
+    assert r.task.launches == 1 and "started on n1 (job 101)" == r.task.last_run
+    assert not r.decision.placements and r.decision.revision == before + 1
+    r = c.report_task_run(running, "preempted", node="n1", job_id="101", message="by job 7", time=T0 + 2)
+    assert r.task.launches == 1 and r.task.last_run == "preempted on n1 (job 101) - by job 7"
+    assert len(c.get_task(running).nodes) == 2  # the node events decide the placement
+
+
+def test_finished_completes_and_reallocates(daemon):
+    _, c = daemon
+    ids, held = two_tasks(c)
+    done, waiting = [i for i in ids if held[i]][0], [i for i in ids if not held[i]][0]
+    r = c.report_task_run(done, "finished", node="n1", job_id="102", time=T0 + 5,
+                          request_id="fin-1")
+    assert r.task.state == tasks_pb2.TASK_STATE_COMPLETED
+    assert r.task.work_done_samples == r.task.spec.total_work_samples
+    assert list(r.decision.completed_task_ids) == [done]
+    changes = {p.task_id: p.change for p in r.decision.placements}
+    assert changes[done] == decision_pb2.PLACEMENT_CHANGE_COMPLETED
+    assert changes[waiting] == decision_pb2.PLACEMENT_CHANGE_START  # its nodes went on
+    assert len(c.get_task(waiting).nodes) == 2
+    # a retry gets the stored answer and changes nothing
+    key = status_key(c)
+    again = c.report_task_run(done, "finished", node="n1", job_id="102", request_id="fin-1", time=T0 + 2)
+    assert again.decision.duplicate and again.decision.revision == r.decision.revision
+    assert status_key(c) == key
+    # another run of the finished task reporting: refused, nothing changes
+    with pytest.raises(FailedPrecondition, match="already completed"):
+        c.report_task_run(done, "finished", node="n2", job_id="103", time=T0 + 2)
+    assert status_key(c) == key
+
+
+def test_failed_fails_the_task(daemon):
+    _, c = daemon
+    ids, held = two_tasks(c)
+    bad = [i for i in ids if held[i]][0]
+    r = c.report_task_run(bad, "failed", node="n2", job_id="104", exit_code=3, message="OOM", time=T0 + 2)
+    assert r.task.state == tasks_pb2.TASK_STATE_FAILED and not r.task.nodes
+    assert r.task.last_run == "failed on n2 (job 104) exit code 3 - OOM"
+    assert {p.task_id: p.change for p in r.decision.placements}[bad] == decision_pb2.PLACEMENT_CHANGE_FAILED
+    st = c.status()
+    assert st.failed_tasks == 1 and st.nodes_in_use == 4
+    assert [t.task_id for t in c.list_tasks(states=[tasks_pb2.TASK_STATE_FAILED])] == [bad]
+
+
+@pytest.mark.parametrize("kwargs,error,field", [
+    (dict(task_id="t999999", state="started"), NotFound, "task_id"),
+    (dict(task_id="", state="started"), InvalidArgument, "task_id"),
+    (dict(state="started", node="bad node!"), InvalidArgument, "node"),
+    (dict(state="started", message="x" * 5000), InvalidArgument, "message"),
+    (dict(state="started", job_id="j" * 300), InvalidArgument, "job_id"),
+])
+def test_bad_reports_change_nothing(daemon, kwargs, error, field):
+    _, c = daemon
+    ids, _ = two_tasks(c)
+    kwargs = {"task_id": ids[0], **kwargs}
+    key = status_key(c)
+    with pytest.raises(error) as info:
+        c.report_task_run(**kwargs, time=T0 + 2)
+    assert str(info.value).startswith(f"{field}:")
+    assert status_key(c) == key
+
+
+def test_unknown_state_is_invalid_on_the_wire(daemon):
+    _, c = daemon
+    ids, _ = two_tasks(c)
+    with pytest.raises(grpc.RpcError) as info:  # the raw stub: state left unset
+        c.tasks.ReportTaskRun(tasks_pb2.TaskRunReport(task_id=ids[0]), timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith("state:")
+    with pytest.raises(InvalidArgument, match="state"):
+        c.report_task_run(ids[0], "exploded", time=T0 + 2)
+
+
+def test_run_reports_survive_restart(daemons):
+    srv, c = daemons.start("a")
+    ids, held = two_tasks(c)
+    running = [i for i in ids if held[i]]
+    c.report_task_run(running[0], "started", node="n1", request_id="s1", time=T0 + 2)
+    c.report_task_run(running[1], "failed", node="n3", exit_code=1, request_id="f1", time=T0 + 2)
+    key = status_key(c)
+    daemons.stop(srv)
+    _, c2 = daemons.start("a")
+    assert status_key(c2) == key
+    assert c2.report_task_run(running[1], "failed", node="n3", exit_code=1,
+                              request_id="f1", time=T0 + 2).decision.duplicate
