@@ -55,6 +55,52 @@ def _doc(default: str) -> dict:
     return {"default_doc": default}
 
 
+#: placeholders of ``slurm.command_template``
+COMMAND_PLACEHOLDERS = ("command", "task_id", "task_name", "node", "rank", "nodes", "num_nodes")
+
+
+class SlurmConfig(BaseModel):
+    """Site settings of the Slurm launcher (``[slurm]`` in offcut.toml; read by
+    ``offcut-slurm launch --config``). DESIGN §7."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partition: str = Field("scavenger", min_length=1, description=(
+        "preemptible partition of Offcut's per-node jobs; regular jobs in other partitions "
+        "preempt them (the hooks ignore jobs in this partition)"))
+    account: str | None = Field(None, examples=["offcut"],
+                                description="sbatch --account of Offcut's jobs; unset = the user's default")
+    job_name_prefix: str = Field("offcut", pattern=r"^[A-Za-z0-9_.]+$", description=(
+        "Offcut's jobs are named PREFIX-TASKID-NODE; the launcher adopts and the watcher "
+        "counts as idle only jobs named so in the partition"))
+    signal: str = Field("USR1", pattern=r"^[A-Z0-9]+$", description=(
+        "signal sent to a job's batch shell ahead of its preemption or shrink, so the task "
+        "can checkpoint (sbatch --signal=B:SIG@LEAD)"))
+    signal_lead_s: int = Field(60, ge=0, le=65535, description=(
+        "seconds between the signal and the end of the job when its time limit runs out; "
+        "on preemption Slurm sends it at once and kills after the partition's GraceTime"))
+    command_template: str = Field("{command}", description=(
+        "command run on each node (a shell line; placeholders {command} {task_id} "
+        "{task_name} {node} {rank} {nodes} {num_nodes})"))
+    sbatch_args: list[str] = Field(default_factory=list, examples=[["--qos=scavenger"]],
+                                   description="extra sbatch arguments of every job")
+    output: str = Field("offcut-%x-%j.out", description="sbatch --output of the jobs (Slurm patterns)")
+    workdir: str | None = Field(None, examples=["/scratch/offcut"],
+                                description="sbatch --chdir of the jobs; unset = the launcher's")
+
+    @field_validator("command_template")
+    @classmethod
+    def _check_template(cls, value: str) -> str:
+        import string
+
+        names = {f for _, f, _, _ in string.Formatter().parse(value) if f is not None}
+        unknown = names - set(COMMAND_PLACEHOLDERS)
+        if unknown:
+            raise ValueError(f"unknown placeholder(s) {', '.join(sorted(unknown))}; "
+                             f"known: {', '.join(COMMAND_PLACEHOLDERS)}")
+        return value
+
+
 class DaemonConfig(BaseModel):
     """Validated daemon settings (units in the key names: ``_s`` seconds, ``_mb`` MiB).
 
@@ -98,6 +144,8 @@ class DaemonConfig(BaseModel):
         None, examples=["127.0.0.1:9464"],
         description="HOST:PORT of the Prometheus /metrics endpoint (HTTP, no "
                           "authentication; port 0 = any free port); unset = no endpoint")
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig,
+                               description="the Slurm launcher's site settings")
 
     @field_validator("metrics_listen")
     @classmethod
@@ -134,18 +182,22 @@ def load_config(path: str | Path | None, overrides: dict) -> DaemonConfig:
         raise ConfigError(f"invalid configuration ({path or 'flags'}): " + "; ".join(msgs)) from exc
 
 
-def default_text(name: str) -> str:
-    """The documented default of option ``name`` (computed defaults described, unset = -)."""
-    field = DaemonConfig.model_fields[name]
+def default_text(name: str, model: type[BaseModel] | None = None) -> str:
+    """The documented default of option ``name`` of ``model`` (default: DaemonConfig):
+    computed defaults described, None = ``unset``, otherwise its TOML form."""
+    field = (model or DaemonConfig).model_fields[name]
     extra = field.json_schema_extra or {}
     if "default_doc" in extra:
         return str(extra["default_doc"])
-    if field.default is None:
+    default = field.get_default(call_default_factory=True)
+    if default is None:
         return "unset"
-    return _toml_value(field.default)
+    return _toml_value(default)
 
 
 def _toml_value(value) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -159,34 +211,50 @@ def flag_help(name: str) -> str:
     return f"[{name}] {field.description} (default: {default_text(name)})"
 
 
+def _scalar_fields(model: type[BaseModel]):
+    return [(n, f) for n, f in model.model_fields.items()
+            if not (isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel))]
+
+
+def _toml_lines(model: type[BaseModel], prefix: str = "") -> list[str]:
+    lines = []
+    for name, field in _scalar_fields(model):
+        lines.append(f"# {field.description}")
+        extra = field.json_schema_extra or {}
+        if "default_doc" in extra or field.default is None:
+            lines.append(f"# default: {default_text(name, model)}")
+            example = _toml_value(field.examples[0]) if field.examples else '""'
+            lines.append(f"# {name} = {example}")
+        else:
+            lines.append(f"{name} = {default_text(name, model)}")
+        lines.append("")
+    return lines
+
+
 def reference_toml() -> str:
     """A commented ``offcut.toml`` listing every option with its default (options whose
     default is unset or computed are commented out)."""
     lines = ["# offcut.toml: offcutd settings (offcutd --config FILE; flags override the file).",
              "# Generated by `offcutd --print-config`; every key is optional.", ""]
-    for name, field in DaemonConfig.model_fields.items():
-        lines.append(f"# {field.description}")
-        extra = field.json_schema_extra or {}
-        if "default_doc" in extra or field.default is None:
-            lines.append(f"# default: {default_text(name)}")
-            example = _toml_value(field.examples[0]) if field.examples else '""'
-            lines.append(f"# {name} = {example}")
-        else:
-            lines.append(f"{name} = {_toml_value(field.default)}")
-        lines.append("")
+    lines += _toml_lines(DaemonConfig)
+    lines += ["[slurm]  # " + DaemonConfig.model_fields["slurm"].description, ""]
+    lines += _toml_lines(SlurmConfig)
     return "\n".join(lines)
 
 
 def reference_markdown() -> str:
     """``docs/configuration.md``: every option, its default and meaning, in one table."""
     lines = ["# offcutd configuration", "",
-             "One TOML file (`offcutd --config /etc/offcut/offcut.toml`); every key is optional "
-             "and is also an `offcutd` flag (flags win). Unknown keys and bad values are "
-             "refused at start with a message naming the key. This page is generated: "
-             "`offcutd --print-config markdown > docs/configuration.md` (a test checks it is "
-             "fresh); `offcutd --print-config` prints a commented TOML file to start from.", "",
+             "One TOML file (`offcutd --config /etc/offcut/offcut.toml`); every key is optional. "
+             "The top-level keys are also `offcutd` flags (flags win); the `[slurm]` section is "
+             "read by `offcut-slurm launch --config` from the same file. Unknown keys and bad "
+             "values are refused at start with a message naming the key. This page is "
+             "generated: `offcutd --print-config markdown > docs/configuration.md` (a test "
+             "checks it is fresh); `offcutd --print-config toml` prints a commented TOML file "
+             "to start from.", "",
              "| key | default | meaning |", "|---|---|---|"]
-    for name, field in DaemonConfig.model_fields.items():
-        desc = field.description.replace("|", "\\|")
-        lines.append(f"| `{name}` | `{default_text(name)}` | {desc} |")
+    for model, prefix in ((DaemonConfig, ""), (SlurmConfig, "slurm.")):
+        for name, field in _scalar_fields(model):
+            desc = field.description.replace("|", "\\|")
+            lines.append(f"| `{prefix}{name}` | `{default_text(name, model)}` | {desc} |")
     return "\n".join(lines) + "\n"

@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from offcut.daemon.__main__ import app as offcutd
-from offcut.daemon.config import (ConfigError, DaemonConfig, load_config, reference_markdown,
-                                  reference_toml)
+from offcut.daemon.config import (ConfigError, DaemonConfig, SlurmConfig, load_config,
+                                  reference_markdown, reference_toml)
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -28,8 +28,12 @@ def test_every_option_is_described_and_has_a_flag():
     help_text = runner.invoke(offcutd, ["--help"], terminal_width=200).stdout
     for name, field in DaemonConfig.model_fields.items():
         assert field.description, f"{name} has no description"
+        if name == "slurm":  # a file-only section, read by the launcher too
+            continue
         assert f"[{name}]" in help_text, f"offcutd has no flag for {name}"
         assert f"`{name}`" in reference_markdown()
+    for name, field in SlurmConfig.model_fields.items():
+        assert field.description and f"`slurm.{name}`" in reference_markdown()
 
 
 def test_reference_toml_loads_to_the_defaults(tmp_path):
@@ -44,7 +48,8 @@ def test_reference_toml_loads_to_the_defaults(tmp_path):
     data = tomllib.loads(uncommented)
     assert set(data) == set(DaemonConfig.model_fields)
     path.write_text(uncommented)
-    assert load_config(path, {}).metrics_listen == "127.0.0.1:9464"
+    cfg = load_config(path, {})
+    assert cfg.metrics_listen == "127.0.0.1:9464" and cfg.slurm.account == "offcut"
 
 
 def test_print_config_command():
@@ -57,6 +62,8 @@ def test_print_config_command():
 # (unknown keys and bad values of the other options: tests/test_daemon.py, in a subprocess)
 @pytest.mark.parametrize("body,needle", [
     ("metrics_listen = \"nohost\"\n", "metrics_listen"),
+    ("[slurm]\ncommand_template = \"{command} {gpu}\"\n", "slurm.command_template"),
+    ("[slurm]\nqueue = \"x\"\n", "slurm.queue"),
     ("solver = \n", "offcut.toml"),
 ])
 def test_bad_config_names_the_key(tmp_path, body, needle):
