@@ -3,7 +3,7 @@
 Sub-packages: ``offcut.daemon`` (the gRPC daemon ``offcutd``), ``offcut.client`` (Python API and
 the ``offcut`` CLI), ``offcut.replay`` (recorded-log replays), ``offcut.slurm_plugin`` (Slurm
 hooks), ``offcut.v1`` (generated protocol code). This top package only holds what they share:
-errors and addresses.
+errors, addresses and the node-name rule.
 """
 
 __version__ = "0.1.0"

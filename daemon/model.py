@@ -7,7 +7,6 @@ here reads a clock. Node counts are ints, work is in samples, throughput in samp
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -15,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from offcut.errors import InvalidArgument
+from offcut.nodes import NODE_NAME_RE
 
 #: Node names accepted in events: Slurm-style host names (letters, digits, ``-``, ``_``, ``.``).
-NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_NAME_LEN = 200
 
 

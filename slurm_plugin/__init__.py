@@ -1,1 +1,20 @@
-"""Programs that Slurm runs or that run beside Slurm (hooks, watcher, launcher)."""
+"""Programs that Slurm runs or that run beside Slurm (hooks, watcher, launcher). See
+``slurm_plugin/README.md`` for setting them up.
+
+Modules (the hook path imports only the standard library, python-hostlist and, when it has
+something to send, grpc):
+
+* :mod:`~offcut.slurm_plugin.hooks`: PrologSlurmctld / EpilogSlurmctld program
+  (``python -I -m offcut.slurm_plugin.hooks prolog|epilog``).
+* :mod:`~offcut.slurm_plugin.install`: writes the shell wrappers Slurm runs.
+* :mod:`~offcut.slurm_plugin.watcher`: the polling watcher (``offcut-slurm watch``).
+* :mod:`~offcut.slurm_plugin.sources`: reading Slurm (CLI JSON or pyslurm) into observations.
+* :mod:`~offcut.slurm_plugin.slurm_json`: pure parsing of Slurm's JSON and the idle rule.
+* :mod:`~offcut.slurm_plugin.slurm_cli`: ``sinfo``/``squeue``/``sbatch``/``scancel``/``scontrol``
+  calls with timeouts and clear errors (shared with the launcher).
+* :mod:`~offcut.slurm_plugin.nodelist`: hostlist expansion and the daemon's node-name rule.
+* :mod:`~offcut.slurm_plugin.rpc`: a light node-event sender (stubs + optional bearer token).
+* :mod:`~offcut.slurm_plugin.cli`: the ``offcut-slurm`` command.
+
+Nothing here imports the daemon (DESIGN §1): the daemon is reached through ``offcut.v1`` only.
+"""

@@ -1,0 +1,206 @@
+"""``offcut-slurm``: the programs that run beside Slurm.
+
+    offcut-slurm watch          poll Slurm, send idle-set snapshots to the daemon
+    offcut-slurm idle           print the idle set the watcher would send (no daemon)
+    offcut-slurm install-hooks  write the PrologSlurmctld / EpilogSlurmctld wrappers
+
+Run ``offcut-slurm COMMAND --help`` for the options.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, rich_markup_mode=None, no_args_is_help=True,
+                  help="Offcut beside Slurm: the idle-node watcher and the Slurm hooks.")
+
+ADDRESS_HELP = "daemon address (unix:///path.sock or HOST:PORT) [default: $OFFCUT_ADDRESS, else the local socket]"
+PART_HELP = ("partition(s) of Offcut's own jobs (repeat or comma-separate): their jobs are "
+             "Offcut's, their nodes are the ones Offcut may use, hooks skip their jobs")
+PREFIX_HELP = "Offcut's jobs also need this job-name prefix (e.g. offcut-) [default: any name]"
+COMMENT_HELP = "Offcut's jobs also need this text in their comment [default: any comment]"
+PYSLURM_HELP = ("auto: pyslurm when a version matching Slurm is installed and importable, else "
+                "sinfo/squeue --json | never | require")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"offcut-slurm: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _setup_logging(log_file: Optional[Path], level: str) -> None:
+    handler: logging.Handler
+    if log_file:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(log_file, encoding="utf-8")
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("offcut.slurm")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+def _cli(sinfo: str, squeue: str, slurm_conf: Optional[Path], timeout_s: float):
+    from offcut.slurm_plugin.slurm_cli import SlurmCLI
+
+    return SlurmCLI(sinfo=sinfo, squeue=squeue, slurm_conf=str(slurm_conf) if slurm_conf else None,
+                    timeout_s=timeout_s)
+
+
+def _rule(partitions: List[str], prefix: str, comment: str):
+    from offcut.slurm_plugin.slurm_json import OwnJobRule
+    from offcut.slurm_plugin.watcher import node_partitions
+
+    parts = node_partitions(partitions)
+    return parts, OwnJobRule(partitions=parts, name_prefix=prefix, comment_marker=comment)
+
+
+@app.command()
+def watch(
+    address: Optional[str] = typer.Option(None, "--address", "-a", envvar="OFFCUT_ADDRESS", help=ADDRESS_HELP),
+    interval_s: float = typer.Option(30.0, "--interval-s", help="seconds between snapshots"),
+    once: bool = typer.Option(False, "--once", help="send one snapshot and exit (status 1 if none was accepted)"),
+    timeout_s: float = typer.Option(10.0, "--timeout-s", help="deadline of each daemon call [s]"),
+    source: str = typer.Option("slurm-watch", "--source", help="event source name (one per watcher)"),
+    scavenger_partition: List[str] = typer.Option(["scavenger"], "--scavenger-partition", help=PART_HELP),
+    job_name_prefix: str = typer.Option("", "--job-name-prefix", help=PREFIX_HELP),
+    job_comment: str = typer.Option("", "--job-comment", help=COMMENT_HELP),
+    sinfo: str = typer.Option("sinfo", "--sinfo", help="the sinfo command (name in PATH or path)"),
+    squeue: str = typer.Option("squeue", "--squeue", help="the squeue command (name in PATH or path)"),
+    slurm_conf: Optional[Path] = typer.Option(None, "--slurm-conf", envvar="SLURM_CONF", help="slurm.conf for the Slurm commands"),
+    slurm_timeout_s: float = typer.Option(20.0, "--slurm-timeout-s", help="limit per Slurm query [s]"),
+    pyslurm: str = typer.Option("auto", "--pyslurm", help=PYSLURM_HELP),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding a bearer token for the daemon"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="observe and log, send nothing"),
+    log_file: Optional[Path] = typer.Option(None, "--log-file", help="log here instead of stderr"),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Poll Slurm and send the daemon the set of nodes idle for Offcut (SyncNodes).
+
+    A node is idle when Slurm has it idle, or busy only with Offcut's own jobs (jobs in a
+    --scavenger-partition, with --job-name-prefix / --job-comment when given) that Slurm is not
+    preempting; down, drained/draining, reserved, maintenance, not-responding, powered-down,
+    planned and failing nodes never are, nor nodes outside the scavenger partition(s).
+
+    Example: offcut-slurm watch --address unix:///run/offcut/offcutd.sock --interval-s 30
+    """
+    from offcut.addresses import default_socket
+    from offcut.slurm_plugin.rpc import NodeEventSender, read_token
+    from offcut.slurm_plugin.slurm_json import SlurmError
+    from offcut.slurm_plugin.sources import choose_source
+    from offcut.slurm_plugin.watcher import Watcher
+
+    if interval_s <= 0 or timeout_s <= 0:
+        _fail("--interval-s and --timeout-s must be > 0")
+    _setup_logging(log_file, log_level)
+    log = logging.getLogger("offcut.slurm.watch")
+    parts, rule = _rule(scavenger_partition, job_name_prefix, job_comment)
+    cli = _cli(sinfo, squeue, slurm_conf, slurm_timeout_s)
+    try:
+        src = choose_source(cli, pyslurm, log)
+    except (SlurmError, ValueError) as exc:
+        _fail(str(exc))
+    sender = None
+    if not dry_run:
+        try:
+            token = read_token(str(token_file) if token_file else None)
+        except (OSError, ValueError) as exc:
+            _fail(f"--token-file: {exc.strerror if isinstance(exc, OSError) else exc}")
+        sender = NodeEventSender(address or default_socket(), timeout_s=timeout_s, token=token)
+    w = Watcher(src, sender, rule=rule, node_partitions=parts, source_name=source)
+    stop = threading.Event()
+    if not once:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        log.info("watching Slurm every %g s (source %s, daemon %s)", interval_s, source,
+                 "dry run" if sender is None else sender.address)
+    try:
+        ok = w.run(interval_s, once=once, stop=stop)
+    finally:
+        if sender is not None:
+            sender.close()
+    if once and not ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def idle(
+    scavenger_partition: List[str] = typer.Option(["scavenger"], "--scavenger-partition", help=PART_HELP),
+    job_name_prefix: str = typer.Option("", "--job-name-prefix", help=PREFIX_HELP),
+    job_comment: str = typer.Option("", "--job-comment", help=COMMENT_HELP),
+    sinfo: str = typer.Option("sinfo", "--sinfo"),
+    squeue: str = typer.Option("squeue", "--squeue"),
+    slurm_conf: Optional[Path] = typer.Option(None, "--slurm-conf", envvar="SLURM_CONF"),
+    slurm_timeout_s: float = typer.Option(20.0, "--slurm-timeout-s"),
+) -> None:
+    """Print, as JSON, which nodes are idle for Offcut now and why the others are not."""
+    from offcut.slurm_plugin.slurm_json import SlurmError
+    from offcut.slurm_plugin.sources import CLISource, observe
+
+    parts, rule = _rule(scavenger_partition, job_name_prefix, job_comment)
+    try:
+        obs = observe(CLISource(_cli(sinfo, squeue, slurm_conf, slurm_timeout_s)), rule,
+                      node_partitions=parts)
+    except SlurmError as exc:
+        _fail(str(exc), 1)
+    typer.echo(json.dumps({"time_ns": obs.time_ns, "idle": obs.view.idle,
+                           "not_idle": obs.view.not_idle}, indent=1))
+
+
+@app.command("install-hooks")
+def install_hooks(
+    directory: Path = typer.Option(..., "--dir", help="folder for prolog_ctld.sh / epilog_ctld.sh"),
+    address: str = typer.Option(..., "--address", "-a", help="daemon address, as reachable by slurmctld's host"),
+    timeout_s: float = typer.Option(2.0, "--timeout-s", help="hooks' bound on the daemon calls [s]"),
+    log_file: Optional[Path] = typer.Option(None, "--log-file", help="hooks' log [default: DIR/offcut-hooks.log]; must be writable by SlurmUser"),
+    scavenger_partition: List[str] = typer.Option(["scavenger"], "--scavenger-partition", help=PART_HELP),
+    job_name_prefix: str = typer.Option("", "--job-name-prefix", help=PREFIX_HELP),
+    job_comment: str = typer.Option("", "--job-comment", help=COMMENT_HELP),
+    slurm_conf: Optional[Path] = typer.Option(None, "--slurm-conf", help="slurm.conf for the epilog's check [default: $SLURM_CONF or /etc/slurm/slurm.conf]"),
+    no_check: bool = typer.Option(False, "--no-check", help="epilog reports the job's nodes idle without asking Slurm"),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding a bearer token (readable by SlurmUser)"),
+    python: Optional[Path] = typer.Option(None, "--python", help="interpreter with offcut installed [default: this one]"),
+) -> None:
+    """Write the PrologSlurmctld / EpilogSlurmctld wrappers and print the slurm.conf lines.
+
+    Example: offcut-slurm install-hooks --dir /etc/slurm/offcut --address unix:///run/offcut/offcutd.sock
+    """
+    from offcut.slurm_plugin.install import HookConfig, slurm_conf_lines, write_hooks
+    from offcut.slurm_plugin.watcher import node_partitions
+
+    if timeout_s <= 0:
+        _fail("--timeout-s must be > 0")
+    kw = {}
+    if python:
+        kw["python"] = str(python.absolute())
+    cfg = HookConfig(address=address, timeout_s=timeout_s,
+                     log_file=str(log_file) if log_file else None,
+                     scavenger_partitions=sorted(node_partitions(scavenger_partition)),
+                     slurm_conf=str(slurm_conf) if slurm_conf else None,
+                     token_file=str(token_file) if token_file else None, check=not no_check,
+                     job_name_prefix=job_name_prefix, job_comment=job_comment, **kw)
+    paths = write_hooks(directory, cfg)
+    for p in paths.values():
+        typer.echo(f"wrote {p}", err=True)
+    typer.echo("# add to slurm.conf, then `scontrol reconfigure`:")
+    for line in slurm_conf_lines(paths, timeout_s):
+        typer.echo(line)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

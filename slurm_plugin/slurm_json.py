@@ -1,0 +1,444 @@
+"""Pure functions that turn Slurm's JSON (``sinfo --json``, ``squeue --json``, or pyslurm
+records) into node and job records, and decide which nodes Offcut may use.
+
+Tolerant across Slurm versions (DESIGN §7):
+
+* nodes: 22.05 (openapi v0.0.38) gives ``{"nodes": [{"name", "state": "idle",
+  "state_flags": ["DRAIN"], "partitions": [...]}]}``; 23.02+ gives ``"state": ["IDLE", "DRAIN"]``;
+  23.11+ ``sinfo --json`` groups nodes in ``{"sinfo": [{"nodes": {"nodes": [names]},
+  "node": {"state": [...]}, "partition": {"name"}}]}``; ``scontrol``/pyslurm spell states
+  ``"IDLE+DRAIN"``, and the short forms carry suffixes (``idle*``, ``idle~``, ``mix#``,
+  ``idle%``, ``drng``, ``plnd``). All of them normalise to a set of upper-case tokens.
+* jobs: ``job_state`` a string or a list; ``nodes`` a hostlist string (else
+  ``job_resources.nodes`` as a string or ``{"list": ...}``/``{"allocation": [{"name"}]}``, or
+  ``job_resources.allocated_nodes[].nodename``); numbers either plain or
+  ``{"set": true, "infinite": false, "number": N}``.
+
+The idle rule (:func:`idle_nodes`): a node is idle for Offcut when Slurm has it IDLE, or
+ALLOCATED/MIXED only by Offcut's own jobs (:class:`OwnJobRule`) that are not being preempted,
+it carries no excluding flag (:data:`EXCLUDING`: down, drained/draining, reserved, maintenance,
+not responding, powered down/powering, planned, failing, reboot ...), and it belongs to one of
+the scavenger partitions when the record says which partitions it is in. A flag this module
+does not know excludes the node too (and is named in the reason), so a new Slurm state can
+only make Offcut use fewer nodes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from offcut.slurm_plugin.nodelist import NodeListError, expand_nodelist
+
+
+class SlurmError(Exception):
+    """Slurm could not be asked, or answered something unusable."""
+
+
+class SlurmCommandError(SlurmError):
+    """A Slurm command could not run, failed, or timed out."""
+
+
+class SlurmDataError(SlurmError):
+    """Slurm's answer is not the JSON shape this module understands."""
+
+
+# ----------------------------------------------------------------------------- node states
+#: Short state names of ``sinfo``'s compact form -> the long names of the JSON forms.
+SHORT_NAMES = {
+    "ALLOC": "ALLOCATED", "MIX": "MIXED", "DRNG": "DRAINING", "RESV": "RESERVED",
+    "MAINT": "MAINTENANCE", "PLND": "PLANNED", "COMP": "COMPLETING", "UNK": "UNKNOWN",
+    "INVAL": "INVALID", "FUTR": "FUTURE", "FAILG": "FAILING", "NPC": "PERFCTRS",
+    "POW_DN": "POWER_DOWN", "POW_UP": "POWERING_UP", "BLOCK": "BLOCKED", "BOOT": "REBOOT_ISSUED",
+    "NO_RESPOND": "NOT_RESPONDING", "DRAINED": "DRAINED", "DRAIN": "DRAIN",
+}
+#: Suffix characters of the compact form -> the flag they stand for.
+SUFFIX_FLAGS = {
+    "*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP", "%": "POWERING_DOWN",
+    "!": "POWER_DOWN", "$": "MAINTENANCE", "@": "REBOOT_REQUESTED", "^": "REBOOT_ISSUED",
+    "-": "PLANNED",
+}
+IDLE_BASE = frozenset({"IDLE"})
+BUSY_BASE = frozenset({"ALLOCATED", "MIXED"})
+#: Tokens that make a node unusable for Offcut whatever its jobs.
+EXCLUDING = frozenset({
+    "DOWN", "DRAIN", "DRAINED", "DRAINING", "RESERVED", "MAINTENANCE", "NOT_RESPONDING",
+    "POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN", "POWERING_UP", "POWER_UP", "POWER_DRAIN",
+    "PLANNED", "FAIL", "FAILING", "FUTURE", "UNKNOWN", "ERROR", "INVALID", "INVALID_REG",
+    "REBOOT", "REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT_CANCEL", "BLOCKED", "PERFCTRS",
+    "NO_RESPOND", "END",
+})
+#: Tokens that change nothing for Offcut.
+BENIGN = frozenset({"COMPLETING", "CLOUD", "DYNAMIC_NORM", "EXTERNAL", "RESUME", "POWERED_UP"})
+KNOWN_NODE_TOKENS = IDLE_BASE | BUSY_BASE | EXCLUDING | BENIGN
+
+_SPLIT = re.compile(r"[+,\s|]+")
+
+
+def state_tokens(*values: Any) -> frozenset[str]:
+    """Normalise node or job state values (strings like ``"idle*"``/``"IDLE+DRAIN"``, lists of
+    them, or None) into upper-case long tokens: ``"drng"`` -> {DRAINING, DRAIN},
+    ``"idle~"`` -> {IDLE, POWERED_DOWN}."""
+    out: set[str] = set()
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if v is None:
+            continue
+        if isinstance(v, (list, tuple, set, frozenset)):
+            stack.extend(v)
+            continue
+        if not isinstance(v, str):
+            raise SlurmDataError(f"state value {v!r} is not a string")
+        for tok in _SPLIT.split(v.strip()):
+            while tok and tok[-1] in SUFFIX_FLAGS:
+                out.add(SUFFIX_FLAGS[tok[-1]])
+                tok = tok[:-1]
+            if not tok:
+                continue
+            tok = tok.upper()
+            tok = SHORT_NAMES.get(tok, tok)
+            out.add(tok)
+            if tok in ("DRAINING", "DRAINED"):
+                out.add("DRAIN")
+    return frozenset(out)
+
+
+# ----------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as Slurm reports it."""
+
+    name: str
+    states: frozenset[str]
+    partitions: frozenset[str] | None = None  # None: the record did not say
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job as ``squeue`` reports it (only what the idle rule needs)."""
+
+    job_id: str
+    name: str = ""
+    partition: str = ""
+    states: frozenset[str] = frozenset()
+    nodes: tuple[str, ...] = ()
+    comment: str = ""
+    preempt_time: float = 0.0
+    user: str = ""
+
+    @property
+    def being_preempted(self) -> bool:
+        """Slurm decided to preempt it (``preempt_time`` is set as soon as that happens)."""
+        return self.preempt_time > 0
+
+    @property
+    def holds_nodes(self) -> bool:
+        """Whether the job occupies :attr:`nodes` now (running, configuring, completing,
+        suspended ...); pending and finished jobs hold nothing."""
+        if not self.nodes:
+            return False
+        s = self.states
+        if s & {"COMPLETING", "CONFIGURING"}:
+            return True
+        if "PENDING" in s or s & FINISHED_JOB_STATES:
+            return False
+        return True  # RUNNING, SUSPENDED, and anything unknown: assume it holds them
+
+
+FINISHED_JOB_STATES = frozenset({
+    "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
+    "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT"})
+
+
+def number(v: Any, what: str = "value") -> float:
+    """A Slurm number: plain, a numeric string, or ``{"set", "infinite", "number"}`` (0 when
+    unset, None or empty)."""
+    if v is None or v == "":
+        return 0.0
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v.strip())
+        except ValueError:
+            raise SlurmDataError(f"{what} {v[:40]!r} is not a number") from None
+    if isinstance(v, Mapping):
+        if v.get("infinite"):
+            return math.inf
+        if "set" in v and not v.get("set"):
+            return 0.0
+        return number(v.get("number"), what)
+    raise SlurmDataError(f"{what} {v!r:.60} is not a number")
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, Mapping):  # e.g. slurmdb's {"job": ..., "administrator": ..., "system": ...}
+        return _text(v.get("job"))
+    return str(v)
+
+
+def _names(v: Any, what: str) -> list[str]:
+    """Node names from a hostlist string or a list of names/records."""
+    if v is None:
+        return []
+    if isinstance(v, str):
+        if not v.strip() or v.strip() in ("(null)", "None"):
+            return []
+        try:
+            return expand_nodelist(v)
+        except NodeListError as exc:
+            raise SlurmDataError(f"{what}: {exc}") from None
+    if isinstance(v, (list, tuple)):
+        out: list[str] = []
+        for item in v:
+            if isinstance(item, str):
+                out.extend(_names(item, what))
+            elif isinstance(item, Mapping):
+                name = item.get("name", item.get("nodename"))
+                if isinstance(name, str) and name:
+                    out.append(name)
+                else:
+                    raise SlurmDataError(f"{what}: entry {item!r:.60} has no node name")
+            else:
+                raise SlurmDataError(f"{what}: entry {item!r:.60} is not a node name")
+        return out
+    raise SlurmDataError(f"{what}: {v!r:.60} is neither a hostlist nor a list")
+
+
+def _check_errors(doc: Any, command: str) -> Mapping:
+    if not isinstance(doc, Mapping):
+        raise SlurmDataError(f"{command}: the answer is a JSON {type(doc).__name__}, not an object")
+    errors = doc.get("errors")
+    if errors:
+        shown = []
+        for e in errors if isinstance(errors, list) else [errors]:
+            if isinstance(e, Mapping):
+                shown.append(str(e.get("error") or e.get("description") or e.get("errno") or e))
+            else:
+                shown.append(str(e))
+        raise SlurmDataError(f"{command} reported errors: {'; '.join(shown)[:300]}")
+    return doc
+
+
+def parse_nodes(doc: Any) -> dict[str, NodeInfo]:
+    """Nodes of a ``sinfo --json`` answer (any of the shapes in the module docstring), by name.
+
+    Raises:
+        SlurmDataError: not an object, Slurm-reported errors, no node list, a node without a
+            name, a state that is not text, or no node at all (an empty cluster is treated as
+            bad data, so that a glitch never empties the daemon's idle pool).
+    """
+    doc = _check_errors(doc, "sinfo")
+    merged: dict[str, dict] = {}
+
+    def add(name: Any, states: frozenset[str], partitions: Iterable[str] | None, reason: str):
+        if not isinstance(name, str) or not name:
+            raise SlurmDataError(f"sinfo: a node record has no name ({name!r:.40})")
+        m = merged.setdefault(name, {"states": set(), "partitions": None, "reason": ""})
+        m["states"] |= states
+        if partitions is not None:
+            m["partitions"] = (m["partitions"] or set()) | set(partitions)
+        m["reason"] = m["reason"] or reason
+
+    if isinstance(doc.get("nodes"), list):
+        for rec in doc["nodes"]:
+            if not isinstance(rec, Mapping):
+                raise SlurmDataError(f"sinfo: node record {rec!r:.60} is not an object")
+            states = state_tokens(rec.get("state"), rec.get("state_flags"))
+            if not states:
+                raise SlurmDataError(f"sinfo: node {rec.get('name')!r} has no state")
+            parts = rec.get("partitions")
+            if isinstance(parts, str):
+                parts = [p for p in parts.split(",") if p]
+            elif parts is not None and not isinstance(parts, list):
+                raise SlurmDataError(f"sinfo: partitions of {rec.get('name')!r} is {parts!r:.40}")
+            add(rec.get("name"), states, parts, _text(rec.get("reason")))
+    elif isinstance(doc.get("sinfo"), list):
+        for row in doc["sinfo"]:
+            if not isinstance(row, Mapping):
+                raise SlurmDataError(f"sinfo: row {row!r:.60} is not an object")
+            nodes = row.get("nodes")
+            names = _names(nodes.get("nodes") if isinstance(nodes, Mapping) else nodes, "sinfo row nodes")
+            node = row.get("node") if isinstance(row.get("node"), Mapping) else {}
+            states = state_tokens(node.get("state"), row.get("state"))
+            if names and not states:
+                raise SlurmDataError("sinfo: a row of nodes has no state")
+            part = row.get("partition")
+            pname = part.get("name") if isinstance(part, Mapping) else part
+            parts = [pname] if isinstance(pname, str) and pname else None
+            reason = row.get("reason")
+            reason = _text(reason.get("description") if isinstance(reason, Mapping) else reason)
+            for name in names:
+                add(name, states, parts, reason)
+    else:
+        raise SlurmDataError("sinfo: the answer has neither a 'nodes' nor a 'sinfo' list "
+                             f"(keys: {sorted(doc)[:8]})")
+    if not merged:
+        raise SlurmDataError("sinfo: the answer lists no node")
+    return {n: NodeInfo(n, frozenset(m["states"]),
+                        None if m["partitions"] is None else frozenset(m["partitions"]),
+                        m["reason"]) for n, m in merged.items()}
+
+
+def _job_nodes(rec: Mapping) -> list[str]:
+    """The nodes a job holds now. ``nodes`` wins when present: for a completing job it lists
+    only the nodes still completing ("" once all are released, measured on 22.05), while
+    ``job_resources`` keeps the whole allocation."""
+    jid = rec.get("job_id")
+    if "nodes" in rec and not isinstance(rec["nodes"], Mapping):
+        return _names(rec["nodes"], f"squeue: nodes of job {jid}")
+    res = rec.get("job_resources")
+    if isinstance(rec.get("nodes"), Mapping):
+        res = {"nodes": rec["nodes"]}
+    if isinstance(res, Mapping):
+        n = res.get("nodes")
+        if isinstance(n, Mapping):
+            if "list" in n:
+                return _names(n["list"], f"squeue: job_resources.nodes.list of job {jid}")
+            if "allocation" in n:
+                return _names(n["allocation"], f"squeue: job_resources.nodes.allocation of job {jid}")
+        elif isinstance(n, str):
+            return _names(n, f"squeue: job_resources.nodes of job {jid}")
+        if "allocated_nodes" in res:
+            return _names(res["allocated_nodes"], f"squeue: allocated_nodes of job {jid}")
+    return []
+
+
+def parse_jobs(doc: Any) -> list[JobInfo]:
+    """Jobs of a ``squeue --json`` answer.
+
+    Raises:
+        SlurmDataError: not an object, Slurm-reported errors, no ``jobs`` list, a job without
+            an id or state, or a node list that is not a hostlist.
+    """
+    doc = _check_errors(doc, "squeue")
+    jobs = doc.get("jobs")
+    if not isinstance(jobs, list):
+        raise SlurmDataError(f"squeue: the answer has no 'jobs' list (keys: {sorted(doc)[:8]})")
+    out = []
+    for rec in jobs:
+        if not isinstance(rec, Mapping):
+            raise SlurmDataError(f"squeue: job record {rec!r:.60} is not an object")
+        jid = rec.get("job_id", rec.get("id"))
+        if isinstance(jid, Mapping):
+            jid = number(jid, "job_id")
+        if isinstance(jid, float):
+            jid = int(jid)
+        if jid is None or jid == "":
+            raise SlurmDataError("squeue: a job record has no job_id")
+        states = state_tokens(rec.get("job_state", rec.get("state")))
+        if not states:
+            raise SlurmDataError(f"squeue: job {jid} has no state")
+        user = rec.get("user_name", rec.get("user", ""))
+        out.append(JobInfo(
+            job_id=str(jid), name=_text(rec.get("name")), partition=_text(rec.get("partition")),
+            states=states, nodes=tuple(_job_nodes(rec)), comment=_text(rec.get("comment")),
+            preempt_time=number(rec.get("preempt_time"), f"preempt_time of job {jid}"),
+            user=_text(user)))
+    return out
+
+
+# ----------------------------------------------------------------------------- the idle rule
+@dataclass(frozen=True)
+class OwnJobRule:
+    """Which Slurm jobs are Offcut's own (their nodes still count as idle).
+
+    A job is Offcut's when it runs in one of ``partitions`` (empty: any partition), its name
+    starts with ``name_prefix`` (empty: any name), and its comment contains ``comment_marker``
+    (empty: any comment). The default, every job of the ``scavenger`` partition, suits a site
+    where only Offcut uses that partition; where others use it too, give the launcher's job-name
+    prefix or comment marker.
+    """
+
+    partitions: frozenset[str] = frozenset({"scavenger"})
+    name_prefix: str = ""
+    comment_marker: str = ""
+
+    def matches(self, job: JobInfo) -> bool:
+        if self.partitions and not (set(job.partition.split(",")) & self.partitions):
+            return False
+        if self.name_prefix and not job.name.startswith(self.name_prefix):
+            return False
+        if self.comment_marker and self.comment_marker not in job.comment:
+            return False
+        return True
+
+
+@dataclass
+class IdleView:
+    """The result of the idle rule: ``idle`` (sorted names) and why every other node is not."""
+
+    idle: list[str]
+    not_idle: dict[str, str] = field(default_factory=dict)
+    unknown_tokens: set[str] = field(default_factory=set)
+
+    @property
+    def total(self) -> int:
+        return len(self.idle) + len(self.not_idle)
+
+
+def idle_nodes(nodes: Mapping[str, NodeInfo], jobs: Iterable[JobInfo], rule: OwnJobRule,
+               node_partitions: Iterable[str] = (), ignore_job_ids: Iterable[str] = ()) -> IdleView:
+    """Apply the idle rule (module docstring).
+
+    Args:
+        nodes: from :func:`parse_nodes`.
+        jobs: from :func:`parse_jobs`.
+        rule: which jobs are Offcut's.
+        node_partitions: a node must be in one of these to count (when its record lists its
+            partitions); empty: no partition filter.
+        ignore_job_ids: jobs to disregard (the epilog's own, ending job).
+    """
+    ignore = {str(j) for j in ignore_job_ids}
+    wanted_parts = set(node_partitions)
+    holders: dict[str, list[JobInfo]] = {}
+    for job in jobs:
+        if job.job_id in ignore or not job.holds_nodes:
+            continue
+        for n in job.nodes:
+            holders.setdefault(n, []).append(job)
+    view = IdleView(idle=[])
+    for name in sorted(nodes):
+        node = nodes[name]
+        s = node.states
+        unknown = s - KNOWN_NODE_TOKENS
+        reason = ""
+        if unknown:
+            view.unknown_tokens |= unknown
+            reason = f"unknown state {'+'.join(sorted(unknown))}"
+        elif s & EXCLUDING:
+            reason = "+".join(sorted(s & EXCLUDING)).lower()
+            if node.reason:
+                reason += f" ({node.reason})"
+        elif wanted_parts and node.partitions is not None and not (node.partitions & wanted_parts):
+            reason = f"not in partition {'/'.join(sorted(wanted_parts))}"
+        else:
+            on_it = holders.get(name, [])
+            foreign = [j for j in on_it if not rule.matches(j)]
+            leaving = [j for j in on_it if rule.matches(j) and j.being_preempted]
+            if foreign:
+                reason = f"job {foreign[0].job_id} ({foreign[0].partition or '?'})"
+            elif leaving:
+                reason = f"Offcut job {leaving[0].job_id} is being preempted"
+            elif s & IDLE_BASE:
+                pass
+            elif s & BUSY_BASE:
+                if not on_it and "COMPLETING" not in s:
+                    reason = "allocated, but no job seen on it"
+            else:
+                reason = f"state {'+'.join(sorted(s)).lower() or 'missing'}"
+        if reason:
+            view.not_idle[name] = reason
+        else:
+            view.idle.append(name)
+    return view

@@ -1,0 +1,127 @@
+"""The watcher (``offcut-slurm watch``): polls Slurm and sends the daemon full idle-set
+snapshots (``SyncNodes``), so drift (a lost hook event, a node drained or back from down) and
+daemon downtime repair themselves (DESIGN §7).
+
+Each snapshot carries the time at which Slurm was asked (before the first query) and
+``seq = max(time_ns, previous seq + 1)`` under one source (default ``slurm-watch``): monotone
+per process and across restarts while the wall clock is. A snapshot older than an event the
+daemon has already applied (a hook that ran while Slurm was being asked) is refused with
+FAILED_PRECONDITION; the watcher then asks Slurm again and sends the new observation (never
+the old one with a new time). Bad Slurm output or a failing command sends nothing: one clear
+error is logged (repeats of the same error are not), and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from offcut.slurm_plugin.nodelist import compress, split_valid
+from offcut.slurm_plugin.rpc import DaemonError, NodeEventSender
+from offcut.slurm_plugin.slurm_json import OwnJobRule, SlurmError
+from offcut.slurm_plugin.sources import Observation, Source, observe
+
+log = logging.getLogger("offcut.slurm.watch")
+
+
+@dataclass
+class Watcher:
+    """One watcher. ``step()`` makes one observation and sends it; ``run()`` loops."""
+
+    source: Source
+    sender: NodeEventSender | None  # None: dry run (observe and log only)
+    rule: OwnJobRule = field(default_factory=OwnJobRule)
+    node_partitions: frozenset[str] = frozenset({"scavenger"})
+    source_name: str = "slurm-watch"
+    last_seq: int = 0
+    last_idle: list[str] | None = None
+    _last_error: str | None = None
+    _unknown_seen: set = field(default_factory=set)
+
+    def _error(self, message: str) -> None:
+        if message != self._last_error:
+            log.error("%s (nothing sent; will retry)", message)
+        else:
+            log.debug("still failing: %s", message)
+        self._last_error = message
+
+    def _ok(self) -> None:
+        if self._last_error is not None:
+            log.info("recovered after: %s", self._last_error)
+        self._last_error = None
+
+    def observe(self) -> Observation:
+        """One observation; raises SlurmError."""
+        obs = observe(self.source, self.rule, node_partitions=self.node_partitions)
+        new = obs.view.unknown_tokens - self._unknown_seen
+        if new:
+            self._unknown_seen |= new
+            log.warning("unknown Slurm node state(s) %s: such nodes are treated as not idle",
+                        ", ".join(sorted(new)))
+        return obs
+
+    def _seq(self, time_ns: int) -> int:
+        self.last_seq = max(time_ns, self.last_seq + 1)
+        return self.last_seq
+
+    def step(self) -> bool:
+        """Observe Slurm and send one snapshot; True when the daemon accepted one. Never
+        raises for Slurm or daemon failures (they are logged)."""
+        for attempt in (1, 2):
+            try:
+                obs = self.observe()
+            except SlurmError as exc:
+                self._error(f"cannot read Slurm: {exc}")
+                return False
+            idle, bad = split_valid(obs.view.idle)
+            if bad:
+                log.warning("leaving out %d node names the daemon would refuse: %s", len(bad),
+                            ", ".join(repr(b)[:40] for b in bad[:5]))
+            if self.sender is None:
+                log.info("dry run: %d of %d nodes idle: %s", len(idle), obs.view.total,
+                         compress(idle) or "-")
+                self.last_idle = idle
+                self._ok()
+                return True
+            seq = self._seq(obs.time_ns)
+            try:
+                sent = self.sender.sync(time_ns=obs.time_ns, source=self.source_name, seq=seq,
+                                        idle=idle)
+            except DaemonError as exc:
+                if exc.code == "FAILED_PRECONDITION" and attempt == 1:
+                    log.info("snapshot refused (%s); asking Slurm again", exc.details)
+                    continue
+                self._error(f"snapshot not delivered: {exc}")
+                return False
+            changed = idle != self.last_idle
+            (log.info if changed or sent.nodes_left or sent.nodes_joined else log.debug)(
+                "snapshot seq %d: %d of %d nodes idle (%s): %s", seq, len(idle), obs.view.total,
+                compress(idle) or "-", sent)
+            self.last_idle = idle
+            self._ok()
+            return True
+        return False
+
+    def run(self, interval_s: float, once: bool = False,
+            stop: threading.Event | None = None) -> bool:
+        """Step every ``interval_s`` seconds until ``stop`` is set (or once). Returns the last
+        step's result."""
+        stop = stop or threading.Event()
+        while True:
+            t0 = time.monotonic()
+            ok = self.step()
+            if once:
+                return ok
+            if stop.wait(max(interval_s - (time.monotonic() - t0), 0.0)):
+                return ok
+
+
+def node_partitions(names: Iterable[str]) -> frozenset[str]:
+    """Partition names from repeatable / comma-separated option values."""
+    out: set[str] = set()
+    for item in names:
+        out |= {p.strip() for p in item.split(",") if p.strip()}
+    return frozenset(out)

@@ -1,0 +1,160 @@
+#!/bin/bash
+# Start/stop a throw-away single-machine Slurm 22.05 "cluster" (Debian 12 packages)
+# with N emulated compute nodes (several slurmd on 127.0.0.1, distinct ports).
+# Everything runs as root, no systemd, no cgroups, no slurmdbd.
+# Adapted from ../shared/recipes/slurm/start-slurm.sh for Offcut's test suite
+# (tests/slurm_cluster.py): private ports by default, PrologEpilogTimeout, no libslurm-dev.
+#
+# usage:  start-slurm.sh install         # apt-get install the packages (once)
+#         start-slurm.sh start           # munge + slurmctld + N slurmd, waits for idle
+#         start-slurm.sh stop            # stops what "start" started (by pid files)
+#         start-slurm.sh status
+# env:    SLURM_TEST_DIR   (default $TMPDIR/slurm-test)  all state/logs/pids live here
+#         SLURM_TEST_NODES (default 4)     number of emulated nodes n1..nN
+#         SLURM_TEST_PORT0 (default 26800) slurmd i listens on PORT0+i
+#         SLURM_CTLD_PORT  (default 26800; the defaults avoid a site's 6817/6818)
+#         SLURM_EXTRA_CONF (default empty) extra lines appended to slurm.conf
+#         SLURM_PROLOG_EPILOG_TIMEOUT (default 30) seconds before slurmctld kills a hung hook
+#         SLURM_HOOK_DIR   (default empty) if set and the files exist, wires
+#                          $SLURM_HOOK_DIR/prolog_ctld.sh -> PrologSlurmctld
+#                          $SLURM_HOOK_DIR/epilog_ctld.sh -> EpilogSlurmctld
+# After "start":  export SLURM_CONF=$SLURM_TEST_DIR/slurm.conf   (for sinfo/srun/...)
+set -euo pipefail
+
+D=${SLURM_TEST_DIR:-$(dirname "$(mktemp -u)")/slurm-test}
+N=${SLURM_TEST_NODES:-4}
+P0=${SLURM_TEST_PORT0:-26800}
+CP=${SLURM_CTLD_PORT:-26800}
+HOST=$(hostname -s)
+export SLURM_CONF=$D/slurm.conf
+
+log() { echo "[start-slurm $(date +%T.%3N)] $*" >&2; }
+
+do_install() {
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  # policy-rc.d / no systemd: the postinst "start" attempts are harmless no-ops
+  apt-get install -y -q --no-install-recommends \
+      munge slurmctld slurmd slurm-client
+}
+
+write_conf() {
+  mkdir -p "$D/state" "$D/spool" "$D/munge"
+  chmod 755 "$D"   # munged runs as user munge and must reach $D/munge (mktemp -d gives 700)
+  local prolog="" epilog=""
+  if [[ -n "${SLURM_HOOK_DIR:-}" ]]; then
+    [[ -x "$SLURM_HOOK_DIR/prolog_ctld.sh" ]] && prolog="PrologSlurmctld=$SLURM_HOOK_DIR/prolog_ctld.sh"
+    [[ -x "$SLURM_HOOK_DIR/epilog_ctld.sh" ]] && epilog="EpilogSlurmctld=$SLURM_HOOK_DIR/epilog_ctld.sh"
+  fi
+  cat > "$SLURM_CONF" <<EOF
+ClusterName=testcluster
+SlurmctldHost=$HOST(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort=$CP
+AuthType=auth/munge
+CryptoType=crypto/munge
+AuthInfo=socket=$D/munge/munge.socket.2
+StateSaveLocation=$D/state
+SlurmdSpoolDir=$D/spool/%n
+SlurmctldPidFile=$D/slurmctld.pid
+SlurmdPidFile=$D/slurmd-%n.pid
+SlurmctldLogFile=$D/slurmctld.log
+SlurmdLogFile=$D/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SlurmdParameters=config_overrides
+ReturnToService=2
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+MinJobAge=300
+KillWait=5
+PrologEpilogTimeout=${SLURM_PROLOG_EPILOG_TIMEOUT:-30}
+Waittime=0
+# preemption: jobs in "batch" (PriorityTier=10) preempt jobs in "scavenger" (PriorityTier=1)
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+$prolog
+$epilog
+NodeName=n[1-$N] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[$((P0+1))-$((P0+N))] CPUs=2 RealMemory=1000 State=UNKNOWN
+PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
+PartitionName=scavenger Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=10
+${SLURM_EXTRA_CONF:-}
+EOF
+}
+
+alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+do_start() {
+  local t0=$(date +%s%N)
+  write_conf
+  # 1. munge: private socket/pid/log under $D so it never clashes with a system munged
+  if ! alive "$D/munge/munged.pid"; then
+    [[ -s /etc/munge/munge.key ]] || { mungekey --create --keyfile=/etc/munge/munge.key; chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key; }
+    chown munge:munge "$D/munge"; chmod 755 "$D/munge"   # munged insists on o+x for the socket dir
+    runuser -u munge -- /usr/sbin/munged --socket="$D/munge/munge.socket.2" \
+        --pid-file="$D/munge/munged.pid" --log-file="$D/munge/munged.log" \
+        --seed-file="$D/munge/munged.seed"
+  fi
+  # 2. slurmctld (forks into background, writes pid file)
+  alive "$D/slurmctld.pid" || /usr/sbin/slurmctld -f "$SLURM_CONF"
+  # 3. one slurmd per emulated node (Debian build has MULTIPLE_SLURMD=Yes)
+  for i in $(seq 1 "$N"); do
+    alive "$D/slurmd-n$i.pid" || /usr/sbin/slurmd -f "$SLURM_CONF" -N "n$i"
+  done
+  # 4. wait until every node is idle
+  local deadline=$((SECONDS+60))
+  until [[ "$(sinfo -h -N -p batch -t idle -o %N 2>/dev/null | wc -l)" -eq "$N" ]]; do
+    (( SECONDS < deadline )) || { log "nodes not idle after 60s"; sinfo -N 2>&1 >&2 || true; exit 1; }
+    sleep 0.2
+  done
+  log "cluster up: $N nodes idle in $(( ($(date +%s%N) - t0) / 1000000 )) ms; export SLURM_CONF=$SLURM_CONF"
+}
+
+stop_pids() {  # args: pid files. SIGTERM all at once, wait up to 15 s, then SIGKILL
+  local f pid pids=()
+  for f in "$@"; do
+    pid=$(cat "$f" 2>/dev/null) || continue    # the daemons delete their own pid file on exit
+    if kill -TERM "$pid" 2>/dev/null; then pids+=("$pid"); fi
+  done
+  for _ in $(seq 1 150); do
+    local left=0 p
+    for p in "${pids[@]}"; do if kill -0 "$p" 2>/dev/null; then left=1; fi; done
+    (( left )) || return 0
+    sleep 0.1
+  done
+  for p in "${pids[@]}"; do
+    if kill -0 "$p" 2>/dev/null; then log "pid $p did not exit, SIGKILL"; kill -KILL "$p" || true; fi
+  done
+  return 0
+}
+
+do_stop() {
+  # cancel jobs first so that no slurmstepd / job processes linger
+  if scancel --quiet --full --user=root 2>/dev/null; then
+    for _ in $(seq 1 100); do [[ -z "$(squeue -h -o %i 2>/dev/null)" ]] && break; sleep 0.1; done
+  fi
+  # each daemon needs ~1-2 s to exit after SIGTERM, so signal them together
+  stop_pids "$D"/slurmd-n*.pid "$D/slurmctld.pid"   # slurmctld's child "slurmscriptd" exits with it
+  stop_pids "$D/munge/munged.pid"
+  log "stopped"
+}
+
+case "${1:-start}" in
+  install) do_install ;;
+  start)   do_start ;;
+  stop)    do_stop ;;
+  status)  sinfo -N; squeue ;;
+  conf)    write_conf; cat "$SLURM_CONF" ;;
+  *) echo "usage: $0 install|start|stop|status|conf" >&2; exit 2 ;;
+esac

@@ -1,0 +1,280 @@
+"""Pure tests of the Slurm JSON parsing and the idle rule (offcut.slurm_plugin.slurm_json):
+recorded ``sinfo --json`` / ``squeue --json`` answers of the Slurm 22.05 test cluster
+(tests/data/slurm, captured from the real cluster of tests/slurm_cluster.py), hand-made answers
+in the shapes of later Slurm versions, and garbage. No Slurm needed."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from offcut.slurm_plugin.nodelist import (NodeListError, compress, expand_nodelist,
+                                          split_valid)
+from offcut.slurm_plugin.slurm_json import (JobInfo, NodeInfo, OwnJobRule, SlurmDataError,
+                                            idle_nodes, number, parse_jobs, parse_nodes,
+                                            state_tokens)
+
+DATA = Path(__file__).resolve().parent / "data" / "slurm"
+SCAV = frozenset({"scavenger"})
+
+
+def load(name: str) -> dict:
+    return json.loads((DATA / name).read_text())
+
+
+def view(sinfo: str | dict, squeue: str | dict | None = None, rule: OwnJobRule = OwnJobRule(),
+         parts=SCAV, ignore=()):
+    nodes = parse_nodes(load(sinfo) if isinstance(sinfo, str) else sinfo)
+    jobs = parse_jobs(load(squeue) if isinstance(squeue, str) else squeue) if squeue else []
+    return idle_nodes(nodes, jobs, rule, node_partitions=parts, ignore_job_ids=ignore)
+
+
+# ----------------------------------------------------------------------------- hostlists
+def test_expand_nodelist():
+    assert expand_nodelist("n[1-3]") == ["n1", "n2", "n3"]
+    assert expand_nodelist(" r[1-2]n[01-02],x ") == ["r1n01", "r1n02", "r2n01", "r2n02", "x"]
+    assert expand_nodelist("n1,n1") == ["n1"]
+    assert compress(["n1", "n2", "n4"]) == "n[1-2,4]"
+
+
+@pytest.mark.parametrize("text", [None, "", "   ", "n[1-", "n[3-1]", "]]", "n[1-99999999]",
+                                  "a[1-1000],b[1-1000]" * 300])
+def test_expand_nodelist_refuses_garbage(text):
+    with pytest.raises(NodeListError):
+        expand_nodelist(text, max_nodes=100_000)
+
+
+def test_split_valid_uses_the_daemons_rule():
+    good, bad = split_valid(["n1", "a b", "-x", "ok.node_1", "x" * 129, "ü"])
+    assert good == ["n1", "ok.node_1"]
+    assert len(bad) == 4
+
+
+# ----------------------------------------------------------------------------- states
+@pytest.mark.parametrize("value,expected", [
+    ("idle", {"IDLE"}),
+    ("idle*", {"IDLE", "NOT_RESPONDING"}),
+    ("idle~", {"IDLE", "POWERED_DOWN"}),
+    ("mix#", {"MIXED", "POWERING_UP"}),
+    ("idle%", {"IDLE", "POWERING_DOWN"}),
+    ("down*", {"DOWN", "NOT_RESPONDING"}),
+    ("drng", {"DRAINING", "DRAIN"}),
+    ("plnd", {"PLANNED"}),
+    ("IDLE+DRAIN", {"IDLE", "DRAIN"}),
+    (["IDLE", "RESERVED"], {"IDLE", "RESERVED"}),
+    (["MIXED", ["COMPLETING"]], {"MIXED", "COMPLETING"}),
+    (None, set()),
+])
+def test_state_tokens(value, expected):
+    assert state_tokens(value) == expected
+
+
+def test_number_shapes():
+    assert number(5) == 5 and number("7") == 7 and number(None) == 0
+    assert number({"set": True, "infinite": False, "number": 12}) == 12
+    assert number({"set": False, "infinite": False, "number": 12}) == 0
+    assert number({"set": True, "infinite": True, "number": 0}) == math.inf
+    with pytest.raises(SlurmDataError):
+        number("soon")
+
+
+# ----------------------------------------------------------------------------- recorded 22.05
+def test_recorded_idle_cluster():
+    nodes = parse_nodes(load("sinfo-22.05-idle.json"))
+    assert sorted(nodes) == ["n1", "n2", "n3", "n4"]
+    assert nodes["n1"].partitions == {"batch", "scavenger"}
+    v = view("sinfo-22.05-idle.json", "squeue-22.05-completing.json")
+    # the two batch jobs are COMPLETING (their epilog runs) but hold no node any more
+    assert v.idle == ["n1", "n2", "n3", "n4"]
+
+
+def test_recorded_drained_reserved_maintenance():
+    v = view("sinfo-22.05-drain-resv-maint.json")
+    assert v.idle == ["n2"]
+    assert "maintenance" in v.not_idle["n1"] and "reserved" in v.not_idle["n3"]
+    assert "drain" in v.not_idle["n4"] and "(test)" in v.not_idle["n4"]
+
+
+def test_recorded_down_not_responding_draining():
+    v = view("sinfo-22.05-down-draining.json", "squeue-22.05-down-draining.json")
+    assert v.idle == ["n1"]
+    assert "not_responding" in v.not_idle["n2"]
+    assert "down" in v.not_idle["n3"]
+    assert "drain" in v.not_idle["n4"]
+
+
+def test_recorded_regular_job_configuring():
+    v = view("sinfo-22.05-configuring.json", "squeue-22.05-configuring.json")
+    assert v.idle == []
+    assert v.not_idle["n1"].startswith("job 5 (batch)")
+
+
+def test_recorded_offcut_jobs_count_as_idle_under_the_rule():
+    files = ("sinfo-22.05-offcut-jobs.json", "squeue-22.05-offcut-jobs.json")
+    # default: every job of the scavenger partition is Offcut's
+    assert view(*files).idle == ["n1", "n2", "n3", "n4"]
+    # job 3 (offcut-t1, comment "offcut") on n3, job 4 (offcut-t2, no comment) on n4
+    assert view(*files, rule=OwnJobRule(comment_marker="offcut")).idle == ["n1", "n2", "n3"]
+    assert view(*files, rule=OwnJobRule(name_prefix="offcut-")).idle == ["n1", "n2", "n3", "n4"]
+    v = view(*files, rule=OwnJobRule(name_prefix="other-"))
+    assert v.idle == ["n1", "n2"] and v.not_idle["n3"] == "job 3 (scavenger)"
+    assert view(*files, rule=OwnJobRule(partitions=frozenset({"elsewhere"}))).idle == ["n1", "n2"]
+
+
+def test_recorded_offcut_jobs_being_preempted_are_not_idle():
+    v = view("sinfo-22.05-preempting.json", "squeue-22.05-preempting.json")
+    assert v.idle == ["n1", "n2"]
+    assert "being preempted" in v.not_idle["n3"] and "being preempted" in v.not_idle["n4"]
+
+
+def test_node_partition_filter():
+    assert view("sinfo-22.05-idle.json", parts=frozenset({"gpu"})).idle == []
+    assert view("sinfo-22.05-idle.json", parts=frozenset()).idle == ["n1", "n2", "n3", "n4"]
+
+
+def test_recorded_jobs():
+    jobs = {j.job_id: j for j in parse_jobs(load("squeue-22.05-preempting.json"))}
+    assert jobs["3"].nodes == ("n3",) and jobs["3"].being_preempted and jobs["3"].holds_nodes
+    assert jobs["1"].states == {"COMPLETED"} and not jobs["1"].holds_nodes  # finished
+    assert jobs["5"].states == {"PENDING"} and not jobs["5"].holds_nodes
+
+
+# ----------------------------------------------------------------------------- other versions
+V0039_NODES = {  # Slurm 23.02 style: state is a list, no state_flags, numbers as objects
+    "nodes": [
+        {"name": "a1", "state": ["IDLE"], "partitions": ["scavenger"]},
+        {"name": "a2", "state": ["IDLE", "DRAIN"], "partitions": ["scavenger"]},
+        {"name": "a3", "state": ["MIXED"], "partitions": ["scavenger"]},
+        {"name": "a4", "state": ["IDLE", "PLANNED"], "partitions": ["scavenger"]},
+        {"name": "a5", "state": ["IDLE", "POWERED_DOWN"], "partitions": ["scavenger"]},
+        {"name": "a6", "state": ["IDLE", "CLOUD"], "partitions": ["scavenger"]},
+        {"name": "a7", "state": ["ALLOCATED", "COMPLETING"], "partitions": ["scavenger"]},
+    ],
+    "errors": [], "warnings": [],
+}
+V0040_JOBS = {
+    "jobs": [
+        {"job_id": 7, "name": "offcut-x", "partition": "scavenger", "job_state": ["RUNNING"],
+         "nodes": "a3", "preempt_time": {"set": True, "infinite": False, "number": 0},
+         "comment": ""},
+        {"job_id": 8, "name": "user", "partition": "batch", "job_state": ["COMPLETING"],
+         "nodes": "a7", "preempt_time": {"set": False, "infinite": False, "number": 0}},
+    ],
+    "errors": [], "warnings": [],
+}
+
+
+def test_list_states_and_object_numbers():
+    v = view(V0039_NODES, V0040_JOBS)
+    assert v.idle == ["a1", "a3", "a6"]  # a3: busy only with Offcut's job 7
+    assert set(v.not_idle) == {"a2", "a4", "a5", "a7"}
+    assert "planned" in v.not_idle["a4"] and "powered_down" in v.not_idle["a5"]
+    assert v.not_idle["a7"] == "job 8 (batch)"
+    # the epilog disregards its own ending job: a7 is then idle (completing, nobody else on it)
+    assert "a7" in view(V0039_NODES, V0040_JOBS, ignore=["8"]).idle
+
+
+def test_grouped_sinfo_of_later_versions():
+    doc = {"sinfo": [
+        {"node": {"state": ["IDLE"]}, "nodes": {"nodes": ["c1", "c2"], "total": 2},
+         "partition": {"name": "scavenger"}},
+        {"node": {"state": ["IDLE", "DRAIN"]}, "nodes": {"nodes": ["c3"]},
+         "partition": {"name": "scavenger"}, "reason": {"description": "bad dimm"}},
+        {"node": {"state": ["IDLE"]}, "nodes": {"nodes": ["c1", "c2"]}, "partition": {"name": "batch"}},
+        {"node": {"state": ["IDLE"]}, "nodes": {"nodes": "c[4-5]"}, "partition": {"name": "batch"}},
+    ], "errors": [], "warnings": []}
+    nodes = parse_nodes(doc)
+    assert nodes["c1"].partitions == {"scavenger", "batch"}
+    v = idle_nodes(nodes, [], OwnJobRule(), node_partitions=SCAV)
+    assert v.idle == ["c1", "c2"]
+    assert v.not_idle["c3"] == "drain (bad dimm)"
+    assert v.not_idle["c4"].startswith("not in partition")
+
+
+def test_short_form_states():
+    doc = {"nodes": [{"name": f"b{i}", "state": s} for i, s in enumerate(
+        ["idle*", "idle~", "mix#", "idle%", "drng", "idle", "plnd", "IDLE+DRAIN", "alloc",
+         "idle+COMPLETING", "idle$", "idle@", "resv", "maint", "unk", "futr"])]}
+    v = idle_nodes(parse_nodes(doc), [], OwnJobRule())
+    assert v.idle == ["b5", "b9"]
+    assert v.not_idle["b8"] == "allocated, but no job seen on it"
+
+
+def test_job_node_fields_of_other_versions():
+    doc = {"jobs": [
+        {"job_id": 1, "job_state": "RUNNING", "job_resources": {"nodes": "x[1-2]"}},
+        {"job_id": 2, "job_state": ["RUNNING"], "job_resources": {"nodes": {"list": "x3"}}},
+        {"job_id": 3, "job_state": "RUNNING",
+         "job_resources": {"nodes": {"count": 1, "allocation": [{"name": "x4"}]}}},
+        {"job_id": 4, "job_state": "RUNNING",
+         "job_resources": {"allocated_nodes": [{"nodename": "x5"}]}},
+        {"job_id": {"set": True, "number": 5}, "job_state": "RUNNING", "nodes": "x6",
+         "comment": {"job": "offcut", "administrator": "", "system": ""}},
+        {"job_id": 6, "state": "SUSPENDED", "nodes": "x7"},
+    ]}
+    jobs = parse_jobs(doc)
+    assert [j.nodes for j in jobs] == [("x1", "x2"), ("x3",), ("x4",), ("x5",), ("x6",), ("x7",)]
+    assert jobs[4].job_id == "5" and jobs[4].comment == "offcut"
+    assert all(j.holds_nodes for j in jobs)
+
+
+def test_unknown_state_flag_excludes_and_is_reported():
+    doc = {"nodes": [{"name": "d1", "state": ["IDLE", "SOMETHING_NEW"]}, {"name": "d2", "state": "idle"}]}
+    v = idle_nodes(parse_nodes(doc), [], OwnJobRule())
+    assert v.idle == ["d2"]
+    assert v.unknown_tokens == {"SOMETHING_NEW"}
+    assert "unknown state" in v.not_idle["d1"]
+
+
+def test_busy_node_without_jobs_is_not_idle_but_foreign_jobs_win():
+    nodes = {"e1": NodeInfo("e1", frozenset({"ALLOCATED"})), "e2": NodeInfo("e2", frozenset({"IDLE"}))}
+    jobs = [JobInfo("9", partition="batch", states=frozenset({"RUNNING"}), nodes=("e2",)),
+            JobInfo("10", partition="scavenger", states=frozenset({"RUNNING"}), nodes=("e2",))]
+    v = idle_nodes(nodes, jobs, OwnJobRule())
+    assert v.idle == []
+    assert v.not_idle == {"e1": "allocated, but no job seen on it", "e2": "job 9 (batch)"}
+
+
+# ----------------------------------------------------------------------------- garbage
+@pytest.mark.parametrize("doc,message", [
+    ([], "not an object"),
+    ("nodes", "not an object"),
+    ({}, "neither a 'nodes' nor a 'sinfo' list"),
+    ({"nodes": "n1"}, "neither"),
+    ({"nodes": []}, "lists no node"),
+    ({"nodes": [{"state": "idle"}]}, "has no name"),
+    ({"nodes": [{"name": "n1"}]}, "has no state"),
+    ({"nodes": [{"name": "n1", "state": 3}]}, "not a string"),
+    ({"nodes": ["n1"]}, "not an object"),
+    ({"nodes": [{"name": "n1", "state": "idle", "partitions": 5}]}, "partitions"),
+    ({"errors": [{"error": "Unable to contact slurm controller (connect failure)"}], "nodes": []},
+     "Unable to contact slurm controller"),
+    ({"sinfo": [{"nodes": {"nodes": "n[1-"}, "node": {"state": ["IDLE"]}}]}, "malformed"),
+])
+def test_sinfo_garbage(doc, message):
+    with pytest.raises(SlurmDataError, match=message):
+        parse_nodes(doc)
+
+
+@pytest.mark.parametrize("doc,message", [
+    ([], "not an object"),
+    ({"jobs": {}}, "no 'jobs' list"),
+    ({"meta": {}}, "no 'jobs' list"),
+    ({"jobs": [5]}, "not an object"),
+    ({"jobs": [{"job_state": "RUNNING"}]}, "no job_id"),
+    ({"jobs": [{"job_id": 1}]}, "no state"),
+    ({"jobs": [{"job_id": 1, "job_state": "RUNNING", "nodes": "n[1-"}]}, "malformed"),
+    ({"jobs": [{"job_id": 1, "job_state": "RUNNING", "nodes": 17}]}, "neither a hostlist"),
+    ({"jobs": [{"job_id": 1, "job_state": "RUNNING", "preempt_time": "later"}]}, "not a number"),
+    ({"errors": ["slurm_load_jobs error"], "jobs": []}, "slurm_load_jobs error"),
+])
+def test_squeue_garbage(doc, message):
+    with pytest.raises(SlurmDataError, match=message):
+        parse_jobs(doc)
+
+
+def test_empty_job_list_is_fine():
+    assert parse_jobs({"jobs": [], "errors": []}) == []
