@@ -3,6 +3,7 @@
     offcut-slurm watch          poll Slurm, send idle-set snapshots to the daemon
     offcut-slurm idle           print the idle set the watcher would send (no daemon)
     offcut-slurm install-hooks  write the PrologSlurmctld / EpilogSlurmctld wrappers
+    offcut-slurm launch         run the daemon's placements as Slurm jobs
 
 Run ``offcut-slurm COMMAND --help`` for the options.
 """
@@ -20,7 +21,7 @@ from typing import List, Optional
 import typer
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, no_args_is_help=True,
-                  help="Offcut beside Slurm: the idle-node watcher and the Slurm hooks.")
+                  help="Offcut beside Slurm: the idle-node watcher, the Slurm hooks and the launcher.")
 
 ADDRESS_HELP = "daemon address (unix:///path.sock or HOST:PORT) [default: $OFFCUT_ADDRESS, else the local socket]"
 PART_HELP = ("partition(s) of Offcut's own jobs (repeat or comma-separate): their jobs are "
@@ -195,6 +196,61 @@ def install_hooks(
     typer.echo("# add to slurm.conf, then `scontrol reconfigure`:")
     for line in slurm_conf_lines(paths, timeout_s):
         typer.echo(line)
+
+
+@app.command()
+def launch(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="the daemon's offcut.toml: its [slurm] section gives partition, account, job name prefix, signal and lead time, command template, sbatch args [default: the defaults of docs/configuration.md]"),
+    address: Optional[str] = typer.Option(None, "--address", "-a", envvar="OFFCUT_ADDRESS", help=ADDRESS_HELP + "; also given to the jobs as OFFCUT_ADDRESS [default: the config's listen]"),
+    poll_s: float = typer.Option(5.0, "--poll-s", help="seconds between passes when no placement changes (jobs ending are seen then)"),
+    once: bool = typer.Option(False, "--once", help="one reconciliation pass, print what it did as JSON, exit"),
+    timeout_s: float = typer.Option(10.0, "--timeout-s", help="deadline of each daemon call [s]"),
+    slurm_conf: Optional[Path] = typer.Option(None, "--slurm-conf", envvar="SLURM_CONF", help="slurm.conf for the Slurm commands"),
+    slurm_timeout_s: float = typer.Option(20.0, "--slurm-timeout-s", help="limit per Slurm command [s]"),
+    log_file: Optional[Path] = typer.Option(None, "--log-file", help="log here instead of stderr"),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Make the daemon's placements real: one Slurm job per (task, node) in the preemptible
+    partition; shrinking cancels jobs, growing submits more; ended jobs are reported to the
+    daemon (finished completes the task, failed fails it). A restarted launcher adopts the
+    running jobs and submits nothing twice.
+
+    \b
+    Examples:
+      offcut-slurm launch --config /etc/offcut/offcut.toml
+      offcut-slurm launch --once --address unix:///run/offcut/offcutd.sock
+    """
+    from offcut.client import Client
+    from offcut.daemon.config import ConfigError, load_config
+    from offcut.errors import OffcutError
+    from offcut.slurm_plugin.launcher import Launcher
+    from offcut.slurm_plugin.slurm_cli import SlurmCLI
+    from offcut.slurm_plugin.slurm_json import SlurmError
+
+    if poll_s <= 0 or timeout_s <= 0:
+        _fail("--poll-s and --timeout-s must be > 0")
+    try:
+        cfg = load_config(config, {})
+    except ConfigError as exc:
+        _fail(str(exc))
+    _setup_logging(log_file, log_level)
+    log = logging.getLogger("offcut.slurm.launcher")
+    cli = SlurmCLI(slurm_conf=str(slurm_conf) if slurm_conf else None, timeout_s=slurm_timeout_s)
+    with Client(address or cfg.listen, timeout_s=timeout_s) as client:
+        launcher = Launcher(client, cfg.slurm, cli)
+        if once:
+            try:
+                result = launcher.reconcile()
+            except (OffcutError, SlurmError) as exc:
+                _fail(str(exc), 1)
+            typer.echo(json.dumps(result.__dict__, indent=1))
+            return
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        log.info("launching placements of %s as jobs in partition %s (poll %g s)",
+                 client.address, cfg.slurm.partition, poll_s)
+        launcher.run(poll_s, stop)
 
 
 def main() -> None:

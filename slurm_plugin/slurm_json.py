@@ -129,6 +129,7 @@ class JobInfo:
     comment: str = ""
     preempt_time: float = 0.0
     user: str = ""
+    exit_code: int = 0  # the job's return code (0 while it runs)
 
     @property
     def being_preempted(self) -> bool:
@@ -344,8 +345,19 @@ def parse_jobs(doc: Any) -> list[JobInfo]:
             job_id=str(jid), name=_text(rec.get("name")), partition=_text(rec.get("partition")),
             states=states, nodes=tuple(_job_nodes(rec)), comment=_text(rec.get("comment")),
             preempt_time=number(rec.get("preempt_time"), f"preempt_time of job {jid}"),
-            user=_text(user)))
+            user=_text(user), exit_code=_exit_code(rec.get("exit_code"))))
     return out
+
+
+def _exit_code(v: Any) -> int:
+    """A job's return code: a plain number (22.05), ``{"return_code": N, "status": [...]}``
+    (23.02+, possibly with ``{"number": N}`` inside); 0 when absent or unreadable."""
+    if isinstance(v, Mapping):
+        v = v.get("return_code", v.get("number", 0))
+    try:
+        return int(number(v, "exit_code"))
+    except (SlurmDataError, ValueError, OverflowError):
+        return 0
 
 
 # ----------------------------------------------------------------------------- the idle rule

@@ -9,6 +9,7 @@ import pytest
 from offcut.client import Client
 from offcut.daemon.config import DaemonConfig
 from offcut.daemon.server import OffcutServer
+from slurm_cluster import cluster_daemon, slurm, slurm_cluster  # noqa: F401 - fixtures (real Slurm)
 
 
 class Daemons:

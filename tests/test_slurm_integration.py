@@ -6,7 +6,6 @@ Slurm's bare environment, and the daemon's view (idle pool, task placements) is 
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import statistics
 import subprocess
@@ -21,18 +20,7 @@ from offcut.client import make_task_spec
 from offcut.v1 import tasks_pb2
 
 
-def _load_fixture_module():
-    name = "offcut_tests_slurm_cluster"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("slurm_cluster.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-_sc = _load_fixture_module()
-slurm_cluster, slurm, cluster_daemon = _sc.slurm_cluster, _sc.slurm, _sc.cluster_daemon
+import slurm_cluster as _sc  # the fixtures themselves come from conftest.py
 
 pytestmark = pytest.mark.slow
 ALL = ["n1", "n2", "n3", "n4"]

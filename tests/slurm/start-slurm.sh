@@ -83,12 +83,14 @@ PrologEpilogTimeout=${SLURM_PROLOG_EPILOG_TIMEOUT:-30}
 Waittime=0
 # preemption: jobs in "batch" (PriorityTier=10) preempt jobs in "scavenger" (PriorityTier=1)
 PreemptType=preempt/partition_prio
-PreemptMode=REQUEUE
+PreemptMode=CANCEL
+# the preempted job's batch shell gets its --signal at once (then GraceTime to checkpoint)
+SlurmctldParameters=preempt_send_user_signal
 $prolog
 $epilog
 NodeName=n[1-$N] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[$((P0+1))-$((P0+N))] CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
-PartitionName=scavenger Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=10
+PartitionName=scavenger Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL GraceTime=${SLURM_SCAVENGER_GRACE_S:-10}
 ${SLURM_EXTRA_CONF:-}
 EOF
 }
