@@ -316,3 +316,32 @@ def test_end_to_end_on_real_slurm(slurm, cluster_daemon, tmp_path):
           f"after the regular job, grown {t_grown - t_shrunk:.1f} s after, completed "
           f"{time.monotonic() - t_grown:.1f} s after; total {total:.1f} s")
     print(json.dumps({"total_s": round(total, 1)}))
+
+
+# ----------------------------------------------------------------------------- site docs
+@pytest.mark.parametrize("unit", ["offcutd.service", "offcut-slurm-watch.service",
+                                  "offcut-slurm-launch.service"])
+def test_systemd_units_use_existing_options(unit):
+    """Every option in a documented unit's ExecStart is one the command accepts."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from offcut.daemon.__main__ import app as offcutd
+    from offcut.slurm_plugin.cli import app as offcut_slurm
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "systemd" / unit).read_text()
+    exec_line = text.split("ExecStart=", 1)[1].split("\nRestart")[0].replace("\\\n", " ")
+    argv = shlex.split(exec_line)
+    program = argv[0].rsplit("/", 1)[-1]
+    if program == "offcutd":
+        app, args = offcutd, argv[1:]
+    else:
+        app, args = offcut_slurm, argv[2:]
+        assert program == "offcut-slurm" and argv[1] in ("watch", "launch")
+    help_text = CliRunner().invoke(app, ([] if program == "offcutd" else [argv[1]]) + ["--help"],
+                                   terminal_width=200).stdout
+    options = [a for a in args if a.startswith("--")]
+    assert options
+    for opt in options:
+        assert opt in help_text, f"{unit}: {program} has no option {opt}"
