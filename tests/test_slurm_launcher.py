@@ -276,6 +276,18 @@ def test_end_to_end_on_real_slurm(slurm, cluster_daemon, tmp_path):
         assert {n: j["node_list"] for n, j in jobs.items()} == {n: n for n in ALL}
         t_placed = time.monotonic()
 
+        # a launcher restart while the jobs run: it adopts them and submits nothing
+        stop.set()
+        th.join(10)
+        restarted = Launcher(launcher_client, cfg, cli)
+        r = restarted.reconcile()
+        assert r.adopted == 4 and not r.submitted and not r.cancelled
+        assert {n: j["job_id"] for n, j in offcut_jobs(slurm, tid).items()} == \
+            {n: j["job_id"] for n, j in jobs.items()}
+        stop = threading.Event()
+        th = threading.Thread(target=restarted.run, args=(0.5, stop), daemon=True)
+        th.start()
+
         # 2. a regular job arrives: Slurm preempts two Offcut jobs, the prolog tells the daemon
         regular = slurm.sbatch("-N2", wrap="sleep 4")
         slurm.wait_state(regular, {"RUNNING", "COMPLETING", "COMPLETED"}, timeout=90)
