@@ -21,6 +21,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from offcut.addresses import default_socket
+from offcut.client.credentials import open_channel, resolve_token
 from offcut.errors import InvalidArgument, OffcutError, Unavailable, from_rpc_error
 from offcut.v1 import (nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
                        tasks_pb2_grpc, zeus_pb2, zeus_pb2_grpc)
@@ -82,14 +83,26 @@ class Client:
         address: ``unix:///path.sock`` or ``HOST:PORT``; default: ``$OFFCUT_ADDRESS``, else
             the daemon's default socket.
         timeout_s: deadline per call [s].
+        token: bearer token; default ``$OFFCUT_TOKEN``, else the first line of ``token_file``
+            / ``$OFFCUT_TOKEN_FILE`` (see :mod:`offcut.client.credentials`).
+        tls_ca: PEM file of the CA to trust for TCP with TLS; default ``$OFFCUT_TLS_CA``.
+
+    Raises:
+        InvalidArgument: an unreadable or shared token file, an unreadable CA file.
     """
 
-    def __init__(self, address: str | None = None, timeout_s: float = 60.0):
+    def __init__(self, address: str | None = None, timeout_s: float = 60.0, *,
+                 token: str | None = None, token_file: str | None = None,
+                 tls_ca: str | None = None, tls_server_name: str | None = None):
         self.address = address or os.environ.get("OFFCUT_ADDRESS") or default_socket()
         self.timeout_s = timeout_s
         limit = 64 * 1024 * 1024
-        self.channel = grpc.insecure_channel(self.address, options=[
-            ("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)])
+        token = resolve_token(token, token_file)
+        self.authenticated = token is not None  # (the token itself is not kept)
+        self.channel = open_channel(self.address, token=token, tls_ca=tls_ca,
+                                    tls_server_name=tls_server_name, options=[
+                                        ("grpc.max_receive_message_length", limit),
+                                        ("grpc.max_send_message_length", limit)])
         self.nodes = nodes_pb2_grpc.NodeEventsStub(self.channel)
         self.tasks = tasks_pb2_grpc.TasksStub(self.channel)
         self.status_stub = status_pb2_grpc.StatusStub(self.channel)

@@ -423,6 +423,32 @@ def history(
     _render_report(out, use_summary_json=False)
 
 
+token_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="Manage the daemon's bearer tokens (tokens_file in offcut.toml).")
+app.add_typer(token_app, name="token")
+
+
+@token_app.command("new")
+def token_new(
+    user: str = typer.Option(..., "--user", help="user name the token stands for (task owner)"),
+    role: str = typer.Option("user", "--role", help="admin (node events, all tasks) | user (own tasks)"),
+    tokens_file: Path = typer.Option(..., "--tokens-file", help="the daemon's tokens file (created with mode 0600)"),
+) -> None:
+    """Create a token for USER with ROLE, store its SHA-256 in the tokens file and print the
+    token once (give it to the user: `export OFFCUT_TOKEN=...` or a 0600 token file). The
+    daemon reads the file at start: restart it to apply.
+
+    Example: offcut token new --user alice --role user --tokens-file /etc/offcut/tokens.toml
+    """
+    from offcut.daemon.auth import TokensFileError, add_token
+
+    try:
+        token = add_token(tokens_file, user, role)
+    except TokensFileError as exc:
+        _fail(str(exc), 2)
+    typer.echo(token)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

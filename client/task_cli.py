@@ -131,7 +131,9 @@ def submit(
         _fail(_cli_field(str(exc)), 2)
     try:
         with _client(address) as c:
-            reply = c.submit(spec, owner=getpass.getuser(), request_id=str(uuid.uuid4()))
+            # with a token the daemon takes the owner from it; without, the login name
+            owner = "" if c.authenticated else getpass.getuser()
+            reply = c.submit(spec, owner=owner, request_id=str(uuid.uuid4()))
     except InvalidArgument as exc:
         if scalability is None and exc.field is None and "node_counts" in str(exc):
             _fail("--scalability is required: this daemon needs a scalability curve "

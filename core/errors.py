@@ -47,6 +47,13 @@ class PermissionDenied(OffcutError):
     code = grpc.StatusCode.PERMISSION_DENIED
 
 
+class Unauthenticated(OffcutError):
+    """No valid bearer token was sent (client side: configure ``$OFFCUT_TOKEN`` or a token
+    file)."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
 class Unavailable(OffcutError):
     """The daemon cannot be reached (client side)."""
 
@@ -54,7 +61,8 @@ class Unavailable(OffcutError):
 
 
 _BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, FailedPrecondition,
-                                      AlreadyExists, PermissionDenied, Unavailable)}
+                                      AlreadyExists, PermissionDenied, Unauthenticated,
+                                      Unavailable)}
 
 
 def from_rpc_error(err: grpc.RpcError) -> OffcutError:

@@ -54,6 +54,9 @@ def serve(
     max_message_mb: Optional[int] = typer.Option(None, "--max-message-mb", help=flag_help("max_message_mb")),
     log_level: Optional[str] = typer.Option(None, help=flag_help("log_level")),
     metrics_listen: Optional[str] = typer.Option(None, "--metrics-listen", help=flag_help("metrics_listen")),
+    tokens_file: Optional[str] = typer.Option(None, "--tokens-file", help=flag_help("tokens_file")),
+    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help=flag_help("tls_cert")),
+    tls_key: Optional[str] = typer.Option(None, "--tls-key", help=flag_help("tls_key")),
     print_config: Optional[str] = typer.Option(None, "--print-config", help="print every option with its default and exit: toml (a commented offcut.toml to start from) | markdown (docs/configuration.md)"),
 ) -> None:
     """Run the Offcut daemon until SIGTERM/SIGINT."""
@@ -68,7 +71,8 @@ def serve(
             listen=listen, state=state, solver=solver, solver_time_limit_s=solver_time_limit_s,
             isolate_solver=isolate_solver, tfwd_s=tfwd_s, max_running_tasks=max_running_tasks,
             snapshot_every=snapshot_every, durability=durability, record_instances=record_instances,
-            max_message_mb=max_message_mb, log_level=log_level, metrics_listen=metrics_listen))
+            max_message_mb=max_message_mb, log_level=log_level, metrics_listen=metrics_listen,
+            tokens_file=tokens_file, tls_cert=tls_cert, tls_key=tls_key))
     except ConfigError as exc:
         typer.echo(f"offcutd: {exc}", err=True)
         raise typer.Exit(2)

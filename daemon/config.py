@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Literal
 
 from offcut.addresses import default_socket
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 
 def default_state() -> str:
@@ -101,6 +102,18 @@ class SlurmConfig(BaseModel):
         return value
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (``localhost``, 127.0.0.0/8, ``::1``)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class DaemonConfig(BaseModel):
     """Validated daemon settings (units in the key names: ``_s`` seconds, ``_mb`` MiB).
 
@@ -144,8 +157,34 @@ class DaemonConfig(BaseModel):
         None, examples=["127.0.0.1:9464"],
         description="HOST:PORT of the Prometheus /metrics endpoint (HTTP, no "
                           "authentication; port 0 = any free port); unset = no endpoint")
+    tokens_file: str | None = Field(
+        None, examples=["/etc/offcut/tokens.toml"],
+        description="bearer tokens -> user and role (admin | user), mode 0600 (offcut token new "
+                    "adds one); unset = no authentication: whoever can open the socket is admin")
+    tls_cert: str | None = Field(None, examples=["/etc/offcut/tls/cert.pem"],
+                                 description="PEM certificate (chain) for TCP with TLS; with tls_key")
+    tls_key: str | None = Field(None, examples=["/etc/offcut/tls/key.pem"],
+                                description="PEM private key of tls_cert (mode 0600)")
     slurm: SlurmConfig = Field(default_factory=SlurmConfig,
                                description="the Slurm launcher's site settings")
+
+    @model_validator(mode="after")
+    def _check_transport(self) -> "DaemonConfig":
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together (give both or neither)")
+        if self.listen.startswith("unix:"):
+            if self.tls_cert is not None:
+                raise ValueError("tls_cert/tls_key are for TCP; a unix socket is protected by its "
+                                 "file mode")
+            return self
+        try:
+            host, _ = split_host_port(self.listen)
+        except ValueError as exc:
+            raise ValueError(f"listen: {exc}") from None
+        if self.tls_cert is None and not is_loopback(host):
+            raise ValueError(f"listen {self.listen} is reachable from other hosts: set tls_cert "
+                             "and tls_key (TCP needs TLS), or listen on 127.0.0.1 or a unix socket")
+        return self
 
     @field_validator("metrics_listen")
     @classmethod

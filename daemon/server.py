@@ -12,6 +12,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from offcut.daemon.auth import (AuthInterceptor, Authenticator, TokensFileError, check_private,
+                                load_tokens)
 from offcut.daemon.config import DaemonConfig, split_host_port
 from offcut.daemon.engine import Engine
 from offcut.daemon.metrics import DaemonMetrics, MetricsEndpoint
@@ -44,6 +46,28 @@ def _prepare_unix_socket(address: str) -> Path:
     return path
 
 
+def _tls_credentials(config: DaemonConfig) -> grpc.ServerCredentials | None:
+    """TLS server credentials from ``tls_cert``/``tls_key`` (None without them).
+
+    Raises:
+        RuntimeError: unreadable files, or a key file readable by others.
+    """
+    if config.tls_cert is None:
+        return None
+    try:
+        check_private(Path(config.tls_key))
+    except TokensFileError as exc:
+        raise RuntimeError(f"tls_key: {exc}") from None
+    try:
+        cert = Path(config.tls_cert).read_bytes()
+        key = Path(config.tls_key).read_bytes()
+    except OSError as exc:
+        raise RuntimeError(f"cannot read {exc.filename}: {exc.strerror}") from None
+    if b"-----BEGIN" not in cert or b"-----BEGIN" not in key:
+        raise RuntimeError("tls_cert and tls_key must be PEM files")
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
 class OffcutServer:
     """The daemon: engine + gRPC server on ``config.listen`` (+ Prometheus metrics on
     ``config.metrics_listen`` when set, from :meth:`start`).
@@ -55,6 +79,13 @@ class OffcutServer:
 
     def __init__(self, config: DaemonConfig):
         self.config = config
+        # tokens and TLS files first: a bad one refuses the start before anything is opened
+        try:
+            tokens = load_tokens(config.tokens_file) if config.tokens_file else None
+        except TokensFileError as exc:
+            raise RuntimeError(f"tokens_file: {exc}") from None
+        self.auth = Authenticator(tokens)
+        credentials = _tls_credentials(config)
         from offcut.daemon.solvers.dp import compiled_kernel_missing, warm_up
 
         log.info("dp kernel ready in %.1f s", warm_up())  # the exact fallback of every backend
@@ -80,12 +111,14 @@ class OffcutServer:
         limit = config.max_message_mb * 1024 * 1024
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="offcut-rpc"),
-            interceptors=[self.metrics.interceptor],
+            # metrics outermost, so that refused calls are counted with their code
+            interceptors=[self.metrics.interceptor, AuthInterceptor(self.auth)],
             options=[("grpc.max_receive_message_length", limit),
                      ("grpc.max_send_message_length", limit)])
         nodes_pb2_grpc.add_NodeEventsServicer_to_server(NodeEventsService(self.engine), self.server)
-        tasks_pb2_grpc.add_TasksServicer_to_server(TasksService(self.engine), self.server)
-        status_pb2_grpc.add_StatusServicer_to_server(StatusService(self.engine), self.server)
+        tasks_pb2_grpc.add_TasksServicer_to_server(TasksService(self.engine, self.auth), self.server)
+        status_pb2_grpc.add_StatusServicer_to_server(StatusService(self.engine, self.auth),
+                                                     self.server)
         zeus_pb2_grpc.add_BatchSizeOptimizerServicer_to_server(
             BatchSizeOptimizerService(self.zeus), self.server)
         zeus_pb2_grpc.add_PowerLimitOptimizerServicer_to_server(
@@ -101,7 +134,10 @@ class OffcutServer:
             self.socket_path = _prepare_unix_socket(address)
             address = f"unix://{self.socket_path}"
         try:
-            self.port = self.server.add_insecure_port(address)
+            if credentials is not None:
+                self.port = self.server.add_secure_port(address, credentials)
+            else:
+                self.port = self.server.add_insecure_port(address)
         except RuntimeError as exc:
             self.engine.close()
             self.zeus_store.close()

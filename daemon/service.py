@@ -8,7 +8,8 @@ import logging
 
 import grpc
 
-from offcut.errors import InvalidArgument, NotFound, OffcutError
+from offcut.errors import InvalidArgument, NotFound, OffcutError, PermissionDenied
+from offcut.daemon.auth import LOCAL_ADMIN, Authenticator, Principal
 from offcut.daemon import protocol
 from offcut.daemon.engine import Engine, clock_now
 from offcut.v1 import (decision_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
@@ -100,21 +101,51 @@ class NodeEventsService(nodes_pb2_grpc.NodeEventsServicer):
         return self._apply(protocol.node_event_from_pb(request, snapshot=True))
 
 
+def _visible(engine: Engine, who: Principal, task_id: str) -> bool:
+    """Whether ``who`` may see task ``task_id`` (admins: all; users: their own)."""
+    if who.is_admin:
+        return True
+    task = engine.core.tasks.get(task_id)
+    return task is not None and task.owner == who.user
+
+
+def _redact(engine: Engine, who: Principal, decision: decision_pb2.Decision) -> None:
+    """Drop other users' placements and completions from a decision shown to a user."""
+    if who.is_admin:
+        return
+    mine = [p for p in decision.placements if _visible(engine, who, p.task_id)]
+    done = [t for t in decision.completed_task_ids if _visible(engine, who, t)]
+    del decision.placements[:]
+    decision.placements.extend(mine)
+    del decision.completed_task_ids[:]
+    decision.completed_task_ids.extend(done)
+
+
 class TasksService(tasks_pb2_grpc.TasksServicer):
-    """``offcut.v1.Tasks``: submit, get, list, cancel, watch placements."""
+    """``offcut.v1.Tasks``: submit, get, list, cancel, watch placements. With tokens, users
+    see and act on their own tasks only (another user's task is NOT_FOUND, DESIGN §8)."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, auth: Authenticator | None = None):
         self.engine = engine
+        self.auth = auth or Authenticator(None)
 
-    def _task_pb(self, task_id: str) -> tasks_pb2.Task:
+    def _task_pb(self, task_id: str, who: Principal = LOCAL_ADMIN) -> tasks_pb2.Task:
         task = self.engine.core.tasks.get(task_id)
-        if task is None:
+        if task is None or not _visible(self.engine, who, task_id):
             raise NotFound(f"no task {task_id!r}", "task_id")
         return protocol.task_to_pb(task, self.engine.core)
 
     @_rpc
     def SubmitTask(self, request, context):
-        """Validate the spec (INVALID_ARGUMENT naming ``spec.<field>``), queue the task, re-allocate."""
+        """Validate the spec (INVALID_ARGUMENT naming ``spec.<field>``), queue the task, re-allocate.
+        A user submits as themselves (another ``owner`` is PERMISSION_DENIED)."""
+        who = self.auth.of(context)
+        if self.auth.enabled and request.owner != who.user:
+            if request.owner and not who.is_admin:
+                raise PermissionDenied(f"users submit as themselves ({who.user!r})", "owner")
+            if not request.owner:
+                request = tasks_pb2.SubmitTaskRequest.FromString(request.SerializeToString())
+                request.owner = who.user
         with self.engine.lock:
             event = protocol.submit_from_pb(request, self.engine.core.clock, clock_now())
 
@@ -123,6 +154,9 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
                                                     decision=decision)
 
             reply, duplicate = self.engine.apply(event, build, tasks_pb2.SubmitTaskResponse.FromString)
+            if reply.task.owner != who.user and not who.is_admin:  # someone else's request id
+                raise PermissionDenied("belongs to another user's submission", "request_id")
+            _redact(self.engine, who, reply.decision)
         if duplicate:
             reply.decision.duplicate = True
         return reply
@@ -132,12 +166,19 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         """One task (NOT_FOUND for an unknown id)."""
         if not request.task_id:
             raise InvalidArgument("is required", "task_id")
+        who = self.auth.of(context)
         with self.engine.lock:
-            return self._task_pb(request.task_id)
+            return self._task_pb(request.task_id, who)
 
     @_rpc
     def ListTasks(self, request, context):
-        """Tasks filtered by state and owner, in submit order."""
+        """Tasks filtered by state and owner, in submit order (a user: their own only)."""
+        who = self.auth.of(context)
+        owner = request.owner
+        if not who.is_admin:
+            if owner and owner != who.user:
+                raise PermissionDenied("users list their own tasks only", "owner")
+            owner = who.user
         wanted = set()
         for s in request.states:
             if s not in protocol.PB_TO_STATE:
@@ -147,13 +188,16 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
             core = self.engine.core
             tasks = [protocol.task_to_pb(t, core) for t in core.tasks.values()
                      if (not wanted or t.state in wanted)
-                     and (not request.owner or t.owner == request.owner)]
+                     and (not owner or t.owner == owner)]
         return tasks_pb2.ListTasksResponse(tasks=tasks)
 
     @_rpc
     def CancelTask(self, request, context):
         """Cancel a task, release its nodes, re-allocate (NOT_FOUND / FAILED_PRECONDITION)."""
+        who = self.auth.of(context)
         with self.engine.lock:
+            if request.task_id and not _visible(self.engine, who, request.task_id):
+                raise NotFound(f"no task {request.task_id!r}", "task_id")
             event = protocol.cancel_from_pb(request, self.engine.core.clock, clock_now())
 
             def build(out, decision):
@@ -161,6 +205,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
                                                     decision=decision)
 
             reply, _ = self.engine.apply(event, build, tasks_pb2.CancelTaskResponse.FromString)
+            _redact(self.engine, who, reply.decision)
         return reply
 
     @_rpc
@@ -182,26 +227,43 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         return reply
 
     def WatchPlacements(self, request, context):
-        """Stream placement updates (retained ones after ``after_revision`` first)."""
-        if request.task_id and request.task_id not in self.engine.core.tasks:
+        """Stream placement updates (retained ones after ``after_revision`` first); a user sees
+        changes of their own tasks only."""
+        who = self.auth.of(context)
+        if request.task_id and (request.task_id not in self.engine.core.tasks
+                                or not _visible(self.engine, who, request.task_id)):
             context.abort(grpc.StatusCode.NOT_FOUND, f"task_id: no task {request.task_id!r}")
-        yield from self.engine.watch(request.after_revision, request.task_id, context.is_active)
+        for update in self.engine.watch(request.after_revision, request.task_id, context.is_active):
+            if not who.is_admin:
+                mine = [p for p in update.placements if _visible(self.engine, who, p.task_id)]
+                if not mine:
+                    continue
+                update = tasks_pb2.PlacementUpdate(revision=update.revision, time=update.time,
+                                                   cause=update.cause, placements=mine)
+            yield update
 
 
 class StatusService(status_pb2_grpc.StatusServicer):
     """``offcut.v1.Status``: idle pool, tasks, last decision, solver statistics; the export
     of the journal (``ExportHistory``)."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, auth: Authenticator | None = None):
         self.engine = engine
+        self.auth = auth or Authenticator(None)
 
     @_rpc
     def GetStatus(self, request: status_pb2.GetStatusRequest, context):
-        """Idle pool, tasks by state, last decision, solver statistics."""
+        """Idle pool, tasks by state, last decision, solver statistics. A user gets the
+        aggregate figures only (no node names, last decision or event sources)."""
+        who = self.auth.of(context)
         with self.engine.lock:
-            return protocol.status_to_pb(self.engine.core, self.engine.last_decision,
-                                         self.engine.solver_statistics(),
-                                         request.include_idle_nodes)
+            reply = protocol.status_to_pb(self.engine.core, self.engine.last_decision,
+                                          self.engine.solver_statistics(),
+                                          request.include_idle_nodes and who.is_admin)
+        if not who.is_admin:
+            reply.ClearField("last_decision")
+            reply.last_seq.clear()
+        return reply
 
     @_rpc_stream
     def ExportHistory(self, request: status_pb2.ExportHistoryRequest, context):

@@ -1,0 +1,245 @@
+"""Authentication and roles (DESIGN §8).
+
+Bearer tokens in the ``authorization`` metadata (``Bearer TOKEN``) map to a user and a role:
+
+* ``admin``: everything (node events, every task, run reports, history export);
+* ``user``: submit tasks as themselves, see, watch and cancel only their own tasks, the
+  Zeus optimizers, and an aggregate status (no node names, no other users' placements).
+
+The tokens file (``tokens_file`` in offcut.toml) is TOML with one ``[[tokens]]`` table per
+token, storing only its SHA-256, never the token::
+
+    [[tokens]]
+    user = "alice"
+    role = "user"
+    sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+
+``offcut token new --user alice --role user --tokens-file FILE`` adds one and prints the
+token once. The file must be readable by its owner only (mode 0600 or stricter), else the
+daemon refuses to start. Without a tokens file every caller is ``admin``: the unix socket's
+0600 mode is then the only guard.
+
+Unauthenticated calls get ``UNAUTHENTICATED``; a role that may not make a call gets
+``PERMISSION_DENIED``; another user's task is ``NOT_FOUND`` (its existence is not leaked).
+Tokens never appear in logs or error messages. The health service stays open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+ROLES = ("admin", "user")
+
+#: methods only admins may call (full gRPC method names)
+ADMIN_ONLY = frozenset({
+    "/offcut.v1.NodeEvents/ReportNodes",
+    "/offcut.v1.NodeEvents/SyncNodes",
+    "/offcut.v1.Tasks/ReportTaskRun",
+    "/offcut.v1.Status/ExportHistory",
+})
+#: services that need no token at all
+OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+
+
+class TokensFileError(ValueError):
+    """The tokens file is unreadable, malformed, or readable by others."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: ``user`` name and ``role`` (``admin`` | ``user``)."""
+
+    user: str
+    role: str
+
+    @property
+    def is_admin(self) -> bool:
+        """True for the admin role."""
+        return self.role == "admin"
+
+
+#: the caller when the daemon has no tokens file
+LOCAL_ADMIN = Principal("local", "admin")
+
+
+def token_digest(token: str) -> str:
+    """SHA-256 hex digest of a token (what the tokens file stores)."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def check_private(path: Path) -> None:
+    """Raise :class:`TokensFileError` unless ``path`` is a regular file that only its owner
+    may read or write (and that owner is this process's user or root)."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise TokensFileError(f"cannot read {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise TokensFileError(f"{path} is not a regular file")
+    if st.st_mode & 0o077:
+        raise TokensFileError(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}: others may read "
+                              f"it; chmod 600 {path}")
+    if st.st_uid not in (os.geteuid(), 0):
+        raise TokensFileError(f"{path} is owned by uid {st.st_uid}, not by this user")
+
+
+def load_tokens(path: str | Path) -> dict[str, Principal]:
+    """``{sha256: Principal}`` from a tokens file.
+
+    Raises:
+        TokensFileError: permissions (see :func:`check_private`), TOML syntax, a missing or
+            bad ``user``/``role``/``sha256``, or a digest listed twice.
+    """
+    path = Path(path)
+    check_private(path)
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise TokensFileError(f"{path}: {exc}") from None
+    entries = doc.get("tokens", [])
+    if not isinstance(entries, list):
+        raise TokensFileError(f"{path}: 'tokens' must be an array of tables ([[tokens]])")
+    unknown = set(doc) - {"tokens"}
+    if unknown:
+        raise TokensFileError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
+    out: dict[str, Principal] = {}
+    for i, e in enumerate(entries, start=1):
+        where = f"{path}: token {i}"
+        if not isinstance(e, dict):
+            raise TokensFileError(f"{where}: not a table")
+        user, role, digest = e.get("user"), e.get("role"), e.get("sha256")
+        if not isinstance(user, str) or not user or len(user) > 200 or not user.isprintable():
+            raise TokensFileError(f"{where}: user must be 1-200 printable characters")
+        if role not in ROLES:
+            raise TokensFileError(f"{where}: role must be one of {', '.join(ROLES)}")
+        if not (isinstance(digest, str) and len(digest) == 64
+                and all(c in "0123456789abcdef" for c in digest)):
+            raise TokensFileError(f"{where}: sha256 must be 64 lower-case hex digits")
+        if digest in out:
+            raise TokensFileError(f"{where}: the same token is listed twice")
+        out[digest] = Principal(user, role)
+    return out
+
+
+def add_token(path: str | Path, user: str, role: str) -> str:
+    """Create a random token for ``user`` with ``role``, append its digest to the tokens file
+    (created with mode 0600 if missing) and return the token (shown once, stored nowhere).
+
+    Raises:
+        TokensFileError: bad role/user, or an existing file that :func:`load_tokens` refuses.
+    """
+    path = Path(path)
+    if role not in ROLES:
+        raise TokensFileError(f"role must be one of {', '.join(ROLES)}")
+    if not user or len(user) > 200 or not user.isprintable() or '"' in user or "\\" in user:
+        raise TokensFileError("user must be 1-200 printable characters without quotes")
+    if path.exists():
+        load_tokens(path)  # refuses a file readable by others or malformed
+    token = secrets.token_urlsafe(32)
+    entry = f'\n[[tokens]]\nuser = "{user}"\nrole = "{role}"\nsha256 = "{token_digest(token)}"\n'
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write(entry)
+    load_tokens(path)
+    return token
+
+
+def bearer_token(metadata) -> str | None:
+    """The token of an ``authorization: Bearer TOKEN`` metadata entry (None if absent)."""
+    for key, value in metadata or ():
+        if key == "authorization" and isinstance(value, str):
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+class Authenticator:
+    """Resolves callers: ``tokens`` (``{sha256: Principal}``) or None (no auth: every caller
+    is :data:`LOCAL_ADMIN`)."""
+
+    def __init__(self, tokens: dict[str, Principal] | None):
+        self.tokens = tokens
+
+    @property
+    def enabled(self) -> bool:
+        """Whether tokens are required."""
+        return self.tokens is not None
+
+    def principal(self, metadata) -> Principal | None:
+        """The caller of a call with this metadata; None when the token is missing or
+        unknown (compared in constant time)."""
+        if self.tokens is None:
+            return LOCAL_ADMIN
+        token = bearer_token(metadata)
+        if token is None:
+            return None
+        digest = token_digest(token)
+        for known, who in self.tokens.items():
+            if hmac.compare_digest(known, digest):
+                return who
+        return None
+
+    def of(self, context) -> Principal:
+        """The caller of a running call (the interceptor has already refused anonymous ones)."""
+        who = self.principal(context.invocation_metadata())
+        if who is None:  # cannot happen behind the interceptor; refuse rather than assume
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required")
+        return who
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Refuses calls without a valid token (UNAUTHENTICATED) and admin-only methods for other
+    roles (PERMISSION_DENIED) before any handler runs. Object-level rules (own tasks) are
+    checked by the services with :meth:`Authenticator.of`."""
+
+    def __init__(self, auth: Authenticator):
+        self.auth = auth
+
+    def intercept_service(self, continuation, handler_call_details):
+        """Pass the call on, or answer it with the refusal."""
+        method = handler_call_details.method
+        if not self.auth.enabled or method.startswith(OPEN_PREFIXES):
+            return continuation(handler_call_details)
+        who = self.auth.principal(handler_call_details.invocation_metadata)
+        if who is None:
+            return _refusal(grpc.StatusCode.UNAUTHENTICATED,
+                            "a valid bearer token is required (authorization: Bearer TOKEN)",
+                            continuation(handler_call_details))
+        if method in ADMIN_ONLY and not who.is_admin:
+            return _refusal(grpc.StatusCode.PERMISSION_DENIED,
+                            f"{method.rsplit('/', 1)[-1]} needs the admin role",
+                            continuation(handler_call_details))
+        return continuation(handler_call_details)
+
+
+def _refusal(code: grpc.StatusCode, message: str, handler):
+    """A handler of the same arity as ``handler`` that aborts with ``code``."""
+    def abort(request, context):
+        context.abort(code, message)
+
+    def abort_stream(request, context):
+        context.abort(code, message)
+        yield  # pragma: no cover - abort raises
+
+    if handler is None:
+        return None
+    kw = dict(request_deserializer=handler.request_deserializer,
+              response_serializer=handler.response_serializer)
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(abort, **kw)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(abort_stream, **kw)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(abort, **kw)
+    return grpc.stream_stream_rpc_method_handler(abort_stream, **kw)
