@@ -22,6 +22,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from offcut.addresses import default_socket
 from offcut.client.credentials import open_channel, resolve_token
+from offcut.client.retry import RetryPolicy
 from offcut.errors import InvalidArgument, OffcutError, Unavailable, from_rpc_error
 from offcut.v1 import (nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
                        tasks_pb2_grpc, zeus_pb2, zeus_pb2_grpc)
@@ -43,6 +44,9 @@ def to_timestamp(t: float | datetime) -> Timestamp:
 def _translate(method):
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
+        retry = getattr(self, "retry", None)
+        if retry is not None:  # retries idempotent calls on UNAVAILABLE, see offcut.client.retry
+            return retry.call(self, method, args, kwargs)
         try:
             return method(self, *args, **kwargs)
         except grpc.RpcError as err:
@@ -86,6 +90,9 @@ class Client:
         token: bearer token; default ``$OFFCUT_TOKEN``, else the first line of ``token_file``
             / ``$OFFCUT_TOKEN_FILE`` (see :mod:`offcut.client.credentials`).
         tls_ca: PEM file of the CA to trust for TCP with TLS; default ``$OFFCUT_TLS_CA``.
+        retry: retry idempotent calls while the daemon is unavailable (restarting), see
+            :mod:`offcut.client.retry` for which calls, the backoff and the deadline; None
+            (default): every failure is raised at once.
 
     Raises:
         InvalidArgument: an unreadable or shared token file, an unreadable CA file.
@@ -93,7 +100,9 @@ class Client:
 
     def __init__(self, address: str | None = None, timeout_s: float = 60.0, *,
                  token: str | None = None, token_file: str | None = None,
-                 tls_ca: str | None = None, tls_server_name: str | None = None):
+                 tls_ca: str | None = None, tls_server_name: str | None = None,
+                 retry: RetryPolicy | None = None):
+        self.retry = retry
         self.address = address or os.environ.get("OFFCUT_ADDRESS") or default_socket()
         self.timeout_s = timeout_s
         limit = 64 * 1024 * 1024
@@ -102,7 +111,8 @@ class Client:
         self.channel = open_channel(self.address, token=token, tls_ca=tls_ca,
                                     tls_server_name=tls_server_name, options=[
                                         ("grpc.max_receive_message_length", limit),
-                                        ("grpc.max_send_message_length", limit)])
+                                        ("grpc.max_send_message_length", limit)]
+                                    + (retry.channel_options() if retry else []))
         self.nodes = nodes_pb2_grpc.NodeEventsStub(self.channel)
         self.tasks = tasks_pb2_grpc.TasksStub(self.channel)
         self.status_stub = status_pb2_grpc.StatusStub(self.channel)

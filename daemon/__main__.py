@@ -52,6 +52,14 @@ def serve(
     durability: Optional[str] = typer.Option(None, help=flag_help("durability")),
     record_instances: Optional[str] = typer.Option(None, "--record-instances", help=flag_help("record_instances")),
     max_message_mb: Optional[int] = typer.Option(None, "--max-message-mb", help=flag_help("max_message_mb")),
+    max_event_nodes: Optional[int] = typer.Option(None, help=flag_help("max_event_nodes")),
+    max_idle_nodes: Optional[int] = typer.Option(None, help=flag_help("max_idle_nodes")),
+    max_task_nodes: Optional[int] = typer.Option(None, help=flag_help("max_task_nodes")),
+    max_curve_points: Optional[int] = typer.Option(None, help=flag_help("max_curve_points")),
+    max_command_args: Optional[int] = typer.Option(None, help=flag_help("max_command_args")),
+    max_command_bytes: Optional[int] = typer.Option(None, help=flag_help("max_command_bytes")),
+    max_batch_sizes: Optional[int] = typer.Option(None, help=flag_help("max_batch_sizes")),
+    max_power_limits: Optional[int] = typer.Option(None, help=flag_help("max_power_limits")),
     log_level: Optional[str] = typer.Option(None, help=flag_help("log_level")),
     metrics_listen: Optional[str] = typer.Option(None, "--metrics-listen", help=flag_help("metrics_listen")),
     tokens_file: Optional[str] = typer.Option(None, "--tokens-file", help=flag_help("tokens_file")),
@@ -71,7 +79,11 @@ def serve(
             listen=listen, state=state, solver=solver, solver_time_limit_s=solver_time_limit_s,
             isolate_solver=isolate_solver, tfwd_s=tfwd_s, max_running_tasks=max_running_tasks,
             snapshot_every=snapshot_every, durability=durability, record_instances=record_instances,
-            max_message_mb=max_message_mb, log_level=log_level, metrics_listen=metrics_listen,
+            max_message_mb=max_message_mb, max_event_nodes=max_event_nodes,
+            max_idle_nodes=max_idle_nodes, max_task_nodes=max_task_nodes,
+            max_curve_points=max_curve_points, max_command_args=max_command_args,
+            max_command_bytes=max_command_bytes, max_batch_sizes=max_batch_sizes,
+            max_power_limits=max_power_limits, log_level=log_level, metrics_listen=metrics_listen,
             tokens_file=tokens_file, tls_cert=tls_cert, tls_key=tls_key))
     except ConfigError as exc:
         typer.echo(f"offcutd: {exc}", err=True)

@@ -114,6 +114,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+#: the DaemonConfig options that are request size limits (offcut.daemon.model.Limits)
+LIMIT_FIELDS = ("max_event_nodes", "max_idle_nodes", "max_task_nodes", "max_curve_points",
+                "max_command_args", "max_command_bytes", "max_batch_sizes", "max_power_limits")
+
+
 class DaemonConfig(BaseModel):
     """Validated daemon settings (units in the key names: ``_s`` seconds, ``_mb`` MiB).
 
@@ -151,7 +156,33 @@ class DaemonConfig(BaseModel):
         None, examples=["/var/lib/offcut/instances.jsonl"],
         description="append every allocation problem to this JSONL file (offcut solve "
                           "re-solves it); unset = not recorded")
-    max_message_mb: int = Field(64, ge=1, le=1024, description="largest gRPC message accepted, MiB")
+    max_message_mb: int = Field(64, ge=1, le=1024, description=(
+        "largest gRPC message accepted (and sent), MiB; a larger request is answered "
+        "RESOURCE_EXHAUSTED"))
+    # Request size limits (offcut.daemon.model.Limits): a request over one is answered
+    # INVALID_ARGUMENT naming the field and the limit, and changes nothing.
+    max_event_nodes: int = Field(200_000, ge=1, description=(
+        "most node names in one ReportNodes (idle + preempted) or SyncNodes request (the "
+        "whole idle set); more is INVALID_ARGUMENT"))
+    max_idle_nodes: int = Field(200_000, ge=1, description=(
+        "most nodes the idle pool may hold; a report that would grow it further is "
+        "FAILED_PRECONDITION, a larger snapshot INVALID_ARGUMENT"))
+    max_task_nodes: int = Field(200_000, ge=1, description=(
+        "largest max_nodes of a submitted task (its objective table has max_nodes + 1 "
+        "entries); larger is INVALID_ARGUMENT"))
+    max_curve_points: int = Field(100_000, ge=2, description=(
+        "most points (node_counts) of a task's scalability curve; more is INVALID_ARGUMENT"))
+    max_command_args: int = Field(4096, ge=0, description=(
+        "most arguments of a task's command (each at most 65,536 characters); more is "
+        "INVALID_ARGUMENT"))
+    max_command_bytes: int = Field(1_048_576, ge=0, description=(
+        "most UTF-8 bytes of all arguments of a task's command together; more is "
+        "INVALID_ARGUMENT"))
+    max_batch_sizes: int = Field(1024, ge=1, description=(
+        "most batch sizes of one Zeus job (RegisterJob); more is INVALID_ARGUMENT"))
+    max_power_limits: int = Field(1000, ge=1, description=(
+        "most power limits one Zeus power profile walks through ((max_power_limit_w - "
+        "min_power_limit_w) / step_w + 1); more is INVALID_ARGUMENT"))
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     metrics_listen: str | None = Field(
         None, examples=["127.0.0.1:9464"],
@@ -185,6 +216,13 @@ class DaemonConfig(BaseModel):
             raise ValueError(f"listen {self.listen} is reachable from other hosts: set tls_cert "
                              "and tls_key (TCP needs TLS), or listen on 127.0.0.1 or a unix socket")
         return self
+
+    def limits(self):
+        """The request size limits as the engine and the Zeus registry take them
+        (:class:`offcut.daemon.model.Limits`)."""
+        from offcut.daemon.model import Limits
+
+        return Limits(**{name: getattr(self, name) for name in LIMIT_FIELDS})
 
     @field_validator("metrics_listen")
     @classmethod

@@ -25,8 +25,8 @@ import numpy as np
 
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 from offcut.daemon import placement
-from offcut.daemon.model import (RUN_STATES, CancelEvent, Event, NodeEvent, SubmitEvent, Task,
-                                 TaskRunEvent, TaskState, check_node_names)
+from offcut.daemon.model import (RUN_STATES, CancelEvent, Event, Limits, NodeEvent, SubmitEvent,
+                                 Task, TaskRunEvent, TaskState, check_node_names)
 from offcut.daemon.solvers.problem import AllocationProblem, objective_table
 
 MAX_SOURCE_LEN = 200
@@ -103,11 +103,16 @@ class Core:
     Args:
         tfwd_s: BFTrainer's look-ahead Tfwd [s] used in the allocation objective.
         max_running_tasks: maxJ, tasks admitted to the allocation at once.
+        limits: size limits checked by :meth:`validate`; None = none (re-applying the
+            journal, whose events were checked against the limits of their time). Not part
+            of the persisted state: the engine sets the configured ones.
     """
 
-    def __init__(self, tfwd_s: float = 10.0, max_running_tasks: int = 10):
+    def __init__(self, tfwd_s: float = 10.0, max_running_tasks: int = 10,
+                 limits: Limits | None = None):
         self.tfwd_s = float(tfwd_s)
         self.max_running_tasks = int(max_running_tasks)
+        self.limits = limits
         self.clock: float | None = None
         self.revision = 0
         self.pool: dict[str, float] = {}        # idle node -> idle since [s]
@@ -142,6 +147,8 @@ class Core:
                 raise FailedPrecondition(
                     f"event at {event.time:.3f} is older than the last applied event at "
                     f"{self.clock:.3f}", "time")
+            if self.limits is not None:
+                self._check_event_size(event, self.limits.max_event_nodes)
             check_node_names(list(event.idle), "idle")
             check_node_names(list(event.preempted), "preempted")
             if not event.snapshot:
@@ -151,8 +158,10 @@ class Core:
                 if both:
                     raise InvalidArgument(
                         f"node {sorted(both)[0]!r} is both idle and preempted", "preempted")
+            if self.limits is not None:
+                self._check_pool_size(event, self.limits.max_idle_nodes)
         elif isinstance(event, SubmitEvent):
-            event.spec.validate()
+            event.spec.validate(self.limits)
             if event.request_id and len(event.request_id) > MAX_SOURCE_LEN:
                 raise InvalidArgument(f"must be at most {MAX_SOURCE_LEN} characters", "request_id")
             if not event.owner or len(event.owner) > MAX_SOURCE_LEN:
@@ -166,6 +175,32 @@ class Core:
             if task.state.finished:
                 raise FailedPrecondition(f"task {event.task_id} is already {task.state.value}",
                                          "task_id")
+
+    @staticmethod
+    def _check_event_size(event: NodeEvent, limit: int) -> None:
+        """INVALID_ARGUMENT when an event names more than ``limit`` (max_event_nodes) nodes."""
+        if len(event.idle) > limit:
+            raise InvalidArgument(f"has {len(event.idle)} node names, more than max_event_nodes "
+                                  f"({limit})", "idle")
+        if len(event.idle) + len(event.preempted) > limit:
+            raise InvalidArgument(f"idle and preempted name {len(event.idle) + len(event.preempted)}"
+                                  f" nodes together, more than max_event_nodes ({limit})",
+                                  "preempted")
+
+    def _check_pool_size(self, event: NodeEvent, limit: int) -> None:
+        """Refuse an event after which the idle pool would hold more than ``limit``
+        (max_idle_nodes) nodes: INVALID_ARGUMENT for a snapshot (too large by itself),
+        FAILED_PRECONDITION for a report (too large given the pool)."""
+        if event.snapshot:
+            if len(event.idle) > limit:
+                raise InvalidArgument(f"has {len(event.idle)} nodes, more than max_idle_nodes "
+                                      f"({limit})", "idle")
+            return
+        size = (len(self.pool) + sum(1 for n in event.idle if n not in self.pool)
+                - sum(1 for n in event.preempted if n in self.pool))
+        if size > limit:
+            raise FailedPrecondition(f"the idle pool would hold {size} nodes, more than "
+                                     f"max_idle_nodes ({limit})", "idle")
 
     @staticmethod
     def _validate_run(event: TaskRunEvent) -> None:

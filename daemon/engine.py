@@ -22,8 +22,8 @@ from google.protobuf.message import Message
 
 from offcut.errors import OffcutError
 from offcut.daemon.core import Core, Outcome, SolveRecord
-from offcut.daemon.model import (Event, NodeEvent, SubmitEvent, TaskRunEvent, event_from_dict,
-                                 event_to_dict)
+from offcut.daemon.model import (Event, Limits, NodeEvent, SubmitEvent, TaskRunEvent,
+                                 event_from_dict, event_to_dict)
 from offcut.daemon.protocol import decision_to_pb
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.solvers.problem import AllocationProblem
@@ -57,11 +57,15 @@ class Engine:
         allocator: solves allocation problems (``Allocator``).
         tfwd_s, max_running_tasks: core settings; applied on top of the stored state.
         record_instances: optional JSONL path; every solved problem is appended to it.
+        limits: request size limits checked for new events (default: :class:`Limits`'s
+            defaults); the journal is re-applied without them.
     """
 
     def __init__(self, store: Store, allocator: Allocator, *, tfwd_s: float = 10.0,
-                 max_running_tasks: int = 10, record_instances: str | Path | None = None):
+                 max_running_tasks: int = 10, record_instances: str | Path | None = None,
+                 limits: Limits | None = None):
         self.store = store
+        self.limits = limits if limits is not None else Limits()
         self.allocator = allocator
         self.requested_solver = allocator.solver
         self.lock = threading.RLock()
@@ -92,6 +96,7 @@ class Engine:
         if state or n:
             log.info("state %s: revision %d (%d journal rows re-applied after the snapshot)",
                      self.store.path, core.revision, n)
+        core.limits = self.limits  # new events only: the journal was checked when it was written
         return core
 
     # ------------------------------------------------------------------ allocation
@@ -133,13 +138,13 @@ class Engine:
             started = time.perf_counter()
             try:
                 out = self.core.apply_validated(event, self._allocate)
+                decision = decision_to_pb(out, self.requested_solver)
+                reply = build(out, decision)
+                raw = reply.SerializeToString()
             except Exception:  # after validation, any failure may have left a partial change
                 log.exception("applying %s failed; reloading state", type(event).__name__)
                 self.core = self._recover()
                 raise
-            decision = decision_to_pb(out, self.requested_solver)
-            reply = build(out, decision)
-            raw = reply.SerializeToString()
             try:
                 self.store.append(
                     kind=out.cause, event=event_to_dict(event),

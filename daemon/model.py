@@ -18,6 +18,38 @@ from offcut.nodes import NODE_NAME_RE
 
 #: Node names accepted in events: Slurm-style host names (letters, digits, ``-``, ``_``, ``.``).
 MAX_NAME_LEN = 200
+#: longest single argument of a task's command, characters (fixed; the total is a setting)
+MAX_COMMAND_ARG_LEN = 65536
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Size limits on what requests may ask the daemon to hold (DaemonConfig options of the
+    same names, docs/configuration.md). A request over a limit is INVALID_ARGUMENT naming the
+    field and the limit (FAILED_PRECONDITION for ``max_idle_nodes``, which depends on the
+    pool); nothing changes.
+
+    Attributes:
+        max_event_nodes: node names in one ReportNodes (``idle`` + ``preempted``) or
+            SyncNodes (``idle``) request.
+        max_idle_nodes: nodes the idle pool may hold.
+        max_task_nodes: largest ``spec.max_nodes`` of a task.
+        max_curve_points: points of a task's scalability curve (``spec.node_counts``).
+        max_command_args: arguments of a task's ``spec.command``.
+        max_command_bytes: UTF-8 bytes of all arguments of ``spec.command`` together.
+        max_batch_sizes: batch sizes of one Zeus job (``spec.batch_sizes``).
+        max_power_limits: power limits one Zeus power profile walks through
+            (``(max_power_limit_w - min_power_limit_w) / step_w + 1``).
+    """
+
+    max_event_nodes: int = 200_000
+    max_idle_nodes: int = 200_000
+    max_task_nodes: int = 200_000
+    max_curve_points: int = 100_000
+    max_command_args: int = 4096
+    max_command_bytes: int = 1_048_576
+    max_batch_sizes: int = 1024
+    max_power_limits: int = 1000
 
 
 class TaskState(str, Enum):
@@ -76,9 +108,14 @@ class TaskSpec:
     command: tuple[str, ...] = ()
 
     @classmethod
-    def create(cls, **kwargs: Any) -> "TaskSpec":
-        """Build and validate a spec; raises :class:`InvalidArgument` naming the field
+    def create(cls, limits: Limits | None = None, **kwargs: Any) -> "TaskSpec":
+        """Build and validate a spec (against ``limits`` too when given, checked before the
+        lists are converted); raises :class:`InvalidArgument` naming the field
         (``spec.<field>``) on the first problem found."""
+        if limits is not None:
+            check_spec_sizes(limits, max_nodes=kwargs.get("max_nodes", 0),
+                             node_counts=kwargs.get("node_counts", ()),
+                             command=kwargs.get("command", ()))
         spec = cls(
             name=str(kwargs.get("name", "")),
             min_nodes=kwargs.get("min_nodes", 0),
@@ -91,11 +128,16 @@ class TaskSpec:
             total_work_samples=kwargs.get("total_work_samples", 0.0),
             command=tuple(str(x) for x in kwargs.get("command", ())),
         )
-        spec.validate()
+        spec.validate(limits)
         return spec
 
-    def validate(self) -> None:
-        """Raise :class:`InvalidArgument` (field ``spec.<name>``) if the spec is malformed."""
+    def validate(self, limits: Limits | None = None) -> None:
+        """Raise :class:`InvalidArgument` (field ``spec.<name>``) if the spec is malformed or,
+        when ``limits`` are given, larger than they allow (None: no size limits, as when the
+        journal is re-applied at start: it was checked against the limits of its time)."""
+        if limits is not None:
+            check_spec_sizes(limits, max_nodes=self.max_nodes, node_counts=self.node_counts,
+                             command=self.command)
         if not self.name or len(self.name) > MAX_NAME_LEN or not self.name.isprintable():
             raise InvalidArgument(f"must be 1-{MAX_NAME_LEN} printable characters", "spec.name")
         for fname in ("min_nodes", "max_nodes"):
@@ -110,8 +152,6 @@ class TaskSpec:
         ns, ps = self.node_counts, self.throughputs
         if len(ns) < 2:
             raise InvalidArgument("needs at least two points (0 and one more)", "spec.node_counts")
-        if len(ns) > 100_000:
-            raise InvalidArgument("has more than 100000 points", "spec.node_counts")
         if any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) for n in ns):
             raise InvalidArgument("must be integers", "spec.node_counts")
         if ns[0] != 0:
@@ -138,8 +178,10 @@ class TaskSpec:
         check_finite(self.rescale_up_s, "spec.rescale_up_s", non_negative=True)
         check_finite(self.rescale_down_s, "spec.rescale_down_s", non_negative=True)
         check_finite(self.total_work_samples, "spec.total_work_samples", positive=True)
-        if len(self.command) > 4096 or any(len(a) > 65536 for a in self.command):
-            raise InvalidArgument("is too long", "spec.command")
+        for i, arg in enumerate(self.command):
+            if len(arg) > MAX_COMMAND_ARG_LEN:
+                raise InvalidArgument(f"argument {i} has {len(arg)} characters, more than "
+                                      f"{MAX_COMMAND_ARG_LEN}", "spec.command")
 
     @property
     def objective(self) -> tuple[float, ...]:
@@ -171,6 +213,29 @@ class TaskSpec:
         """Inverse of :meth:`to_dict` (no validation: the data was validated when stored)."""
         return cls(**{**d, **{k: tuple(d[k]) for k in
                               ("node_counts", "throughputs", "objective_values", "command")}})
+
+
+def check_spec_sizes(limits: Limits, *, max_nodes: Any, node_counts: Any, command: Any) -> None:
+    """Raise :class:`InvalidArgument` naming ``spec.<field>`` and the limit when a spec is
+    larger than ``limits`` allow (``max_task_nodes``, ``max_curve_points``,
+    ``max_command_args``, ``max_command_bytes``). Only sizes are looked at, so this is cheap
+    and runs before the spec's lists are converted or checked point by point."""
+    if (isinstance(max_nodes, (int, np.integer)) and not isinstance(max_nodes, bool)
+            and max_nodes > limits.max_task_nodes):
+        raise InvalidArgument(f"must be at most max_task_nodes ({limits.max_task_nodes}), got "
+                              f"{max_nodes}", "spec.max_nodes")
+    if len(node_counts) > limits.max_curve_points:
+        raise InvalidArgument(f"has {len(node_counts)} points, more than max_curve_points "
+                              f"({limits.max_curve_points})", "spec.node_counts")
+    if len(command) > limits.max_command_args:
+        raise InvalidArgument(f"has {len(command)} arguments, more than max_command_args "
+                              f"({limits.max_command_args})", "spec.command")
+    size = 0
+    for arg in command:
+        size += len(arg.encode("utf-8", "surrogatepass")) if isinstance(arg, str) else len(arg)
+        if size > limits.max_command_bytes:
+            raise InvalidArgument(f"has more than max_command_bytes ({limits.max_command_bytes})"
+                                  " bytes of arguments", "spec.command")
 
 
 @dataclass

@@ -11,8 +11,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from offcut.errors import InvalidArgument
 from offcut.daemon.core import Core, Outcome, PlacementChange
-from offcut.daemon.model import (CancelEvent, NodeEvent, SubmitEvent, Task, TaskRunEvent, TaskSpec,
-                                 TaskState)
+from offcut.daemon.model import (CancelEvent, Limits, NodeEvent, SubmitEvent, Task, TaskRunEvent,
+                                 TaskSpec, TaskState)
 from offcut.v1 import decision_pb2, nodes_pb2, status_pb2, tasks_pb2
 
 CHANGE_TO_PB = {
@@ -41,15 +41,22 @@ RUN_STATE_FROM_PB = {
 }
 PB_TO_STATE = {v: k for k, v in STATE_TO_PB.items()}
 
+#: the last second a ``google.protobuf.Timestamp`` may hold (9999-12-31T23:59:59Z)
+MAX_TIMESTAMP_SECONDS = 253_402_300_799
+#: sequence numbers are stored as SQLite integers (signed 64-bit)
+MAX_SEQ = 2**63 - 1
+
 
 def time_from_pb(ts: Timestamp, field: str, *, required: bool, default: float | None = None) -> float:
-    """Seconds since the epoch from a Timestamp; unset -> ``default`` or InvalidArgument."""
+    """Seconds since the epoch from a Timestamp; unset -> ``default`` or InvalidArgument.
+    Times before 1970 or after 9999-12-31 (outside Timestamp's range) are InvalidArgument."""
     if ts.seconds == 0 and ts.nanos == 0:
         if required or default is None:
             raise InvalidArgument("is required", field)
         return default
-    if not 0 <= ts.nanos < 1_000_000_000 or ts.seconds < 0:
-        raise InvalidArgument("is not a valid timestamp", field)
+    if not 0 <= ts.nanos < 1_000_000_000 or not 0 <= ts.seconds <= MAX_TIMESTAMP_SECONDS:
+        raise InvalidArgument(f"is not a valid timestamp between 1970 and 9999 (seconds "
+                              f"{ts.seconds}, nanos {ts.nanos})", field)
     return ts.seconds + ts.nanos / 1e9
 
 
@@ -64,17 +71,21 @@ def time_to_pb(t: float | None) -> Timestamp:
 
 
 def node_event_from_pb(msg: nodes_pb2.NodeEvent | nodes_pb2.NodeSnapshot, *, snapshot: bool) -> NodeEvent:
-    """A core NodeEvent from ReportNodes / SyncNodes; InvalidArgument when ``time`` is unset."""
+    """A core NodeEvent from ReportNodes / SyncNodes; InvalidArgument when ``time`` is unset
+    or ``seq`` does not fit a signed 64-bit integer."""
+    if msg.seq > MAX_SEQ:
+        raise InvalidArgument(f"must be at most 2^63 - 1, got {msg.seq}", "seq")
     return NodeEvent(
         time=time_from_pb(msg.time, "time", required=True),
         source=msg.source, seq=msg.seq, idle=tuple(msg.idle),
         preempted=() if snapshot else tuple(msg.preempted), snapshot=snapshot)
 
 
-def spec_from_pb(spec: tasks_pb2.TaskSpec) -> TaskSpec:
-    """A validated :class:`TaskSpec`; raises InvalidArgument naming ``spec.<field>``."""
+def spec_from_pb(spec: tasks_pb2.TaskSpec, limits: Limits | None = None) -> TaskSpec:
+    """A validated :class:`TaskSpec` (within ``limits`` when given); raises InvalidArgument
+    naming ``spec.<field>``."""
     return TaskSpec.create(
-        name=spec.name, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
+        limits=limits, name=spec.name, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
         node_counts=list(spec.node_counts), throughputs=list(spec.throughputs),
         objective_values=list(spec.objective_values), rescale_up_s=spec.rescale_up_s,
         rescale_down_s=spec.rescale_down_s, total_work_samples=spec.total_work_samples,
@@ -91,13 +102,15 @@ def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
         command=spec.command)
 
 
-def submit_from_pb(req: tasks_pb2.SubmitTaskRequest, clock: float | None, now: float) -> SubmitEvent:
-    """A SubmitEvent; an unset submit_time means max(now, clock) [s since epoch]."""
+def submit_from_pb(req: tasks_pb2.SubmitTaskRequest, clock: float | None, now: float,
+                   limits: Limits | None = None) -> SubmitEvent:
+    """A SubmitEvent; an unset submit_time means max(now, clock) [s since epoch]; the spec
+    is checked against ``limits`` when given."""
     if not req.HasField("spec"):
         raise InvalidArgument("is required", "spec")
     t = time_from_pb(req.submit_time, "submit_time", required=False,
                      default=now if clock is None else max(now, clock))
-    return SubmitEvent(time=t, spec=spec_from_pb(req.spec), owner=req.owner or "anonymous",
+    return SubmitEvent(time=t, spec=spec_from_pb(req.spec, limits), owner=req.owner or "anonymous",
                        request_id=req.request_id)
 
 

@@ -17,7 +17,8 @@ from offcut.daemon.auth import (AuthInterceptor, Authenticator, TokensFileError,
 from offcut.daemon.config import DaemonConfig, split_host_port
 from offcut.daemon.engine import Engine
 from offcut.daemon.metrics import DaemonMetrics, MetricsEndpoint
-from offcut.daemon.service import NodeEventsService, StatusService, TasksService
+from offcut.daemon.service import (DecodeGuardInterceptor, NodeEventsService, StatusService,
+                                   TasksService)
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.store import Store
 from offcut.daemon.zeus.registry import ZeusRegistry
@@ -99,11 +100,11 @@ class OffcutServer:
                               isolate=config.isolate_solver)
         self.engine = Engine(store, allocator, tfwd_s=config.tfwd_s,
                              max_running_tasks=config.max_running_tasks,
-                             record_instances=config.record_instances)
+                             record_instances=config.record_instances, limits=config.limits())
         # The Zeus optimizers keep their own connection to the state file: their transactions
         # must not interleave with the engine's on one connection (SQLite serialises writers).
         self.zeus_store = Store(config.state, durability=config.durability)
-        self.zeus = ZeusRegistry(self.zeus_store)
+        self.zeus = ZeusRegistry(self.zeus_store, config.limits())
         self.metrics = DaemonMetrics(self.engine, self.zeus)
         self.metrics_endpoint: MetricsEndpoint | None = None
         #: TCP port of the /metrics endpoint once started (None without ``metrics_listen``)
@@ -112,7 +113,8 @@ class OffcutServer:
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="offcut-rpc"),
             # metrics outermost, so that refused calls are counted with their code
-            interceptors=[self.metrics.interceptor, AuthInterceptor(self.auth)],
+            interceptors=[self.metrics.interceptor, AuthInterceptor(self.auth),
+                          DecodeGuardInterceptor()],  # undecodable requests: INVALID_ARGUMENT
             options=[("grpc.max_receive_message_length", limit),
                      ("grpc.max_send_message_length", limit)])
         nodes_pb2_grpc.add_NodeEventsServicer_to_server(NodeEventsService(self.engine), self.server)

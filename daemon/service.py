@@ -17,6 +17,18 @@ from offcut.v1 import (decision_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc
 
 log = logging.getLogger("offcut.daemon")
 
+#: longest status message sent, characters: messages quote request values, and gRPC clients
+#: refuse trailing metadata over 8 KiB (the caller would see RESOURCE_EXHAUSTED instead)
+MAX_STATUS_MESSAGE = 1000
+
+
+def status_message(exc: OffcutError) -> str:
+    """``str(exc)``, cut to :data:`MAX_STATUS_MESSAGE` characters (the field name leads it)."""
+    text = str(exc)
+    if len(text) > MAX_STATUS_MESSAGE:
+        text = text[:MAX_STATUS_MESSAGE - 30] + f"... ({len(text)} characters)"
+    return text
+
 
 @contextlib.contextmanager
 def _abort_on_error(name: str, context):
@@ -25,7 +37,7 @@ def _abort_on_error(name: str, context):
     try:
         yield
     except OffcutError as exc:
-        context.abort(exc.code, str(exc))
+        context.abort(exc.code, status_message(exc))
     except Exception:
         log.exception("%s failed", name)
         context.abort(grpc.StatusCode.INTERNAL, f"{name} failed; see the daemon log")
@@ -52,6 +64,65 @@ def _rpc_stream(method):
             yield from method(self, request, context)
 
     return wrapper
+
+
+class _Undecodable:
+    """A request whose bytes are not a valid message of the method's type."""
+
+    def __init__(self, type_name: str, error: Exception):
+        self.type_name = type_name
+        self.error = error
+
+    def abort(self, context):
+        """Answer INVALID_ARGUMENT naming the request."""
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"request: not a valid {self.type_name} message "
+                      f"({str(self.error)[:200] or type(self.error).__name__})")
+
+
+class DecodeGuardInterceptor(grpc.ServerInterceptor):
+    """Answers requests that cannot be parsed (truncated or invalid bytes, invalid UTF-8 in a
+    string field) with INVALID_ARGUMENT naming the request type, where gRPC Python would answer
+    INTERNAL ("Exception deserializing request!"). Goes last among the interceptors, so the
+    others (metrics, authentication) see and count such calls like any other."""
+
+    def intercept_service(self, continuation, handler_call_details):
+        """Wrap the handler's request deserializer and its behaviour (all four arities)."""
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        decode = handler.request_deserializer
+        owner = getattr(decode, "__self__", None)
+        type_name = getattr(getattr(owner, "DESCRIPTOR", None), "full_name",
+                            handler_call_details.method)
+
+        def safe_decode(data: bytes):
+            try:
+                return decode(data)
+            except Exception as exc:  # DecodeError, or a deserializer's own failure
+                return _Undecodable(type_name, exc)
+
+        def unary(behavior):
+            def wrapper(request, context):
+                if isinstance(request, _Undecodable):
+                    request.abort(context)
+                return behavior(request, context)
+            return wrapper
+
+        def stream(behavior):
+            def wrapper(request, context):
+                if isinstance(request, _Undecodable):
+                    request.abort(context)
+                yield from behavior(request, context)
+            return wrapper
+
+        kw = dict(request_deserializer=safe_decode,
+                  response_serializer=handler.response_serializer)
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kw)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(stream(handler.unary_stream), **kw)
+        return handler  # client-streaming methods: none in offcut.v1
 
 
 def _decision(stored: bytes) -> decision_pb2.Decision:
@@ -147,7 +218,8 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
                 request = tasks_pb2.SubmitTaskRequest.FromString(request.SerializeToString())
                 request.owner = who.user
         with self.engine.lock:
-            event = protocol.submit_from_pb(request, self.engine.core.clock, clock_now())
+            event = protocol.submit_from_pb(request, self.engine.core.clock, clock_now(),
+                                            self.engine.limits)
 
             def build(out, decision):
                 return tasks_pb2.SubmitTaskResponse(task=self._task_pb(out.task_id),
@@ -232,7 +304,8 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         who = self.auth.of(context)
         if request.task_id and (request.task_id not in self.engine.core.tasks
                                 or not _visible(self.engine, who, request.task_id)):
-            context.abort(grpc.StatusCode.NOT_FOUND, f"task_id: no task {request.task_id!r}")
+            context.abort(grpc.StatusCode.NOT_FOUND,
+                          status_message(NotFound(f"no task {request.task_id!r}", "task_id")))
         for update in self.engine.watch(request.after_revision, request.task_id, context.is_active):
             if not who.is_admin:
                 mine = [p for p in update.placements if _visible(self.engine, who, p.task_id)]

@@ -10,6 +10,23 @@ change as a ``ReportNodes`` event with the log's timestamps, and writes to ``out
   (both written by ``offcut.replay.history.HistoryWriter``, as ``offcut history`` does);
 * ``summary.json`` (see :func:`summarise`), and ``report.png``, ``throughput.png``,
   ``decisions.png``, ``summary.txt`` (see ``offcut.replay.report.build_report``).
+
+Restarts (issue 5, DESIGN §6). Every call the driver makes is idempotent: node events carry
+``(source, seq)`` and submissions ``request_id = "<source>:<task name>"``, and the daemon
+answers a repeat with the reply it stored. A client with a
+:class:`~offcut.client.retry.RetryPolicy` (``run_replay(retry=...)``) therefore rides through a
+daemon restart by repeating the call in flight. Above that, the **resume rule**: when the
+driver starts with ``resume=True`` (a new driver after the old one died), or a call still
+fails with ``Unavailable`` and ``resume_wait_s`` > 0 (it waits that long for the daemon to come
+back), it asks the daemon what it has applied, ``status().last_seq[source]`` = L, checks that
+against what it had acknowledged (L may be one ahead: the call in flight was applied, its reply
+lost; anything else means lost state or a second writer on the source and stops the replay),
+writes the rows of every applied event of its own that it has not written yet from the
+daemon's journal (``ExportHistory``), then continues: node events with seq <= L are not sent
+again, submissions are sent again with their request ids (the daemon answers the applied ones
+with their stored reply, which is not written twice). Rows are written once per reply, in
+revision order (a reply whose revision is not newer than the last written one is a repeat), so
+``steps.csv`` / ``placements.csv`` come out as in an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -25,19 +42,21 @@ import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
 from offcut.client.api import Client
-from offcut.errors import Unavailable
+from offcut.client.retry import RetryPolicy
+from offcut.errors import OffcutError, Unavailable
 from offcut.replay.bftrainer_data import NodeLog, TaskRecord
 # steps.csv / placements.csv are written by the writer shared with ``offcut history``; the
 # names stay importable from here
-from offcut.replay.history import PLACEMENT_COLUMNS, STEP_COLUMNS, HistoryWriter, iso, seconds
-from offcut.v1 import tasks_pb2
+from offcut.replay.history import (NODE_EVENT_KINDS, PLACEMENT_COLUMNS, STEP_COLUMNS,
+                                   HistoryWriter, iso, seconds)
+from offcut.v1 import decision_pb2, status_pb2, tasks_pb2
 
 log = logging.getLogger("offcut.replay")
 
@@ -69,6 +88,27 @@ def to_epoch(ts: pd.Timestamp) -> float:
     return ts.value / 1e9
 
 
+#: owner of the replay's submissions
+REPLAY_OWNER = "replay"
+
+
+def daemon_command(opts: ReplayOptions, address: str, state: str | Path, *,
+                   durability: str = "normal", snapshot_every: int = 5000) -> list[str]:
+    """The ``offcutd`` command line of a replay's daemon: ``opts``' solver, Tfwd [s], maxJ and
+    MILP time limit [s], listening on ``address`` with state file ``state``; ``durability``
+    ``normal`` (survives ``kill -9``) or ``full`` (fsync per commit), a snapshot every
+    ``snapshot_every`` journal rows."""
+    cmd = [sys.executable, "-m", "offcut.daemon", "--listen", address,
+           "--state", str(state), "--solver", opts.solver,
+           "--tfwd", str(opts.tfwd_s), "--max-running-tasks", str(opts.max_tasks),
+           "--time-limit", str(opts.time_limit_s), "--snapshot-every", str(int(snapshot_every)),
+           "--durability", durability,
+           "--log-level", "warning"]
+    if opts.record_instances:
+        cmd += ["--record-instances", str(Path(opts.record_instances).resolve())]
+    return cmd
+
+
 @contextmanager
 def private_daemon(opts: ReplayOptions, workdir: Path, log_path: Path
                    ) -> Iterator[tuple[str, int | None]]:
@@ -77,14 +117,7 @@ def private_daemon(opts: ReplayOptions, workdir: Path, log_path: Path
     Raises :class:`Unavailable` (with the daemon's log tail) if it does not come up.
     """
     address = f"unix://{workdir / 'offcutd.sock'}"
-    cmd = [sys.executable, "-m", "offcut.daemon", "--listen", address,
-           "--state", str(workdir / "state.sqlite"), "--solver", opts.solver,
-           "--tfwd", str(opts.tfwd_s), "--max-running-tasks", str(opts.max_tasks),
-           "--time-limit", str(opts.time_limit_s), "--snapshot-every", "5000",
-           "--durability", "normal",
-           "--log-level", "warning"]
-    if opts.record_instances:
-        cmd += ["--record-instances", str(Path(opts.record_instances).resolve())]
+    cmd = daemon_command(opts, address, workdir / "state.sqlite")
     with open(log_path, "w") as log_fh:
         proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT)
         try:
@@ -138,10 +171,14 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
 
 
 def summarise(client: Client, events: int, submitted: int, solve_ms: list[float],
-              opts: ReplayOptions, wall_s: float, node_log: NodeLog) -> dict:
+              opts: ReplayOptions, wall_s: float, node_log: NodeLog, *,
+              solves_by_backend: dict[str, int] | None = None,
+              solver_fallbacks: int | None = None) -> dict:
     """``summary.json``: events, tasks, ``all_done_at``, samples, node-hours, utilisation
     (used / idle node-hours), decision time percentiles [ms] (daemon-side allocation time of
-    events that needed a solve), solver statistics."""
+    events that needed a solve), solver statistics: ``solves_by_backend`` (allocation problems
+    solved per backend) and ``solver_fallbacks`` as given (the replay counts them from its
+    decisions, see :class:`Recorder`), else the daemon's counters since its last start."""
     status = client.status()
     tasks = client.list_tasks()
     completed = [t for t in tasks if t.state == tasks_pb2.TASK_STATE_COMPLETED]
@@ -160,8 +197,10 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
         "utilisation": used_h / idle_h if idle_h > 0 else None,
         "decision_ms": _percentiles(solve_ms),
         "solver": opts.solver,
-        "solves_by_backend": dict(status.solver.solves_by_backend),
-        "solver_fallbacks": status.solver.fallbacks,
+        "solves_by_backend": (dict(status.solver.solves_by_backend) if solves_by_backend is None
+                              else dict(sorted(solves_by_backend.items()))),
+        "solver_fallbacks": (status.solver.fallbacks if solver_fallbacks is None
+                             else solver_fallbacks),
         "num_nodes": len(node_log.node_names),
         "first_event": iso(to_epoch(node_log.initial_time)),
         "last_event": iso(seconds(status.clock)),
@@ -176,30 +215,124 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
     }
 
 
+class Recorder:
+    """Writes each decision of the replay once, in revision order, through a
+    :class:`HistoryWriter`, and counts the replay's allocation solves.
+
+    A reply whose ``decision.revision`` is not newer than the last one written is a repeat (a
+    stored answer to a retried or resent call) and writes nothing.
+
+    Attributes:
+        last_revision: revision of the last decision written (0: none).
+        solves_by_backend: allocation problems solved per backend, over the written decisions
+            (``SolveStats.solves`` credited to ``SolveStats.solver``). Counted from the
+            replay's own (journaled) answers, so a daemon restart does not reset it; a decision
+            names only the backend of its last solve, so an event whose solves used two
+            backends (``trivial`` then ``dp``) credits all of them to the last one (the
+            daemon's per-process counter may differ by such events).
+        fallbacks: written decisions whose allocation fell back to another backend.
+    """
+
+    def __init__(self, writers: HistoryWriter, source: str, task_names: Iterable[str]):
+        self.writers = writers
+        self.source = source
+        self.task_names = frozenset(task_names)
+        self.last_revision = 0
+        self.solves_by_backend: dict[str, int] = {}
+        self.fallbacks = 0
+
+    def _new(self, d: decision_pb2.Decision) -> bool:
+        if d.revision <= self.last_revision:
+            return False
+        self.last_revision = d.revision
+        if d.solve.solves:
+            self.solves_by_backend[d.solve.solver] = (
+                self.solves_by_backend.get(d.solve.solver, 0) + d.solve.solves)
+        if d.solve.status == "fallback":
+            self.fallbacks += 1
+        return True
+
+    def submission(self, task: tasks_pb2.Task, d: decision_pb2.Decision) -> bool:
+        """A submission's answer: a ``submitted`` row and its placement rows; False (nothing
+        written) for a repeat."""
+        if not self._new(d):
+            return False
+        self.writers.submitted(task)
+        self.writers.decision(d, None)
+        return True
+
+    def node_event(self, d: decision_pb2.Decision) -> bool:
+        """A node event's answer: a steps.csv row (``evt`` = rows so far) and its placement
+        rows; False (nothing written) for a repeat."""
+        if not self._new(d):
+            return False
+        self.writers.node_event(d)
+        return True
+
+    def entry(self, e: status_pb2.HistoryEntry) -> bool:
+        """A journal entry (``ExportHistory``), written if it is this replay's (a node event of
+        its source, or a submission by :data:`REPLAY_OWNER` of one of its task names) and
+        newer than the last written decision."""
+        if not e.HasField("decision"):
+            return False
+        if e.kind in NODE_EVENT_KINDS:
+            return e.decision.source == self.source and self.node_event(e.decision)
+        if (e.kind == "submit" and e.HasField("task") and e.task.owner == REPLAY_OWNER
+                and e.task.spec.name in self.task_names):
+            return self.submission(e.task, e.decision)
+        return False
+
+
 def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
-               opts: ReplayOptions) -> dict:
+               opts: ReplayOptions, *, source: str | None = None, resume: bool = False,
+               resume_wait_s: float = 0.0, retry: RetryPolicy | None = None,
+               connect: Callable[[str], Client] | None = None) -> dict:
     """Replay ``node_log`` with ``tasks`` through a daemon; write the outputs; return the
-    summary dict. Raises :class:`offcut.errors.OffcutError` if the daemon rejects an event or
-    cannot be reached."""
+    summary dict.
+
+    Args:
+        source: the node-event source name (default ``replay`` for a private daemon, a
+            unique ``replay-<pid>-<time>`` for ``opts.target``); pass the earlier run's to
+            resume it.
+        resume: continue a replay of the same log, tasks and ``source`` that a previous
+            driver began on ``opts.target`` (module docstring: the resume rule); the output
+            files are rewritten whole, the applied part from the daemon's journal.
+        resume_wait_s: when a call fails with ``Unavailable`` (after the client's own retries),
+            wait up to this long [s] for the daemon to serve again and resume from what it has
+            applied; 0 (default): raise.
+        retry: the client's :class:`~offcut.client.retry.RetryPolicy` (None: no retries).
+        connect: makes the client for an address (default ``Client(address, retry=retry)``).
+
+    Raises :class:`offcut.errors.OffcutError` if the daemon rejects an event or cannot be
+    reached, or (resuming) reports a state that contradicts what it acknowledged.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if resume and not opts.target:
+        raise ValueError("resume needs a running daemon to continue on (opts.target)")
+    if connect is None:
+        def connect(address: str) -> Client:
+            return Client(address, retry=retry)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="offcut-replay-") as tmp:
         if opts.target:
             ctx = nullcontext((opts.target, None))
-            source = f"replay-{os.getpid()}-{int(time.time())}"
+            source = source or f"replay-{os.getpid()}-{int(time.time())}"
         else:
             ctx = private_daemon(opts, Path(tmp), out_dir / "daemon.log")
-            source = "replay"
-        with ctx as (address, daemon_pid), Client(address) as client:
+            source = source or "replay"
+        with ctx as (address, daemon_pid), connect(address) as client:
             client.wait_ready()
             drive_started = time.perf_counter()
             with HistoryWriter(out_dir) as writers:
-                events, submitted, stop_reason = _drive(client, node_log, tasks, opts, writers,
-                                                        source)
+                rec = Recorder(writers, source, (t.name for t in tasks))
+                driver = _Driver(client, node_log, tasks, opts, rec, source, resume_wait_s)
+                events, submitted, stop_reason = driver.run(resume)
             drive_s = time.perf_counter() - drive_started
             summary = summarise(client, events, submitted, writers.solve_ms, opts,
-                                time.perf_counter() - started, node_log)
+                                time.perf_counter() - started, node_log,
+                                solves_by_backend=rec.solves_by_backend,
+                                solver_fallbacks=rec.fallbacks)
             summary["stop_reason"] = stop_reason
             summary["drive_s"] = drive_s  # sending events and submissions, no daemon start
             summary["daemon_peak_rss_mb"] = peak_rss_mb(daemon_pid)
@@ -209,53 +342,122 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
     return summary
 
 
-def _drive(client: Client, node_log: NodeLog, tasks: list[TaskRecord], opts: ReplayOptions,
-           writers: HistoryWriter, source: str) -> tuple[int, int, str]:
-    """Send the log and the tasks; returns (node events after the initial snapshot, tasks
-    submitted, stop reason)."""
-    pending = sorted(tasks, key=lambda t: (t.submit_time, t.name))
-    next_task = 0
+class _Driver:
+    """Sends the log and the tasks in order (see the module docstring for the resume rule)."""
 
-    def submit_until(t: pd.Timestamp) -> None:
-        nonlocal next_task
-        while next_task < len(pending) and pending[next_task].submit_time <= t:
-            task = pending[next_task]
-            resp = client.submit(task_spec(task), submit_time=to_epoch(task.submit_time),
-                                 owner="replay", request_id=f"{source}:{task.name}")
-            writers.submitted(resp.task)
-            writers.decision(resp.decision, None)
-            next_task += 1
+    def __init__(self, client: Client, node_log: NodeLog, tasks: list[TaskRecord],
+                 opts: ReplayOptions, rec: Recorder, source: str, resume_wait_s: float):
+        self.client, self.node_log, self.opts, self.rec = client, node_log, opts, rec
+        self.source, self.resume_wait_s = source, float(resume_wait_s)
+        self.pending = sorted(tasks, key=lambda t: (t.submit_time, t.name))
+        self.next_task = 0
+        self.acked_seq = 0   # last node event seq known applied (answered, or from the journal)
+        self.applied_seq = 0  # the daemon's last_seq[source] at the last resume
+        self.resumes = 0
 
-    submit_until(node_log.initial_time)
-    seq = 1
-    first = client.sync_nodes(to_epoch(node_log.initial_time), source, seq, node_log.initial_idle)
-    writers.decision(first, 0)
-    stop_reason = "end of log"
-    total = node_log.num_events
-    if opts.max_events is not None:
-        total = min(total, opts.max_events) if total is not None else opts.max_events
-    events = 0
-    bar = tqdm(total=total, unit="ev", disable=not opts.progress, desc="replay",
-               dynamic_ncols=True)
-    try:
-        for change in node_log.events():
-            if opts.max_events is not None and events >= opts.max_events:
-                stop_reason = "max_events"
-                break
-            if (next_task == len(pending) and len(writers.completed) == len(pending)
-                    and not opts.until_log_end):
-                stop_reason = "all tasks done"
-                break
-            submit_until(change.time)
-            seq += 1
-            d = client.report_nodes(to_epoch(change.time), source, seq,
-                                    idle=change.became_idle, preempted=change.became_busy)
-            events += 1
-            writers.decision(d, events)
-            bar.update(1)
-            if events % 200 == 0:
-                bar.set_postfix(idle=d.stats.idle_nodes, used=d.stats.nodes_in_use,
-                                running=d.stats.running_tasks)
-    finally:
-        bar.close()
-    return events, next_task, stop_reason
+    # ------------------------------------------------------------------ resume rule
+    def _resume(self, check: bool) -> None:
+        """Ask the daemon what it applied; write the missing rows from its journal."""
+        applied = int(self.client.status().last_seq.get(self.source, 0))
+        if check and not self.acked_seq <= applied <= self.acked_seq + 1:
+            raise OffcutError(
+                f"after a restart the daemon reports seq {applied} of source {self.source!r} "
+                f"as its last applied, but {self.acked_seq} was acknowledged and only one more "
+                "was sent: it lost state, or another client uses this source")
+        for e in self.client.export_history(after_revision=self.rec.last_revision):
+            self.rec.entry(e)
+        if self.rec.writers.node_events != applied:
+            raise OffcutError(f"the daemon's journal holds {self.rec.writers.node_events} node "
+                              f"events of source {self.source!r}, its status says {applied}")
+        self.applied_seq = applied
+        self.acked_seq = max(self.acked_seq, applied)
+        self.resumes += 1
+        log.info("resumed source %r after seq %d (revision %d)", self.source, applied,
+                 self.rec.last_revision)
+
+    def _call(self, send: Callable[[], object], seq: int | None = None):
+        """``send()``, resuming after Unavailable if allowed; None if the node event ``seq``
+        turned out to be applied already (its rows then came from the journal)."""
+        while True:
+            if seq is not None and seq <= self.applied_seq:
+                return None
+            try:
+                return send()
+            except Unavailable:
+                if self.resume_wait_s <= 0:
+                    raise
+                deadline = time.monotonic() + self.resume_wait_s
+                while True:
+                    log.warning("offcutd unavailable; waiting up to %.0f s for it to resume",
+                                deadline - time.monotonic())
+                    try:
+                        self.client.wait_ready(max(0.1, deadline - time.monotonic()))
+                        self._resume(check=True)
+                        break
+                    except Unavailable:
+                        if time.monotonic() >= deadline:
+                            raise
+
+    # ------------------------------------------------------------------ sending
+    def _submit_until(self, t: pd.Timestamp) -> None:
+        while self.next_task < len(self.pending) and self.pending[self.next_task].submit_time <= t:
+            task = self.pending[self.next_task]
+            resp = self._call(lambda: self.client.submit(
+                task_spec(task), submit_time=to_epoch(task.submit_time), owner=REPLAY_OWNER,
+                request_id=f"{self.source}:{task.name}"))
+            self.rec.submission(resp.task, resp.decision)
+            self.next_task += 1
+
+    def _node(self, seq: int, send: Callable[[], decision_pb2.Decision]
+              ) -> decision_pb2.Decision | None:
+        d = self._call(send, seq)
+        if d is not None:
+            self.rec.node_event(d)
+        self.acked_seq = max(self.acked_seq, seq)
+        if seq > self.applied_seq and self.rec.writers.node_events != seq:
+            # one steps.csv row per applied node event (skipped ones: checked in _resume)
+            raise OffcutError(f"after seq {seq} of source {self.source!r} the replay has "
+                              f"{self.rec.writers.node_events} step rows")
+        return d
+
+    def run(self, resume: bool) -> tuple[int, int, str]:
+        """Send everything not applied yet; returns (node events after the initial snapshot,
+        tasks submitted, stop reason)."""
+        client, node_log, opts, source = self.client, self.node_log, self.opts, self.source
+        if resume:
+            self._resume(check=False)
+        self._submit_until(node_log.initial_time)
+        seq = 1
+        self._node(seq, lambda: client.sync_nodes(to_epoch(node_log.initial_time), source, seq,
+                                                  node_log.initial_idle))
+        stop_reason = "end of log"
+        total = node_log.num_events
+        if opts.max_events is not None:
+            total = min(total, opts.max_events) if total is not None else opts.max_events
+        events = 0
+        bar = tqdm(total=total, unit="ev", disable=not opts.progress, desc="replay",
+                   dynamic_ncols=True)
+        try:
+            for change in node_log.events():
+                if seq + 1 > self.applied_seq:  # events applied before a restart were sent then
+                    if opts.max_events is not None and events >= opts.max_events:
+                        stop_reason = "max_events"
+                        break
+                    if (self.next_task == len(self.pending)
+                            and len(self.rec.writers.completed) == len(self.pending)
+                            and not opts.until_log_end):
+                        stop_reason = "all tasks done"
+                        break
+                self._submit_until(change.time)
+                seq += 1
+                d = self._node(seq, lambda: client.report_nodes(
+                    to_epoch(change.time), source, seq, idle=change.became_idle,
+                    preempted=change.became_busy))
+                events += 1
+                bar.update(1)
+                if events % 200 == 0 and d is not None:
+                    bar.set_postfix(idle=d.stats.idle_nodes, used=d.stats.nodes_in_use,
+                                    running=d.stats.running_tasks)
+        finally:
+            bar.close()
+        return events, self.next_task, stop_reason

@@ -37,6 +37,9 @@ from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 
 RUNNING, CONVERGED, FAILED, ABANDONED = "running", "converged", "failed", "abandoned"
 PRUNING, MAB, EXHAUSTED = "pruning", "mab", "exhausted"
+#: largest zeus_cost [J] a report may reach: Thompson sampling squares rewards (-cost), so
+#: costs beyond ~1e154 J overflow its variance to inf and its posterior to NaN
+MAX_COST_J = 1e100
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,8 @@ class BatchSizeJobSpec:
         if not sizes:
             raise InvalidArgument("must list at least one batch size", "spec.batch_sizes")
         if min(sizes) <= 0 or len(set(sizes)) != len(sizes):
-            raise InvalidArgument(f"must be distinct positive integers, got {sizes}",
+            shown = ", ".join(str(b) for b in sizes[:20]) + (", ..." if len(sizes) > 20 else "")
+            raise InvalidArgument(f"must be distinct positive integers, got [{shown}]",
                                   "spec.batch_sizes")
         f["batch_sizes"] = tuple(sorted(sizes))
         if f.get("default_batch_size") not in f["batch_sizes"]:
@@ -336,7 +340,7 @@ class BatchSizeJob:
         Raises:
             NotFound: unknown ``trial_number``.
             InvalidArgument: ``epoch`` < 1, NaN/inf/negative ``time_s`` or ``energy_j``, NaN
-                ``metric``.
+                ``metric``, a zeus_cost above :data:`MAX_COST_J` (field ``time_s``).
             FailedPrecondition: ``epoch``, ``time_s`` or ``energy_j`` below the trial's last
                 report (epochs must increase, cumulative figures may not shrink), or a
                 ``batch_size`` (0 = not checked) other than the one predicted for the trial.
@@ -360,6 +364,9 @@ class BatchSizeJob:
                 raise FailedPrecondition(f"cumulative {name} went backwards: {value} < "
                                          f"{trial[name]}", name)
         cost = self.spec.cost(energy_j, time_s)
+        if not cost <= MAX_COST_J:  # the bandit's variances would overflow (inf, then NaN)
+            raise InvalidArgument(f"with energy_j {energy_j} the run's zeus_cost is {cost:.6g} J,"
+                                  f" above {MAX_COST_J:g} J", "time_s")
         trial.update(epochs=epoch, time_s=time_s, energy_j=energy_j, cost_j=cost, metric=metric)
         reached = self.spec.converged(metric)
         bound = self.cost_bound()

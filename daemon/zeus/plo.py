@@ -27,6 +27,9 @@ from offcut.daemon.zeus.cost import zeus_cost
 from offcut.errors import FailedPrecondition, InvalidArgument
 
 SELECTORS = ("zeus_cost", "energy", "time", "max_slowdown")
+#: most power limits one profile walks through, unless the caller says otherwise
+#: (the daemon passes its ``max_power_limits`` setting)
+DEFAULT_MAX_POWER_LIMITS = 1000
 _LIMIT_TOLERANCE_W = 1e-6
 
 
@@ -45,12 +48,14 @@ class PowerLimitSpec:
     max_slowdown_factor: float = 1.1
 
     @classmethod
-    def create(cls, **fields: Any) -> "PowerLimitSpec":
+    def create(cls, max_power_limits: int = DEFAULT_MAX_POWER_LIMITS, **fields: Any
+               ) -> "PowerLimitSpec":
         """Validate the fields.
 
         Raises:
             InvalidArgument: naming the field (a range with min > max or min <= 0, a step
-                <= 0, ``profile_steps`` < 1, ``warmup_steps`` < 0, an unknown selector,
+                <= 0, more than ``max_power_limits`` limits to profile,
+                ``profile_steps`` < 1, ``warmup_steps`` < 0, an unknown selector,
                 ``eta_knob`` outside [0, 1], ``max_slowdown_factor`` < 1).
         """
         lo = check_finite(fields.get("min_power_limit_w", math.nan), "min_power_limit_w",
@@ -59,7 +64,12 @@ class PowerLimitSpec:
                           positive=True)
         if lo > hi:
             raise InvalidArgument(f"{lo} W is above max_power_limit_w {hi} W", "min_power_limit_w")
-        check_finite(fields.get("step_w", 25.0), "step_w", positive=True)
+        step = check_finite(fields.get("step_w", 25.0), "step_w", positive=True)
+        steps = (hi - lo) / step  # may overflow to inf for a tiny step
+        if not steps + 1 <= max_power_limits:
+            raise InvalidArgument(f"walks {steps + 1:.6g} power limits from {hi} W down to "
+                                  f"{lo} W, more than max_power_limits ({max_power_limits})",
+                                  "step_w")
         if int(fields.get("warmup_steps", 10)) < 0:
             raise InvalidArgument(f"must be >= 0, got {fields['warmup_steps']}", "warmup_steps")
         if int(fields.get("profile_steps", 40)) < 1:

@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
+from offcut.daemon.model import Limits
 from offcut.daemon.store import Store
 from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Verdict
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
@@ -50,11 +51,13 @@ class ZeusRegistry:
     :class:`AlreadyExists` for a second, different spec under a job id,
     :class:`FailedPrecondition` for power calls on a job registered without a power spec,
     and whatever the optimizers raise for bad values (``InvalidArgument``), all before any
-    state changes.
+    state changes. ``limits`` (default: :class:`Limits`'s defaults) bound what the service
+    accepts at registration (``max_batch_sizes``, ``max_power_limits``).
     """
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, limits: Limits | None = None):
         self.store = store
+        self.limits = limits if limits is not None else Limits()
         self.lock = threading.RLock()
         self.jobs: dict[str, _Entry] = {}
         self.profiles: dict[tuple[str, int], PowerLimitProfile] = {}

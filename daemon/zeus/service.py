@@ -10,39 +10,62 @@ from offcut.daemon.service import _rpc
 from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Verdict
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
 from offcut.daemon.zeus.registry import ZeusRegistry
+from offcut.daemon.model import Limits
 from offcut.errors import InvalidArgument
 from offcut.v1 import zeus_pb2, zeus_pb2_grpc
+
+#: longest job id and request id, characters (they are keys of the state file)
+MAX_ID_LEN = 200
 
 _OPTIONAL_JOB_FIELDS = ("beta_knob", "num_pruning_rounds", "window_size", "mab_prior_mean",
                         "mab_prior_precision", "mab_num_explorations", "seed")
 _OPTIONAL_POWER_FIELDS = ("step_w", "warmup_steps", "profile_steps", "max_slowdown_factor")
 
 
-def _job_id(value: str) -> str:
+def _job_id(value: str, field: str = "job_id") -> str:
     if not value:
-        raise InvalidArgument("is required", "job_id")
+        raise InvalidArgument("is required", field)
+    if len(value) > MAX_ID_LEN:
+        raise InvalidArgument(f"must be at most {MAX_ID_LEN} characters, has {len(value)}", field)
     return value
 
 
-def power_spec_from_pb(pb: zeus_pb2.PowerLimitSpec, eta_knob: float) -> PowerLimitSpec:
+def _request_id(value: str) -> str:
+    if len(value) > MAX_ID_LEN:
+        raise InvalidArgument(f"must be at most {MAX_ID_LEN} characters, has {len(value)}",
+                              "request_id")
+    return value
+
+
+def power_spec_from_pb(pb: zeus_pb2.PowerLimitSpec, eta_knob: float,
+                       limits: Limits | None = None) -> PowerLimitSpec:
     """``spec.power`` -> :class:`PowerLimitSpec` (unset options take their defaults; the
-    selector's eta defaults to the job's). Raises InvalidArgument naming ``spec.power.<field>``."""
+    selector's eta defaults to the job's; at most ``limits.max_power_limits`` limits to
+    profile). Raises InvalidArgument naming ``spec.power.<field>``."""
     fields = {"min_power_limit_w": pb.min_power_limit_w, "max_power_limit_w": pb.max_power_limit_w,
               "eta_knob": pb.eta_knob if pb.HasField("eta_knob") else eta_knob}
     if pb.selector:
         fields["selector"] = pb.selector
     fields.update({name: getattr(pb, name) for name in _OPTIONAL_POWER_FIELDS if pb.HasField(name)})
     try:
-        return PowerLimitSpec.create(**fields)
+        return PowerLimitSpec.create(
+            **fields, max_power_limits=(limits or Limits()).max_power_limits)
     except InvalidArgument as exc:
         name = (exc.field or "").removeprefix("spec.")
         message = str(exc).split(": ", 1)[-1]
         raise InvalidArgument(message, f"spec.power.{name}") from None
 
 
-def job_spec_from_pb(pb: zeus_pb2.BatchSizeJobSpec) -> BatchSizeJobSpec:
+def job_spec_from_pb(pb: zeus_pb2.BatchSizeJobSpec, limits: Limits | None = None
+                     ) -> BatchSizeJobSpec:
     """``spec`` -> validated :class:`BatchSizeJobSpec` (unset options take their defaults;
-    no seed = None, drawn by the registry). Raises InvalidArgument naming ``spec.<field>``."""
+    no seed = None, drawn by the registry; at most ``limits.max_batch_sizes`` batch sizes).
+    Raises InvalidArgument naming ``spec.<field>``."""
+    limit = (limits or Limits()).max_batch_sizes
+    if len(pb.batch_sizes) > limit:
+        raise InvalidArgument(f"has {len(pb.batch_sizes)} batch sizes, more than "
+                              f"max_batch_sizes ({limit})", "spec.batch_sizes")
+    _job_id(pb.job_id, "spec.job_id")
     fields = {"job_id": pb.job_id, "batch_sizes": tuple(pb.batch_sizes),
               "default_batch_size": pb.default_batch_size, "eta_knob": pb.eta_knob,
               "max_epochs": pb.max_epochs, "target_metric": pb.target_metric,
@@ -115,8 +138,9 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
     def RegisterJob(self, request, context):
         """Validate (INVALID_ARGUMENT naming ``spec.<field>``) and register; ALREADY_EXISTS
         for a different spec under the same id."""
-        spec = job_spec_from_pb(request.spec)
-        power = (power_spec_from_pb(request.spec.power, spec.eta_knob)
+        limits = self.registry.limits
+        spec = job_spec_from_pb(request.spec, limits)
+        power = (power_spec_from_pb(request.spec.power, spec.eta_knob, limits)
                  if request.spec.HasField("power") else None)
         return job_to_pb(*self.registry.register(spec, power))
 
@@ -124,7 +148,7 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
     def Predict(self, request, context):
         """The next run's batch size; FAILED_PRECONDITION when every batch size failed."""
         result = self.registry.predict(
-            _job_id(request.job_id), request.request_id,
+            _job_id(request.job_id), _request_id(request.request_id),
             encode=lambda p: prediction_to_pb(p).SerializeToString(),
             decode=zeus_pb2.Prediction.FromString)
         return result if isinstance(result, zeus_pb2.Prediction) else prediction_to_pb(result)

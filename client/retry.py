@@ -1,0 +1,216 @@
+"""Retrying idempotent calls while the daemon restarts (``UNAVAILABLE``).
+
+A :class:`~offcut.client.api.Client` built with ``retry=RetryPolicy()`` repeats a call that
+failed with gRPC ``UNAVAILABLE`` (the daemon is down or restarting: connection refused, the
+socket missing, the connection dropped while the call was in flight) **only when repeating it
+cannot apply it twice**:
+
+* always: node events (``report_nodes``, ``sync_nodes``: the daemon answers a repeated
+  ``(source, seq)`` from its journal), reads (``status``, ``get_task``, ``list_tasks``,
+  ``get_zeus_job``, ``power_plan``, ``power_profile``), ``register_zeus_job`` (the same spec
+  again returns the stored job) and ``end_trial`` (an ended trial returns its stored verdict,
+  whose ``message`` says it had already ended);
+* with a non-empty ``request_id`` only: ``submit``, ``report_task_run``,
+  ``predict_batch_size`` (the daemon answers a repeated id with the stored reply);
+* ``report_epoch``: repeated; if the repeat is refused because the trial already holds this
+  epoch (the first attempt was applied, its answer lost) and the job's stored trial shows
+  exactly this report (epoch, cumulative time and energy) still running, the answer is the
+  one the daemon gave then, "keep training" (any stopping verdict would have ended the trial,
+  and a report on an ended trial is answered with its stored verdict);
+* never: ``cancel``, ``delete_zeus_job``, ``report_power_window``, ``interrupt_power_window``
+  (not idempotent), and the streams ``watch`` / ``export_history`` (resume them with
+  ``after_revision``). These raise :class:`~offcut.errors.Unavailable` at once, as without a
+  policy.
+
+Backoff: the first retry waits ``initial_backoff_s`` (default 0.05 s), each later one
+``multiplier`` (2) times longer, at most ``max_backoff_s`` (1 s), each wait scaled by a random
+factor in ``[1 - jitter, 1 + jitter]`` (jitter 0.2). Overall deadline: no attempt starts
+later than ``deadline_s`` (default 60 s) after the first one began; then the last
+``Unavailable`` is raised. One attempt may itself run up to the client's ``timeout_s``, so a
+call returns or fails within ``deadline_s + timeout_s``. Only ``UNAVAILABLE`` is retried:
+``DEADLINE_EXCEEDED`` (a daemon that is up but slow) and every other error are raised at once.
+
+With a policy the client also shortens gRPC's own reconnect backoff (:meth:`RetryPolicy.
+channel_options`), so a restarted daemon is found within about ``max_backoff_s``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import grpc
+
+from offcut.errors import FailedPrecondition, OffcutError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from offcut.client.api import Client
+
+log = logging.getLogger("offcut.client")
+
+__all__ = ["RetryPolicy", "ALWAYS", "WITH_REQUEST_ID", "RECONCILED", "NEVER", "retryable"]
+
+#: ``Client`` methods retried on UNAVAILABLE whatever their arguments
+ALWAYS = frozenset({"report_nodes", "sync_nodes", "status", "get_task", "list_tasks",
+                    "get_zeus_job", "power_plan", "power_profile", "register_zeus_job",
+                    "end_trial"})
+#: methods retried only when called with a non-empty ``request_id``
+WITH_REQUEST_ID = frozenset({"submit", "report_task_run", "predict_batch_size"})
+#: methods retried with a check of the daemon's state when the repeat is refused
+RECONCILED = frozenset({"report_epoch"})
+#: methods never retried (not idempotent)
+NEVER = frozenset({"cancel", "delete_zeus_job", "report_power_window", "interrupt_power_window"})
+
+
+def retryable(name: str, arguments: dict[str, Any]) -> bool:
+    """Whether the ``Client`` method ``name`` called with ``arguments`` (by parameter name)
+    may be repeated after UNAVAILABLE without being applied twice."""
+    if name in ALWAYS or name in RECONCILED:
+        return True
+    if name in WITH_REQUEST_ID:
+        return bool(arguments.get("request_id"))
+    return False
+
+
+@dataclass
+class RetryPolicy:
+    """How a :class:`~offcut.client.api.Client` retries idempotent calls on UNAVAILABLE
+    (module docstring: which calls, and why each is safe).
+
+    Args:
+        deadline_s: no attempt starts later than this after the first one began [s].
+        initial_backoff_s: wait before the first retry [s].
+        max_backoff_s: longest wait between attempts [s]; also gRPC's reconnect backoff cap.
+        multiplier: each wait is this many times the previous one (>= 1).
+        jitter: each wait is scaled by a uniform factor in ``[1 - jitter, 1 + jitter]``
+            (0 <= jitter < 1).
+        seed: seed of the jitter's random numbers (None: fresh entropy). Only timing depends
+            on it, never what is sent.
+        sleep, clock: injectable for tests (``time.sleep``, ``time.monotonic``; seconds).
+
+    Attributes:
+        retries: retries made so far through this policy (all calls).
+        reconciled: repeated calls answered from the daemon's state instead (``report_epoch``
+            whose first attempt had been applied).
+    """
+
+    deadline_s: float = 60.0
+    initial_backoff_s: float = 0.05
+    max_backoff_s: float = 1.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+    seed: int | None = None
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+    retries: int = field(default=0, init=False, compare=False)
+    reconciled: int = field(default=0, init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.deadline_s >= 0:
+            raise ValueError(f"deadline_s must be >= 0, got {self.deadline_s}")
+        if not 0 < self.initial_backoff_s <= self.max_backoff_s:
+            raise ValueError("need 0 < initial_backoff_s <= max_backoff_s, got "
+                             f"{self.initial_backoff_s}, {self.max_backoff_s}")
+        if not self.multiplier >= 1:
+            raise ValueError(f"multiplier must be >= 1, got {self.multiplier}")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
+        self._rng = random.Random(self.seed)
+
+    def backoffs(self) -> Iterator[float]:
+        """The waits [s] between attempts, in order (endless; jitter applied)."""
+        wait = self.initial_backoff_s
+        while True:
+            yield wait * (1.0 + self.jitter * (2.0 * self._rng.random() - 1.0))
+            wait = min(self.max_backoff_s, wait * self.multiplier)
+
+    def channel_options(self) -> list[tuple[str, int]]:
+        """gRPC channel arguments that make the channel reconnect to a restarted daemon
+        within about ``max_backoff_s`` (gRPC's defaults back off up to 120 s)."""
+        cap_ms = max(1, int(self.max_backoff_s * 1000))
+        first_ms = min(cap_ms, max(1, int(self.initial_backoff_s * 1000)))
+        return [("grpc.initial_reconnect_backoff_ms", first_ms),
+                ("grpc.min_reconnect_backoff_ms", first_ms),
+                ("grpc.max_reconnect_backoff_ms", cap_ms)]
+
+    # ------------------------------------------------------------------ calling
+    def call(self, client: "Client", method: Callable, args: tuple, kwargs: dict) -> Any:
+        """Run ``method(client, *args, **kwargs)`` (an undecorated ``Client`` method),
+        retrying UNAVAILABLE as this policy and the method allow; gRPC errors are raised as
+        :mod:`offcut.errors` exceptions (``client._error``)."""
+        name = method.__name__
+        bound = _bind(method, client, args, kwargs)
+        allowed = retryable(name, bound)
+        started = self.clock()
+        waits = self.backoffs()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return method(client, *args, **kwargs)
+            except grpc.RpcError as err:
+                code = err.code() if hasattr(err, "code") else None
+                if code != grpc.StatusCode.UNAVAILABLE:
+                    exc = client._error(err)
+                    if attempt > 1 and name in RECONCILED:
+                        answer = _RECONCILERS[name](client, bound, exc)
+                        if answer is not None:
+                            self.reconciled += 1
+                            return answer
+                    raise exc from None
+                if not allowed:
+                    raise client._error(err) from None
+                wait = next(waits)
+                if self.clock() + wait - started > self.deadline_s:
+                    log.warning("%s: offcutd still unavailable after %d attempt(s) in %.1f s",
+                                name, attempt, self.clock() - started)
+                    raise client._error(err) from None
+                log.info("%s: offcutd unavailable (%s); retry %d in %.2f s", name,
+                         err.details() if hasattr(err, "details") else err, attempt, wait)
+                self.retries += 1
+                self.sleep(wait)
+
+
+def _bind(method: Callable, client: "Client", args: tuple, kwargs: dict) -> dict[str, Any]:
+    try:
+        bound = inspect.signature(method).bind(client, *args, **kwargs)
+    except TypeError:
+        return dict(kwargs)  # the call itself will raise the TypeError
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _reconcile_report_epoch(client: "Client", a: dict[str, Any], exc: OffcutError):
+    """A repeated ``report_epoch`` refused with FAILED_PRECONDITION on ``epoch``: if the trial
+    holds exactly this report and still runs, the lost answer was "keep training"."""
+    if not isinstance(exc, FailedPrecondition) or not str(exc).startswith("epoch:"):
+        return None  # (the daemon names the offending field first in the details)
+    from offcut.v1 import zeus_pb2
+
+    job = client.get_zeus_job(a["job_id"])
+    trial = next((t for t in job.trials if t.trial_number == a["trial_number"]), None)
+    if (trial is None or trial.status != "running" or trial.epochs != a["epoch"]
+            or trial.time_s != a["time_s"] or trial.energy_j != a["energy_j"]):
+        return None
+    try:  # the metric is only in the optimizer's state dump; compare it when present
+        state = json.loads(job.state_json)
+        stored = next(t for t in state.get("trials", [])
+                      if t.get("trial_number") == a["trial_number"])
+        if "metric" in stored and stored["metric"] != a["metric"]:
+            return None
+    except (ValueError, StopIteration, AttributeError, TypeError):
+        pass
+    log.info("report_epoch: epoch %d of trial %d was applied before the daemon restarted",
+             a["epoch"], a["trial_number"])
+    return zeus_pb2.TrialVerdict(stop=False, converged=False, cost_j=trial.cost_j,
+                                 message="keep training", finished=False)
+
+
+_RECONCILERS: dict[str, Callable[["Client", dict[str, Any], OffcutError], Any]] = {
+    "report_epoch": _reconcile_report_epoch,
+}

@@ -1,0 +1,201 @@
+"""Crash safety (issue 5 item 1, DESIGN §6): ``kill -9`` of a daemon process at seeded points
+of a replay and of a recurring Zeus job, restart on the same state file and socket, and the
+outputs equal an uninterrupted run's. The harness is ``benchmarks/crash_safety.py`` (its full
+size: 128 real nodes, 10 tasks, 300 events, 20 kills); here the bundled demo log, so this runs
+without ../shared. Also the client's retry policy on its own."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from offcut.client import Client
+from offcut.client.retry import ALWAYS, NEVER, RECONCILED, WITH_REQUEST_ID, RetryPolicy, retryable
+from offcut.errors import FailedPrecondition, Unavailable
+from offcut.replay.driver import ReplayOptions
+
+HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "crash_safety.py"
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location("offcut_crash_safety", HARNESS)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ----------------------------------------------------------------------------- retry policy
+class _Unavailable(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "connection refused"
+
+
+class _FakeClock:
+    def __init__(self):
+        self.now = 0.0
+        self.waits: list[float] = []
+
+    def sleep(self, s: float) -> None:
+        self.waits.append(s)
+        self.now += s
+
+
+def _client(policy: RetryPolicy) -> Client:
+    return Client("unix:///nonexistent/offcut-test.sock", timeout_s=1, retry=policy)
+
+
+def test_policy_backoff_is_capped_and_the_deadline_ends_retries():
+    clock = _FakeClock()
+    policy = RetryPolicy(deadline_s=5.0, initial_backoff_s=0.1, max_backoff_s=1.0, jitter=0.0,
+                         sleep=clock.sleep, clock=lambda: clock.now)
+    calls = []
+
+    def fails(self, time, source, seq, *, idle=(), preempted=()):
+        calls.append(seq)
+        raise _Unavailable()
+
+    fails.__name__ = "report_nodes"
+    with _client(policy) as c, pytest.raises(Unavailable, match="cannot reach offcutd"):
+        policy.call(c, fails, (1.0, "w", 3), {"idle": ["n1"]})
+    assert clock.waits[:5] == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0])
+    assert max(clock.waits) == 1.0 and sum(clock.waits) <= 5.0
+    assert len(calls) == len(clock.waits) + 1 == policy.retries + 1
+    with pytest.raises(ValueError):
+        RetryPolicy(initial_backoff_s=2.0, max_backoff_s=1.0)
+
+
+def test_policy_retries_only_calls_that_cannot_apply_twice():
+    assert retryable("report_nodes", {}) and retryable("status", {})
+    assert retryable("submit", {"request_id": "r1"}) and not retryable("submit", {"request_id": ""})
+    assert retryable("predict_batch_size", {"request_id": "x"})
+    assert not retryable("predict_batch_size", {"request_id": ""})
+    assert not any(retryable(n, {"request_id": "r"}) for n in NEVER)
+    assert not (ALWAYS | WITH_REQUEST_ID | RECONCILED) & NEVER
+    clock = _FakeClock()
+    policy = RetryPolicy(deadline_s=5.0, sleep=clock.sleep, clock=lambda: clock.now)
+    n = 0
+
+    def cancel(self, task_id, time=None):
+        nonlocal n
+        n += 1
+        raise _Unavailable()
+
+    with _client(policy) as c, pytest.raises(Unavailable):
+        policy.call(c, cancel, ("t1",), {})
+    assert n == 1 and clock.waits == []  # not idempotent: raised at once
+
+
+def test_every_client_call_has_a_retry_rule():
+    public = {name for name, fn in vars(Client).items()
+              if callable(fn) and not name.startswith("_") and hasattr(fn, "__wrapped__")}
+    assert public == ALWAYS | WITH_REQUEST_ID | RECONCILED | NEVER
+
+
+def test_a_repeated_report_epoch_whose_first_attempt_was_applied_is_keep_training(daemons):
+    from test_zeus_daemon import job_spec
+
+    _, c = daemons.start()
+    c.register_zeus_job(job_spec())
+    trial = c.predict_batch_size("resnet", request_id="p1").trial_number
+    first = c.report_epoch("resnet", trial, 1, 10.0, 2000.0, 0.1)
+    assert not first.stop
+    clock = _FakeClock()
+    policy = RetryPolicy(sleep=clock.sleep, clock=lambda: clock.now)
+    attempts = 0
+
+    def report_epoch(self, job_id, trial_number, epoch, time_s, energy_j, metric, batch_size=0):
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:  # applied before the daemon went away; the reply was lost
+            raise _Unavailable()
+        return Client.report_epoch.__wrapped__(self, job_id, trial_number, epoch, time_s,
+                                               energy_j, metric, batch_size)
+
+    c.retry = policy
+    again = policy.call(c, report_epoch, ("resnet", trial, 1, 10.0, 2000.0, 0.1), {})
+    assert (again.stop, again.converged, again.finished) == (False, False, False)
+    assert again.cost_j == pytest.approx(first.cost_j) and again.message == first.message
+    attempts = 0  # different figures for an applied epoch are still refused
+    with pytest.raises(FailedPrecondition, match="epoch"):
+        policy.call(c, report_epoch, ("resnet", trial, 1, 11.0, 2000.0, 0.1), {})
+    c.retry = None
+
+
+# ----------------------------------------------------------------------------- kill -9
+@pytest.mark.slow
+def test_kill_9_at_seeded_points_changes_nothing(tmp_path):
+    """Demo log (64 nodes, 6 tasks) to 500 events, 8 kills in the replay (each kind: after an
+    acknowledged call, applied with the reply lost, in flight to a stopped daemon, with the
+    driver; two of them at submissions) and 3 in a 6-recurrence Zeus job (at ReportEpoch and
+    Predict); everything equals the uninterrupted run."""
+    h = _harness()
+    from offcut.replay.bftrainer_data import load_node_log, load_task_set
+    from offcut.replay.synth import demo_data_dir
+
+    data = demo_data_dir()
+    opts = ReplayOptions(solver="dp", max_events=500, progress=False)
+    ref, crash, problems = h.crash_test(load_node_log(data, skip_rows=0), load_task_set(data),
+                                        opts, tmp_path, replay_kills=8, zeus_kills=3,
+                                        recurrences=6, seed=5)
+    assert problems == []
+    assert {p.kind for p, _ in crash.fired} == set(h.REPLAY_KINDS)
+    assert len(crash.fired) == 11 and crash.kills >= 11
+    assert crash.driver_restarts == sum(p.kind == "driver" for p, _ in crash.fired) >= 1
+    assert crash.retries > 0
+    # the comparison is not vacuous: the replay did work and the Zeus job ran every trial
+    assert ref.summary["events"] == 500 and ref.summary["total_samples"] > 0
+    assert len(ref.view["zeus"][1]["trials"]) == 6
+    assert ref.summary == {**crash.summary, **{k: ref.summary[k] for k in h.TIMING_FIELDS}}
+    fired = {(p.kind, p.call) for p, _ in crash.fired}
+    assert {("lost-reply", "SubmitTask"), ("in-flight", "SubmitTask"),
+            ("lost-reply", "ReportEpoch"), ("lost-reply", "Predict")} <= fired
+    assert crash.reconciled == 1  # the lost "keep training" answer of that ReportEpoch
+    # and the comparison does see a duplicated row or a journal entry applied twice
+    steps = (crash.out / "steps.csv").read_text().splitlines(keepends=True)
+    (crash.out / "steps.csv").write_text("".join(steps[:100] + steps[99:]))
+    assert any("steps.csv" in p for p in h.compare_runs(ref, crash))
+    twice = dict(crash.view, journal=crash.view["journal"][:50] + crash.view["journal"][49:])
+    assert h.check_journal(twice, "replay", crash.summary["tasks_submitted"])
+
+
+def test_driver_without_retries_resumes_from_what_the_daemon_applied(tmp_path):
+    """A client without a retry policy: every kill reaches the driver as Unavailable, and the
+    driver (``resume_wait_s``) waits for the restarted daemon, asks it what it applied
+    (``last_seq``), fills its rows from the journal and continues."""
+    h = _harness()
+    from offcut.replay.bftrainer_data import load_node_log, load_task_set
+    from offcut.replay.driver import run_replay
+    from offcut.replay.synth import demo_data_dir
+
+    data = demo_data_dir()
+    log, tasks = load_node_log(data, skip_rows=0), load_task_set(data)
+    opts = ReplayOptions(solver="dp", max_events=150, progress=False)
+    outs = {}
+    for name, points in (("ref", []), ("crash", [h.KillPoint(20, "lost-reply"),
+                                                  h.KillPoint(60, "ack"),
+                                                  h.KillPoint(100, "in-flight")])):
+        sup = h.Supervisor(tmp_path, opts, f"{name}.sqlite")
+        hook = h.KillHook(sup, points)
+        sup.start()
+        try:
+            run_opts = ReplayOptions(**{**opts.__dict__, "target": sup.address})
+            outs[name] = run_replay(log, tasks, tmp_path / name, run_opts, source="replay",
+                                    resume_wait_s=30,
+                                    connect=lambda a: hook.wrap(Client(a, timeout_s=20)))
+            assert len(hook.fired) == len(points)
+        finally:
+            sup.stop()
+    drop = lambda s: {k: v for k, v in s.items() if k not in h.TIMING_FIELDS}  # noqa: E731
+    assert drop(outs["ref"]) == drop(outs["crash"])
+    assert (h._steps_without_solve_ms(tmp_path / "ref" / "steps.csv")
+            == h._steps_without_solve_ms(tmp_path / "crash" / "steps.csv"))
+    assert ((tmp_path / "ref" / "placements.csv").read_bytes()
+            == (tmp_path / "crash" / "placements.csv").read_bytes())
