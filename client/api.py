@@ -218,6 +218,25 @@ class Client:
             req.time.CopyFrom(to_timestamp(time))
         return self.tasks.ReportTaskRun(req, timeout=self.timeout_s)
 
+    @_translate
+    def report_progress(self, reports: list[dict], *, request_id: str = ""
+                        ) -> tasks_pb2.ReportProgressResponse:
+        """Report measured progress of running tasks, applied together. Each report is a
+        dict: ``task_id``, ``time`` (s since epoch or datetime), ``samples_done`` (cumulative
+        samples, never decreasing), ``nodes`` (count it ran on since its previous report),
+        optional ``energy_j`` (cumulative J). A report reaching the task's total work completes
+        it. ``request_id`` makes a retry return the stored reply. Raises NotFound (unknown task),
+        FailedPrecondition (finished task, task without reports_progress, figures that go
+        backwards, a node count it never held), InvalidArgument (malformed figures)."""
+        req = tasks_pb2.ReportProgressRequest(request_id=request_id)
+        for r in reports:
+            msg = req.reports.add(task_id=r["task_id"], samples_done=float(r["samples_done"]),
+                                  nodes=int(r["nodes"]))
+            msg.time.CopyFrom(to_timestamp(r["time"]))
+            if r.get("energy_j") is not None:
+                msg.energy_j = float(r["energy_j"])
+        return self.tasks.ReportProgress(req, timeout=self.timeout_s)
+
     def watch(self, task_id: str = "", after_revision: int = 0,
               timeout_s: float | None = None) -> "Stream":
         """Placement updates as they are decided (retained ones after ``after_revision``

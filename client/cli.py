@@ -33,9 +33,12 @@ def _fail(message: str, code: int = 1) -> None:
 
 def _print_summary(summary: dict, out: Path) -> None:
     keys = ("events", "stop_reason", "tasks_submitted", "tasks_completed", "all_done_at", "total_samples",
-            "idle_node_hours", "used_node_hours", "utilisation", "solver")
+            "oracle_total_samples", "samples_vs_oracle", "energy_j", "samples_per_joule",
+            "idle_node_hours", "used_node_hours", "utilisation", "solver", "objective", "curves")
     for k in keys:
         v = summary.get(k)
+        if v is None and k in ("oracle_total_samples", "samples_vs_oracle"):
+            continue
         typer.echo(f"  {k:18s} {v:.4g}" if isinstance(v, float) else f"  {k:18s} {v}")
     dm = summary["decision_ms"]
     if dm["p50"] is not None:
@@ -44,11 +47,16 @@ def _print_summary(summary: dict, out: Path) -> None:
                f"{out / 'summary.txt'}")
 
 
-def _replay(node_log, tasks, out: Path, **opts) -> None:
-    from offcut.replay.driver import ReplayOptions, run_replay
+def _replay(node_log, tasks, out: Path, oracle: bool = False, **opts) -> None:
+    from offcut.replay.driver import ReplayOptions, run_replay, run_with_oracle
 
     try:
-        summary = run_replay(node_log, tasks, out, ReplayOptions(**opts))
+        if oracle:
+            summary = run_with_oracle(node_log, tasks, out, ReplayOptions(**opts))
+        else:
+            summary = run_replay(node_log, tasks, out, ReplayOptions(**opts))
+    except ValueError as exc:
+        _fail(str(exc), 2)
     except OffcutError as exc:
         _fail(str(exc))
     typer.echo(f"replay finished in {summary['wall_s']:.1f} s ({summary['events']} events)")
@@ -93,6 +101,12 @@ def replay_bftrainer(
     target: Optional[str] = typer.Option(None, "--target", help="drive this running daemon instead of a private one"),
     record_instances: Optional[Path] = typer.Option(None, "--record-instances", help="record every allocation problem to this JSONL file"),
     until_log_end: bool = typer.Option(False, "--until-log-end", help="keep replaying after every task is done (node-hour accounting over the whole log)"),
+    curves: str = typer.Option("model", "--curves", help="model: the daemon computes progress from the true curves; known | linear | hidden: the replay plays the tasks (true curves + --noise) and reports their progress, and the daemon gets the true curves, a naive linear guess from the throughput at Jmin, or none (it learns them online)"),
+    noise: float = typer.Option(0.05, "--noise", min=0.0, help="relative throughput noise per event interval of the played tasks (seeded by --seed)"),
+    report_every: float = typer.Option(60.0, "--report-every", min=1.0, help="the played tasks (--curves known|linear|hidden) report every this many seconds, and at every node event"),
+    oracle: bool = typer.Option(False, "--oracle", help="with --curves linear|hidden: also run with the true curves (into OUT/oracle) and add oracle_total_samples to summary.json"),
+    objective: str = typer.Option("throughput", "--objective", help="allocation objective: throughput | energy (samples per joule) | zeus_cost"),
+    eta: float = typer.Option(0.5, "--eta", min=0.0, max=1.0, help="eta_knob of --objective zeus_cost"),
     out: Path = typer.Option(Path("replay-out"), "--out", help="output folder"),
     progress: bool = typer.Option(True, help="show a progress bar"),
 ) -> None:
@@ -119,7 +133,9 @@ def replay_bftrainer(
     _replay(log, task_set, out, solver=solver, tfwd_s=tfwd, max_tasks=max_tasks,
             max_events=max_events, seed=seed, target=target, time_limit_s=time_limit,
             record_instances=str(record_instances) if record_instances else None,
-            until_log_end=until_log_end, progress=progress)
+            until_log_end=until_log_end, progress=progress, curves=curves, noise=noise,
+            report_every_s=report_every,
+            objective=objective, eta=eta, oracle=oracle)
 
 
 @replay_app.command("zeus")

@@ -10,7 +10,7 @@ cannot apply it twice**:
   ``get_zeus_job``, ``power_plan``, ``power_profile``), ``register_zeus_job`` (the same spec
   again returns the stored job) and ``end_trial`` (an ended trial returns its stored verdict,
   whose ``message`` says it had already ended);
-* with a non-empty ``request_id`` only: ``submit``, ``report_task_run``,
+* with a non-empty ``request_id`` only: ``submit``, ``report_task_run``, ``report_progress``,
   ``predict_batch_size`` (the daemon answers a repeated id with the stored reply);
 * ``report_epoch``: repeated; if the repeat is refused because the trial already holds this
   epoch (the first attempt was applied, its answer lost) and the job's stored trial shows
@@ -60,7 +60,8 @@ ALWAYS = frozenset({"report_nodes", "sync_nodes", "status", "get_task", "list_ta
                     "get_zeus_job", "power_plan", "power_profile", "register_zeus_job",
                     "end_trial"})
 #: methods retried only when called with a non-empty ``request_id``
-WITH_REQUEST_ID = frozenset({"submit", "report_task_run", "predict_batch_size"})
+WITH_REQUEST_ID = frozenset({"submit", "report_task_run", "predict_batch_size",
+                             "report_progress"})
 #: methods retried with a check of the daemon's state when the repeat is refused
 RECONCILED = frozenset({"report_epoch"})
 #: methods never retried (not idempotent)

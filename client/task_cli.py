@@ -105,7 +105,8 @@ def submit(
     name: str = typer.Option(..., "--name", "-J", help="task name"),
     nodes: str = typer.Option(..., "--nodes", "-N", help="node count or range MIN-MAX, as in sbatch --nodes (e.g. 2-8)"),
     work: float = typer.Option(..., "--work", help="total work of the task, samples (e.g. 1.2e9)"),
-    scalability: Optional[Path] = typer.Option(None, "--scalability", help="CSV with header nodes,throughput (samples/s at each node count, up to the maximum); omit only when the daemon learns scalability"),
+    scalability: Optional[Path] = typer.Option(None, "--scalability", help="CSV with header nodes,throughput (samples/s at each node count, up to the maximum); omit it and the daemon learns the curve and the rescale costs from the task's progress reports (the --rescale-* values are then the prior)"),
+    reports_progress: bool = typer.Option(False, "--reports-progress", help="the task reports its own progress (Client.report_progress / offcut.client.training): only its reports complete it; implied without --scalability"),
     rescale_up: float = typer.Option(30.0, "--rescale-up", help="Tcup: seconds of progress lost when the task grows"),
     rescale_down: float = typer.Option(30.0, "--rescale-down", help="Tcdw: seconds of progress lost when the task shrinks"),
     objective: str = typer.Option("throughput", "--objective", help="throughput (samples/s) | speedup (over the smallest measured count)"),
@@ -119,6 +120,7 @@ def submit(
     Examples:
       offcut submit --name resnet18 --nodes 1-8 --work 1.2e9 --scalability resnet18.csv -- python train.py
       id=$(offcut submit --parsable -J bert -N 2-16 --work 5e8 --scalability bert.csv)
+      offcut submit -J new-model -N 1-32 --work 3e9 -- python train.py   # curve learned online
     """
     from offcut.client.taskspec import make_task_spec, read_scalability_csv
 
@@ -127,6 +129,7 @@ def submit(
         spec = make_task_spec(name, nodes=nodes, work_samples=work, scalability=curve,
                               rescale_up_s=rescale_up, rescale_down_s=rescale_down,
                               objective=objective, command=command or [])
+        spec.reports_progress = reports_progress
     except InvalidArgument as exc:
         _fail(_cli_field(str(exc)), 2)
     try:
@@ -135,9 +138,6 @@ def submit(
             owner = "" if c.authenticated else getpass.getuser()
             reply = c.submit(spec, owner=owner, request_id=str(uuid.uuid4()))
     except InvalidArgument as exc:
-        if scalability is None and exc.field is None and "node_counts" in str(exc):
-            _fail("--scalability is required: this daemon needs a scalability curve "
-                  f"(nodes,throughput CSV) ({exc})", 2)
         _fail(str(exc), 2)
     except OffcutError as exc:
         _fail(str(exc))
@@ -238,7 +238,19 @@ def show(
         ("Rescales", task.rescales), ("Preemptions", task.preemptions),
         ("Launches", task.launches), ("LastRun", task.last_run or "-"),
         ("RescaleUp", f"{s.rescale_up_s:g} s"), ("RescaleDown", f"{s.rescale_down_s:g} s"),
-        ("Scalability", " ".join(f"{n}:{p:g}" for n, p in zip(s.node_counts, s.throughputs)) or "-"),
+        ("Scalability", " ".join(f"{n}:{p:g}" for n, p in zip(s.node_counts, s.throughputs))
+         or "learned online"),
+        ("Energy", f"{task.energy_j:.6g} J (now {task.power_w:.6g} W)"),
+    ]
+    if task.HasField("model"):
+        m = task.model
+        fields += [
+            ("Measured", " ".join(f"{x.nodes}:{x.samples_per_s:.6g}" for x in m.measured) or "-"),
+            ("Learned", " ".join(f"{n}:{p:.6g}" for n, p in zip(m.curve_node_counts,
+                                                                 m.curve_throughputs)) or "-"),
+            ("RescaleInUse", f"up {m.rescale_up_s:.3g} s, down {m.rescale_down_s:.3g} s"),
+        ]
+    fields += [
         ("SubmitTime", _ts(task.submit_time)), ("AdmitTime", _ts(task.admit_time)),
         ("FinishTime", _ts(task.finish_time)),
         ("Command", " ".join(s.command) or "-"),

@@ -148,8 +148,8 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
         nodes: ``"MIN-MAX"`` / ``"N"`` or ``(min_nodes, max_nodes)``.
         work_samples: total work Pmax [samples] > 0.
         scalability: ``(node_counts, throughputs)`` [samples/s], e.g. from
-            :func:`read_scalability_csv`; must cover ``max_nodes``. ``None`` sends no curve
-            (only accepted by a daemon that learns scalability online).
+            :func:`read_scalability_csv`; must cover ``max_nodes``. ``None`` sends no curve:
+            the daemon learns it (and the rescale costs) from the task's progress reports.
         rescale_up_s, rescale_down_s: Tcup / Tcdw [s]: progress lost when the task grows /
             shrinks (BFTrainer, arXiv 2106.12091 §3).
         objective: one of :data:`OBJECTIVES`; the curve Os the allocation maximises.

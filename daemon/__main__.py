@@ -48,6 +48,9 @@ def serve(
     isolate_solver: Optional[bool] = typer.Option(None, "--isolate-solver/--in-process-solver", help=flag_help("isolate_solver")),
     tfwd_s: Optional[float] = typer.Option(None, "--tfwd", help=flag_help("tfwd_s")),
     max_running_tasks: Optional[int] = typer.Option(None, "--max-running-tasks", help=flag_help("max_running_tasks")),
+    objective: Optional[str] = typer.Option(None, help=flag_help("objective")),
+    eta: Optional[float] = typer.Option(None, help=flag_help("eta")),
+    prior_rate_per_node: Optional[float] = typer.Option(None, help=flag_help("prior_rate_per_node")),
     snapshot_every: Optional[int] = typer.Option(None, help=flag_help("snapshot_every")),
     durability: Optional[str] = typer.Option(None, help=flag_help("durability")),
     record_instances: Optional[str] = typer.Option(None, "--record-instances", help=flag_help("record_instances")),
@@ -60,6 +63,7 @@ def serve(
     max_command_bytes: Optional[int] = typer.Option(None, help=flag_help("max_command_bytes")),
     max_batch_sizes: Optional[int] = typer.Option(None, help=flag_help("max_batch_sizes")),
     max_power_limits: Optional[int] = typer.Option(None, help=flag_help("max_power_limits")),
+    max_progress_reports: Optional[int] = typer.Option(None, help=flag_help("max_progress_reports")),
     log_level: Optional[str] = typer.Option(None, help=flag_help("log_level")),
     metrics_listen: Optional[str] = typer.Option(None, "--metrics-listen", help=flag_help("metrics_listen")),
     tokens_file: Optional[str] = typer.Option(None, "--tokens-file", help=flag_help("tokens_file")),
@@ -78,12 +82,14 @@ def serve(
         cfg = load_config(config, dict(
             listen=listen, state=state, solver=solver, solver_time_limit_s=solver_time_limit_s,
             isolate_solver=isolate_solver, tfwd_s=tfwd_s, max_running_tasks=max_running_tasks,
+            objective=objective, eta=eta, prior_rate_per_node=prior_rate_per_node,
             snapshot_every=snapshot_every, durability=durability, record_instances=record_instances,
             max_message_mb=max_message_mb, max_event_nodes=max_event_nodes,
             max_idle_nodes=max_idle_nodes, max_task_nodes=max_task_nodes,
             max_curve_points=max_curve_points, max_command_args=max_command_args,
             max_command_bytes=max_command_bytes, max_batch_sizes=max_batch_sizes,
-            max_power_limits=max_power_limits, log_level=log_level, metrics_listen=metrics_listen,
+            max_power_limits=max_power_limits, max_progress_reports=max_progress_reports,
+            log_level=log_level, metrics_listen=metrics_listen,
             tokens_file=tokens_file, tls_cert=tls_cert, tls_key=tls_key))
     except ConfigError as exc:
         typer.echo(f"offcutd: {exc}", err=True)

@@ -114,9 +114,25 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class PowerConfig(BaseModel):
+    """Power figures of the site's nodes for the energy objectives (``[power]`` in
+    offcut.toml; :class:`offcut.daemon.model.ObjectiveSettings`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node_power_w: float = Field(1000.0, gt=0, le=1e6, description=(
+        "prior draw of one node running a task, W (until the task's power_w curve or its "
+        "energy reports say otherwise)"))
+    idle_node_power_w: float = Field(250.0, ge=0, le=1e6, description=(
+        "draw of an idle node no task uses, W (it stays on; charged to the pool's energy)"))
+    node_max_power_w: float = Field(1600.0, gt=0, le=1e6, description=(
+        "maximum power of one node, W (Zeus's MAXPOWER in zeus_cost, per node)"))
+
+
 #: the DaemonConfig options that are request size limits (offcut.daemon.model.Limits)
 LIMIT_FIELDS = ("max_event_nodes", "max_idle_nodes", "max_task_nodes", "max_curve_points",
-                "max_command_args", "max_command_bytes", "max_batch_sizes", "max_power_limits")
+                "max_command_args", "max_command_bytes", "max_batch_sizes", "max_power_limits",
+                "max_progress_reports")
 
 
 class DaemonConfig(BaseModel):
@@ -148,6 +164,17 @@ class DaemonConfig(BaseModel):
                           description="BFTrainer look-ahead Tfwd, s (flag --tfwd)")
     max_running_tasks: int = Field(10, ge=1, le=100000,
                                    description="maxJ: tasks admitted at once, in submit order")
+    objective: Literal["throughput", "energy", "zeus_cost"] = Field(
+        "throughput", description=(
+            "what the allocation maximises: throughput (BFTrainer's samples over the look-ahead), "
+            "energy (samples per joule of the idle pool) or zeus_cost (samples per unit of "
+            "eta * energy + (1 - eta) * MAXPOWER * time); both energy objectives are solved "
+            "exactly (Dinkelbach over the exact backends)"))
+    eta: float = Field(0.5, ge=0, le=1, description=(
+        "eta_knob of objective = zeus_cost: 0 = time only (throughput), 1 = energy only"))
+    prior_rate_per_node: float = Field(1.0, gt=0, description=(
+        "throughput per node, samples/s, assumed for a task submitted without a curve before "
+        "any task has been measured (then: the median measured per-node rate)"))
     snapshot_every: int = Field(1000, ge=1, description="journal rows between state snapshots")
     durability: Literal["full", "normal"] = Field(
         "full", description="full: fsync every commit (survives power loss); normal: survives "
@@ -183,6 +210,8 @@ class DaemonConfig(BaseModel):
     max_power_limits: int = Field(1000, ge=1, description=(
         "most power limits one Zeus power profile walks through ((max_power_limit_w - "
         "min_power_limit_w) / step_w + 1); more is INVALID_ARGUMENT"))
+    max_progress_reports: int = Field(10_000, ge=1, description=(
+        "most reports in one ReportProgress request; more is INVALID_ARGUMENT"))
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     metrics_listen: str | None = Field(
         None, examples=["127.0.0.1:9464"],
@@ -198,6 +227,8 @@ class DaemonConfig(BaseModel):
                                 description="PEM private key of tls_cert (mode 0600)")
     slurm: SlurmConfig = Field(default_factory=SlurmConfig,
                                description="the Slurm launcher's site settings")
+    power: PowerConfig = Field(default_factory=PowerConfig,
+                               description="power figures of the nodes (energy objectives)")
 
     @model_validator(mode="after")
     def _check_transport(self) -> "DaemonConfig":
@@ -224,12 +255,27 @@ class DaemonConfig(BaseModel):
 
         return Limits(**{name: getattr(self, name) for name in LIMIT_FIELDS})
 
+    def objective_settings(self):
+        """The allocation objective as the core takes it
+        (:class:`offcut.daemon.model.ObjectiveSettings`)."""
+        from offcut.daemon.model import ObjectiveSettings
+
+        return ObjectiveSettings(
+            objective=self.objective, eta=self.eta, node_power_w=self.power.node_power_w,
+            idle_node_power_w=self.power.idle_node_power_w,
+            node_max_power_w=self.power.node_max_power_w,
+            prior_rate_per_node=self.prior_rate_per_node)
+
     @field_validator("metrics_listen")
     @classmethod
     def _check_metrics_listen(cls, value: str | None) -> str | None:
         if value is not None:
             split_host_port(value)
         return value
+
+
+#: file-only sections of offcut.toml -> their models
+SECTIONS = {"slurm": SlurmConfig, "power": PowerConfig}
 
 
 class ConfigError(ValueError):
@@ -314,8 +360,9 @@ def reference_toml() -> str:
     lines = ["# offcut.toml: offcutd settings (offcutd --config FILE; flags override the file).",
              "# Generated by `offcutd --print-config`; every key is optional.", ""]
     lines += _toml_lines(DaemonConfig)
-    lines += ["[slurm]  # " + DaemonConfig.model_fields["slurm"].description, ""]
-    lines += _toml_lines(SlurmConfig)
+    for section, model in SECTIONS.items():
+        lines += [f"[{section}]  # " + DaemonConfig.model_fields[section].description, ""]
+        lines += _toml_lines(model)
     return "\n".join(lines)
 
 
@@ -323,14 +370,14 @@ def reference_markdown() -> str:
     """``docs/configuration.md``: every option, its default and meaning, in one table."""
     lines = ["# offcutd configuration", "",
              "One TOML file (`offcutd --config /etc/offcut/offcut.toml`); every key is optional. "
-             "The top-level keys are also `offcutd` flags (flags win); the `[slurm]` section is "
-             "read by `offcut-slurm launch --config` from the same file. Unknown keys and bad "
+             "The top-level keys are also `offcutd` flags (flags win); the sections are file "
+             "only (`[slurm]` is also read by `offcut-slurm launch --config`). Unknown keys and bad "
              "values are refused at start with a message naming the key. This page is "
              "generated: `offcutd --print-config markdown > docs/configuration.md` (a test "
              "checks it is fresh); `offcutd --print-config toml` prints a commented TOML file "
              "to start from.", "",
              "| key | default | meaning |", "|---|---|---|"]
-    for model, prefix in ((DaemonConfig, ""), (SlurmConfig, "slurm.")):
+    for model, prefix in ((DaemonConfig, ""), *((m, f"{k}.") for k, m in SECTIONS.items())):
         for name, field in _scalar_fields(model):
             desc = field.description.replace("|", "\\|")
             lines.append(f"| `{prefix}{name}` | `{default_text(name, model)}` | {desc} |")

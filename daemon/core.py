@@ -12,21 +12,39 @@ Progress model (BFTrainer, arXiv 2106.12091 §3-4; DESIGN §3):
 * a task finishes the moment its work reaches ``total_work``: the core stops the clock there,
   releases its nodes and re-allocates before going on to the event's time;
 * at most ``max_running_tasks`` unfinished tasks are admitted, in submit order.
+
+Reported progress (issue "Learn scalability online"): a task whose spec ``reports`` progress
+(``reports_progress``, or no curve: *learned*) is never completed by the model; between its
+reports it accrues at the modelled rate (the learned estimate for a learned task, capped
+below ``total_work``), and each report replaces its progress and energy with the reported
+figures. A report reaching ``total_work`` completes it at the report's time. Each such task has
+a :class:`~offcut.daemon.learning.TaskLearner` that checks its reports, measures its throughput
+per node count, its power and its rescale costs; a learned task is allocated with that model
+(:meth:`Core.problem`). A progress event re-solves the allocation when a task completed or a
+learner measured a node count for the first time.
+
+Energy (issue "energy-aware allocation"): every running task accrues ``power * dt`` [J], power
+from its spec's ``power_w`` curve, else its learner's measurements, else the prior
+``node_power_w`` per node. With objective ``energy`` / ``zeus_cost`` the allocation maximises
+samples per unit of zeus_cost exactly (:func:`offcut.daemon.solvers.fractional.solve_ratio`).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 from offcut.daemon import placement
-from offcut.daemon.model import (RUN_STATES, CancelEvent, Event, Limits, NodeEvent, SubmitEvent,
-                                 Task, TaskRunEvent, TaskState, check_node_names)
+from offcut.daemon.learning import ProgressReport, TaskLearner
+from offcut.daemon.model import (RUN_STATES, CancelEvent, Event, Limits, NodeEvent,
+                                 ObjectiveSettings, ProgressEvent, SubmitEvent, Task, TaskRunEvent,
+                                 TaskState, check_node_names)
+from offcut.daemon.solvers.fractional import EnergyTerms, solve_ratio
 from offcut.daemon.solvers.problem import AllocationProblem, objective_table
 
 MAX_SOURCE_LEN = 200
@@ -106,13 +124,17 @@ class Core:
         limits: size limits checked by :meth:`validate`; None = none (re-applying the
             journal, whose events were checked against the limits of their time). Not part
             of the persisted state: the engine sets the configured ones.
+        objective: what the allocation maximises and the power figures
+            (:class:`ObjectiveSettings`; persisted, like ``tfwd_s``).
     """
 
     def __init__(self, tfwd_s: float = 10.0, max_running_tasks: int = 10,
-                 limits: Limits | None = None):
+                 limits: Limits | None = None, objective: ObjectiveSettings | None = None):
         self.tfwd_s = float(tfwd_s)
         self.max_running_tasks = int(max_running_tasks)
         self.limits = limits
+        self.objective = objective if objective is not None else ObjectiveSettings()
+        self.task_energy_j = 0.0
         self.clock: float | None = None
         self.revision = 0
         self.pool: dict[str, float] = {}        # idle node -> idle since [s]
@@ -126,6 +148,8 @@ class Core:
         self.idle_node_seconds = 0.0
         self.used_node_seconds = 0.0
         self.requests: dict[str, str] = {}      # submit request_id -> task id
+        self._learn_version = 0                 # bumped by every progress report (caches)
+        self._prior_cache: tuple[int, float] | None = None
 
     # ================================================================= validation (pure)
     def validate(self, event: Event) -> None:
@@ -166,6 +190,8 @@ class Core:
                 raise InvalidArgument(f"must be at most {MAX_SOURCE_LEN} characters", "request_id")
             if not event.owner or len(event.owner) > MAX_SOURCE_LEN:
                 raise InvalidArgument(f"must be 1-{MAX_SOURCE_LEN} characters", "owner")
+        elif isinstance(event, ProgressEvent):
+            self._validate_progress(event)
         elif isinstance(event, (CancelEvent, TaskRunEvent)):
             task = self.tasks.get(event.task_id)
             if task is None:
@@ -201,6 +227,35 @@ class Core:
         if size > limit:
             raise FailedPrecondition(f"the idle pool would hold {size} nodes, more than "
                                      f"max_idle_nodes ({limit})", "idle")
+
+    def _validate_progress(self, event: ProgressEvent) -> None:
+        """Checks of a progress event: every report names a running-or-waiting task that
+        reports progress, once, with figures its learner accepts (``reports[i].<field>``)."""
+        if not event.reports:
+            raise InvalidArgument("a progress request needs at least one report", "reports")
+        limit = self.limits.max_progress_reports if self.limits is not None else None
+        if limit is not None and len(event.reports) > limit:
+            raise InvalidArgument(f"has {len(event.reports)} reports, more than "
+                                  f"max_progress_reports ({limit})", "reports")
+        if event.request_id and len(event.request_id) > MAX_SOURCE_LEN:
+            raise InvalidArgument(f"must be at most {MAX_SOURCE_LEN} characters", "request_id")
+        seen: set[str] = set()
+        for i, r in enumerate(event.reports):
+            where = f"reports[{i}]."
+            task = self.tasks.get(r.task_id)
+            if task is None:
+                raise NotFound(f"no task {r.task_id!r}", where + "task_id")
+            if r.task_id in seen:
+                raise InvalidArgument(f"task {r.task_id} is reported twice", where + "task_id")
+            seen.add(r.task_id)
+            if task.state.finished:
+                raise FailedPrecondition(f"task {r.task_id} is already {task.state.value}",
+                                         where + "task_id")
+            if task.learner is None:
+                raise FailedPrecondition(f"task {r.task_id} was not submitted with "
+                                         "reports_progress (its progress is modelled)",
+                                         where + "task_id")
+            task.learner.check(_report(r), where)
 
     @staticmethod
     def _validate_run(event: TaskRunEvent) -> None:
@@ -245,6 +300,8 @@ class Core:
             self.active[task.task_id] = task
             if event.request_id:
                 self.requests[event.request_id] = task.task_id
+            if event.spec.reports:
+                task.learner = TaskLearner()
             out.task_id = task.task_id
             changed = True
         elif isinstance(event, CancelEvent):
@@ -259,6 +316,9 @@ class Core:
             task = self.tasks[event.task_id]
             out.task_id = task.task_id
             changed = self._apply_run(task, event, t, out)
+        elif isinstance(event, ProgressEvent):
+            out.cause = "progress"
+            changed = self._apply_progress(event, t, out)
         if changed:
             self._reallocate(t, out, allocate)
         self.revision += 1
@@ -275,7 +335,7 @@ class Core:
         while True:
             soonest, soonest_task = math.inf, None
             for task in self.admitted():  # only admitted tasks can hold nodes
-                if task.rate > 0 and task.state is TaskState.RUNNING:
+                if task.rate > 0 and task.state is TaskState.RUNNING and task.learner is None:
                     left = task.spec.total_work_samples - task.work_done
                     at = self.clock + max(left, 0.0) / task.rate
                     if at < soonest:
@@ -285,7 +345,7 @@ class Core:
             self._accrue(soonest - self.clock, out)
             self.clock = soonest
             for task in self.admitted():
-                if task.state is TaskState.RUNNING and (
+                if task.state is TaskState.RUNNING and task.learner is None and (
                         task is soonest_task or
                         task.work_done >= task.spec.total_work_samples * (1 - 1e-12)):
                     out.progress_samples += task.spec.total_work_samples - task.work_done
@@ -303,9 +363,15 @@ class Core:
         for task in self.admitted():
             if task.rate > 0:
                 gained = task.rate * dt
+                if task.learner is not None:  # completed only by a report: stay below the total
+                    gained = min(gained, max(0.0, task.spec.total_work_samples * (1 - 1e-9)
+                                             - task.work_done))
                 task.work_done += gained
                 out.progress_samples += gained
                 self.total_samples += gained
+            if task.power > 0:
+                task.energy_j += task.power * dt
+                self.task_energy_j += task.power * dt
         self.idle_node_seconds += len(self.pool) * dt
         self.used_node_seconds += len(self.holder) * dt
 
@@ -337,6 +403,8 @@ class Core:
             before = len(task.nodes)
             task.nodes = [n for n in task.nodes if n in self.pool]
             self._set_running_state(task)
+            if task.learner is not None:
+                task.learner.on_allocation(t, len(task.nodes), "preempted")
             out.placements.append(self._change(task, "preempted", before, t))
         for n in joined:
             self.pool[n] = t
@@ -365,8 +433,82 @@ class Core:
             return True
         return False
 
+    def _apply_progress(self, event: ProgressEvent, t: float, out: Outcome) -> bool:
+        """Apply validated reports: each feeds the task's learner and replaces its progress
+        (and energy, when reported); a report reaching ``total_work`` completes the task.
+        Returns whether the allocation must be re-solved (a completion, or a learner that
+        measured a node count for the first time)."""
+        changed = False
+        for r in event.reports:
+            task = self.tasks[r.task_id]
+            if task.state.finished:
+                continue
+            if task.learner.observe(_report(r)):
+                changed = True
+            self._learn_version += 1
+            total = task.spec.total_work_samples
+            delta = min(r.samples_done, total) - task.work_done
+            task.work_done += delta
+            out.progress_samples += delta
+            self.total_samples += delta
+            if r.energy_j is not None:
+                self.task_energy_j += r.energy_j - task.energy_j
+                task.energy_j = task.reported_energy_j = float(r.energy_j)
+            if r.samples_done >= total:
+                self._finish(task, TaskState.COMPLETED, t, out)
+                out.completed_task_ids.append(task.task_id)
+                changed = True
+            else:
+                self._set_running_state(task)  # the learned rate may have moved
+        return changed
+
+    # ----------------------------------------------------------------- task models
+    def rate_at(self, task: Task, n: int) -> float:
+        """Modelled throughput [samples/s] of ``task`` on ``n`` nodes: Ps(n) (DESIGN §3), or
+        the learner's estimate for a learned task; 0 below Jmin."""
+        if n < task.spec.min_nodes:
+            return 0.0
+        if task.spec.learned:
+            return task.learner.rate_at(n, self._prior_rate())
+        return task.spec.throughput_at(n)
+
+    def power_at(self, task: Task, n: int) -> float:
+        """Modelled power draw [W] of ``task`` on ``n`` nodes: its spec's ``power_w`` curve,
+        else its learner's measurements, else the prior ``node_power_w`` per node."""
+        if n <= 0:
+            return 0.0
+        spec = task.spec
+        if spec.power_w:
+            return float(np.interp(n, spec.node_counts, spec.power_w))
+        if task.learner is not None:
+            return float(task.learner.power_at(n, self.objective.node_power_w))
+        return n * self.objective.node_power_w
+
+    def rescale_costs(self, task: Task) -> tuple[float, float]:
+        """(Tcup, Tcdw) [s] of ``task``: measured by its learner for a learned task (the
+        spec's values are the prior), else the spec's."""
+        spec = task.spec
+        if spec.learned:
+            return (task.learner.rescale_up_s(spec.rescale_up_s),
+                    task.learner.rescale_down_s(spec.rescale_down_s))
+        return spec.rescale_up_s, spec.rescale_down_s
+
+    def _prior_rate(self) -> float:
+        """Throughput per node [samples/s] assumed for a learned task before its first
+        measurement: the median of the other tasks' measured per-node rates (a population
+        prior), else ``prior_rate_per_node``."""
+        key = self._learn_version
+        if self._prior_cache is None or self._prior_cache[0] != key:
+            rates = [r for task in self.tasks.values() if task.learner is not None
+                     for r in [task.learner.per_node_rate()] if r is not None and r > 0]
+            prior = float(np.median(rates)) if rates else self.objective.prior_rate_per_node
+            self._prior_cache = (key, prior)
+        return self._prior_cache[1]
+
     def _set_running_state(self, task: Task) -> None:
-        task.rate = task.spec.throughput_at(len(task.nodes))
+        n = len(task.nodes)
+        task.rate = self.rate_at(task, n)
+        task.power = self.power_at(task, n)
         if not task.state.finished:
             task.state = TaskState.RUNNING if task.nodes else TaskState.ADMITTED
 
@@ -376,6 +518,7 @@ class Core:
             self.holder.pop(n, None)
         task.nodes = []
         task.rate = 0.0
+        task.power = 0.0
         task.state = state
         task.finish_time = t
         del self.active[task.task_id]
@@ -402,22 +545,46 @@ class Core:
             node_counts=[c[0] for c in curves],
             objective_values=[c[1] for c in curves],
             tfwd_s=self.tfwd_s,
-            rescale_up_s=[t.spec.rescale_up_s for t in tasks],
-            rescale_down_s=[t.spec.rescale_down_s for t in tasks],
+            rescale_up_s=[self.rescale_costs(t)[0] for t in tasks],
+            rescale_down_s=[self.rescale_costs(t)[1] for t in tasks],
             objective_tables=[c[2] for c in curves],
             check=False,  # specs were validated at submission
         )
 
     def _curves(self, task: Task) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(Ns, Os, S(n) for n = 0..Jmax) of a task as float arrays, cached per task."""
-        curves = self._objective.get(task.task_id)
-        if curves is None:
-            spec = task.spec
-            ns = np.asarray(spec.node_counts, dtype=float)
-            os_ = np.asarray(spec.objective, dtype=float)
-            curves = (ns, os_, objective_table(ns, os_, spec.min_nodes, spec.max_nodes))
-            self._objective[task.task_id] = curves
-        return curves
+        """(Ns, Os, S(n) for n = 0..Jmax) of a task as float arrays, cached per task (a
+        learned task's: its learner's optimistic curve, cached per learner version)."""
+        spec = task.spec
+        key = (task.learner.version, self._prior_rate()) if spec.learned else None
+        cached = self._objective.get(task.task_id)
+        if cached is None or cached[0] != key:
+            if spec.learned:
+                ns_l, ps_l = task.learner.curve(spec.min_nodes, spec.max_nodes, key[1])
+                ns, os_ = np.asarray(ns_l, dtype=float), np.asarray(ps_l, dtype=float)
+            else:
+                ns = np.asarray(spec.node_counts, dtype=float)
+                os_ = np.asarray(spec.objective, dtype=float)
+            cached = (key, (ns, os_, objective_table(ns, os_, spec.min_nodes, spec.max_nodes)))
+            self._objective[task.task_id] = cached
+        return cached[1]
+
+    def learned_curve(self, task: Task) -> tuple[np.ndarray, np.ndarray]:
+        """(Ns, Ps) the allocation uses for a learned task (its learner's optimistic curve)."""
+        ns, os_, _ = self._curves(task)
+        return ns, os_
+
+    @property
+    def energy_j(self) -> float:
+        """Energy of the idle pool while Offcut ran it [J]: the tasks' nodes plus the unused
+        idle nodes at ``idle_node_power_w``."""
+        unused = max(0.0, self.idle_node_seconds - self.used_node_seconds)
+        return self.task_energy_j + unused * self.objective.idle_node_power_w
+
+    def _power_values(self, task: Task, node_counts: np.ndarray) -> np.ndarray:
+        """The task's power draw [W] at each of ``node_counts`` (its curve's points); at least
+        1 mW per node at positive counts (a task whose energy reports stood still must not
+        make the ratio objective's denominator vanish)."""
+        return np.array([max(self.power_at(task, int(n)), 1e-3 * n) for n in node_counts])
 
     def _reallocate(self, t: float, out: Outcome, allocate: Allocate) -> None:
         tasks = self.admitted()
@@ -427,9 +594,22 @@ class Core:
                 task.admit_time = t
         if not tasks:
             return
-        answer = allocate(self.problem(tasks))
-        out.solves.append(answer)
-        counts = [int(c) for c in answer.counts]
+        problem = self.problem(tasks)
+        if self.objective.objective == "throughput":
+            answer = allocate(problem)
+            out.solves.append(answer)
+            counts = [int(c) for c in answer.counts]
+        else:
+            def solve(p: AllocationProblem) -> SolveRecord:
+                record = allocate(p)
+                out.solves.append(record)
+                return record
+            terms = EnergyTerms(eta=self.objective.effective_eta,
+                                idle_node_power_w=self.objective.idle_node_power_w,
+                                node_max_power_w=self.objective.node_max_power_w,
+                                power_values=[self._power_values(t, ns)
+                                              for t, ns in zip(tasks, problem.node_counts)])
+            counts = [int(c) for c in solve_ratio(problem, terms, solve).counts]
         if len(counts) != len(tasks):
             raise RuntimeError(f"allocation returned {len(counts)} counts for {len(tasks)} tasks")
         # shrink first: released nodes become free for growing tasks
@@ -454,8 +634,9 @@ class Core:
             c, n = before[task.task_id], len(task.nodes)
             if n == c:
                 continue
-            lost_rate = task.spec.throughput_at(c)
-            cost = lost_rate * (task.spec.rescale_up_s if n > c else task.spec.rescale_down_s)
+            lost_rate = self.rate_at(task, c)
+            up_s, down_s = self.rescale_costs(task)
+            cost = lost_rate * (up_s if n > c else down_s)
             task.work_done -= cost
             out.progress_samples -= cost
             out.rescale_cost_samples += cost
@@ -463,6 +644,8 @@ class Core:
             task.rescales += 1
             self._set_running_state(task)
             kind = "start" if c == 0 else "stop" if n == 0 else "grow" if n > c else "shrink"
+            if task.learner is not None:
+                task.learner.on_allocation(t, n, kind)
             out.placements.append(self._change(task, kind, c, t))
 
     def _fill_figures(self, out: Outcome) -> None:
@@ -484,12 +667,15 @@ class Core:
             "next_task_number": self.next_task_number, "total_samples": self.total_samples,
             "idle_node_seconds": self.idle_node_seconds,
             "used_node_seconds": self.used_node_seconds, "requests": self.requests,
+            "objective": asdict(self.objective), "task_energy_j": self.task_energy_j,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Core":
         """Inverse of :meth:`to_dict`."""
-        core = cls(d["tfwd_s"], d["max_running_tasks"])
+        core = cls(d["tfwd_s"], d["max_running_tasks"],
+                   objective=ObjectiveSettings(**d["objective"]) if "objective" in d else None)
+        core.task_energy_j = d.get("task_energy_j", 0.0)
         core.clock, core.revision = d["clock"], d["revision"]
         core.pool = dict(d["pool"])
         core.tasks = {t["task_id"]: Task.from_dict(t) for t in d["tasks"]}
@@ -510,3 +696,8 @@ class Core:
                       for t in self.tasks.values()),
                 tuple(sorted(self.last_seq.items())))
 
+
+def _report(item) -> ProgressReport:
+    """The learner's view of one ``ProgressItem``."""
+    return ProgressReport(time=item.time, samples_done=item.samples_done, nodes=item.nodes,
+                          energy_j=item.energy_j)

@@ -22,7 +22,8 @@ from google.protobuf.message import Message
 
 from offcut.errors import OffcutError
 from offcut.daemon.core import Core, Outcome, SolveRecord
-from offcut.daemon.model import (Event, Limits, NodeEvent, SubmitEvent, TaskRunEvent,
+from offcut.daemon.model import (Event, Limits, NodeEvent, ObjectiveSettings, ProgressEvent,
+                                 SubmitEvent, TaskRunEvent,
                                  event_from_dict, event_to_dict)
 from offcut.daemon.protocol import decision_to_pb
 from offcut.daemon.solvers.allocator import Allocator
@@ -56,6 +57,7 @@ class Engine:
         store: the state file.
         allocator: solves allocation problems (``Allocator``).
         tfwd_s, max_running_tasks: core settings; applied on top of the stored state.
+        objective: the allocation objective and power figures (None: keep the stored ones).
         record_instances: optional JSONL path; every solved problem is appended to it.
         limits: request size limits checked for new events (default: :class:`Limits`'s
             defaults); the journal is re-applied without them.
@@ -63,7 +65,7 @@ class Engine:
 
     def __init__(self, store: Store, allocator: Allocator, *, tfwd_s: float = 10.0,
                  max_running_tasks: int = 10, record_instances: str | Path | None = None,
-                 limits: Limits | None = None):
+                 limits: Limits | None = None, objective: ObjectiveSettings | None = None):
         self.store = store
         self.limits = limits if limits is not None else Limits()
         self.allocator = allocator
@@ -83,6 +85,10 @@ class Engine:
             log.info("settings: tfwd_s %s -> %s, max_running_tasks %s -> %s", self.core.tfwd_s,
                      tfwd_s, self.core.max_running_tasks, max_running_tasks)
             self.core.tfwd_s, self.core.max_running_tasks = float(tfwd_s), int(max_running_tasks)
+            self.store.write_snapshot(self.core.to_dict())
+        if objective is not None and objective != self.core.objective:
+            log.info("objective settings: %s -> %s", self.core.objective, objective)
+            self.core.objective = objective
             self.store.write_snapshot(self.core.to_dict())
 
     # ------------------------------------------------------------------ recovery
@@ -227,6 +233,8 @@ def _request_key(event: Event) -> str | None:
         return event.request_id
     if isinstance(event, TaskRunEvent) and event.request_id:
         return f"run:{event.request_id}"
+    if isinstance(event, ProgressEvent) and event.request_id:
+        return f"progress:{event.request_id}"
     return None
 
 

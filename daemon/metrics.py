@@ -69,7 +69,9 @@ class EngineCollector(Collector):
             st = protocol.status_to_pb(core, None, status_pb2.SolverStatistics(),
                                        include_idle=False)
             clock = core.clock
-            rate = float(sum(t.rate for t in core.active.values() if t.state is TaskState.RUNNING))
+            running = [t for t in core.active.values() if t.state is TaskState.RUNNING]
+            rate = float(sum(t.rate for t in running))
+            power = float(sum(t.power for t in running))
             fallbacks, solves_by_backend = engine.fallbacks, dict(engine.solves_by_backend)
             decision_ms = list(engine.decision_ms)
         decision_s = np.asarray(decision_ms, dtype=float) / 1000.0
@@ -90,6 +92,18 @@ class EngineCollector(Collector):
             "offcut_samples_net",
             "Net samples earned by all tasks: progress minus rescale and preemption costs; "
             "can decrease (preemption costs), so a gauge, samples", value=st.total_samples)
+        yield GaugeMetricFamily(
+            "offcut_energy_joules",
+            "Energy of the idle pool while Offcut ran it: tasks' nodes (reported, or modelled "
+            "between reports) plus unused idle nodes at idle_node_power_w, J",
+            value=st.energy_j)
+        yield GaugeMetricFamily("offcut_task_energy_joules",
+                                "Energy drawn by the tasks' nodes, J", value=st.task_energy_j)
+        yield GaugeMetricFamily("offcut_samples_per_joule",
+                                "offcut_samples_net / offcut_energy_joules, samples/J",
+                                value=st.total_samples / st.energy_j if st.energy_j > 0 else 0.0)
+        yield GaugeMetricFamily("offcut_power_watts",
+                                "Sum of the modelled power of running tasks, W", value=power)
         yield GaugeMetricFamily("offcut_revision", "Revision of the cluster state (applied events)",
                                 value=st.revision)
         clock_family = GaugeMetricFamily(

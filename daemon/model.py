@@ -40,6 +40,7 @@ class Limits:
         max_batch_sizes: batch sizes of one Zeus job (``spec.batch_sizes``).
         max_power_limits: power limits one Zeus power profile walks through
             (``(max_power_limit_w - min_power_limit_w) / step_w + 1``).
+        max_progress_reports: reports in one ReportProgress request.
     """
 
     max_event_nodes: int = 200_000
@@ -50,6 +51,44 @@ class Limits:
     max_command_bytes: int = 1_048_576
     max_batch_sizes: int = 1024
     max_power_limits: int = 1000
+    max_progress_reports: int = 10_000
+
+
+OBJECTIVES = ("throughput", "energy", "zeus_cost")
+
+
+@dataclass(frozen=True)
+class ObjectiveSettings:
+    """What the allocation maximises, and the power figures of the energy objectives
+    (DaemonConfig options of the same names; DESIGN §4, issue "energy-aware allocation").
+
+    Attributes:
+        objective: ``throughput`` (BFTrainer's: samples over the look-ahead), ``energy``
+            (samples per joule) or ``zeus_cost`` (samples per unit of Zeus's cost
+            ``eta * E + (1 - eta) * MAXPOWER * T``, NSDI '23 §3; ``energy`` is eta = 1).
+            Both energy objectives are solved exactly by Dinkelbach's method over the exact
+            backends (``offcut.daemon.solvers.fractional``).
+        eta: the zeus_cost knob (eta_knob) in [0, 1].
+        node_power_w: prior draw [W] of one node running a task, used until the task's spec
+            (``power_w``) or its energy reports say otherwise.
+        idle_node_power_w: draw [W] of an idle node that no task uses (it stays on).
+        node_max_power_w: maximum power [W] of one node (Zeus's MAXPOWER, per node).
+        prior_rate_per_node: throughput [samples/s per node] assumed for a learned task before
+            any task has been measured.
+    """
+
+    objective: str = "throughput"
+    eta: float = 0.5
+    node_power_w: float = 1000.0
+    idle_node_power_w: float = 250.0
+    node_max_power_w: float = 1600.0
+    prior_rate_per_node: float = 1.0
+
+    @property
+    def effective_eta(self) -> float:
+        """eta of the ratio objective: 1 for ``energy``, ``eta`` for ``zeus_cost``, 0 for
+        ``throughput``."""
+        return {"throughput": 0.0, "energy": 1.0}.get(self.objective, self.eta)
 
 
 class TaskState(str, Enum):
@@ -94,6 +133,16 @@ class TaskSpec:
         rescale_up_s, rescale_down_s: Tcup, Tcdw [s]: seconds of progress lost per grow/shrink.
         total_work_samples: Pmax [samples] > 0.
         command: argv of the task for live runs (may be empty in replays).
+        reports_progress: the task reports its own progress (``Tasks.ReportProgress``): the
+            reports replace the model's progress and only a report (or a ``finished`` run
+            report) completes it. Implied when no curve is given.
+        power_w: optional power draw [W] of the task's nodes at each ``node_counts`` point
+            (the energy objectives' power model; learned from energy reports when empty).
+
+    A spec without ``node_counts``/``throughputs`` (both empty) is *learned*: the daemon
+    allocates it with the scalability model it fits from the task's progress reports
+    (``offcut.daemon.learning``), and learns its rescale costs too (``rescale_up_s`` /
+    ``rescale_down_s`` are then the prior used until a rescale has been measured).
     """
 
     name: str
@@ -106,6 +155,18 @@ class TaskSpec:
     rescale_down_s: float = 0.0
     total_work_samples: float = 0.0
     command: tuple[str, ...] = ()
+    reports_progress: bool = False
+    power_w: tuple[float, ...] = ()
+
+    @property
+    def learned(self) -> bool:
+        """True when the spec gives no scalability curve (the daemon learns it)."""
+        return not self.node_counts and not self.throughputs
+
+    @property
+    def reports(self) -> bool:
+        """True when progress comes from the task's reports (``reports_progress`` or learned)."""
+        return self.reports_progress or self.learned
 
     @classmethod
     def create(cls, limits: Limits | None = None, **kwargs: Any) -> "TaskSpec":
@@ -127,6 +188,8 @@ class TaskSpec:
             rescale_down_s=kwargs.get("rescale_down_s", 0.0),
             total_work_samples=kwargs.get("total_work_samples", 0.0),
             command=tuple(str(x) for x in kwargs.get("command", ())),
+            reports_progress=bool(kwargs.get("reports_progress", False)),
+            power_w=tuple(float(x) for x in kwargs.get("power_w", ())),
         )
         spec.validate(limits)
         return spec
@@ -150,6 +213,13 @@ class TaskSpec:
             raise InvalidArgument(
                 f"must be >= min_nodes ({self.min_nodes}), got {self.max_nodes}", "spec.max_nodes")
         ns, ps = self.node_counts, self.throughputs
+        if self.learned:
+            for fname in ("objective_values", "power_w"):
+                if getattr(self, fname):
+                    raise InvalidArgument("needs a scalability curve (node_counts, throughputs);"
+                                          " a learned task has none", f"spec.{fname}")
+            self._validate_scalars()
+            return
         if len(ns) < 2:
             raise InvalidArgument("needs at least two points (0 and one more)", "spec.node_counts")
         if any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) for n in ns):
@@ -175,6 +245,17 @@ class TaskSpec:
                 if not math.isfinite(o) or o < 0:
                     raise InvalidArgument(f"value {i} is {o}; must be finite and >= 0",
                                           "spec.objective_values")
+        if self.power_w:
+            if len(self.power_w) != len(ns):
+                raise InvalidArgument(f"has {len(self.power_w)} values for {len(ns)} node counts",
+                                      "spec.power_w")
+            for i, (n, w) in enumerate(zip(ns, self.power_w)):
+                if not math.isfinite(w) or w < 0 or (n > 0 and w == 0):
+                    raise InvalidArgument(f"value {i} is {w}; must be finite, >= 0, and > 0 "
+                                          "at a positive node count", "spec.power_w")
+        self._validate_scalars()
+
+    def _validate_scalars(self) -> None:
         check_finite(self.rescale_up_s, "spec.rescale_up_s", non_negative=True)
         check_finite(self.rescale_down_s, "spec.rescale_down_s", non_negative=True)
         check_finite(self.total_work_samples, "spec.total_work_samples", positive=True)
@@ -190,8 +271,9 @@ class TaskSpec:
 
     def throughput_at(self, nodes: int) -> float:
         """Modelled progress rate [samples/s] on ``nodes`` nodes: Ps(n) by linear
-        interpolation if n >= Jmin, else 0 (DESIGN §3)."""
-        if nodes < self.min_nodes:
+        interpolation if n >= Jmin, else 0 (DESIGN §3). 0 for a learned spec (the core asks
+        the task's learner instead)."""
+        if nodes < self.min_nodes or self.learned:
             return 0.0
         return float(np.interp(nodes, self.node_counts, self.throughputs))
 
@@ -204,15 +286,16 @@ class TaskSpec:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (lists for the tuples)."""
         d = asdict(self)
-        for k in ("node_counts", "throughputs", "objective_values", "command"):
+        for k in ("node_counts", "throughputs", "objective_values", "command", "power_w"):
             d[k] = list(d[k])
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TaskSpec":
         """Inverse of :meth:`to_dict` (no validation: the data was validated when stored)."""
-        return cls(**{**d, **{k: tuple(d[k]) for k in
-                              ("node_counts", "throughputs", "objective_values", "command")}})
+        return cls(**{**d, **{k: tuple(d.get(k, ())) for k in
+                              ("node_counts", "throughputs", "objective_values", "command",
+                               "power_w")}})
 
 
 def check_spec_sizes(limits: Limits, *, max_nodes: Any, node_counts: Any, command: Any) -> None:
@@ -261,12 +344,22 @@ class Task:
     request_id: str = ""
     launches: int = 0        # runs reported started (live mode)
     last_run: str = ""       # the last run report, in words
+    energy_j: float = 0.0    # energy of its nodes so far [J] (reported, or modelled between reports)
+    reported_energy_j: float | None = None  # cumulative energy of its last report [J]
+    power: float = 0.0       # modelled draw [W] at its current node count
+    learner: Any = field(default=None, repr=False)  # offcut.daemon.learning.TaskLearner
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form for snapshots."""
-        d = asdict(self)
+        learner = self.learner
+        self.learner = None
+        try:
+            d = asdict(self)
+        finally:
+            self.learner = learner
         d["spec"] = self.spec.to_dict()
         d["state"] = self.state.value
+        d["learner"] = learner.to_dict() if learner is not None else None
         return d
 
     @classmethod
@@ -275,6 +368,9 @@ class Task:
         d = dict(d)
         d["spec"] = TaskSpec.from_dict(d["spec"])
         d["state"] = TaskState(d["state"])
+        if d.get("learner") is not None:
+            from offcut.daemon.learning import TaskLearner
+            d["learner"] = TaskLearner.from_dict(d["learner"])
         return cls(**d)
 
 
@@ -351,7 +447,30 @@ class TaskRunEvent:
         return " ".join(words)
 
 
-Event = NodeEvent | SubmitEvent | CancelEvent | TaskRunEvent
+@dataclass(frozen=True)
+class ProgressItem:
+    """One task's progress report (``offcut.v1.ProgressReport``).
+
+    ``samples_done`` [samples] and ``energy_j`` [J] are cumulative since the task began and
+    never decrease (``energy_j`` None: not measured); ``nodes`` is the node count it ran on since
+    its previous report; ``time`` [s since epoch] when it measured them."""
+    task_id: str
+    time: float
+    samples_done: float
+    nodes: int
+    energy_j: float | None = None
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """Progress reports of running tasks, applied together at ``time`` (the latest report's
+    time) [s since epoch]. ``request_id`` makes retries idempotent."""
+    time: float
+    reports: tuple[ProgressItem, ...]
+    request_id: str = ""
+
+
+Event = NodeEvent | SubmitEvent | CancelEvent | TaskRunEvent | ProgressEvent
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
@@ -365,6 +484,9 @@ def event_to_dict(event: Event) -> dict[str, Any]:
                 "owner": event.owner, "request_id": event.request_id}
     if isinstance(event, TaskRunEvent):
         return {"kind": "run", **asdict(event)}
+    if isinstance(event, ProgressEvent):
+        return {"kind": "progress", "time": event.time, "request_id": event.request_id,
+                "reports": [asdict(r) for r in event.reports]}
     return {"kind": "cancel", "time": event.time, "task_id": event.task_id}
 
 
@@ -380,4 +502,7 @@ def event_from_dict(d: dict[str, Any]) -> Event:
         return CancelEvent(d["time"], d["task_id"])
     if kind == "run":
         return TaskRunEvent(**{k: v for k, v in d.items() if k != "kind"})
+    if kind == "progress":
+        return ProgressEvent(d["time"], tuple(ProgressItem(**r) for r in d["reports"]),
+                             d.get("request_id", ""))
     raise ValueError(f"unknown event kind {kind!r}")

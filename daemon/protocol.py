@@ -11,7 +11,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from offcut.errors import InvalidArgument
 from offcut.daemon.core import Core, Outcome, PlacementChange
-from offcut.daemon.model import (CancelEvent, Limits, NodeEvent, SubmitEvent, Task, TaskRunEvent,
+from offcut.daemon.model import (CancelEvent, Limits, NodeEvent, ProgressEvent, ProgressItem,
+                                 SubmitEvent, Task, TaskRunEvent,
                                  TaskSpec, TaskState)
 from offcut.v1 import decision_pb2, nodes_pb2, status_pb2, tasks_pb2
 
@@ -89,7 +90,8 @@ def spec_from_pb(spec: tasks_pb2.TaskSpec, limits: Limits | None = None) -> Task
         node_counts=list(spec.node_counts), throughputs=list(spec.throughputs),
         objective_values=list(spec.objective_values), rescale_up_s=spec.rescale_up_s,
         rescale_down_s=spec.rescale_down_s, total_work_samples=spec.total_work_samples,
-        command=list(spec.command))
+        command=list(spec.command), reports_progress=spec.reports_progress,
+        power_w=list(spec.power_w))
 
 
 def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
@@ -99,7 +101,7 @@ def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
         node_counts=spec.node_counts, throughputs=spec.throughputs,
         objective_values=spec.objective_values, rescale_up_s=spec.rescale_up_s,
         rescale_down_s=spec.rescale_down_s, total_work_samples=spec.total_work_samples,
-        command=spec.command)
+        command=spec.command, reports_progress=spec.reports_progress, power_w=spec.power_w)
 
 
 def submit_from_pb(req: tasks_pb2.SubmitTaskRequest, clock: float | None, now: float,
@@ -137,9 +139,51 @@ def task_run_from_pb(req: tasks_pb2.TaskRunReport, clock: float | None, now: flo
                         message=req.message, request_id=req.request_id)
 
 
+def progress_from_pb(req: tasks_pb2.ReportProgressRequest) -> ProgressEvent:
+    """A ProgressEvent at the latest report's time; raises InvalidArgument naming
+    ``reports[i].<field>`` for a missing task id or time, or a non-finite number (the rest is
+    checked by the core against each task's history)."""
+    items = []
+    for i, r in enumerate(req.reports):
+        where = f"reports[{i}]."
+        if not r.task_id:
+            raise InvalidArgument("is required", where + "task_id")
+        t = time_from_pb(r.time, where + "time", required=True)
+        for name, value in (("samples_done", r.samples_done),
+                            ("energy_j", r.energy_j if r.HasField("energy_j") else 0.0)):
+            if not math.isfinite(value) or value < 0:
+                raise InvalidArgument(f"must be finite and >= 0, got {value}", where + name)
+        if r.nodes < 0:
+            raise InvalidArgument(f"must be >= 0, got {r.nodes}", where + "nodes")
+        items.append(ProgressItem(task_id=r.task_id, time=t, samples_done=r.samples_done,
+                                  nodes=r.nodes,
+                                  energy_j=r.energy_j if r.HasField("energy_j") else None))
+    if not items:
+        raise InvalidArgument("a progress request needs at least one report", "reports")
+    return ProgressEvent(time=max(r.time for r in items), reports=tuple(items),
+                         request_id=req.request_id)
+
+
+def model_to_pb(task: Task, core: Core) -> tasks_pb2.LearnedModel | None:
+    """What the task's learner knows (None for a task without reports)."""
+    if task.learner is None:
+        return None
+    up, down = core.rescale_costs(task)
+    msg = tasks_pb2.LearnedModel(rescale_up_s=up, rescale_down_s=down)
+    for n, m in sorted(task.learner.measured().items()):
+        msg.measured.add(nodes=n, samples_per_s=m["rate"], seconds=m["seconds"],
+                         power_w=m["power_w"] or 0.0)
+    if task.spec.learned and not task.state.finished:
+        ns, ps = core.learned_curve(task)
+        msg.curve_node_counts.extend(int(n) for n in ns)
+        msg.curve_throughputs.extend(float(p) for p in ps)
+    return msg
+
+
 def task_to_pb(task: Task, core: Core) -> tasks_pb2.Task:
     """A task with its progress projected to the core's clock."""
     return tasks_pb2.Task(
+        energy_j=task.energy_j, power_w=task.power, model=model_to_pb(task, core),
         task_id=task.task_id, spec=spec_to_pb(task.spec), owner=task.owner,
         state=STATE_TO_PB[task.state], submit_time=time_to_pb(task.submit_time),
         admit_time=time_to_pb(task.admit_time), finish_time=time_to_pb(task.finish_time),
@@ -200,7 +244,9 @@ def status_to_pb(core: Core, last: decision_pb2.Decision | None, solver: status_
         solver=solver,
         last_seq=core.last_seq, total_samples=core.total_samples,
         idle_node_seconds=core.idle_node_seconds, used_node_seconds=core.used_node_seconds,
-        tfwd_s=core.tfwd_s, max_running_tasks=core.max_running_tasks)
+        tfwd_s=core.tfwd_s, max_running_tasks=core.max_running_tasks,
+        objective=core.objective.objective, eta=core.objective.effective_eta,
+        task_energy_j=core.task_energy_j, energy_j=core.energy_j)
     if last is not None:
         resp.last_decision.CopyFrom(last)
     return resp

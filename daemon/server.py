@@ -100,7 +100,8 @@ class OffcutServer:
                               isolate=config.isolate_solver)
         self.engine = Engine(store, allocator, tfwd_s=config.tfwd_s,
                              max_running_tasks=config.max_running_tasks,
-                             record_instances=config.record_instances, limits=config.limits())
+                             record_instances=config.record_instances, limits=config.limits(),
+                             objective=config.objective_settings())
         # The Zeus optimizers keep their own connection to the state file: their transactions
         # must not interleave with the engine's on one connection (SQLite serialises writers).
         self.zeus_store = Store(config.state, durability=config.durability)

@@ -131,7 +131,8 @@ def _decision(stored: bytes) -> decision_pb2.Decision:
 
 #: journal kind -> type of the stored reply (node events store the Decision itself)
 _STORED_REPLY = {"submit": tasks_pb2.SubmitTaskResponse, "cancel": tasks_pb2.CancelTaskResponse,
-                 "run": tasks_pb2.ReportTaskRunResponse}
+                 "run": tasks_pb2.ReportTaskRunResponse,
+                 "progress": tasks_pb2.ReportProgressResponse}
 
 
 def history_entry(row_id: int, kind: str, stored: bytes) -> status_pb2.HistoryEntry:
@@ -294,6 +295,32 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
 
             reply, duplicate = self.engine.apply(event, build,
                                                  tasks_pb2.ReportTaskRunResponse.FromString)
+        if duplicate:
+            reply.decision.duplicate = True
+        return reply
+
+    @_rpc
+    def ReportProgress(self, request, context):
+        """Progress reports of running tasks (from the training side, a launcher or a replay):
+        applied together; each replaces the task's progress and feeds its learned model; a
+        report reaching the task's total work completes it. A user may report their own tasks
+        only (another user's task is NOT_FOUND); INVALID_ARGUMENT / FAILED_PRECONDITION name
+        ``reports[i].<field>``; a repeated ``request_id`` gets the stored reply."""
+        who = self.auth.of(context)
+        event = protocol.progress_from_pb(request)
+        with self.engine.lock:
+            for i, r in enumerate(event.reports):
+                if not _visible(self.engine, who, r.task_id):
+                    raise NotFound(f"no task {r.task_id!r}", f"reports[{i}].task_id")
+
+            def build(out, decision):
+                return tasks_pb2.ReportProgressResponse(
+                    decision=decision,
+                    tasks=[self._task_pb(r.task_id) for r in event.reports])
+
+            reply, duplicate = self.engine.apply(event, build,
+                                                 tasks_pb2.ReportProgressResponse.FromString)
+            _redact(self.engine, who, reply.decision)
         if duplicate:
             reply.decision.duplicate = True
         return reply

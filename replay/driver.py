@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -52,6 +53,7 @@ from offcut.client.api import Client
 from offcut.client.retry import RetryPolicy
 from offcut.errors import OffcutError, Unavailable
 from offcut.replay.bftrainer_data import NodeLog, TaskRecord
+from offcut.replay.progress_sim import PowerModel, ProgressSimulator
 # steps.csv / placements.csv are written by the writer shared with ``offcut history``; the
 # names stay importable from here
 from offcut.replay.history import (NODE_EVENT_KINDS, PLACEMENT_COLUMNS, STEP_COLUMNS,
@@ -81,6 +83,22 @@ class ReplayOptions:
     record_instances: str | None = None
     until_log_end: bool = False
     progress: bool = True
+    curves: str = "model"
+    noise: float = 0.05
+    report_every_s: float = 60.0
+    objective: str = "throughput"
+    eta: float = 0.5
+
+
+#: ``ReplayOptions.curves``: ``model`` = the daemon computes progress from the true curves (no
+#: reports); with reports from :class:`~offcut.replay.progress_sim.ProgressSimulator` (true
+#: curves + seeded noise): ``known`` = the daemon is given the true curves (and power curves),
+#: ``linear`` = a naive linear guess from the throughput at Jmin, ``hidden`` = no curve (the
+#: daemon learns it online).
+CURVE_MODES = ("model", "known", "linear", "hidden")
+#: rescale costs [s] a user guesses when they do not know them (``linear`` and ``hidden``; the
+#: daemon learns the real ones for ``hidden``)
+GUESSED_RESCALE_S = 30.0
 
 
 def to_epoch(ts: pd.Timestamp) -> float:
@@ -95,14 +113,14 @@ REPLAY_OWNER = "replay"
 def daemon_command(opts: ReplayOptions, address: str, state: str | Path, *,
                    durability: str = "normal", snapshot_every: int = 5000) -> list[str]:
     """The ``offcutd`` command line of a replay's daemon: ``opts``' solver, Tfwd [s], maxJ and
-    MILP time limit [s], listening on ``address`` with state file ``state``; ``durability``
+    MILP time limit [s], objective and eta, listening on ``address`` with state file ``state``; ``durability``
     ``normal`` (survives ``kill -9``) or ``full`` (fsync per commit), a snapshot every
     ``snapshot_every`` journal rows."""
     cmd = [sys.executable, "-m", "offcut.daemon", "--listen", address,
            "--state", str(state), "--solver", opts.solver,
            "--tfwd", str(opts.tfwd_s), "--max-running-tasks", str(opts.max_tasks),
            "--time-limit", str(opts.time_limit_s), "--snapshot-every", str(int(snapshot_every)),
-           "--durability", durability,
+           "--durability", durability, "--objective", opts.objective, "--eta", str(opts.eta),
            "--log-level", "warning"]
     if opts.record_instances:
         cmd += ["--record-instances", str(Path(opts.record_instances).resolve())]
@@ -153,13 +171,31 @@ def peak_rss_mb(pid: int | None) -> float | None:
     return None
 
 
-def task_spec(task: TaskRecord) -> tasks_pb2.TaskSpec:
-    """The protocol spec of a recorded task."""
-    return tasks_pb2.TaskSpec(
+def task_spec(task: TaskRecord, curves: str = "model",
+              power: "PowerModel | None" = None) -> tasks_pb2.TaskSpec:
+    """The protocol spec of a recorded task as the replay submits it in mode ``curves``
+    (:data:`CURVE_MODES`); ``power`` gives ``known`` specs their true power curve."""
+    if curves not in CURVE_MODES:
+        raise ValueError(f"curves must be one of {', '.join(CURVE_MODES)}, got {curves!r}")
+    spec = tasks_pb2.TaskSpec(
         name=task.name, min_nodes=int(task.min_nodes), max_nodes=int(task.max_nodes),
-        node_counts=[int(n) for n in task.node_counts], throughputs=task.throughputs,
-        objective_values=task.objective_values, rescale_up_s=task.rescale_up_s,
-        rescale_down_s=task.rescale_down_s, total_work_samples=task.total_work_samples)
+        rescale_up_s=task.rescale_up_s, rescale_down_s=task.rescale_down_s,
+        total_work_samples=task.total_work_samples, reports_progress=curves != "model")
+    if curves in ("model", "known"):
+        spec.node_counts.extend(int(n) for n in task.node_counts)
+        spec.throughputs.extend(task.throughputs)
+        spec.objective_values.extend(task.objective_values)
+        if curves == "known" and power is not None:
+            spec.power_w.extend(power.curve_w(task))
+        return spec
+    spec.rescale_up_s = spec.rescale_down_s = GUESSED_RESCALE_S
+    if curves == "linear":  # the throughput at Jmin, scaled linearly
+        jmin, jmax = int(task.min_nodes), int(task.max_nodes)
+        at_min = float(np.interp(jmin, task.node_counts, task.throughputs))
+        counts = [0, jmin] + ([jmax] if jmax > jmin else [])
+        spec.node_counts.extend(counts)
+        spec.throughputs.extend(at_min * n / jmin for n in counts)
+    return spec
 
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:
@@ -213,6 +249,29 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
                    "finish_time": iso(seconds(t.finish_time)) if t.finish_time.seconds else None}
                   for t in tasks],
     }
+
+
+def energy_summary(status: status_pb2.StatusResponse, sim: ProgressSimulator | None,
+                   opts: ReplayOptions) -> dict:
+    """Energy figures of ``summary.json``: ``energy_j`` (the tasks' nodes plus the unused idle
+    nodes) [J], ``task_energy_j`` [J], ``samples_per_joule``; with a
+    :class:`ProgressSimulator` (``curves`` != ``model``) the samples and task energy are the
+    simulated truth and the daemon's own figures are kept as ``daemon_total_samples`` /
+    ``daemon_energy_j``; else they are the daemon's model (power from the specs or the prior
+    ``node_power_w``)."""
+    out: dict = {"curves": opts.curves, "objective": opts.objective,
+                 "eta": opts.eta if opts.objective == "zeus_cost" else None}
+    if sim is None:
+        samples, task_j, total_j = status.total_samples, status.task_energy_j, status.energy_j
+    else:
+        samples, task_j = sim.total_samples, sim.task_energy_j
+        unused_s = max(0.0, status.idle_node_seconds - status.used_node_seconds)
+        total_j = task_j + unused_s * sim.power.idle_w
+        out.update(noise=opts.noise, total_samples=samples,
+                   daemon_total_samples=status.total_samples, daemon_energy_j=status.energy_j)
+    out.update(energy_j=total_j, task_energy_j=task_j,
+               samples_per_joule=samples / total_j if total_j > 0 else None)
+    return out
 
 
 class Recorder:
@@ -269,6 +328,14 @@ class Recorder:
         self.writers.node_event(d)
         return True
 
+    def progress(self, d: decision_pb2.Decision) -> bool:
+        """A progress report's answer: its placement rows (completions and the re-allocation
+        they caused); False (nothing written) for a repeat."""
+        if not self._new(d):
+            return False
+        self.writers.decision(d, None)
+        return True
+
     def entry(self, e: status_pb2.HistoryEntry) -> bool:
         """A journal entry (``ExportHistory``), written if it is this replay's (a node event of
         its source, or a submission by :data:`REPLAY_OWNER` of one of its task names) and
@@ -310,6 +377,11 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
     out_dir.mkdir(parents=True, exist_ok=True)
     if resume and not opts.target:
         raise ValueError("resume needs a running daemon to continue on (opts.target)")
+    if resume and opts.curves != "model":
+        raise ValueError(f"a replay with curves={opts.curves!r} plays the tasks itself and "
+                         "cannot be resumed; run it again")
+    if opts.curves not in CURVE_MODES:
+        raise ValueError(f"curves must be one of {', '.join(CURVE_MODES)}, got {opts.curves!r}")
     if connect is None:
         def connect(address: str) -> Client:
             return Client(address, retry=retry)
@@ -334,11 +406,33 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
                                 solves_by_backend=rec.solves_by_backend,
                                 solver_fallbacks=rec.fallbacks)
             summary["stop_reason"] = stop_reason
+            summary.update(energy_summary(client.status(), driver.sim, opts))
             summary["drive_s"] = drive_s  # sending events and submissions, no daemon start
             summary["daemon_peak_rss_mb"] = peak_rss_mb(daemon_pid)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     from offcut.replay.report import build_report
     build_report(out_dir)  # report.png, throughput.png, decisions.png, summary.txt
+    return summary
+
+
+def run_with_oracle(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
+                    opts: ReplayOptions, **kwargs) -> dict:
+    """Run the replay twice: first with the true curves given to the daemon (``curves =
+    known``, same noise and seed) into ``out_dir/oracle``, then as ``opts`` says into
+    ``out_dir``; the second ``summary.json`` gains ``oracle_total_samples`` and
+    ``samples_vs_oracle`` (its samples / the oracle's). ``opts.curves`` must be ``linear`` or
+    ``hidden``; other arguments as :func:`run_replay`."""
+    if opts.curves not in ("linear", "hidden"):
+        raise ValueError("an oracle comparison needs curves 'linear' or 'hidden', got "
+                         f"{opts.curves!r}")
+    out_dir = Path(out_dir)
+    oracle = run_replay(node_log, tasks, out_dir / "oracle",
+                        ReplayOptions(**{**asdict(opts), "curves": "known"}), **kwargs)
+    summary = run_replay(node_log, tasks, out_dir, opts, **kwargs)
+    summary["oracle_total_samples"] = oracle["total_samples"]
+    summary["samples_vs_oracle"] = (summary["total_samples"] / oracle["total_samples"]
+                                    if oracle["total_samples"] > 0 else None)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -354,6 +448,12 @@ class _Driver:
         self.acked_seq = 0   # last node event seq known applied (answered, or from the journal)
         self.applied_seq = 0  # the daemon's last_seq[source] at the last resume
         self.resumes = 0
+        self.power = PowerModel()
+        self.sim = (ProgressSimulator(tasks, opts.noise, opts.seed, self.power)
+                    if opts.curves != "model" else None)
+        self.next_report_t: float | None = None  # next periodic report of the played tasks
+        self.sent_t = 0.0  # latest time sent to the daemon (played tasks)
+        self.reports_sent = 0
 
     # ------------------------------------------------------------------ resume rule
     def _resume(self, check: bool) -> None:
@@ -400,13 +500,77 @@ class _Driver:
 
     # ------------------------------------------------------------------ sending
     def _submit_until(self, t: pd.Timestamp) -> None:
-        while self.next_task < len(self.pending) and self.pending[self.next_task].submit_time <= t:
-            task = self.pending[self.next_task]
+        """Submit every task due by ``t`` and, when the replay plays the tasks, send each
+        completion report at its exact time, all in time order."""
+        sim, until = self.sim, to_epoch(t)
+        while True:
+            due = (self.pending[self.next_task]
+                   if self.next_task < len(self.pending)
+                   and self.pending[self.next_task].submit_time <= t else None)
+            done = sim.next_completion() if sim is not None else None
+            if done is not None and done[0] > until:
+                done = None
+            tick = None
+            if sim is not None and sim.running():
+                if self.next_report_t is None or self.next_report_t < self.sent_t:
+                    # nothing ran for a while: the next periodic report is a period from now
+                    self.next_report_t = self.sent_t + self.opts.report_every_s
+                tick = self.next_report_t
+            if tick is not None and tick > until:
+                tick = None
+            if due is None and done is None and tick is None:
+                return
+            due_t = to_epoch(due.submit_time) if due is not None else math.inf
+            done_t = done[0] if done is not None else math.inf
+            if tick is not None and tick < min(due_t, done_t):
+                self.reports_sent += 1
+                self._report_running(tick, f"r{self.reports_sent}")
+                self.next_report_t = tick + self.opts.report_every_s
+                continue
+            if done is not None and done_t < due_t:
+                self._complete(*done)
+                continue
+            task = due
+            if sim is not None:
+                sim.advance(to_epoch(task.submit_time))
+                self.sent_t = max(self.sent_t, to_epoch(task.submit_time))
             resp = self._call(lambda: self.client.submit(
-                task_spec(task), submit_time=to_epoch(task.submit_time), owner=REPLAY_OWNER,
+                task_spec(task, self.opts.curves, self.power),
+                submit_time=to_epoch(task.submit_time), owner=REPLAY_OWNER,
                 request_id=f"{self.source}:{task.name}"))
             self.rec.submission(resp.task, resp.decision)
+            if sim is not None:
+                sim.submitted(task.name, resp.task.task_id)
+                sim.apply(resp.decision)
             self.next_task += 1
+
+    def _complete(self, t: float, task_id: str) -> None:
+        """The report with which a simulated task reaches its total work at ``t``."""
+        sim = self.sim
+        sim.advance(t)
+        self.sent_t = max(self.sent_t, t)
+        report = sim.report(task_id, t)
+        report["samples_done"] = sim.by_id[task_id].record.total_work_samples
+        sim.finish(task_id)
+        resp = self._call(lambda: self.client.report_progress(
+            [report], request_id=f"{self.source}:done:{task_id}"))
+        self.rec.progress(resp.decision)
+        sim.apply(resp.decision)
+
+    def _report_running(self, t: float, tag) -> None:
+        """Every running simulated task reports at ``t`` (before node event ``tag``, or the
+        periodic report ``r<k>``)."""
+        sim = self.sim
+        sim.advance(t)
+        self.sent_t = max(self.sent_t, t)
+        running = sim.running()
+        if not running:
+            return
+        resp = self._call(lambda: self.client.report_progress(
+            [sim.report(task_id, t) for task_id in running],
+            request_id=f"{self.source}:p{tag}"))
+        self.rec.progress(resp.decision)
+        sim.apply(resp.decision)
 
     def _node(self, seq: int, send: Callable[[], decision_pb2.Decision]
               ) -> decision_pb2.Decision | None:
@@ -428,8 +592,11 @@ class _Driver:
             self._resume(check=False)
         self._submit_until(node_log.initial_time)
         seq = 1
-        self._node(seq, lambda: client.sync_nodes(to_epoch(node_log.initial_time), source, seq,
-                                                  node_log.initial_idle))
+        d0 = self._node(seq, lambda: client.sync_nodes(to_epoch(node_log.initial_time), source,
+                                                       seq, node_log.initial_idle))
+        if self.sim is not None and d0 is not None:
+            self.sim.set_interval(seq)
+            self.sim.apply(d0)
         stop_reason = "end of log"
         total = node_log.num_events
         if opts.max_events is not None:
@@ -450,9 +617,14 @@ class _Driver:
                         break
                 self._submit_until(change.time)
                 seq += 1
+                if self.sim is not None:
+                    self._report_running(to_epoch(change.time), seq)
                 d = self._node(seq, lambda: client.report_nodes(
                     to_epoch(change.time), source, seq, idle=change.became_idle,
                     preempted=change.became_busy))
+                if self.sim is not None and d is not None:
+                    self.sim.set_interval(seq)
+                    self.sim.apply(d)
                 events += 1
                 bar.update(1)
                 if events % 200 == 0 and d is not None:

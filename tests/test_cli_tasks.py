@@ -103,11 +103,20 @@ def test_submit_bad_input_is_one_line(curve, tmp_path, daemon):
     bad = tmp_path / "bad.csv"
     bad.write_text("nodes;throughput\n1;2\n")
     one_line_error(run(*base, "--nodes", "1-2", "--scalability", str(bad)), 2, "missing column")
-    one_line_error(run(*base, "--nodes", "1-2"), 2, "--scalability is required")
     one_line_error(run(*base, "--nodes", "1-2", "--scalability", str(curve), "--objective", "fun"), 2,
                    "--objective")
     # nothing of it reached the daemon
     assert json.loads(run("queue", "--all", "--json", "--address", addr).stdout) == []
+
+
+def test_submit_without_a_curve_is_learned(daemon):
+    srv, c = daemon
+    r = run("submit", "-J", "new", "-N", "1-2", "--work", "1e6", "--parsable",
+            "--address", srv.address)
+    assert r.exit_code == 0, r.output
+    task = c.get_task(r.stdout.strip())
+    assert not task.spec.node_counts and task.spec.total_work_samples == 1e6
+    assert task.model.rescale_up_s == 30.0  # the prior until a rescale is measured
 
 
 def test_unreachable_daemon_says_where_and_how(tmp_path, curve):

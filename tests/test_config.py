@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from offcut.daemon.__main__ import app as offcutd
-from offcut.daemon.config import (ConfigError, DaemonConfig, SlurmConfig, load_config,
+from offcut.daemon.config import (ConfigError, DaemonConfig, PowerConfig, SlurmConfig, load_config,
                                   reference_markdown, reference_toml)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,12 +28,14 @@ def test_every_option_is_described_and_has_a_flag():
     help_text = runner.invoke(offcutd, ["--help"], terminal_width=200).stdout
     for name, field in DaemonConfig.model_fields.items():
         assert field.description, f"{name} has no description"
-        if name == "slurm":  # a file-only section, read by the launcher too
+        if name in ("slurm", "power"):  # file-only sections
             continue
         assert f"[{name}]" in help_text, f"offcutd has no flag for {name}"
         assert f"`{name}`" in reference_markdown()
     for name, field in SlurmConfig.model_fields.items():
         assert field.description and f"`slurm.{name}`" in reference_markdown()
+    for name, field in PowerConfig.model_fields.items():
+        assert field.description and f"`power.{name}`" in reference_markdown()
 
 
 def test_reference_toml_loads_to_the_defaults(tmp_path):

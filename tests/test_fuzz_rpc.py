@@ -203,7 +203,7 @@ def target(_targets):
 
 
 # ----------------------------------------------------------------------------- checks
-FIELD_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*): \S")
+FIELD_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])?(?:\.[A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])?)*): \S")
 
 
 def named_field(details: str, request_cls) -> str | None:
@@ -216,6 +216,7 @@ def named_field(details: str, request_cls) -> str | None:
         return path
     desc = request_cls.DESCRIPTOR
     for part in path.split("."):
+        part = re.sub(r"\[\d+\]$", "", part)  # reports[3] -> the repeated field reports
         if desc is None or part not in desc.fields_by_name:
             return None
         desc = desc.fields_by_name[part].message_type
@@ -379,15 +380,22 @@ def valid_specs(draw):
     ns = [0] + sorted(set(inner) | {jmax})
     ps = [0.0] + sorted(draw(st.lists(st.floats(0, 1000), min_size=len(ns) - 1,
                                       max_size=len(ns) - 1)))
-    return make_spec(name=draw(st.sampled_from(["fa", "fb", "fc"])), min_nodes=jmin,
+    spec = make_spec(name=draw(st.sampled_from(["fa", "fb", "fc"])), min_nodes=jmin,
                      max_nodes=jmax, ns=ns, ps=ps, up=draw(st.floats(0, 5)),
                      down=draw(st.floats(0, 5)), work=draw(st.floats(10, 5000)),
                      command=draw(st.lists(st.sampled_from(["python", "train.py", "--lr=0.1"]),
                                            max_size=3)))
+    kind = draw(st.sampled_from(["modelled", "modelled", "reports", "learned"]))
+    if kind == "learned":  # no curve: the daemon learns it from progress reports
+        spec.ClearField("node_counts")
+        spec.ClearField("throughputs")
+    elif kind == "reports":
+        spec.reports_progress = True
+    return spec
 
 
 SPEC_FIELDS = ["name", "min_nodes", "max_nodes", "node_counts", "throughputs", "objective_values",
-               "rescale_up_s", "rescale_down_s", "total_work_samples", "command"]
+               "rescale_up_s", "rescale_down_s", "total_work_samples", "command", "power_w"]
 
 
 def bad_spec_value(data, name: str, spec: tasks_pb2.TaskSpec):
@@ -401,7 +409,7 @@ def bad_spec_value(data, name: str, spec: tasks_pb2.TaskSpec):
             st.just([0, 2**31 - 1]), st.just([0, 1, 1, 2]), st.just([1, 2, 3]),
             st.integers(2, 3000).map(lambda k: list(range(k))[::-1]),
             st.just(list(range(100_001)))))
-    if name in ("throughputs", "objective_values"):
+    if name in ("throughputs", "objective_values", "power_w"):
         n = len(spec.node_counts)
         return data.draw(st.one_of(st.lists(adv_floats, min_size=n, max_size=n),
                                    st.lists(adv_floats, max_size=6),
@@ -486,6 +494,30 @@ def req_task_run(data, ctx, adv):
                              else st.sampled_from(["", f"fz-run{ctx.revision}"])))
     if "time" in bad or data.draw(st.booleans()):
         req.time.CopyFrom(data.draw(timestamps(ctx, "time" in bad)))
+    return req
+
+
+def req_progress(data, ctx, adv):
+    """Progress reports: mostly plausible figures for active tasks (which the learners may
+    still refuse: figures going backwards, counts never held), or adversarial ones."""
+    req = tasks_pb2.ReportProgressRequest()
+    bad = _bad_fields(data, ["reports", "request_id", "task_id", "time", "samples_done",
+                             "nodes", "energy_j"], adv)
+    req.request_id = data.draw(adv_strings if "request_id" in bad
+                               else st.sampled_from(["", f"fz-p{ctx.revision}"]))
+    if "reports" in bad and data.draw(st.booleans()):
+        return req  # no report at all
+    for _ in range(data.draw(st.integers(1, 3))):
+        r = req.reports.add(
+            task_id=task_id(data, ctx, "task_id" in bad, True),
+            samples_done=data.draw(adv_floats if "samples_done" in bad
+                                   else st.floats(0, 6000)),
+            nodes=data.draw(adv_int32 if "nodes" in bad else st.integers(0, 6)))
+        r.time.CopyFrom(data.draw(timestamps(ctx, "time" in bad)))
+        if "energy_j" in bad:
+            r.energy_j = data.draw(adv_floats)
+        elif data.draw(st.booleans()):
+            r.energy_j = data.draw(st.floats(0, 1e7))
     return req
 
 
@@ -645,6 +677,7 @@ REQUESTS = {
     "ReportNodes": req_report_nodes, "SyncNodes": req_sync_nodes,
     "SubmitTask": req_submit, "GetTask": req_get_task, "ListTasks": req_list_tasks,
     "CancelTask": req_cancel, "WatchPlacements": req_watch, "ReportTaskRun": req_task_run,
+    "ReportProgress": req_progress,
     "GetStatus": req_get_status, "ExportHistory": req_export,
     "RegisterJob": req_register, "Predict": req_predict, "ReportEpoch": req_report_epoch,
     "EndTrial": req_end_trial, "DeleteJob": req_delete_job, "GetJob": req_get_job,
@@ -653,7 +686,7 @@ REQUESTS = {
 }
 # valid calls mixed in so that state changes (weights by repetition)
 DRIVERS = ["ReportNodes", "ReportNodes", "SyncNodes", "SubmitTask", "SubmitTask", "CancelTask",
-           "ReportTaskRun", "RegisterJob", "Predict", "Predict", "ReportEpoch", "ReportEpoch",
+           "ReportTaskRun", "ReportProgress", "ReportProgress", "RegisterJob", "Predict", "Predict", "ReportEpoch", "ReportEpoch",
            "EndTrial", "GetPowerPlan", "ReportWindow"]
 
 

@@ -4,7 +4,6 @@ crashes and hangs; records round trip; real BFTrainer task sets agree across sol
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from pathlib import Path
@@ -24,6 +23,7 @@ from offcut.daemon.solvers.guard import GuardedWorker
 from offcut.daemon.solvers.problem import AllocationProblem
 from offcut.daemon.solvers.records import solve_records
 from offcut.errors import InvalidArgument
+from solver_helpers import brute_force
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 HAS_GUROBI = gurobi_importable()
@@ -31,20 +31,6 @@ needs_gurobi = pytest.mark.skipif(not HAS_GUROBI, reason="gurobipy is not import
 
 
 # ---------------------------------------------------------------- helpers
-def brute_force(p: AllocationProblem) -> float:
-    """Optimum by enumerating every count vector in prod_j ({0} U [Jmin_j, min(Jmax_j, N)])."""
-    N = p.idle_nodes
-    choices = []
-    for j in range(p.num_tasks):
-        top = min(int(p.max_nodes[j]), N)
-        choices.append([0] + list(range(int(p.min_nodes[j]), top + 1)))
-    best = -math.inf
-    for combo in itertools.product(*choices):
-        if sum(combo) <= N:
-            best = max(best, p.evaluate(combo))
-    return best
-
-
 def close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
 

@@ -42,7 +42,7 @@ RUN_STATE_FINISHED: RunState
 RUN_STATE_FAILED: RunState
 
 class TaskSpec(_message.Message):
-    __slots__ = ("name", "min_nodes", "max_nodes", "node_counts", "throughputs", "objective_values", "rescale_up_s", "rescale_down_s", "total_work_samples", "command")
+    __slots__ = ("name", "min_nodes", "max_nodes", "node_counts", "throughputs", "objective_values", "rescale_up_s", "rescale_down_s", "total_work_samples", "command", "reports_progress", "power_w")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MIN_NODES_FIELD_NUMBER: _ClassVar[int]
     MAX_NODES_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,8 @@ class TaskSpec(_message.Message):
     RESCALE_DOWN_S_FIELD_NUMBER: _ClassVar[int]
     TOTAL_WORK_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
     name: str
     min_nodes: int
     max_nodes: int
@@ -63,7 +65,9 @@ class TaskSpec(_message.Message):
     rescale_down_s: float
     total_work_samples: float
     command: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., node_counts: _Optional[_Iterable[int]] = ..., throughputs: _Optional[_Iterable[float]] = ..., objective_values: _Optional[_Iterable[float]] = ..., rescale_up_s: _Optional[float] = ..., rescale_down_s: _Optional[float] = ..., total_work_samples: _Optional[float] = ..., command: _Optional[_Iterable[str]] = ...) -> None: ...
+    reports_progress: bool
+    power_w: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, name: _Optional[str] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., node_counts: _Optional[_Iterable[int]] = ..., throughputs: _Optional[_Iterable[float]] = ..., objective_values: _Optional[_Iterable[float]] = ..., rescale_up_s: _Optional[float] = ..., rescale_down_s: _Optional[float] = ..., total_work_samples: _Optional[float] = ..., command: _Optional[_Iterable[str]] = ..., reports_progress: _Optional[bool] = ..., power_w: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SubmitTaskRequest(_message.Message):
     __slots__ = ("spec", "submit_time", "request_id", "owner")
@@ -86,7 +90,7 @@ class SubmitTaskResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "spec", "owner", "state", "submit_time", "admit_time", "finish_time", "nodes", "work_done_samples", "rate_samples_per_s", "rescales", "preemptions", "launches", "last_run")
+    __slots__ = ("task_id", "spec", "owner", "state", "submit_time", "admit_time", "finish_time", "nodes", "work_done_samples", "rate_samples_per_s", "rescales", "preemptions", "launches", "last_run", "energy_j", "power_w", "model")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +105,9 @@ class Task(_message.Message):
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     LAUNCHES_FIELD_NUMBER: _ClassVar[int]
     LAST_RUN_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     spec: TaskSpec
     owner: str
@@ -115,7 +122,36 @@ class Task(_message.Message):
     preemptions: int
     launches: int
     last_run: str
-    def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., owner: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., admit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[str]] = ..., work_done_samples: _Optional[float] = ..., rate_samples_per_s: _Optional[float] = ..., rescales: _Optional[int] = ..., preemptions: _Optional[int] = ..., launches: _Optional[int] = ..., last_run: _Optional[str] = ...) -> None: ...
+    energy_j: float
+    power_w: float
+    model: LearnedModel
+    def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., owner: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., admit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[str]] = ..., work_done_samples: _Optional[float] = ..., rate_samples_per_s: _Optional[float] = ..., rescales: _Optional[int] = ..., preemptions: _Optional[int] = ..., launches: _Optional[int] = ..., last_run: _Optional[str] = ..., energy_j: _Optional[float] = ..., power_w: _Optional[float] = ..., model: _Optional[_Union[LearnedModel, _Mapping]] = ...) -> None: ...
+
+class LearnedModel(_message.Message):
+    __slots__ = ("measured", "rescale_up_s", "rescale_down_s", "curve_node_counts", "curve_throughputs")
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    RESCALE_UP_S_FIELD_NUMBER: _ClassVar[int]
+    RESCALE_DOWN_S_FIELD_NUMBER: _ClassVar[int]
+    CURVE_NODE_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    CURVE_THROUGHPUTS_FIELD_NUMBER: _ClassVar[int]
+    measured: _containers.RepeatedCompositeFieldContainer[MeasuredCount]
+    rescale_up_s: float
+    rescale_down_s: float
+    curve_node_counts: _containers.RepeatedScalarFieldContainer[int]
+    curve_throughputs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, measured: _Optional[_Iterable[_Union[MeasuredCount, _Mapping]]] = ..., rescale_up_s: _Optional[float] = ..., rescale_down_s: _Optional[float] = ..., curve_node_counts: _Optional[_Iterable[int]] = ..., curve_throughputs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class MeasuredCount(_message.Message):
+    __slots__ = ("nodes", "samples_per_s", "seconds", "power_w")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    nodes: int
+    samples_per_s: float
+    seconds: float
+    power_w: float
+    def __init__(self, nodes: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., seconds: _Optional[float] = ..., power_w: _Optional[float] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
     __slots__ = ("task_id",)
@@ -192,6 +228,36 @@ class TaskRunReport(_message.Message):
     message: str
     request_id: str
     def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., node: _Optional[str] = ..., job_id: _Optional[str] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ProgressReport(_message.Message):
+    __slots__ = ("task_id", "time", "samples_done", "nodes", "energy_j")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_DONE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    time: _timestamp_pb2.Timestamp
+    samples_done: float
+    nodes: int
+    energy_j: float
+    def __init__(self, task_id: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., samples_done: _Optional[float] = ..., nodes: _Optional[int] = ..., energy_j: _Optional[float] = ...) -> None: ...
+
+class ReportProgressRequest(_message.Message):
+    __slots__ = ("reports", "request_id")
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    reports: _containers.RepeatedCompositeFieldContainer[ProgressReport]
+    request_id: str
+    def __init__(self, reports: _Optional[_Iterable[_Union[ProgressReport, _Mapping]]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ReportProgressResponse(_message.Message):
+    __slots__ = ("decision", "tasks")
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    decision: _decision_pb2.Decision
+    tasks: _containers.RepeatedCompositeFieldContainer[Task]
+    def __init__(self, decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
 
 class ReportTaskRunResponse(_message.Message):
     __slots__ = ("task", "decision")

@@ -64,6 +64,11 @@ class TasksStub:
                 request_serializer=offcut_dot_v1_dot_tasks__pb2.TaskRunReport.SerializeToString,
                 response_deserializer=offcut_dot_v1_dot_tasks__pb2.ReportTaskRunResponse.FromString,
                 _registered_method=True)
+        self.ReportProgress = channel.unary_unary(
+                '/offcut.v1.Tasks/ReportProgress',
+                request_serializer=offcut_dot_v1_dot_tasks__pb2.ReportProgressRequest.SerializeToString,
+                response_deserializer=offcut_dot_v1_dot_tasks__pb2.ReportProgressResponse.FromString,
+                _registered_method=True)
 
 
 class TasksServicer:
@@ -108,6 +113,15 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportProgress(self, request, context):
+        """Progress measured by running tasks (samples, node count, energy). Tasks submitted with
+        reports_progress (or without a curve: learned) are completed only by reports; the daemon
+        learns their throughput per node count, power and rescale costs from them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -140,6 +154,11 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.ReportTaskRun,
                     request_deserializer=offcut_dot_v1_dot_tasks__pb2.TaskRunReport.FromString,
                     response_serializer=offcut_dot_v1_dot_tasks__pb2.ReportTaskRunResponse.SerializeToString,
+            ),
+            'ReportProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportProgress,
+                    request_deserializer=offcut_dot_v1_dot_tasks__pb2.ReportProgressRequest.FromString,
+                    response_serializer=offcut_dot_v1_dot_tasks__pb2.ReportProgressResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -304,6 +323,33 @@ class Tasks:
             '/offcut.v1.Tasks/ReportTaskRun',
             offcut_dot_v1_dot_tasks__pb2.TaskRunReport.SerializeToString,
             offcut_dot_v1_dot_tasks__pb2.ReportTaskRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/offcut.v1.Tasks/ReportProgress',
+            offcut_dot_v1_dot_tasks__pb2.ReportProgressRequest.SerializeToString,
+            offcut_dot_v1_dot_tasks__pb2.ReportProgressResponse.FromString,
             options,
             channel_credentials,
             insecure,

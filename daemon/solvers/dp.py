@@ -7,7 +7,9 @@ level), subject to sum_j n_j <= N.
 
 :func:`solve_dp` exploits that f_j is linear between consecutive *breakpoints*
 B_j = {0, Jmin_j, top_j, c_j - 1, c_j, c_j + 1, floor/ceil of every curve point Ns_j}
-(clipped to A_j; top_j = min(Jmax_j, N)):
+(clipped to A_j; top_j = min(Jmax_j, N)). This holds with cost curves too
+(``cost_values``: f_j uses S_j - C_j, and C_j has S_j's points); no step below assumes
+f_j >= 0 or a monotone curve:
 
 * Exchange argument: if two tasks sit strictly inside linear segments, moving one node from
   one to the other changes the objective by the difference of their slopes, so one

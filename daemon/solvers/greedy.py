@@ -18,7 +18,8 @@ def solve_greedy(problem: AllocationProblem) -> Solution:
     leftover L = N - sum q is then handed out in task order: a task with q_j < Jmax_j takes
     inc = min(Jmax_j - q_j, L) unless q_j + inc < Jmin_j.
 
-    Ignores rescale costs and curve shapes. Returns a feasible :class:`Solution` (counts (J,),
+    Ignores rescale costs, curve shapes and cost curves (``cost_values``; they do enter the
+    re-scored objective). Returns a feasible :class:`Solution` (counts (J,),
     objective re-scored by :meth:`AllocationProblem.evaluate`, ``bound = inf``,
     ``status="feasible"``).
     """

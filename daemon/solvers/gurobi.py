@@ -7,9 +7,11 @@
     Jmin_j z_j <= n_j <= top_j z_j; binaries u_j (grow) and d_j (shrink) with
     n_j <= c_j + (N - c_j) u_j and n_j >= c_j - c_j d_j; capacity sum_j n_j <= N.
     Objective sum_j Tfwd (sum_k lambda_{j,k} O_k - O_0 (1 - z_j)) - Tcup_j R_j u_j
-    - Tcdw_j R_j d_j. Because n_j is integral and the points include 0, the lambda term is
-    exactly S_j(n_j); the O_0 (1 - z_j) term cancels the curve value at 0 nodes (S = 0 below
-    Jmin, and n_j = 0 forces lambda_{j,0} = 1). u_j/d_j are omitted when they cannot bind
+    - Tcdw_j R_j d_j, with O_k = S_j(P_k) - C_j(P_k) (C_j the optional cost curve, same
+    points; any sign) and R_j = S_j(c_j) (costs excluded). Because n_j is integral and the
+    points include 0, the lambda term is exactly S_j(n_j) - C_j(n_j); the O_0 (1 - z_j) term
+    cancels the curve value at 0 nodes (S = C = 0 below Jmin, and n_j = 0 forces
+    lambda_{j,0} = 1). u_j/d_j are omitted when they cannot bind
     (R_j = 0, c_j >= top_j, c_j = 0). Per task: 4 + K_j variables (fewer when u/d are
     omitted), 6 linear rows, + 1 capacity row.
 (b) multiple-choice knapsack form (as :mod:`.cbc`): one binary per undominated count.
@@ -60,7 +62,7 @@ def full_license() -> bool:
 class _TaskPlan:
     j: int
     points: np.ndarray  # (K,) node counts 0 = P_0 < ... < P_{K-1} = top
-    values: np.ndarray  # (K,) curve values at the points
+    values: np.ndarray  # (K,) curve values S - C at the points (may be negative)
     top: int
     with_up: bool
     with_down: bool
@@ -78,6 +80,8 @@ def _sos2_plan(problem: AllocationProblem) -> tuple[list[_TaskPlan], int, int]:
         if top < jmin:
             continue  # only count 0 is admissible: constant term, not modelled
         ns, os_ = problem.node_counts[j], problem.objective_values[j]
+        if problem.cost_values is not None:
+            os_ = os_ - problem.cost_values[j]  # S_j - C_j: same points (problem.py)
         inner = ns[ns < top]
         pts = np.concatenate((inner, [top])).astype(float)
         vals = interpolate(ns, os_, pts)

@@ -2,7 +2,8 @@
 
 For admitted tasks j = 1..J choose node counts n_j in {0} U [Jmin_j, Jmax_j] maximising
 
-    sum_j  Tfwd * S_j(n_j) - [n_j > c_j] * Tcup_j * R_j - [n_j < c_j] * Tcdw_j * R_j
+    sum_j f_j(n_j),  f_j(n) = Tfwd * (S_j(n) - C_j(n)) - [n > c_j] * Tcup_j * R_j
+                              - [n < c_j] * Tcdw_j * R_j
     subject to sum_j n_j <= N
 
 with S_j the piecewise-linear objective curve (``Os``; ``Ps`` when no objective is given),
@@ -10,6 +11,14 @@ S_j(n) = 0 below Jmin_j, c_j the nodes the task holds (after preemption), and
 R_j = S_j(c_j) the value rate it loses per second of rescale. This is BFTrainer's MILP
 (Liu et al., arXiv 2106.12091, §3, eq. 1-9) at the level of counts: nodes are
 interchangeable and any count vector with sum <= N is realisable without migration.
+
+C_j is an optional piecewise-linear *cost rate* (``cost_values``, objective units per
+second, any sign) given at the same node counts Ns_j as S_j and, like S_j, linearly
+interpolated, flat beyond the last point and 0 below Jmin_j (so C_j(0) = 0). Without costs
+C_j = 0 and f_j is BFTrainer's term. Rescale losses stay valued with S_j alone (R_j above).
+Because C_j shares S_j's breakpoints, f_j stays linear between consecutive integer
+breakpoints, which the exact backends rely on. The costs carry the Dinkelbach subproblems
+of the energy objective (:mod:`.fractional`).
 
 Every solver backend returns a :class:`Solution` whose ``objective`` is re-scored here, so
 no backend's own arithmetic is trusted.
@@ -46,6 +55,15 @@ def objective_table(node_counts: np.ndarray, values: np.ndarray, min_nodes: int,
     return s
 
 
+def _as_curves(curves: Any, name: str) -> list[np.ndarray]:
+    """``curves`` as a list of float arrays; :class:`InvalidArgument` naming ``name`` when
+    they are not a sequence of numeric sequences."""
+    try:
+        return [np.asarray(x, dtype=float) for x in curves]
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"not a list of numeric curves: {exc}", name) from exc
+
+
 @dataclass
 class AllocationProblem:
     """One allocation instance. Arrays are per admitted task, shape (J,).
@@ -58,6 +76,9 @@ class AllocationProblem:
         objective_values: per task, Os (K_j,) >= 0 (samples/s for throughput objectives).
         tfwd_s: look-ahead Tfwd [s].
         rescale_up_s, rescale_down_s: Tcup_j, Tcdw_j [s].
+        cost_values: optional, per task the cost rate C_j (K_j,) at ``node_counts[j]``, in
+            objective units per second (finite, any sign); f_j uses S_j - C_j (module
+            docstring). None = no costs.
         objective_tables: optional, per task S_j(n) for n = 0..Jmax_j (0 below Jmin_j),
             precomputed by a caller that builds many problems from the same tasks (the core).
         check: validate on construction (callers passing already-validated data may skip it).
@@ -72,6 +93,7 @@ class AllocationProblem:
     tfwd_s: float
     rescale_up_s: np.ndarray
     rescale_down_s: np.ndarray
+    cost_values: list[np.ndarray] | None = None
     objective_tables: list[np.ndarray] | None = field(default=None, repr=False, compare=False)
     check: bool = field(default=True, repr=False, compare=False)
     _tables: list[np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
@@ -85,6 +107,8 @@ class AllocationProblem:
         self.rescale_down_s = np.asarray(self.rescale_down_s, dtype=float)
         self.node_counts = [np.asarray(x, dtype=float) for x in self.node_counts]
         self.objective_values = [np.asarray(x, dtype=float) for x in self.objective_values]
+        if self.cost_values is not None:
+            self.cost_values = _as_curves(self.cost_values, "cost_values")
         self.tfwd_s = float(self.tfwd_s)
         if self.check:
             self.validate()
@@ -124,10 +148,44 @@ class AllocationProblem:
                 raise InvalidArgument(f"task {j}: must start at 0 and strictly increase", "node_counts")
             if (~np.isfinite(os_) | (os_ < 0)).any():
                 raise InvalidArgument(f"task {j}: must be finite and >= 0", "objective_values")
+        self._validate_costs(self.cost_values)
+
+    def _validate_costs(self, cost_values: list[np.ndarray] | None) -> None:
+        """Check cost curves (float arrays) against this problem's tasks; raises
+        :class:`InvalidArgument` naming ``cost_values``."""
+        if cost_values is None:
+            return
+        if len(cost_values) != self.num_tasks:
+            raise InvalidArgument(f"has {len(cost_values)} curves, expected {self.num_tasks}",
+                                  "cost_values")
+        for j, (ns, cs) in enumerate(zip(self.node_counts, cost_values)):
+            if cs.ndim != 1 or len(cs) != len(ns):
+                raise InvalidArgument(f"task {j}: has shape {cs.shape}, expected ({len(ns)},) "
+                                      "like node_counts", "cost_values")
+            if not np.isfinite(cs).all():
+                raise InvalidArgument(f"task {j}: must be finite", "cost_values")
+
+    def with_costs(self, cost_values: Sequence[Sequence[float]] | None) -> "AllocationProblem":
+        """A copy of this problem with the cost curves C_j replaced by ``cost_values`` (per
+        task (K_j,) at ``node_counts[j]``, objective units per second; None = no costs).
+
+        Everything else (arrays, ``objective_tables``) is shared, not copied, and not
+        re-validated; the new cost curves are validated. Raises :class:`InvalidArgument`
+        naming ``cost_values``.
+        """
+        costs = None if cost_values is None else _as_curves(cost_values, "cost_values")
+        self._validate_costs(costs)
+        return AllocationProblem(
+            idle_nodes=self.idle_nodes, current_nodes=self.current_nodes,
+            min_nodes=self.min_nodes, max_nodes=self.max_nodes, node_counts=self.node_counts,
+            objective_values=self.objective_values, tfwd_s=self.tfwd_s,
+            rescale_up_s=self.rescale_up_s, rescale_down_s=self.rescale_down_s,
+            cost_values=costs, objective_tables=self.objective_tables, check=False)
 
     # ------------------------------------------------------------------ values
     def value_tables(self) -> list[np.ndarray]:
-        """f_j(n) for n = 0..min(Jmax_j, N): the objective term of task j at n nodes.
+        """f_j(n) for n = 0..min(Jmax_j, N): the objective term of task j at n nodes
+        (Tfwd (S_j - C_j) less the rescale losses; module docstring).
 
         Returns a list of J float arrays; entries for 0 < n < Jmin_j are ``-inf`` (not
         admissible). Cached: the problem is immutable once built.
@@ -140,7 +198,7 @@ class AllocationProblem:
             tops = np.minimum(self.max_nodes, self.idle_nodes)
             # all tasks at once on one flat array: n = position inside the task's table
             flat = self.tfwd_s * np.concatenate(
-                [self._objective_table(j)[: int(tops[j]) + 1] for j in range(J)])
+                [self._net_table(j, int(tops[j])) for j in range(J)])
             lengths = tops + 1
             task = np.repeat(np.arange(J), lengths)
             starts = np.cumsum(lengths) - lengths
@@ -153,6 +211,14 @@ class AllocationProblem:
             self._tables = np.split(flat, np.cumsum(lengths)[:-1])
         return self._tables
 
+    def _net_table(self, j: int, top: int) -> np.ndarray:
+        """S_j(n) - C_j(n) for n = 0..top (0 below Jmin_j); shape (top + 1,)."""
+        s = self._objective_table(j)[: top + 1]
+        if self.cost_values is None:
+            return s
+        return s - objective_table(self.node_counts[j], self.cost_values[j],
+                                   int(self.min_nodes[j]), top)
+
     def _objective_table(self, j: int) -> np.ndarray:
         """S_j(n) for n = 0..Jmax_j (0 below Jmin_j)."""
         if self.objective_tables is not None:
@@ -161,7 +227,8 @@ class AllocationProblem:
                                int(self.min_nodes[j]), int(self.max_nodes[j]))
 
     def current_rate(self, j: int) -> float:
-        """R_j = S_j(c_j) if c_j >= Jmin_j else 0 (objective units per second)."""
+        """R_j = S_j(c_j) if c_j >= Jmin_j else 0 (objective units per second; costs C_j do
+        not enter it)."""
         c = int(self.current_nodes[j])
         if c < self.min_nodes[j]:
             return 0.0
@@ -198,30 +265,39 @@ class AllocationProblem:
 
     # ------------------------------------------------------------------ records
     def to_record(self) -> dict[str, Any]:
-        """The JSONL record format of ``--record-instances`` (issue 2, item 7)."""
-        return {
+        """The JSONL record format of ``--record-instances`` (issue 2, item 7); the key
+        ``cost_values`` is present only when the problem has costs."""
+        rec = {
             "idle_nodes": self.idle_nodes,
             "current_nodes": self.current_nodes.tolist(),
             "min_nodes": self.min_nodes.tolist(),
             "max_nodes": self.max_nodes.tolist(),
-            "node_counts": [x.astype(int).tolist() for x in self.node_counts],
+            # integral points as ints (the usual case); others as floats, not truncated
+            "node_counts": [[int(v) if float(v).is_integer() else float(v) for v in x]
+                            for x in self.node_counts],
             "objective_values": [x.tolist() for x in self.objective_values],
             "tfwd_s": self.tfwd_s,
             "rescale_up_s": self.rescale_up_s.tolist(),
             "rescale_down_s": self.rescale_down_s.tolist(),
         }
+        if self.cost_values is not None:
+            rec["cost_values"] = [x.tolist() for x in self.cost_values]
+        return rec
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "AllocationProblem":
-        """Inverse of :meth:`to_record`; raises :class:`InvalidArgument` naming a missing or
-        malformed field."""
+        """Inverse of :meth:`to_record` (``cost_values`` optional); raises
+        :class:`InvalidArgument` naming a missing or malformed field."""
         keys = ("idle_nodes", "current_nodes", "min_nodes", "max_nodes", "node_counts",
                 "objective_values", "tfwd_s", "rescale_up_s", "rescale_down_s")
         missing = [k for k in keys if k not in record]
         if missing:
             raise InvalidArgument("missing from record", ", ".join(missing))
+        kw = {k: record[k] for k in keys}
+        if record.get("cost_values") is not None:
+            kw["cost_values"] = record["cost_values"]
         try:
-            return cls(**{k: record[k] for k in keys})
+            return cls(**kw)
         except (TypeError, ValueError) as exc:
             raise InvalidArgument(str(exc), "record") from exc
 
