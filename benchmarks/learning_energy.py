@@ -8,8 +8,8 @@ scalability online, and let the allocation optimise energy").
    samples processed within the replayed window, tasks completed, and the ratios
    hidden/known (goal >= 0.95) and hidden/linear (goal > 1).
 2. Energy: the ``known`` replay with objective ``throughput``, ``energy`` and ``zeus_cost``
-   (eta 0.5): samples, energy [J], samples per joule, and the trade-off (samples lost vs
-   energy saved) against ``throughput``.
+   (eta 0.5), at each ``--energy-tfwd`` look-ahead: samples, energy [J], samples per joule,
+   and the trade-off (samples lost vs energy saved) against ``throughput``.
 
 Workloads: 128 nodes with the 10-task hps-shufflenet set, and 128 nodes with a 100-task
 excerpt of the ImageNet set (the first 100 tasks by submit time). Needs ../shared/data.
@@ -60,6 +60,8 @@ def main() -> None:
     ap.add_argument("--noise", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--parts", default="learning,energy")
+    ap.add_argument("--energy-tfwd", default="10,60",
+                    help="look-ahead Tfwd values [s] of the energy comparison (comma-separated)")
     ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="offcut-learn-")))
     args = ap.parse_args()
     if not args.data_dir.is_dir():
@@ -86,20 +88,23 @@ def main() -> None:
             print(f"  hidden / known  = {hidden / known:.3f}   (goal >= 0.95)")
             print(f"  hidden / linear = {hidden / linear:.3f}   (goal > 1)")
         if "energy" in parts:
-            got = {}
-            for objective, eta in (("throughput", 0.5), ("zeus_cost", 0.5), ("energy", 1.0)):
-                s = run(log, tasks, args.out / tag / f"energy-{objective}", curves="known",
-                        max_tasks=max_tasks, objective=objective, eta=eta, **common)
-                got[objective] = s
-                print(f"  objective {objective:10s} samples {s['total_samples']:.4e}  energy "
-                      f"{s['energy_j']:.4e} J  samples/J {s['samples_per_joule']:.4f}")
-            base = got["throughput"]
-            for objective in ("zeus_cost", "energy"):
-                s = got[objective]
-                print(f"  {objective:10s} vs throughput: samples/J x"
-                      f"{s['samples_per_joule'] / base['samples_per_joule']:.3f}, samples "
-                      f"{100 * (s['total_samples'] / base['total_samples'] - 1):+.1f} %, energy "
-                      f"{100 * (s['energy_j'] / base['energy_j'] - 1):+.1f} %")
+            for tfwd in (float(x) for x in args.energy_tfwd.split(",")):
+                got = {}
+                for objective, eta in (("throughput", 0.5), ("zeus_cost", 0.5), ("energy", 1.0)):
+                    s = run(log, tasks, args.out / tag / f"energy-{objective}-{tfwd:g}",
+                            curves="known", max_tasks=max_tasks, objective=objective, eta=eta,
+                            tfwd_s=tfwd, **common)
+                    got[objective] = s
+                    print(f"  Tfwd {tfwd:4g} s  objective {objective:10s} samples "
+                          f"{s['total_samples']:.4e}  energy {s['energy_j']:.4e} J  samples/J "
+                          f"{s['samples_per_joule']:.4f}")
+                base = got["throughput"]
+                for objective in ("zeus_cost", "energy"):
+                    s = got[objective]
+                    print(f"  Tfwd {tfwd:4g} s  {objective:10s} vs throughput: samples/J x"
+                          f"{s['samples_per_joule'] / base['samples_per_joule']:.3f}, samples "
+                          f"{100 * (s['total_samples'] / base['total_samples'] - 1):+.1f} %, "
+                          f"energy {100 * (s['energy_j'] / base['energy_j'] - 1):+.1f} %")
     print(f"outputs: {args.out}")
 
 

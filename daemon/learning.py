@@ -594,6 +594,14 @@ class TaskLearner:
         value = p if best == n else p / best * n
         return float(value) if math.isfinite(value) and value >= 0 else 0.0
 
+    @property
+    def last_report(self) -> tuple[float, float, float | None] | None:
+        """(time [s], samples_done, energy_j or None) of the last accepted report, or None:
+        where a restarted training process continues its cumulative counters."""
+        if self._last is None:
+            return None
+        return self._last[0], self._last[1], self._last_e
+
     def rescale_up_s(self, prior: float) -> float:
         """Learned Tcup [s] (BFTrainer §3: growing from c nodes loses Ps(c) * Tcup samples):
         the median of the measured estimates, ``prior`` until one exists."""

@@ -173,6 +173,13 @@ def model_to_pb(task: Task, core: Core) -> tasks_pb2.LearnedModel | None:
     for n, m in sorted(task.learner.measured().items()):
         msg.measured.add(nodes=n, samples_per_s=m["rate"], seconds=m["seconds"],
                          power_w=m["power_w"] or 0.0)
+    last = task.learner.last_report
+    if last is not None:
+        msg.has_report = True
+        msg.last_report_time.CopyFrom(time_to_pb(last[0]))
+        msg.last_samples_done = last[1]
+        if last[2] is not None:
+            msg.last_energy_j = last[2]
     if task.spec.learned and not task.state.finished:
         ns, ps = core.learned_curve(task)
         msg.curve_node_counts.extend(int(n) for n in ns)

@@ -181,3 +181,40 @@ def test_energy_objective_uses_fewer_nodes_when_scaling_wastes_power(daemons):
         assert st.task_energy_j == pytest.approx(power * 100.0)
         daemons.stop(srv)
     assert counts == {"throughput": 8, "energy": 4}  # 300 / (4 * 750 + 8 * 250) is the best ratio
+
+
+def test_training_side_reporter_reports_continues_and_completes(daemon):
+    from offcut.client.progress import ProgressReporter
+
+    srv, c = daemon
+    c.report_nodes(T0, "slurm", 1, idle=["n1", "n2"])
+    task = c.submit(learned_spec("train", max_nodes=2, work=10_000.0), submit_time=T0 + 1).task
+    n = len(task.nodes)
+    now = [T0 + 1]
+    joules = [0.0]
+    env = {"OFFCUT_TASK_ID": task.task_id, "OFFCUT_NUM_NODES": str(n),
+           "OFFCUT_ADDRESS": srv.address}
+    with ProgressReporter.from_env(env, every_s=30.0, clock=lambda: now[0],
+                                   energy_j=lambda: joules[0]) as p:
+        for _ in range(12):        # 10 s steps of 100 samples: a report every 30 s
+            now[0] += 10
+            joules[0] += 5_000.0
+            p.add(100.0)
+        assert p.reports == 4
+    got = c.get_task(task.task_id)   # close() sent a last report
+    assert got.model.last_samples_done == pytest.approx(1200.0)
+    assert got.model.last_energy_j == pytest.approx(60_000.0)
+    assert got.model.measured[0].samples_per_s == pytest.approx(10.0)
+    # a restarted process continues the cumulative counters, and its report completes the task
+    joules[0] = 0.0
+    with ProgressReporter(srv.address, task.task_id, n, every_s=30.0, clock=lambda: now[0],
+                          energy_j=lambda: joules[0]) as p:
+        assert p.samples_done == pytest.approx(1200.0)
+        now[0] += 60
+        joules[0] = 1_000.0
+        p.add(8_800.0)
+    got = c.get_task(task.task_id)
+    assert got.state == tasks_pb2.TASK_STATE_COMPLETED
+    assert got.energy_j == pytest.approx(61_000.0)
+    with pytest.raises(ValueError, match="OFFCUT_TASK_ID"):
+        ProgressReporter.from_env({})
