@@ -348,6 +348,10 @@ def status(
         typer.echo(f"fallback     {s.last_fallback_reason}")
     typer.echo(f"node-hours   {st.idle_node_seconds / 3600:.1f} idle, {st.used_node_seconds / 3600:.1f} used; "
                f"{st.total_samples:.6g} samples trained")
+    eta = f" (eta {st.eta:g})" if st.objective == "zeus_cost" else ""
+    spj = f", {st.total_samples / st.energy_j:.4g} samples/J" if st.energy_j > 0 else ""
+    typer.echo(f"objective    {st.objective or 'throughput'}{eta}; energy {st.energy_j:.4g} J "
+               f"({st.task_energy_j:.4g} J by tasks){spj}")
     if idle_nodes:
         typer.echo(f"idle pool    {hostlist.collect_hostlist(list(st.idle_node_names)) or '-'}")
 
