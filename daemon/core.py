@@ -469,7 +469,7 @@ class Core:
         if n < task.spec.min_nodes:
             return 0.0
         if task.spec.learned:
-            return task.learner.rate_at(n, self._prior_rate())
+            return task.learner.rate_at(n, self.prior_rate())
         return task.spec.throughput_at(n)
 
     def power_at(self, task: Task, n: int) -> float:
@@ -493,7 +493,7 @@ class Core:
                     task.learner.rescale_down_s(spec.rescale_down_s))
         return spec.rescale_up_s, spec.rescale_down_s
 
-    def _prior_rate(self) -> float:
+    def prior_rate(self) -> float:
         """Throughput per node [samples/s] assumed for a learned task before its first
         measurement: the median of the other tasks' measured per-node rates (a population
         prior), else ``prior_rate_per_node``."""
@@ -555,7 +555,7 @@ class Core:
         """(Ns, Os, S(n) for n = 0..Jmax) of a task as float arrays, cached per task (a
         learned task's: its learner's optimistic curve, cached per learner version)."""
         spec = task.spec
-        key = (task.learner.version, self._prior_rate()) if spec.learned else None
+        key = (task.learner.version, self.prior_rate()) if spec.learned else None
         cached = self._objective.get(task.task_id)
         if cached is None or cached[0] != key:
             if spec.learned:

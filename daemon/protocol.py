@@ -184,6 +184,10 @@ def model_to_pb(task: Task, core: Core) -> tasks_pb2.LearnedModel | None:
         ns, ps = core.learned_curve(task)
         msg.curve_node_counts.extend(int(n) for n in ns)
         msg.curve_throughputs.extend(float(p) for p in ps)
+        prior = core.prior_rate()
+        bands = [task.learner.band(int(n), prior) for n in ns]
+        msg.curve_low.extend(b[0] for b in bands)
+        msg.curve_high.extend(b[2] for b in bands)
     return msg
 
 

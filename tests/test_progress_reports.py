@@ -49,6 +49,13 @@ def test_learned_task_is_measured_and_its_curve_used(daemon):
     # the allocation's curve passes through the measurement
     curve = dict(zip(got.model.curve_node_counts, got.model.curve_throughputs))
     assert curve[n] == pytest.approx(40.0)
+    # the uncertainty band: around the measurement, widening to linear scaling above it
+    low = dict(zip(got.model.curve_node_counts, got.model.curve_low))
+    high = dict(zip(got.model.curve_node_counts, got.model.curve_high))
+    assert low[n] <= 40.0 <= high[n]
+    top = max(got.model.curve_node_counts)
+    if top > n:
+        assert low[top] == pytest.approx(40.0) and high[top] == pytest.approx(40.0 * top / n)
     assert got.rate_samples_per_s == pytest.approx(40.0)
 
 
