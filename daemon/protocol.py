@@ -139,9 +139,15 @@ def task_run_from_pb(req: tasks_pb2.TaskRunReport, clock: float | None, now: flo
                         message=req.message, request_id=req.request_id)
 
 
-def progress_from_pb(req: tasks_pb2.ReportProgressRequest) -> ProgressEvent:
+#: how far [s] a report's time may lie ahead of the daemon's wall clock (clock skew)
+MAX_REPORT_SKEW_S = 300.0
+
+
+def progress_from_pb(req: tasks_pb2.ReportProgressRequest, now: float) -> ProgressEvent:
     """A ProgressEvent at the latest report's time; raises InvalidArgument naming
-    ``reports[i].<field>`` for a missing task id or time, or a non-finite number (the rest is
+    ``reports[i].<field>`` for a missing task id or time, a time more than
+    :data:`MAX_REPORT_SKEW_S` after ``now`` (it would move the daemon's event clock into the
+    future and make every later node event "older"), or a non-finite number (the rest is
     checked by the core against each task's history)."""
     items = []
     for i, r in enumerate(req.reports):
@@ -149,6 +155,10 @@ def progress_from_pb(req: tasks_pb2.ReportProgressRequest) -> ProgressEvent:
         if not r.task_id:
             raise InvalidArgument("is required", where + "task_id")
         t = time_from_pb(r.time, where + "time", required=True)
+        if t > now + MAX_REPORT_SKEW_S:
+            raise InvalidArgument(f"{t:.3f} is {t - now:.0f} s after the daemon's clock "
+                                  f"({now:.3f}); reports carry the time they were measured",
+                                  where + "time")
         for name, value in (("samples_done", r.samples_done),
                             ("energy_j", r.energy_j if r.HasField("energy_j") else 0.0)):
             if not math.isfinite(value) or value < 0:

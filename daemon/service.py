@@ -307,7 +307,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         only (another user's task is NOT_FOUND); INVALID_ARGUMENT / FAILED_PRECONDITION name
         ``reports[i].<field>``; a repeated ``request_id`` gets the stored reply."""
         who = self.auth.of(context)
-        event = protocol.progress_from_pb(request)
+        event = protocol.progress_from_pb(request, clock_now())
         with self.engine.lock:
             for i, r in enumerate(event.reports):
                 if not _visible(self.engine, who, r.task_id):

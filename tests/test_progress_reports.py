@@ -93,6 +93,8 @@ BAD = [
                          energy_j=-5.0), InvalidArgument, "reports[0].energy_j"),
     (lambda tid, n: dict(task_id="t999999", time=T0 + 40, samples_done=1.0, nodes=n),
      NotFound, "reports[0].task_id"),
+    (lambda tid, n: dict(task_id=tid, time=4e9, samples_done=2000.0, nodes=n),
+     InvalidArgument, "reports[0].time"),                   # far in the future (year 2096)
 ]
 
 
