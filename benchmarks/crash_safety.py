@@ -52,6 +52,7 @@ import grpc
 
 from offcut.client.api import Client
 from offcut.client.retry import RetryPolicy
+from offcut.daemon.child import stop_offcutd
 from offcut.replay.driver import ReplayOptions, daemon_command, run_replay
 from offcut.v1 import decision_pb2, zeus_pb2
 
@@ -134,15 +135,7 @@ class Supervisor:
     def stop(self) -> None:
         """SIGTERM (clean shutdown), SIGKILL after 30 s."""
         with self.lock:
-            if self.proc is None:
-                return
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(30)
+            stop_offcutd(self.proc)
             self.proc = None
 
 

@@ -43,8 +43,6 @@ import argparse
 import json
 import math
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -58,6 +56,7 @@ from typing import Any, Callable
 import numpy as np
 
 from offcut.client.api import Client
+from offcut.daemon.child import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.v1 import tasks_pb2, zeus_pb2
 
 #: event time of round 0 [s since the epoch]; round r is at T0 + ROUND_S * r
@@ -495,32 +494,11 @@ def _proc_figures(pid: int) -> dict[str, Any]:
 
 def start_daemon(folder: Path, durability: str) -> tuple[subprocess.Popen, str]:
     """``offcutd`` (solver dp) on a free TCP loopback port with its state in ``folder``;
-    returns (process, address) once it answers health checks. Raises RuntimeError."""
+    returns (process, address) once it answers health checks. Raises Unavailable."""
     address = f"127.0.0.1:{_free_port()}"
-    exe = shutil.which("offcutd", path=str(Path(sys.executable).parent))
-    cmd = [exe] if exe else [sys.executable, "-m", "offcut.daemon"]
-    cmd += ["--listen", address, "--state", str(folder / "state.sqlite"), "--solver", "dp",
-            "--durability", durability, "--log-level", "warning"]
-    log = folder / "offcutd.log"
-    proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    with Client(address) as probe:
-        try:
-            probe.wait_ready(60)
-        except Exception:
-            stop_daemon(proc)
-            raise RuntimeError(f"offcutd did not start:\n{log.read_text()[-2000:]}") from None
-    return proc, address
-
-
-def stop_daemon(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL after 30 s."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    cmd = [*offcutd_argv(), "--listen", address, "--state", str(folder / "state.sqlite"),
+           "--solver", "dp", "--durability", durability, "--log-level", "warning"]
+    return start_offcutd(cmd, address, folder / "offcutd.log"), address
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -569,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
                 problems = check_state(client, result)
         finally:
             if proc is not None:
-                stop_daemon(proc)
+                stop_offcutd(proc)
     print_report(result, daemon)
     for e in result.errors[:20]:
         print("ERROR", e)

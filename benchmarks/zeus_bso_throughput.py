@@ -42,7 +42,6 @@ import argparse
 import http.client
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -57,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from offcut.client.api import Client
-from offcut.errors import Unavailable
+from offcut.daemon.child import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.v1 import zeus_pb2
 
 BATCH_SIZES = [8, 16, 32, 64, 128, 256]
@@ -192,28 +191,14 @@ class Offcutd:
     """``offcutd`` on ``address`` with its state in ``folder``."""
 
     def __init__(self, address: str, folder: Path, durability: str):
-        exe = shutil.which("offcutd", path=str(Path(sys.executable).parent))
-        cmd = [exe] if exe else [sys.executable, "-m", "offcut.daemon"]
-        cmd += ["--listen", address, "--state", str(folder / "state.sqlite"),
-                "--durability", durability, "--log-level", "warning"]
+        cmd = [*offcutd_argv(), "--listen", address, "--state", str(folder / "state.sqlite"),
+               "--durability", durability, "--log-level", "warning"]
         self.address = address
-        self.log = folder / "offcutd.log"
-        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
-        with Client(address) as probe:
-            try:
-                probe.wait_ready(timeout_s=60)
-            except Unavailable:
-                self.close()
-                raise RuntimeError(f"offcutd did not start:\n{self.log.read_text()[-2000:]}")
+        self.proc = start_offcutd(cmd, address, folder / "offcutd.log")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        """Stop the daemon (SIGTERM, SIGKILL after 30 s)."""
+        stop_offcutd(self.proc)
 
 
 def offcut_scenario(daemon: Offcutd, transport: str, threads: int, args) -> Result:

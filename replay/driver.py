@@ -35,9 +35,6 @@ import json
 import logging
 import math
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from contextlib import contextmanager, nullcontext
@@ -51,6 +48,7 @@ from tqdm import tqdm
 
 from offcut.client.api import Client
 from offcut.client.retry import RetryPolicy
+from offcut.daemon.child import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.errors import OffcutError, Unavailable
 from offcut.replay.bftrainer_data import NodeLog, TaskRecord
 from offcut.replay.progress_sim import PowerModel, ProgressSimulator
@@ -116,7 +114,7 @@ def daemon_command(opts: ReplayOptions, address: str, state: str | Path, *,
     MILP time limit [s], objective and eta, listening on ``address`` with state file ``state``; ``durability``
     ``normal`` (survives ``kill -9``) or ``full`` (fsync per commit), a snapshot every
     ``snapshot_every`` journal rows."""
-    cmd = [sys.executable, "-m", "offcut.daemon", "--listen", address,
+    cmd = [*offcutd_argv(), "--listen", address,
            "--state", str(state), "--solver", opts.solver,
            "--tfwd", str(opts.tfwd_s), "--max-running-tasks", str(opts.max_tasks),
            "--time-limit", str(opts.time_limit_s), "--snapshot-every", str(int(snapshot_every)),
@@ -135,27 +133,12 @@ def private_daemon(opts: ReplayOptions, workdir: Path, log_path: Path
     Raises :class:`Unavailable` (with the daemon's log tail) if it does not come up.
     """
     address = f"unix://{workdir / 'offcutd.sock'}"
-    cmd = daemon_command(opts, address, workdir / "state.sqlite")
-    with open(log_path, "w") as log_fh:
-        proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT)
-        try:
-            with Client(address) as probe:
-                try:
-                    probe.wait_ready(timeout_s=60)
-                except Unavailable:
-                    proc.kill()
-                    proc.wait()
-                    tail = log_path.read_text()[-2000:]
-                    raise Unavailable(f"the replay's offcutd did not start:\n{tail}") from None
-            yield address, proc.pid
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+    proc = start_offcutd(daemon_command(opts, address, workdir / "state.sqlite"), address,
+                         log_path)
+    try:
+        yield address, proc.pid
+    finally:
+        stop_offcutd(proc)
 
 
 def peak_rss_mb(pid: int | None) -> float | None:

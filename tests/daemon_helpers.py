@@ -34,3 +34,18 @@ def decision_key(d: decision_pb2.Decision) -> bytes:
     d.solve.ClearField("solve_ms")
     d.ClearField("duplicate")
     return d.SerializeToString(deterministic=True)
+
+
+def load_benchmark(name: str):
+    """Import ``benchmarks/<name>.py`` (not a package) as module ``offcut_<name>``, so tests can
+    drive the same harness the benchmark runs."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"offcut_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod

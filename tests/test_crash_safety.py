@@ -6,9 +6,6 @@ without ../shared. Also the client's retry policy on its own."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import grpc
 import pytest
@@ -18,15 +15,11 @@ from offcut.client.retry import ALWAYS, NEVER, RECONCILED, WITH_REQUEST_ID, Retr
 from offcut.errors import FailedPrecondition, Unavailable
 from offcut.replay.driver import ReplayOptions
 
-HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "crash_safety.py"
+from daemon_helpers import load_benchmark
 
 
 def _harness():
-    spec = importlib.util.spec_from_file_location("offcut_crash_safety", HARNESS)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("crash_safety")
 
 
 # ----------------------------------------------------------------------------- retry policy

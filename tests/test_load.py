@@ -7,9 +7,6 @@ clients did; latencies are printed (``pytest -s``), not asserted."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 from grpc_health.v1 import health_pb2
 
@@ -17,15 +14,11 @@ from offcut.client import Client
 from offcut.daemon.config import DaemonConfig
 from offcut.daemon.server import OffcutServer
 
-HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "load.py"
+from daemon_helpers import load_benchmark
 
 
 def _harness():
-    spec = importlib.util.spec_from_file_location("offcut_load", HARNESS)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("load")
 
 
 def test_64_clients_mixed_load_without_errors_and_consistent_state(tmp_path):
