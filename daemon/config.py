@@ -114,6 +114,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+#: allocation objectives (``objective``; offcut.daemon.model.ObjectiveSettings)
+OBJECTIVES = ("throughput", "energy", "zeus_cost")
+
+
 class PowerConfig(BaseModel):
     """Power figures of the site's nodes for the energy objectives (``[power]`` in
     offcut.toml; :class:`offcut.daemon.model.ObjectiveSettings`)."""
@@ -164,7 +168,7 @@ class DaemonConfig(BaseModel):
                           description="BFTrainer look-ahead Tfwd, s (flag --tfwd)")
     max_running_tasks: int = Field(10, ge=1, le=100000,
                                    description="maxJ: tasks admitted at once, in submit order")
-    objective: Literal["throughput", "energy", "zeus_cost"] = Field(
+    objective: Literal[OBJECTIVES] = Field(
         "throughput", description=(
             "what the allocation maximises: throughput (BFTrainer's samples over the look-ahead), "
             "energy (samples per joule of the idle pool) or zeus_cost (samples per unit of "

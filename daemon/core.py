@@ -148,7 +148,7 @@ class Core:
         self.idle_node_seconds = 0.0
         self.used_node_seconds = 0.0
         self.requests: dict[str, str] = {}      # submit request_id -> task id
-        self._learn_version = 0                 # bumped by every progress report (caches)
+        self._learn_version = 0                 # bumped when a learner's model changes (caches)
         self._prior_cache: tuple[int, float] | None = None
 
     # ================================================================= validation (pure)
@@ -443,9 +443,11 @@ class Core:
             task = self.tasks[r.task_id]
             if task.state.finished:
                 continue
+            version = task.learner.version
             if task.learner.observe(_report(r)):
                 changed = True
-            self._learn_version += 1
+            if task.learner.version != version:
+                self._learn_version += 1  # the population prior may have moved
             total = task.spec.total_work_samples
             delta = min(r.samples_done, total) - task.work_done
             task.work_done += delta
@@ -453,7 +455,7 @@ class Core:
             self.total_samples += delta
             if r.energy_j is not None:
                 self.task_energy_j += r.energy_j - task.energy_j
-                task.energy_j = task.reported_energy_j = float(r.energy_j)
+                task.energy_j = float(r.energy_j)
             if r.samples_done >= total:
                 self._finish(task, TaskState.COMPLETED, t, out)
                 out.completed_task_ids.append(task.task_id)
@@ -537,6 +539,7 @@ class Core:
     def problem(self, tasks: list[Task]) -> AllocationProblem:
         """The count-level allocation problem for ``tasks`` (DESIGN §4)."""
         curves = [self._curves(t) for t in tasks]
+        costs = [self.rescale_costs(t) for t in tasks]
         return AllocationProblem(
             idle_nodes=len(self.pool),
             current_nodes=[len(t.nodes) for t in tasks],
@@ -545,8 +548,8 @@ class Core:
             node_counts=[c[0] for c in curves],
             objective_values=[c[1] for c in curves],
             tfwd_s=self.tfwd_s,
-            rescale_up_s=[self.rescale_costs(t)[0] for t in tasks],
-            rescale_down_s=[self.rescale_costs(t)[1] for t in tasks],
+            rescale_up_s=[c[0] for c in costs],
+            rescale_down_s=[c[1] for c in costs],
             objective_tables=[c[2] for c in curves],
             check=False,  # specs were validated at submission
         )

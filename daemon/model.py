@@ -54,16 +54,13 @@ class Limits:
     max_progress_reports: int = 10_000
 
 
-OBJECTIVES = ("throughput", "energy", "zeus_cost")
-
-
 @dataclass(frozen=True)
 class ObjectiveSettings:
     """What the allocation maximises, and the power figures of the energy objectives
     (DaemonConfig options of the same names; DESIGN §4, issue "energy-aware allocation").
 
     Attributes:
-        objective: ``throughput`` (BFTrainer's: samples over the look-ahead), ``energy``
+        objective: one of :data:`offcut.daemon.config.OBJECTIVES`: ``throughput`` (BFTrainer's: samples over the look-ahead), ``energy``
             (samples per joule) or ``zeus_cost`` (samples per unit of Zeus's cost
             ``eta * E + (1 - eta) * MAXPOWER * T``, NSDI '23 §3; ``energy`` is eta = 1).
             Both energy objectives are solved exactly by Dinkelbach's method over the exact
@@ -345,7 +342,6 @@ class Task:
     launches: int = 0        # runs reported started (live mode)
     last_run: str = ""       # the last run report, in words
     energy_j: float = 0.0    # energy of its nodes so far [J] (reported, or modelled between reports)
-    reported_energy_j: float | None = None  # cumulative energy of its last report [J]
     power: float = 0.0       # modelled draw [W] at its current node count
     learner: Any = field(default=None, repr=False)  # offcut.daemon.learning.TaskLearner
 

@@ -48,6 +48,7 @@ from tqdm import tqdm
 
 from offcut.client.api import Client
 from offcut.client.retry import RetryPolicy
+from offcut.daemon.config import OBJECTIVES
 from offcut.daemon.child import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.errors import OffcutError, Unavailable
 from offcut.replay.bftrainer_data import NodeLog, TaskRecord
@@ -365,6 +366,9 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
                          "cannot be resumed; run it again")
     if opts.curves not in CURVE_MODES:
         raise ValueError(f"curves must be one of {', '.join(CURVE_MODES)}, got {opts.curves!r}")
+    if opts.objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got "
+                         f"{opts.objective!r}")
     if connect is None:
         def connect(address: str) -> Client:
             return Client(address, retry=retry)
