@@ -61,6 +61,8 @@ def test_oracle_needs_a_guessing_mode(demo, tmp_path):
         run_with_oracle(log, tasks, tmp_path, opts(curves="known"))
     with pytest.raises(ValueError, match="curves"):
         run_replay(log, tasks, tmp_path, opts(curves="psychic"))
+    with pytest.raises(ValueError, match="objective"):
+        run_replay(log, tasks, tmp_path, opts(objective="speed"))
 
 
 def test_specs_of_each_mode(demo):
