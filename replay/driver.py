@@ -193,12 +193,15 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
 def summarise(client: Client, events: int, submitted: int, solve_ms: list[float],
               opts: ReplayOptions, wall_s: float, node_log: NodeLog, *,
               solves_by_backend: dict[str, int] | None = None,
-              solver_fallbacks: int | None = None) -> dict:
+              solver_fallbacks: int | None = None,
+              sim: ProgressSimulator | None = None) -> dict:
     """``summary.json``: events, tasks, ``all_done_at``, samples, node-hours, utilisation
     (used / idle node-hours), decision time percentiles [ms] (daemon-side allocation time of
     events that needed a solve), solver statistics: ``solves_by_backend`` (allocation problems
     solved per backend) and ``solver_fallbacks`` as given (the replay counts them from its
-    decisions, see :class:`Recorder`), else the daemon's counters since its last start."""
+    decisions, see :class:`Recorder`), else the daemon's counters since its last start; the
+    energy figures of :func:`energy_summary` (``sim``: the played tasks' truth, which then
+    also gives ``total_samples``)."""
     status = client.status()
     tasks = client.list_tasks()
     completed = [t for t in tasks if t.state == tasks_pb2.TASK_STATE_COMPLETED]
@@ -206,7 +209,7 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
     all_done = len(completed) == submitted and submitted > 0
     idle_h = status.idle_node_seconds / 3600.0
     used_h = status.used_node_seconds / 3600.0
-    return {
+    summary = {
         "events": events,
         "tasks_submitted": submitted,
         "tasks_completed": len(completed),
@@ -233,6 +236,8 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
                    "finish_time": iso(seconds(t.finish_time)) if t.finish_time.seconds else None}
                   for t in tasks],
     }
+    summary.update(energy_summary(status, sim, opts))
+    return summary
 
 
 def energy_summary(status: status_pb2.StatusResponse, sim: ProgressSimulator | None,
@@ -391,9 +396,8 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
             summary = summarise(client, events, submitted, writers.solve_ms, opts,
                                 time.perf_counter() - started, node_log,
                                 solves_by_backend=rec.solves_by_backend,
-                                solver_fallbacks=rec.fallbacks)
+                                solver_fallbacks=rec.fallbacks, sim=driver.sim)
             summary["stop_reason"] = stop_reason
-            summary.update(energy_summary(client.status(), driver.sim, opts))
             summary["drive_s"] = drive_s  # sending events and submissions, no daemon start
             summary["daemon_peak_rss_mb"] = peak_rss_mb(daemon_pid)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -486,9 +490,9 @@ class _Driver:
                             raise
 
     # ------------------------------------------------------------------ sending
-    def _submit_until(self, t: pd.Timestamp) -> None:
-        """Submit every task due by ``t`` and, when the replay plays the tasks, send each
-        completion report at its exact time, all in time order."""
+    def _run_until(self, t: pd.Timestamp) -> None:
+        """Everything due by ``t``, in time order: submissions and, when the replay plays the
+        tasks, each completion report at its exact time and the periodic reports."""
         sim, until = self.sim, to_epoch(t)
         while True:
             due = (self.pending[self.next_task]
@@ -577,7 +581,7 @@ class _Driver:
         client, node_log, opts, source = self.client, self.node_log, self.opts, self.source
         if resume:
             self._resume(check=False)
-        self._submit_until(node_log.initial_time)
+        self._run_until(node_log.initial_time)
         seq = 1
         d0 = self._node(seq, lambda: client.sync_nodes(to_epoch(node_log.initial_time), source,
                                                        seq, node_log.initial_idle))
@@ -602,7 +606,7 @@ class _Driver:
                             and not opts.until_log_end):
                         stop_reason = "all tasks done"
                         break
-                self._submit_until(change.time)
+                self._run_until(change.time)
                 seq += 1
                 if self.sim is not None:
                     self._report_running(to_epoch(change.time), seq)
