@@ -18,7 +18,8 @@ from typing import Optional
 
 import typer
 
-from offcut.daemon.config import (ConfigError, flag_help, load_config, reference_markdown,
+from offcut.daemon.config import (ConfigError, DaemonConfig, flag_help, load_config,
+                                   reference_markdown,
                                    reference_toml)
 
 EPILOG = """Examples:
@@ -79,18 +80,9 @@ def serve(
         typer.echo(reference_toml() if print_config == "toml" else reference_markdown(), nl=False)
         raise typer.Exit(0)
     try:
-        cfg = load_config(config, dict(
-            listen=listen, state=state, solver=solver, solver_time_limit_s=solver_time_limit_s,
-            isolate_solver=isolate_solver, tfwd_s=tfwd_s, max_running_tasks=max_running_tasks,
-            objective=objective, eta=eta, prior_rate_per_node=prior_rate_per_node,
-            snapshot_every=snapshot_every, durability=durability, record_instances=record_instances,
-            max_message_mb=max_message_mb, max_event_nodes=max_event_nodes,
-            max_idle_nodes=max_idle_nodes, max_task_nodes=max_task_nodes,
-            max_curve_points=max_curve_points, max_command_args=max_command_args,
-            max_command_bytes=max_command_bytes, max_batch_sizes=max_batch_sizes,
-            max_power_limits=max_power_limits, max_progress_reports=max_progress_reports,
-            log_level=log_level, metrics_listen=metrics_listen,
-            tokens_file=tokens_file, tls_cert=tls_cert, tls_key=tls_key))
+        # every parameter named like a DaemonConfig option is that option's flag
+        flags = {k: v for k, v in locals().items() if k in DaemonConfig.model_fields}
+        cfg = load_config(config, flags)
     except ConfigError as exc:
         typer.echo(f"offcutd: {exc}", err=True)
         raise typer.Exit(2)
