@@ -19,8 +19,7 @@ from typing import Optional
 import typer
 
 from offcut.daemon.config import (ConfigError, DaemonConfig, flag_help, load_config,
-                                   reference_markdown,
-                                   reference_toml)
+                                   reference_markdown, reference_toml)
 
 EPILOG = """Examples:
 
