@@ -106,7 +106,7 @@ def submit(
     nodes: str = typer.Option(..., "--nodes", "-N", help="node count or range MIN-MAX, as in sbatch --nodes (e.g. 2-8)"),
     work: float = typer.Option(..., "--work", help="total work of the task, samples (e.g. 1.2e9)"),
     scalability: Optional[Path] = typer.Option(None, "--scalability", help="CSV with header nodes,throughput (samples/s at each node count, up to the maximum); omit it and the daemon learns the curve and the rescale costs from the task's progress reports (the --rescale-* values are then the prior)"),
-    reports_progress: bool = typer.Option(False, "--reports-progress", help="the task reports its own progress (Client.report_progress / offcut.client.training): only its reports complete it; implied without --scalability"),
+    reports_progress: bool = typer.Option(False, "--reports-progress", help="the task reports its own progress (offcut.client.progress.ProgressReporter, or Client.report_progress): only its reports complete it; implied without --scalability"),
     rescale_up: float = typer.Option(30.0, "--rescale-up", help="Tcup: seconds of progress lost when the task grows"),
     rescale_down: float = typer.Option(30.0, "--rescale-down", help="Tcdw: seconds of progress lost when the task shrinks"),
     objective: str = typer.Option("throughput", "--objective", help="throughput (samples/s) | speedup (over the smallest measured count)"),
