@@ -59,10 +59,10 @@ def _cli(sinfo: str, squeue: str, slurm_conf: Optional[Path], timeout_s: float):
 
 
 def _rule(partitions: List[str], prefix: str, comment: str):
+    from offcut.slurm_plugin.nodelist import partition_set
     from offcut.slurm_plugin.slurm_json import OwnJobRule
-    from offcut.slurm_plugin.watcher import node_partitions
 
-    parts = node_partitions(partitions)
+    parts = partition_set(partitions)
     return parts, OwnJobRule(partitions=parts, name_prefix=prefix, comment_marker=comment)
 
 
@@ -177,7 +177,7 @@ def install_hooks(
     Example: offcut-slurm install-hooks --dir /etc/slurm/offcut --address unix:///run/offcut/offcutd.sock
     """
     from offcut.slurm_plugin.install import HookConfig, slurm_conf_lines, write_hooks
-    from offcut.slurm_plugin.watcher import node_partitions
+    from offcut.slurm_plugin.nodelist import partition_set
 
     if timeout_s <= 0:
         _fail("--timeout-s must be > 0")
@@ -186,7 +186,7 @@ def install_hooks(
         kw["python"] = str(python.absolute())
     cfg = HookConfig(address=address, timeout_s=timeout_s,
                      log_file=str(log_file) if log_file else None,
-                     scavenger_partitions=sorted(node_partitions(scavenger_partition)),
+                     scavenger_partitions=sorted(partition_set(scavenger_partition)),
                      slurm_conf=str(slurm_conf) if slurm_conf else None,
                      token_file=str(token_file) if token_file else None, check=not no_check,
                      job_name_prefix=job_name_prefix, job_comment=job_comment, **kw)

@@ -123,16 +123,9 @@ def _start_watchdog(budget_s: float, log):
     return t
 
 
-def _partitions(args) -> set[str]:
-    out: set[str] = set()
-    for item in args.scavenger_partition or ["scavenger"]:
-        out |= {p.strip() for p in item.split(",") if p.strip()}
-    return out
-
-
 def _job_nodes(log, env) -> list[str]:
     """The job's valid node names, or [] (logged) for an empty/garbage list."""
-    from offcut.slurm_plugin.nodelist import NodeListError, expand_nodelist, split_valid
+    from offcut.slurm_plugin.nodelist import NodeListError, drop_invalid, expand_nodelist
 
     raw = env.get("SLURM_JOB_NODELIST")
     try:
@@ -140,17 +133,15 @@ def _job_nodes(log, env) -> list[str]:
     except NodeListError as exc:
         log.warning("SLURM_JOB_NODELIST unusable (%s); nothing sent", exc)
         return []
-    good, bad = split_valid(names)
-    if bad:
-        log.warning("dropping %d node names the daemon would refuse: %s", len(bad),
-                    ", ".join(repr(b)[:40] for b in bad[:5]))
+    good = drop_invalid(names, log)
     if not good:
         log.warning("no valid node name in SLURM_JOB_NODELIST=%r; nothing sent", str(raw)[:80])
     return good
 
 
-def _sender(args, log, budget_s: float):
-    """A NodeEventSender, or None when the daemon cannot be reached (logged)."""
+def _sender(args, log):
+    """A NodeEventSender (default deadline ``--timeout-s``), or None when the daemon certainly
+    cannot be reached (logged)."""
     from offcut.slurm_plugin.rpc import NodeEventSender, read_token, unreachable_reason
 
     why = unreachable_reason(args.address)
@@ -164,58 +155,102 @@ def _sender(args, log, budget_s: float):
         except (OSError, ValueError) as exc:
             log.error("token file unusable (%s); sending without a token",
                       exc.strerror if isinstance(exc, OSError) else exc)
-    return NodeEventSender(args.address, timeout_s=budget_s, token=token)
+    return NodeEventSender(args.address, timeout_s=args.timeout_s, token=token)
+
+
+#: per NodeEvent field: what a send is called in log lines, and its success line's verb
+_WHAT = {"preempted": ("preemption of", "preempted"), "idle": ("idle report of", "reported idle")}
+
+
+def _send(sender, log, *, field: str, source: str, job_id: str, deadline: float, tries: int,
+          observe, again: str) -> str:
+    """Send the hook's ``ReportNodes``, repeating it after a refusal (module docstring).
+
+    Args:
+        sender: a :class:`~offcut.slurm_plugin.rpc.NodeEventSender`.
+        field: the event's node field, ``"preempted"`` or ``"idle"``.
+        source: the event source.
+        job_id: ``SLURM_JOB_ID`` (the seq's tag, :func:`event_time_and_seq`).
+        deadline: ``time.monotonic()`` value [s] by which the last send must have started;
+            each send's gRPC deadline is the time left.
+        tries: the most sends.
+        observe: ``observe(attempt) -> (time_ns, nodes)`` for send ``attempt`` (1-based): the
+            event time [ns since the epoch] and the nodes; or an outcome word, returned as is
+            (e.g. the epilog's re-check found nothing to send).
+        again: how the log line of a refusal ends (what is done before the next send).
+
+    Returns:
+        ``"sent"``; ``"timeout"`` (no time left before a send); ``"failed"`` (a
+        :class:`~offcut.slurm_plugin.rpc.DaemonError` other than FAILED_PRECONDITION, or
+        FAILED_PRECONDITION on the last try); or an outcome word of ``observe``. Every
+        outcome but ``"sent"`` is logged here or by ``observe``.
+    """
+    from offcut.slurm_plugin.nodelist import compress
+    from offcut.slurm_plugin.rpc import DaemonError
+
+    what, done = _WHAT[field]
+    for attempt in range(1, tries + 1):
+        got = observe(attempt)
+        if isinstance(got, str):
+            return got
+        t_ns, nodes = got
+        left = deadline - time.monotonic()
+        if left <= 0:
+            log.error("no time left to send the %s %s", what, compress(nodes))
+            return "timeout"
+        t_ns, seq = event_time_and_seq(t_ns, job_id)
+        try:
+            sent = sender.report(time_ns=t_ns, source=source, seq=seq, timeout_s=left,
+                                 **{field: nodes})
+        except DaemonError as exc:
+            if exc.code == "FAILED_PRECONDITION" and attempt < tries:
+                log.info("send %d refused (%s); a newer event got there first, %s", attempt,
+                         exc.details, again)
+                continue
+            log.error("%s %s not delivered: %s", what, compress(nodes), exc)
+            return "failed"
+        log.info("%s %s (%s seq %d): %s", done, compress(nodes), source, seq, sent)
+        return "sent"
+    return "failed"  # (unreachable for tries >= 1: the last try returns above)
 
 
 def run_prolog(args, log, env, deadline: float) -> str:
-    """Report the job's nodes preempted. Returns a one-word outcome (for the final log line)."""
-    from offcut.slurm_plugin.nodelist import compress
-    from offcut.slurm_plugin.rpc import DaemonError
-
+    """Report the job's nodes preempted, retrying a refusal with a fresh time (up to
+    :data:`MAX_SENDS` sends). ``deadline``: ``time.monotonic()`` value [s] of the time budget.
+    Returns a one-word outcome (for the final log line): ``no-nodes``, ``unreachable``,
+    ``sent``, ``timeout`` or ``failed``; never raises for bad input or a failing daemon."""
     job_id = env.get("SLURM_JOB_ID", "?")
     nodes = _job_nodes(log, env)
     if not nodes:
         return "no-nodes"
-    sender = _sender(args, log, args.timeout_s)
+    sender = _sender(args, log)
     if sender is None:
         return "unreachable"
-    source = args.source or SOURCES["prolog"]
     try:
-        for attempt in range(1, MAX_SENDS + 1):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                log.error("no time left to send the preemption of %s", compress(nodes))
-                return "timeout"
-            t_ns, seq = event_time_and_seq(time.time_ns(), job_id)
-            try:
-                sent = sender.report(time_ns=t_ns, source=source, seq=seq, preempted=nodes,
-                                     timeout_s=left)
-            except DaemonError as exc:
-                if exc.code == "FAILED_PRECONDITION" and attempt < MAX_SENDS:
-                    log.info("send %d refused (%s); a newer event got there first, retrying "
-                             "with a fresh time", attempt, exc.details)
-                    continue
-                log.error("preemption of %s not delivered: %s", compress(nodes), exc)
-                return "failed"
-            log.info("preempted %s (%s seq %d): %s", compress(nodes), source, seq, sent)
-            return "sent"
+        return _send(sender, log, field="preempted", source=args.source or SOURCES["prolog"],
+                     job_id=job_id, deadline=deadline, tries=MAX_SENDS,
+                     observe=lambda attempt: (time.time_ns(), nodes),
+                     again="retrying with a fresh time")
     finally:
         sender.close()
-    return "failed"
 
 
 def run_epilog(args, log, env, deadline: float) -> str:
-    """Report the job's nodes idle (those Slurm confirms idle, unless ``--no-check``)."""
+    """Report the job's nodes idle: those Slurm confirms idle for Offcut now (``sinfo`` /
+    ``squeue``, the job itself disregarded), or all of them with ``--no-check``. A refusal is
+    answered by checking Slurm again and sending that new observation (once; never with
+    ``--no-check``). ``deadline``: ``time.monotonic()`` value [s] of the time budget; the
+    daemon calls get at most ``--timeout-s`` of it. Returns a one-word outcome: ``no-nodes``,
+    ``check-failed``, ``none-idle``, ``unreachable``, ``sent``, ``timeout`` or ``failed``."""
     from offcut.slurm_plugin.nodelist import compress
-    from offcut.slurm_plugin.rpc import DaemonError
 
     job_id = env.get("SLURM_JOB_ID", "?")
     nodes = _job_nodes(log, env)
     if not nodes:
         return "no-nodes"
-    parts = _partitions(args)
 
-    def check() -> tuple[int, list[str]] | None:
+    def check() -> tuple[int, list[str]] | str:
+        """``(observation time [ns], the job's nodes idle now)``, or an outcome word."""
         if args.no_check:
             return time.time_ns(), nodes
         from offcut.slurm_plugin.slurm_cli import SlurmCLI
@@ -224,58 +259,41 @@ def run_epilog(args, log, env, deadline: float) -> str:
 
         cli = SlurmCLI(sinfo=args.sinfo, squeue=args.squeue, slurm_conf=args.slurm_conf,
                        timeout_s=max(min(args.slurm_timeout_s, deadline - time.monotonic()), 0.1))
-        rule = OwnJobRule(partitions=frozenset(parts), name_prefix=args.job_name_prefix,
+        rule = OwnJobRule(partitions=args.partitions, name_prefix=args.job_name_prefix,
                           comment_marker=args.job_comment)
         try:
-            obs = observe(CLISource(cli), rule, node_partitions=parts, ignore_job_ids=[job_id])
+            obs = observe(CLISource(cli), rule, node_partitions=args.partitions,
+                          ignore_job_ids=[job_id])
         except SlurmError as exc:
             log.error("cannot check the nodes with Slurm (%s); nothing sent, the watcher "
                       "will report them", exc)
-            return None
+            return "check-failed"
         idle = set(obs.view.idle)
-        keep = [n for n in nodes if n in idle]
         for n in nodes:
             if n not in idle:
                 log.info("not reporting %s: %s", n, obs.view.not_idle.get(n, "unknown to Slurm"))
-        return (obs.time_ns, keep)
+        keep = [n for n in nodes if n in idle]
+        if not keep:
+            log.info("none of %s is idle for Offcut now; nothing sent", compress(nodes))
+            return "none-idle"
+        return obs.time_ns, keep
 
-    sender = None
-    source = args.source or SOURCES["epilog"]
+    first = check()  # before the sender: a hook with nothing to send never imports grpc
+    if isinstance(first, str):
+        return first
+    sender = _sender(args, log)
+    if sender is None:
+        return "unreachable"
+    # the daemon calls share --timeout-s; the Slurm checks have their own budget (check()
+    # reads the shortened deadline too)
+    deadline = min(deadline, time.monotonic() + args.timeout_s)
     try:
-        for attempt in (1, 2):
-            checked = check()
-            if checked is None:
-                return "check-failed"
-            t_ns, idle = checked
-            if not idle:
-                log.info("none of %s is idle for Offcut now; nothing sent", compress(nodes))
-                return "none-idle"
-            if sender is None:
-                sender = _sender(args, log, args.timeout_s)
-                if sender is None:
-                    return "unreachable"
-                # the daemon calls share --timeout-s; the Slurm checks have their own budget
-                deadline = min(deadline, time.monotonic() + args.timeout_s)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                log.error("no time left to report %s idle", compress(idle))
-                return "timeout"
-            t_ns, seq = event_time_and_seq(t_ns, job_id)
-            try:
-                sent = sender.report(time_ns=t_ns, source=source, seq=seq, idle=idle, timeout_s=left)
-            except DaemonError as exc:
-                if exc.code == "FAILED_PRECONDITION" and attempt == 1 and not args.no_check:
-                    log.info("refused (%s); a newer event got there first, checking Slurm again",
-                             exc.details)
-                    continue
-                log.error("idle report of %s not delivered: %s", compress(idle), exc)
-                return "failed"
-            log.info("reported idle %s (%s seq %d): %s", compress(idle), source, seq, sent)
-            return "sent"
+        return _send(sender, log, field="idle", source=args.source or SOURCES["epilog"],
+                     job_id=job_id, deadline=deadline, tries=1 if args.no_check else 2,
+                     observe=lambda attempt: first if attempt == 1 else check(),
+                     again="checking Slurm again")
     finally:
-        if sender is not None:
-            sender.close()
-    return "failed"
+        sender.close()
 
 
 def main(argv=None, env=None, started: float | None = None) -> int:
@@ -293,14 +311,18 @@ def main(argv=None, env=None, started: float | None = None) -> int:
     outcome = "error"
     watchdog = None
     try:
-        parts = _partitions(args)
+        from offcut.slurm_plugin.nodelist import partition_set
+
+        args.partitions = partition_set(args.scavenger_partition or ["scavenger"])
         budget = max(args.timeout_s, 0.05)
         if kind == "epilog" and not args.no_check:
+            # the first Slurm check: sinfo then squeue, each bounded by --slurm-timeout-s (a
+            # re-check after a refusal gets only what is left of the daemon's --timeout-s)
             budget += 2 * max(args.slurm_timeout_s, 0.1)
         deadline = started + budget
         watchdog = _start_watchdog(max(deadline - time.monotonic(), 0) + 1.0, log)
         job_parts = {p for p in str(env.get("SLURM_JOB_PARTITION", "")).split(",") if p}
-        if job_parts and job_parts <= parts:
+        if job_parts and job_parts <= args.partitions:
             outcome = "skipped"
             log.debug("partition %s is Offcut's: nothing to do", ",".join(sorted(job_parts)))
         elif kind == "prolog":

@@ -27,7 +27,10 @@ SLURM_KEYS = {"prolog": "PrologSlurmctld", "epilog": "EpilogSlurmctld"}
 
 @dataclass
 class HookConfig:
-    """Settings baked into the wrappers (see ``offcut-slurm install-hooks --help``)."""
+    """Settings baked into the wrappers (see ``offcut-slurm install-hooks --help`` and the
+    options of ``python -m offcut.slurm_plugin.hooks --help``). ``timeout_s``: the hooks' bound
+    on the daemon calls [s]; ``slurm_timeout_s``: the epilog's limit per Slurm query [s];
+    ``check``: False writes ``--no-check`` (the epilog does not ask Slurm)."""
 
     address: str
     timeout_s: float = 2.0
@@ -107,7 +110,12 @@ def write_hooks(directory: str | Path, cfg: HookConfig) -> dict[str, Path]:
 
 
 def slurm_conf_lines(paths: dict[str, Path], timeout_s: float) -> list[str]:
-    """The slurm.conf lines that wire the hooks (PrologEpilogTimeout well above the hooks'
-    own bound, so Slurm's kill is only a last resort)."""
+    """The slurm.conf lines that wire the hooks, ``paths`` as :func:`write_hooks` returns them.
+
+    ``PrologEpilogTimeout`` [s] = ``max(3 * timeout_s + 15, 30)``: well above the hooks' own
+    bound (the watchdog in :mod:`~offcut.slurm_plugin.hooks`: ``timeout_s`` + 1 s for the
+    prolog, ``timeout_s + 2 * slurm_timeout_s`` + 1 s for the epilog, i.e. ``timeout_s`` + 11 s
+    with the default ``slurm_timeout_s`` of 5 s), plus the interpreter's start, so Slurm's
+    kill is only a last resort."""
     return [f"{SLURM_KEYS[k]}={p}" for k, p in paths.items()] + [
         f"PrologEpilogTimeout={max(int(timeout_s * 3 + 15), 30)}"]

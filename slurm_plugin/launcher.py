@@ -55,10 +55,6 @@ from offcut.slurm_plugin.slurm_json import (FINISHED_JOB_STATES, JobInfo, SlurmE
 
 log = logging.getLogger("offcut.slurm.launcher")
 
-#: Slurm end states -> the run state reported to the daemon
-FAILED_STATES = frozenset({"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
-                           "DEADLINE", "REVOKED", "SPECIAL_EXIT"})
-
 
 def job_name(cfg: SlurmConfig, task_id: str, node: str) -> str:
     """``PREFIX-TASKID-NODE``: how Offcut's per-node jobs are named (and recognised)."""
@@ -108,7 +104,10 @@ def sbatch_options(cfg: SlurmConfig, name: str, node: str) -> list[str]:
 
 
 def run_state(job: JobInfo, cancelled_by_us: bool) -> str | None:
-    """The run state to report for a job (None: nothing to report yet / at all)."""
+    """The run state to report for a job (None: nothing to report yet / at all): an ended job
+    is ``finished`` (COMPLETED), ``preempted`` (PREEMPTED, or CANCELLED by someone other than
+    this launcher), None (CANCELLED by this launcher) or ``failed`` (every other end state:
+    FAILED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL ...); a running one ``started``."""
     s = job.states
     if s & FINISHED_JOB_STATES:
         if "COMPLETED" in s:
@@ -117,8 +116,6 @@ def run_state(job: JobInfo, cancelled_by_us: bool) -> str | None:
             return "preempted"
         if "CANCELLED" in s:
             return None if cancelled_by_us else "preempted"
-        if s & FAILED_STATES:
-            return "failed"
         return "failed"
     if "RUNNING" in s:
         return "started"
@@ -232,7 +229,7 @@ class Launcher:
         preempted: set[tuple[str, str]] = set()
         for job_id, (task_id, node, job) in sorted(jobs.items(), key=lambda kv: int(kv[0])):
             state = run_state(job, job_id in self.cancelled)
-            if state is not None or job.states & {"COMPLETING"}:  # it ran (a short job may
+            if state is not None or "COMPLETING" in job.states:  # it ran (a short job may
                 self._report(task_id, job, "started", node, result)  # never be seen RUNNING)
             if state not in (None, "started"):
                 if self._report(task_id, job, state, node, result) and state == "preempted":

@@ -90,6 +90,22 @@ def split_valid(names: list[str]) -> tuple[list[str], list[str]]:
     return good, bad
 
 
+def drop_invalid(names: list[str], log) -> list[str]:
+    """The names of ``names`` the daemon accepts (:func:`split_valid`, order kept); the others
+    are logged as a warning on ``log`` (a :class:`logging.Logger`), the first five shown."""
+    good, bad = split_valid(names)
+    if bad:
+        log.warning("dropping %d node names the daemon would refuse: %s", len(bad),
+                    ", ".join(repr(b)[:40] for b in bad[:5]))
+    return good
+
+
+def partition_set(values) -> frozenset[str]:
+    """Partition names from repeatable, comma-separated option values
+    (``["a,b", "c"]`` -> ``{"a", "b", "c"}``; blanks dropped)."""
+    return frozenset(p.strip() for item in values for p in item.split(",") if p.strip())
+
+
 def compress(names: list[str]) -> str:
     """The short hostlist form of ``names`` (for log lines)."""
     import hostlist

@@ -118,6 +118,7 @@ class NodeEventSender:
         self._stub = nodes_pb2_grpc.NodeEventsStub(self._channel)
 
     def close(self) -> None:
+        """Close the channel (calls in flight are cancelled)."""
         self._channel.close()
 
     def __enter__(self) -> "NodeEventSender":

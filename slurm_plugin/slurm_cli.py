@@ -36,7 +36,14 @@ def default_slurm_conf() -> str | None:
 @dataclass
 class SlurmCLI:
     """Runs Slurm commands. Each command is a name looked up in ``PATH`` or an absolute path
-    (the hooks get absolute paths, resolved when they are installed)."""
+    (the hooks get absolute paths, resolved when they are installed).
+
+    Args:
+        sinfo, squeue, sbatch, scancel, scontrol: the commands (name or path).
+        slurm_conf: ``SLURM_CONF`` given to the commands (None: the caller's environment).
+        timeout_s: default limit per command [s].
+        extra_env: further environment variables of the commands (win over everything).
+    """
 
     sinfo: str = "sinfo"
     squeue: str = "squeue"
@@ -57,13 +64,14 @@ class SlurmCLI:
         env.update(self.extra_env)
         return env
 
-    def resolve(self, command: str) -> str:
-        """The absolute path of ``command``; raises SlurmCommandError when not found."""
+    def resolve(self, command: str, path: str | None = None) -> str:
+        """The absolute path of ``command``, looked up in ``path`` (default: the commands'
+        ``PATH``, :meth:`env`); raises SlurmCommandError when not found."""
         if os.sep in command:
             if os.access(command, os.X_OK) and os.path.isfile(command):
                 return command
             raise SlurmCommandError(f"{command}: not an executable file")
-        found = shutil.which(command, path=self.env()["PATH"])
+        found = shutil.which(command, path=self.env()["PATH"] if path is None else path)
         if not found:
             raise SlurmCommandError(f"{command}: not found in PATH (is Slurm installed here?)")
         return found
@@ -76,12 +84,13 @@ class SlurmCLI:
             SlurmCommandError: not found, not startable, timed out or non-zero exit (the
                 message carries the end of stderr).
         """
-        exe = self.resolve(argv[0])
+        env = self.env()
+        exe = self.resolve(argv[0], env["PATH"])
         limit = self.timeout_s if timeout_s is None else timeout_s
         name = os.path.basename(argv[0])
         try:
             proc = subprocess.run([exe, *argv[1:]], input=input_text, capture_output=True,
-                                  text=True, timeout=limit, env=self.env(),
+                                  text=True, timeout=limit, env=env,
                                   stdin=None if input_text is not None else subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             raise SlurmCommandError(f"{name} did not answer within {limit:g} s") from None

@@ -80,7 +80,11 @@ _SPLIT = re.compile(r"[+,\s|]+")
 def state_tokens(*values: Any) -> frozenset[str]:
     """Normalise node or job state values (strings like ``"idle*"``/``"IDLE+DRAIN"``, lists of
     them, or None) into upper-case long tokens: ``"drng"`` -> {DRAINING, DRAIN},
-    ``"idle~"`` -> {IDLE, POWERED_DOWN}."""
+    ``"idle~"`` -> {IDLE, POWERED_DOWN}.
+
+    Raises:
+        SlurmDataError: a value that is neither text, a list of values, nor None.
+    """
     out: set[str] = set()
     stack = list(values)
     while stack:
@@ -157,7 +161,11 @@ FINISHED_JOB_STATES = frozenset({
 
 def number(v: Any, what: str = "value") -> float:
     """A Slurm number: plain, a numeric string, or ``{"set", "infinite", "number"}`` (0 when
-    unset, None or empty)."""
+    unset, None or empty; ``math.inf`` when infinite). ``what`` names it in errors.
+
+    Raises:
+        SlurmDataError: a string that is not a number, or a value of another type.
+    """
     if v is None or v == "":
         return 0.0
     if isinstance(v, bool):
@@ -377,6 +385,8 @@ class OwnJobRule:
     comment_marker: str = ""
 
     def matches(self, job: JobInfo) -> bool:
+        """Whether ``job`` is one of Offcut's (a job in several partitions, ``"a,b"``, needs
+        one of them in :attr:`partitions`)."""
         if self.partitions and not (set(job.partition.split(",")) & self.partitions):
             return False
         if self.name_prefix and not job.name.startswith(self.name_prefix):
@@ -396,6 +406,7 @@ class IdleView:
 
     @property
     def total(self) -> int:
+        """How many nodes Slurm reported (idle or not)."""
         return len(self.idle) + len(self.not_idle)
 
 

@@ -28,6 +28,8 @@ from offcut.slurm_plugin.slurm_json import (IdleView, OwnJobRule, SlurmError, id
 
 
 class Source(Protocol):
+    """Something that reads Slurm's node and job state; ``name`` names it in logs."""
+
     name: str
 
     def fetch(self) -> tuple[dict, dict]:
@@ -43,6 +45,7 @@ class CLISource:
         self.cli = cli
 
     def fetch(self) -> tuple[dict, dict]:
+        """``(sinfo --json, squeue --json)``; raises SlurmError (:class:`SlurmCLI`)."""
         return self.cli.sinfo_json(), self.cli.squeue_json()
 
 
@@ -81,6 +84,9 @@ class PyslurmSource:
         self.pyslurm = pyslurm
 
     def fetch(self) -> tuple[dict, dict]:
+        """pyslurm's nodes and jobs as ``({"nodes": [...]}, {"jobs": [...]})`` in the record
+        shapes :mod:`~offcut.slurm_plugin.slurm_json` parses; raises SlurmError when pyslurm
+        fails."""
         m = self.pyslurm
         try:
             if hasattr(m, "Nodes"):

@@ -17,9 +17,8 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
 
-from offcut.slurm_plugin.nodelist import compress, split_valid
+from offcut.slurm_plugin.nodelist import compress, drop_invalid
 from offcut.slurm_plugin.rpc import DaemonError, NodeEventSender
 from offcut.slurm_plugin.slurm_json import OwnJobRule, SlurmError
 from offcut.slurm_plugin.sources import Observation, Source, observe
@@ -29,7 +28,18 @@ log = logging.getLogger("offcut.slurm.watch")
 
 @dataclass
 class Watcher:
-    """One watcher. ``step()`` makes one observation and sends it; ``run()`` loops."""
+    """One watcher. ``step()`` makes one observation and sends it; ``run()`` loops.
+
+    Args:
+        source: where Slurm is read from (:func:`~offcut.slurm_plugin.sources.choose_source`).
+        sender: the daemon (None: dry run, observe and log only).
+        rule: which jobs are Offcut's own (their nodes still count as idle).
+        node_partitions: a node must be in one of these to count as idle.
+        source_name: the event source of the snapshots (one per watcher).
+        last_seq: seq of the last snapshot sent (time-based, ns since the epoch; module
+            docstring).
+        last_idle: the idle set of the last accepted (or dry-run) snapshot, sorted names.
+    """
 
     source: Source
     sender: NodeEventSender | None  # None: dry run (observe and log only)
@@ -76,10 +86,7 @@ class Watcher:
             except SlurmError as exc:
                 self._error(f"cannot read Slurm: {exc}")
                 return False
-            idle, bad = split_valid(obs.view.idle)
-            if bad:
-                log.warning("leaving out %d node names the daemon would refuse: %s", len(bad),
-                            ", ".join(repr(b)[:40] for b in bad[:5]))
+            idle = drop_invalid(obs.view.idle, log)
             if self.sender is None:
                 log.info("dry run: %d of %d nodes idle: %s", len(idle), obs.view.total,
                          compress(idle) or "-")
@@ -117,11 +124,3 @@ class Watcher:
                 return ok
             if stop.wait(max(interval_s - (time.monotonic() - t0), 0.0)):
                 return ok
-
-
-def node_partitions(names: Iterable[str]) -> frozenset[str]:
-    """Partition names from repeatable / comma-separated option values."""
-    out: set[str] = set()
-    for item in names:
-        out |= {p.strip() for p in item.split(",") if p.strip()}
-    return frozenset(out)

@@ -41,6 +41,19 @@ ACTIVE_JOB_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPEND
                      "RESIZING", "SIGNALING", "STAGE_OUT"}
 
 
+def idle_set(client) -> set[str]:
+    """The daemon's idle pool (node names), as ``client`` (an ``offcut.client.Client``) sees it."""
+    return set(client.status(include_idle_nodes=True).idle_node_names)
+
+
+def fake_command(path: Path, body: str) -> str:
+    """Write an executable ``sh`` script at ``path`` running ``body`` (a fake ``sinfo`` /
+    ``squeue``); returns its path."""
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
 def skip_reason() -> str | None:
     """Why the Slurm tests cannot run here (None: they can)."""
     missing = [b for b in ("slurmctld", "slurmd", "munged", "sinfo", "squeue", "sbatch")

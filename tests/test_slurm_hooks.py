@@ -22,6 +22,7 @@ import pytest
 from offcut.slurm_plugin import hooks
 from offcut.slurm_plugin.install import HookConfig, hook_command, write_hooks
 from offcut.slurm_plugin.rpc import unreachable_reason
+from slurm_cluster import fake_command, idle_set
 
 DATA = Path(__file__).resolve().parent / "data" / "slurm"
 NODES = ["n1", "n2", "n3", "n4"]
@@ -50,10 +51,6 @@ def run_hook(kind: str, address: str, env: dict, log: Path, *args: str, timeout_
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60,
                           preexec_fn=_block_sigterm if block_sigterm else None)
     return proc, time.monotonic() - t0
-
-
-def idle_set(client) -> set[str]:
-    return set(client.status(include_idle_nodes=True).idle_node_names)
 
 
 @pytest.fixture
@@ -181,6 +178,46 @@ def test_prolog_retries_with_a_fresh_time_when_a_newer_event_got_in_first(pool, 
     assert "n3" not in idle_set(client)
 
 
+def test_send_retries_refusals_with_fresh_observations():
+    """The send loop shared by prolog and epilog: a FAILED_PRECONDITION is answered with a new
+    observation while tries remain; an observation may end it with its own outcome."""
+    import logging
+
+    from offcut.slurm_plugin.rpc import DaemonError
+
+    class Refusing:
+        def __init__(self, refusals):
+            self.refusals, self.sent = refusals, []
+
+        def report(self, **kw):
+            self.sent.append(kw)
+            if len(self.sent) <= self.refusals:
+                raise DaemonError("FAILED_PRECONDITION", "older than the last event")
+            return "ok"
+
+    log = logging.getLogger("offcut.slurm.test")
+    far = time.monotonic() + 60
+    observed = []
+
+    def observe(attempt):
+        observed.append(attempt)
+        return 1_700_000_000_000_000_000 + attempt * 1000, ["n1"]
+
+    sender = Refusing(refusals=2)
+    assert hooks._send(sender, log, field="preempted", source="s", job_id="7", deadline=far,
+                       tries=3, observe=observe, again="again") == "sent"
+    assert observed == [1, 2, 3] and [kw["preempted"] for kw in sender.sent] == [["n1"]] * 3
+    assert len({kw["seq"] for kw in sender.sent}) == 3
+    assert hooks._send(Refusing(refusals=5), log, field="idle", source="s", job_id="7",
+                       deadline=far, tries=2, observe=observe, again="again") == "failed"
+    assert hooks._send(Refusing(refusals=1), log, field="idle", source="s", job_id="7",
+                       deadline=far, tries=2, again="again",
+                       observe=lambda a: observe(a) if a == 1 else "none-idle") == "none-idle"
+    assert hooks._send(Refusing(refusals=0), log, field="idle", source="s", job_id="7",
+                       deadline=time.monotonic() - 1, tries=2, observe=observe,
+                       again="again") == "timeout"
+
+
 def test_concurrent_prologs_all_arrive(pool, tmp_path):
     """Eight prologs of different jobs at once: none may reject another's preemption."""
     srv, client = pool
@@ -238,12 +275,6 @@ def test_unreachable_reason():
 
 
 # ----------------------------------------------------------------------------- epilog
-def fake_command(path: Path, body: str) -> str:
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(0o755)
-    return str(path)
-
-
 def test_epilog_reports_only_nodes_slurm_confirms_idle(pool, tmp_path):
     srv, client = pool
     client.report_nodes(time.time(), "test-setup", 2, preempted=NODES)

@@ -11,7 +11,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import hostlist
 import pytest
@@ -21,13 +20,10 @@ from offcut.v1 import tasks_pb2
 
 
 import slurm_cluster as _sc  # the fixtures themselves come from conftest.py
+from slurm_cluster import idle_set
 
 pytestmark = pytest.mark.slow
 ALL = ["n1", "n2", "n3", "n4"]
-
-
-def idle_set(client) -> set[str]:
-    return set(client.status(include_idle_nodes=True).idle_node_names)
 
 
 def with_idle_pool(client, nodes=ALL) -> None:

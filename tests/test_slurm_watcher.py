@@ -19,14 +19,10 @@ from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.slurm_plugin.slurm_json import OwnJobRule, SlurmCommandError, SlurmError
 from offcut.slurm_plugin.sources import CLISource, choose_source, pyslurm_unusable_reason
 from offcut.slurm_plugin.watcher import Watcher
+from slurm_cluster import fake_command as fake
+from slurm_cluster import idle_set
 
 DATA = Path(__file__).resolve().parent / "data" / "slurm"
-
-
-def fake(path: Path, body: str) -> str:
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(0o755)
-    return str(path)
 
 
 def cat(name: str) -> str:
@@ -39,10 +35,6 @@ def watch_once(address: str, sinfo: str, squeue: str, log: Path, *args: str):
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     return proc, time.monotonic() - t0
-
-
-def idle_set(client) -> set[str]:
-    return set(client.status(include_idle_nodes=True).idle_node_names)
 
 
 def test_watch_once_sends_the_idle_set(daemon, tmp_path):
