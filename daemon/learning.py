@@ -87,6 +87,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import isotonic_regression, minimize_scalar
 
+from offcut.daemon.model import check_finite
 from offcut.errors import FailedPrecondition, InvalidArgument
 
 #: kinds of :meth:`TaskLearner.on_allocation`
@@ -182,15 +183,15 @@ def _fmt(x: float) -> str:
 
 
 def _real(value: Any, field: str) -> float:
+    """``value`` as a finite float. Raises :class:`InvalidArgument` naming ``field`` when it
+    is a bool, not a number (:func:`float` refuses it) or not finite."""
     if isinstance(value, bool):
         raise InvalidArgument(f"must be a number, got {value!r}", field)
     try:
         x = float(value)
     except (TypeError, ValueError):
         raise InvalidArgument(f"must be a number, got {value!r}", field) from None
-    if not math.isfinite(x):
-        raise InvalidArgument(f"must be finite, got {value!r}", field)
-    return x
+    return check_finite(x, field)
 
 
 def _sane(x: float) -> float:
@@ -405,8 +406,7 @@ class TaskLearner:
         if e is not None:
             self._max_e = e
         if changed:
-            self._version += 1
-            self._fit_cache = None
+            self._version += 1  # invalidates _fit_cache (keyed on the version)
         return gained
 
     def _add_clean(self, n: int, dt: float, ds: float, de: float | None) -> tuple[bool, bool]:
@@ -573,10 +573,9 @@ class TaskLearner:
                 high_b = float(rh[i]) + 2.0 * self._stats[b].std_error()
                 low = max(low_a, float(rh[i]) * n / b)
                 high = min(high_b, float(rh[i - 1]) * n / a)
-        vals = [low, est, high]
-        vals = [v if math.isfinite(v) else (0.0 if v != v else np.finfo(float).max)
-                for v in vals]
-        low, est, high = (max(float(v), 0.0) for v in vals)
+        vals = np.nan_to_num(np.array([low, est, high], dtype=float), nan=0.0,
+                             posinf=np.finfo(float).max, neginf=0.0)
+        low, est, high = (float(v) for v in np.clip(vals, 0.0, None))
         return min(low, est), est, max(high, est)
 
     def power_at(self, n: int, prior_node_power_w: float) -> float:

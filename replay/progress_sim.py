@@ -36,33 +36,55 @@ from offcut.v1 import decision_pb2
 _NOISE_BLOCK = 1024
 
 
+def peak_rate_per_node(record: TaskRecord) -> float:
+    """max_k Ps(k) / k over ``record``'s curve points with k > 0 [samples/s per node]: the
+    denominator of the parallel efficiency u(n) (module docstring); 1.0 when no point has a
+    positive rate (u is then computed against 1 sample/s per node)."""
+    ns = np.asarray(record.node_counts, dtype=float)
+    ps = np.asarray(record.throughputs, dtype=float)
+    per_node = ps[ns > 0] / ns[ns > 0]
+    return float(per_node.max()) if per_node.size and per_node.max() > 0 else 1.0
+
+
 @dataclass
 class PowerModel:
     """Hidden power truth of the replay's nodes [W]: ``idle_w`` drawn by a node whose GPUs
-    wait, ``busy_w`` by a node computing at full efficiency."""
+    wait, ``busy_w`` by a node computing at full efficiency.
+
+    A task on n nodes draws ``n * (idle_w + (busy_w - idle_w) * u(n))`` [W] with
+    ``u(n) = (Ps(n) / n) / max_k (Ps(k) / k)`` its parallel efficiency, clipped to [0, 1]
+    (Ps interpolated linearly on the task's curve, flat beyond its last point). This linear
+    utilisation model is the replay's own assumption, not a measured one.
+    """
 
     idle_w: float = 250.0
     busy_w: float = 1000.0
 
-    def task_power_w(self, record: TaskRecord, n: int) -> float:
-        """Power [W] of ``record``'s ``n`` nodes (module docstring)."""
+    def task_power_w(self, record: TaskRecord, n: int, peak: float | None = None) -> float:
+        """Power [W] of ``record``'s ``n`` nodes (class docstring); 0 for n <= 0.
+
+        ``peak``: :func:`peak_rate_per_node` of ``record`` when the caller has it already
+        (it depends on the record alone); computed when None.
+        """
         if n <= 0:
             return 0.0
-        ns = np.asarray(record.node_counts, dtype=float)
-        ps = np.asarray(record.throughputs, dtype=float)
-        per_node = ps[ns > 0] / ns[ns > 0]
-        best = float(per_node.max()) if per_node.size and per_node.max() > 0 else 1.0
-        rate = float(np.interp(n, ns, ps))
-        u = min(1.0, max(0.0, rate / n / best))
+        if peak is None:
+            peak = peak_rate_per_node(record)
+        rate = float(np.interp(n, record.node_counts, record.throughputs))
+        u = min(1.0, max(0.0, rate / n / peak))
         return n * (self.idle_w + (self.busy_w - self.idle_w) * u)
 
     def curve_w(self, record: TaskRecord) -> list[float]:
-        """Power at each of ``record.node_counts`` [W] (a spec's ``power_w``)."""
-        return [self.task_power_w(record, int(n)) for n in record.node_counts]
+        """Power at each of ``record.node_counts`` [W] (a spec's ``power_w``), shape (K,)."""
+        peak = peak_rate_per_node(record)
+        return [self.task_power_w(record, int(n), peak) for n in record.node_counts]
 
 
 @dataclass
 class _Truth:
+    """The played state of one task; ``noise`` holds its standard-normal draws for node-event
+    intervals 0..len-1, extended from ``rng`` a block at a time."""
+
     record: TaskRecord
     index: int
     nodes: int = 0
@@ -72,6 +94,11 @@ class _Truth:
     clock: float | None = None
     done: bool = False
     noise: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    rng: np.random.Generator | None = None
+    peak: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.peak = peak_rate_per_node(self.record)
 
 
 class ProgressSimulator:
@@ -79,9 +106,12 @@ class ProgressSimulator:
 
     Args:
         tasks: the task set with its true curves and rescale costs.
-        noise: relative standard deviation of the throughput per node-event interval.
+        noise: relative standard deviation of the throughput per node-event interval
+            (finite, >= 0; 0 = no noise).
         seed: seed of the noise.
-        power: the hidden power model.
+        power: the hidden power model (default :class:`PowerModel`).
+
+    Raises ``ValueError`` for a negative or non-finite ``noise``.
     """
 
     def __init__(self, tasks: list[TaskRecord], noise: float = 0.05, seed: int = 0,
@@ -104,16 +134,22 @@ class ProgressSimulator:
         self.interval = int(k)
 
     def _multiplier(self, truth: _Truth) -> float:
+        """Luck of ``truth`` in the current interval: ``max(0.05, 1 + noise * z)``."""
         if self.noise == 0:
             return 1.0
         k = self.interval
-        if k >= truth.noise.size:  # draw the next block of this task's noise
-            blocks = k // _NOISE_BLOCK + 1
-            rng = np.random.default_rng([self.seed, truth.index])
-            truth.noise = rng.standard_normal(blocks * _NOISE_BLOCK)
+        if k >= truth.noise.size:  # draw this task's noise on up to the block holding k
+            if truth.rng is None:
+                truth.rng = np.random.default_rng([self.seed, truth.index])
+            more = (k // _NOISE_BLOCK + 1) * _NOISE_BLOCK - truth.noise.size
+            truth.noise = np.concatenate((truth.noise, truth.rng.standard_normal(more)))
         return max(0.05, 1.0 + self.noise * float(truth.noise[k]))
 
-    def _rate(self, truth: _Truth, n: int) -> float:
+    @staticmethod
+    def _rate(truth: _Truth, n: int) -> float:
+        """True throughput Ps(n) [samples/s] of ``truth``'s task on ``n`` nodes, without
+        noise: the curve linearly interpolated, 0 below Jmin (as
+        :meth:`offcut.daemon.model.TaskSpec.throughput_at`)."""
         r = truth.record
         if n < r.min_nodes or n <= 0:
             return 0.0
@@ -136,7 +172,8 @@ class ProgressSimulator:
             working = max(0.0, dt - truth.pause_s)
             truth.pause_s = max(0.0, truth.pause_s - dt)
             truth.samples += self._rate(truth, truth.nodes) * self._multiplier(truth) * working
-            truth.energy_j += self.power.task_power_w(truth.record, truth.nodes) * dt
+            truth.energy_j += (self.power.task_power_w(truth.record, truth.nodes, truth.peak)
+                              * dt)
         truth.clock = t
 
     def next_completion(self) -> tuple[float, str] | None:
@@ -181,8 +218,10 @@ class ProgressSimulator:
 
     # ------------------------------------------------------------------ reports
     def report(self, task_id: str, t: float) -> dict:
-        """The report of ``task_id`` at ``t`` (after :meth:`advance`); samples capped at the
-        total work (the task stops there)."""
+        """The report of ``task_id`` at ``t`` [s since epoch] (after :meth:`advance`), as a
+        ``ReportProgress`` entry: ``task_id``, ``time``, ``samples_done`` (cumulative, capped at
+        the total work: the task stops there), ``nodes`` and ``energy_j`` (cumulative [J]).
+        Raises ``KeyError`` for an unknown ``task_id``."""
         truth = self.by_id[task_id]
         samples = min(truth.samples, truth.record.total_work_samples)
         return {"task_id": task_id, "time": t, "samples_done": samples, "nodes": truth.nodes,

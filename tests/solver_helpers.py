@@ -1,4 +1,5 @@
-"""Helpers shared by the allocation-backend tests: exhaustive enumeration of count vectors."""
+"""Helpers shared by the allocation-backend tests: exhaustive enumeration of count vectors,
+relative comparison of objectives."""
 
 from __future__ import annotations
 
@@ -27,3 +28,8 @@ def brute_force(p: AllocationProblem) -> float:
     for combo in count_vectors(p):
         best = max(best, p.evaluate(combo))
     return best
+
+
+def rel_close(a: float, b: float, rtol: float = 1e-9) -> bool:
+    """|a - b| <= rtol * max(1, |a|, |b|): equal up to a relative ``rtol`` (absolute near 0)."""
+    return abs(a - b) <= rtol * max(1.0, abs(a), abs(b))

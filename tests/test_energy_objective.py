@@ -20,7 +20,7 @@ from offcut.daemon.solvers.greedy import solve_greedy
 from offcut.daemon.solvers.gurobi import gurobi_importable, solve_gurobi
 from offcut.daemon.solvers.problem import AllocationProblem, interpolate
 from offcut.errors import InvalidArgument
-from solver_helpers import brute_force, count_vectors
+from solver_helpers import brute_force, count_vectors, rel_close as close
 
 HAS_GUROBI = gurobi_importable()
 needs_gurobi = pytest.mark.skipif(not HAS_GUROBI, reason="gurobipy is not importable")
@@ -70,10 +70,6 @@ def random_terms(rng: np.random.Generator, p: AllocationProblem, eta: float) -> 
     p_idle = 0.0 if rng.random() < 0.3 else float(rng.uniform(10, 150))
     return EnergyTerms(eta=eta, idle_node_power_w=p_idle,
                        node_max_power_w=float(rng.uniform(300, 600)), power_values=power)
-
-
-def close(a: float, b: float, rtol: float = 1e-9) -> bool:
-    return abs(a - b) <= rtol * max(1.0, abs(a), abs(b))
 
 
 def dp_reference_solve(p: AllocationProblem):

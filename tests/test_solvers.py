@@ -23,7 +23,7 @@ from offcut.daemon.solvers.guard import GuardedWorker
 from offcut.daemon.solvers.problem import AllocationProblem
 from offcut.daemon.solvers.records import solve_records
 from offcut.errors import InvalidArgument
-from solver_helpers import brute_force
+from solver_helpers import brute_force, rel_close
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 HAS_GUROBI = gurobi_importable()
@@ -32,7 +32,7 @@ needs_gurobi = pytest.mark.skipif(not HAS_GUROBI, reason="gurobipy is not import
 
 # ---------------------------------------------------------------- helpers
 def close(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
+    return rel_close(a, b, 1e-6)
 
 
 def _assemble(draw, N, jmin, jmax, ns, os_, cur) -> AllocationProblem:
@@ -320,10 +320,6 @@ def test_recorded_task_set_all_solvers_agree(seed):
 
 
 # ---------------------------------------------------------------- breakpoint dp vs reference
-def _rel_close(a: float, b: float, rtol: float = 1e-9) -> bool:
-    return abs(a - b) <= rtol * max(1.0, abs(a), abs(b))
-
-
 @st.composite
 def hard_problems(draw, max_tasks=5, max_nodes=40):
     """Non-concave, non-monotone curves (non-integer curve points too), c_j below Jmin or
@@ -353,7 +349,7 @@ def _check_dp_against(p: AllocationProblem, opt: float) -> None:
     assert p.admissible(s.counts) is None
     assert s.counts.dtype == np.int64 and s.counts.shape == (p.num_tasks,)
     assert s.objective == p.evaluate(s.counts)
-    assert _rel_close(s.objective, opt), (s.objective, opt)
+    assert rel_close(s.objective, opt), (s.objective, opt)
 
 
 @pytest.fixture

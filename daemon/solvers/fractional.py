@@ -59,7 +59,7 @@ import numpy as np
 
 from offcut.errors import InvalidArgument
 
-from .problem import AllocationProblem, interpolate
+from .problem import AllocationProblem, as_curves, check_curve_shapes, interpolate
 
 DEFAULT_TOL = 1e-9
 DEFAULT_MAX_SOLVES = 30
@@ -84,10 +84,7 @@ class EnergyTerms:
     power_values: list[np.ndarray] = field(repr=False)
 
     def __post_init__(self) -> None:
-        try:
-            self.power_values = [np.asarray(x, dtype=float) for x in self.power_values]
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgument(f"not a list of numeric curves: {exc}", "power_values") from exc
+        self.power_values = as_curves(self.power_values, "power_values")
 
     def validate(self, problem: AllocationProblem) -> None:
         """Check the terms against ``problem``; raises :class:`InvalidArgument` naming the
@@ -98,14 +95,8 @@ class EnergyTerms:
             raise InvalidArgument("must be a finite number of watts >= 0", "idle_node_power_w")
         if not _real(self.node_max_power_w) or self.node_max_power_w <= 0:
             raise InvalidArgument("must be a finite number of watts > 0", "node_max_power_w")
-        J = problem.num_tasks
-        if len(self.power_values) != J:
-            raise InvalidArgument(f"has {len(self.power_values)} curves, expected {J}",
-                                  "power_values")
+        check_curve_shapes(problem.node_counts, self.power_values, "power_values")
         for j, (ns, pw) in enumerate(zip(problem.node_counts, self.power_values)):
-            if pw.ndim != 1 or len(pw) != len(ns):
-                raise InvalidArgument(f"task {j}: has shape {pw.shape}, expected ({len(ns)},) "
-                                      "like node_counts", "power_values")
             if not np.isfinite(pw).all() or (pw < 0).any():
                 raise InvalidArgument(f"task {j}: must be finite and >= 0", "power_values")
             if (pw[ns > 0] <= 0).any():
@@ -165,9 +156,7 @@ def energy_j(problem: AllocationProblem, terms: EnergyTerms, counts: Sequence[in
     """D(x) [J]: the zeus_cost of the pool over the look-ahead Tfwd for ``counts`` (shape
     (J,)); see the module docstring. Raises ``ValueError`` when ``counts`` is infeasible
     (terms are assumed validated)."""
-    why = problem.admissible(counts)
-    if why is not None:
-        raise ValueError(f"infeasible allocation: {why}")
+    problem.check_admissible(counts)
     eta, p_idle = float(terms.eta), float(terms.idle_node_power_w)
     n_idle = problem.idle_nodes
     task_w = sum(_power(problem, terms, j, int(n)) - int(n) * p_idle

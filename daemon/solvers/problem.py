@@ -55,13 +55,26 @@ def objective_table(node_counts: np.ndarray, values: np.ndarray, min_nodes: int,
     return s
 
 
-def _as_curves(curves: Any, name: str) -> list[np.ndarray]:
-    """``curves`` as a list of float arrays; :class:`InvalidArgument` naming ``name`` when
-    they are not a sequence of numeric sequences."""
+def as_curves(curves: Any, name: str) -> list[np.ndarray]:
+    """``curves`` (a sequence of numeric sequences, e.g. per task (K_j,) values) as a list of
+    float arrays. Raises :class:`InvalidArgument` naming ``name`` when it is not one."""
     try:
         return [np.asarray(x, dtype=float) for x in curves]
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"not a list of numeric curves: {exc}", name) from exc
+
+
+def check_curve_shapes(node_counts: Sequence[np.ndarray], curves: Sequence[np.ndarray],
+                       name: str) -> None:
+    """Check that ``curves`` has one 1-D array per task, each with the shape (K_j,) of the
+    task's ``node_counts[j]`` (values at the same points). Raises :class:`InvalidArgument`
+    naming ``name``."""
+    if len(curves) != len(node_counts):
+        raise InvalidArgument(f"has {len(curves)} curves, expected {len(node_counts)}", name)
+    for j, (ns, cs) in enumerate(zip(node_counts, curves)):
+        if cs.ndim != 1 or len(cs) != len(ns):
+            raise InvalidArgument(f"task {j}: has shape {cs.shape}, expected ({len(ns)},) "
+                                  "like node_counts", name)
 
 
 @dataclass
@@ -108,7 +121,7 @@ class AllocationProblem:
         self.node_counts = [np.asarray(x, dtype=float) for x in self.node_counts]
         self.objective_values = [np.asarray(x, dtype=float) for x in self.objective_values]
         if self.cost_values is not None:
-            self.cost_values = _as_curves(self.cost_values, "cost_values")
+            self.cost_values = as_curves(self.cost_values, "cost_values")
         self.tfwd_s = float(self.tfwd_s)
         if self.check:
             self.validate()
@@ -155,13 +168,8 @@ class AllocationProblem:
         :class:`InvalidArgument` naming ``cost_values``."""
         if cost_values is None:
             return
-        if len(cost_values) != self.num_tasks:
-            raise InvalidArgument(f"has {len(cost_values)} curves, expected {self.num_tasks}",
-                                  "cost_values")
-        for j, (ns, cs) in enumerate(zip(self.node_counts, cost_values)):
-            if cs.ndim != 1 or len(cs) != len(ns):
-                raise InvalidArgument(f"task {j}: has shape {cs.shape}, expected ({len(ns)},) "
-                                      "like node_counts", "cost_values")
+        check_curve_shapes(self.node_counts, cost_values, "cost_values")
+        for j, cs in enumerate(cost_values):
             if not np.isfinite(cs).all():
                 raise InvalidArgument(f"task {j}: must be finite", "cost_values")
 
@@ -173,7 +181,7 @@ class AllocationProblem:
         re-validated; the new cost curves are validated. Raises :class:`InvalidArgument`
         naming ``cost_values``.
         """
-        costs = None if cost_values is None else _as_curves(cost_values, "cost_values")
+        costs = None if cost_values is None else as_curves(cost_values, "cost_values")
         self._validate_costs(costs)
         return AllocationProblem(
             idle_nodes=self.idle_nodes, current_nodes=self.current_nodes,
@@ -248,11 +256,16 @@ class AllocationProblem:
                 return f"task {j}: {n} nodes outside {{0}} U [{self.min_nodes[j]}, {self.max_nodes[j]}]"
         return None
 
-    def evaluate(self, counts: Sequence[int]) -> float:
-        """Objective of a count vector (shape (J,)); raises ``ValueError`` when infeasible."""
+    def check_admissible(self, counts: Sequence[int]) -> None:
+        """Raise ``ValueError`` ("infeasible allocation: <why>") unless ``counts`` (shape (J,))
+        is feasible (:meth:`admissible`)."""
         why = self.admissible(counts)
         if why is not None:
             raise ValueError(f"infeasible allocation: {why}")
+
+    def evaluate(self, counts: Sequence[int]) -> float:
+        """Objective of a count vector (shape (J,)); raises ``ValueError`` when infeasible."""
+        self.check_admissible(counts)
         tables = self.value_tables()
         return float(sum(tables[j][int(n)] for j, n in enumerate(counts)))
 
