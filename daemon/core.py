@@ -40,7 +40,7 @@ import numpy as np
 
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 from offcut.daemon import placement
-from offcut.daemon.learning import ProgressReport, TaskLearner
+from offcut.daemon.learning import TaskLearner
 from offcut.daemon.model import (RUN_STATES, CancelEvent, Event, Limits, NodeEvent,
                                  ObjectiveSettings, ProgressEvent, SubmitEvent, Task, TaskRunEvent,
                                  TaskState, check_node_names)
@@ -255,7 +255,7 @@ class Core:
                 raise FailedPrecondition(f"task {r.task_id} was not submitted with "
                                          "reports_progress (its progress is modelled)",
                                          where + "task_id")
-            task.learner.check(_report(r), where)
+            task.learner.check(r.report, where)
 
     @staticmethod
     def _validate_run(event: TaskRunEvent) -> None:
@@ -444,19 +444,20 @@ class Core:
             if task.state.finished:
                 continue
             version = task.learner.version
-            if task.learner.observe(_report(r)):
+            if task.learner.observe(r.report):
                 changed = True
             if task.learner.version != version:
                 self._learn_version += 1  # the population prior may have moved
             total = task.spec.total_work_samples
-            delta = min(r.samples_done, total) - task.work_done
+            report = r.report
+            delta = min(report.samples_done, total) - task.work_done
             task.work_done += delta
             out.progress_samples += delta
             self.total_samples += delta
-            if r.energy_j is not None:
-                self.task_energy_j += r.energy_j - task.energy_j
-                task.energy_j = float(r.energy_j)
-            if r.samples_done >= total:
+            if report.energy_j is not None:
+                self.task_energy_j += report.energy_j - task.energy_j
+                task.energy_j = float(report.energy_j)
+            if report.samples_done >= total:
                 self._finish(task, TaskState.COMPLETED, t, out)
                 out.completed_task_ids.append(task.task_id)
                 changed = True
@@ -699,8 +700,3 @@ class Core:
                       for t in self.tasks.values()),
                 tuple(sorted(self.last_seq.items())))
 
-
-def _report(item) -> ProgressReport:
-    """The learner's view of one ``ProgressItem``."""
-    return ProgressReport(time=item.time, samples_done=item.samples_done, nodes=item.nodes,
-                          energy_j=item.energy_j)

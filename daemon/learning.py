@@ -81,13 +81,12 @@ import bisect
 import math
 import operator
 import statistics
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from scipy.optimize import isotonic_regression, minimize_scalar
 
-from offcut.daemon.model import check_finite
+from offcut.daemon.model import ProgressReport, check_finite  # noqa: F401 (re-exported)
 from offcut.errors import FailedPrecondition, InvalidArgument
 
 #: kinds of :meth:`TaskLearner.on_allocation`
@@ -111,27 +110,6 @@ GRID_FACTOR = 1.25
 MAX_GRID_ABOVE = 16
 MAX_GRID_BELOW = 8
 _FORMAT = 1
-
-
-@dataclass(frozen=True)
-class ProgressReport:
-    """One progress report of a task, as the learner sees it.
-
-    Attributes:
-        time: [s since epoch] when the task measured it; finite, > 0, not before its previous
-            report's time.
-        samples_done: cumulative samples processed since the task began [samples]; finite,
-            >= 0, never decreases (a restart does not reset it).
-        nodes: the node count it ran on since its previous report (what it holds now); >= 0
-            and one of the counts it held since that report.
-        energy_j: cumulative energy [J] of the task's nodes since it began, never decreasing;
-            None = not measured.
-    """
-
-    time: float
-    samples_done: float
-    nodes: int
-    energy_j: float | None = None
 
 
 class _Stat:

@@ -444,17 +444,33 @@ class TaskRunEvent:
 
 
 @dataclass(frozen=True)
-class ProgressItem:
-    """One task's progress report (``offcut.v1.ProgressReport``).
+class ProgressReport:
+    """One progress report of a task, as the learner sees it (``offcut.v1.ProgressReport``
+    without the task id).
 
-    ``samples_done`` [samples] and ``energy_j`` [J] are cumulative since the task began and
-    never decrease (``energy_j`` None: not measured); ``nodes`` is the node count it ran on since
-    its previous report; ``time`` [s since epoch] when it measured them."""
-    task_id: str
+    Attributes:
+        time: [s since epoch] when the task measured it; finite, > 0, not before its previous
+            report's time.
+        samples_done: cumulative samples processed since the task began [samples]; finite,
+            >= 0, never decreases (a restart does not reset it).
+        nodes: the node count it ran on since its previous report (what it holds now); >= 0
+            and one of the counts it held since that report.
+        energy_j: cumulative energy [J] of the task's nodes since it began, never decreasing;
+            None = not measured.
+    """
+
     time: float
     samples_done: float
     nodes: int
     energy_j: float | None = None
+
+
+@dataclass(frozen=True)
+class ProgressItem:
+    """One task's progress report in a :class:`ProgressEvent`: ``task_id`` and the
+    :class:`ProgressReport` its learner checks and takes."""
+    task_id: str
+    report: ProgressReport
 
 
 @dataclass(frozen=True)
@@ -482,7 +498,7 @@ def event_to_dict(event: Event) -> dict[str, Any]:
         return {"kind": "run", **asdict(event)}
     if isinstance(event, ProgressEvent):
         return {"kind": "progress", "time": event.time, "request_id": event.request_id,
-                "reports": [asdict(r) for r in event.reports]}
+                "reports": [{"task_id": r.task_id, **asdict(r.report)} for r in event.reports]}
     return {"kind": "cancel", "time": event.time, "task_id": event.task_id}
 
 
@@ -499,6 +515,7 @@ def event_from_dict(d: dict[str, Any]) -> Event:
     if kind == "run":
         return TaskRunEvent(**{k: v for k, v in d.items() if k != "kind"})
     if kind == "progress":
-        return ProgressEvent(d["time"], tuple(ProgressItem(**r) for r in d["reports"]),
-                             d.get("request_id", ""))
+        items = tuple(ProgressItem(r["task_id"], ProgressReport(
+            **{k: v for k, v in r.items() if k != "task_id"})) for r in d["reports"])
+        return ProgressEvent(d["time"], items, d.get("request_id", ""))
     raise ValueError(f"unknown event kind {kind!r}")

@@ -12,6 +12,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from offcut.errors import InvalidArgument
 from offcut.daemon.core import Core, Outcome, PlacementChange
 from offcut.daemon.model import (CancelEvent, Limits, NodeEvent, ProgressEvent, ProgressItem,
+                                 ProgressReport,
                                  SubmitEvent, Task, TaskRunEvent,
                                  TaskSpec, TaskState)
 from offcut.v1 import decision_pb2, nodes_pb2, status_pb2, tasks_pb2
@@ -159,12 +160,12 @@ def progress_from_pb(req: tasks_pb2.ReportProgressRequest, now: float) -> Progre
             raise InvalidArgument(f"{t:.3f} is {t - now:.0f} s after the daemon's clock "
                                   f"({now:.3f}); reports carry the time they were measured",
                                   where + "time")
-        items.append(ProgressItem(task_id=r.task_id, time=t, samples_done=r.samples_done,
-                                  nodes=r.nodes,
-                                  energy_j=r.energy_j if r.HasField("energy_j") else None))
+        items.append(ProgressItem(r.task_id, ProgressReport(
+            time=t, samples_done=r.samples_done, nodes=r.nodes,
+            energy_j=r.energy_j if r.HasField("energy_j") else None)))
     # the figures are checked by the core, against each task's history (TaskLearner.check);
     # an empty request is refused there too
-    return ProgressEvent(time=max((r.time for r in items), default=now), reports=tuple(items),
+    return ProgressEvent(time=max((r.report.time for r in items), default=now), reports=tuple(items),
                          request_id=req.request_id)
 
 

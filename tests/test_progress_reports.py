@@ -227,3 +227,26 @@ def test_training_side_reporter_reports_continues_and_completes(daemon):
     assert got.energy_j == pytest.approx(61_000.0)
     with pytest.raises(ValueError, match="OFFCUT_TASK_ID"):
         ProgressReporter.from_env({})
+
+
+def test_reporter_set_nodes_reports_the_old_count_first(daemon):
+    from offcut.client.progress import ProgressReporter
+
+    srv, c = daemon
+    c.report_nodes(T0, "slurm", 1, idle=["n1", "n2"])
+    task = c.submit(learned_spec("shrinking", max_nodes=2), submit_time=T0 + 1).task
+    assert len(task.nodes) == 2
+    now = [T0 + 1]
+    p = ProgressReporter(srv.address, task.task_id, 2, every_s=1e9, clock=lambda: now[0])
+    now[0] += 20
+    p.add(400.0)
+    c.report_nodes(T0 + 21, "slurm", 2, preempted=[task.nodes[0]])   # Slurm takes one node
+    p.set_nodes(1)                       # reports the 2-node interval, then counts on 1 node
+    assert p.reports == 1 and p.nodes == 1
+    now[0] += 20
+    p.add(150.0)
+    p.close()
+    got = c.get_task(task.task_id)
+    assert got.model.last_samples_done == pytest.approx(550.0) and p.reports == 2
+    p.set_nodes(1)                       # no change: no report
+    assert p.reports == 2
