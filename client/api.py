@@ -41,6 +41,12 @@ def to_timestamp(t: float | datetime) -> Timestamp:
     return ts
 
 
+#: ``Client.report_task_run``'s ``state`` -> ``offcut.v1.RunState`` (the daemon's
+#: ``protocol.RUN_STATE_FROM_PB`` the other way round)
+_RUN_STATES = {"started": tasks_pb2.RUN_STATE_STARTED, "preempted": tasks_pb2.RUN_STATE_PREEMPTED,
+               "finished": tasks_pb2.RUN_STATE_FINISHED, "failed": tasks_pb2.RUN_STATE_FAILED}
+
+
 def _translate(method):
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
@@ -207,11 +213,9 @@ class Client:
         ``preempted``, ``finished`` (completes the task) or ``failed`` (fails it).
         ``request_id`` makes a retry return the stored reply. Raises NotFound (unknown task),
         FailedPrecondition (task already finished), InvalidArgument."""
-        value = {"started": tasks_pb2.RUN_STATE_STARTED, "preempted": tasks_pb2.RUN_STATE_PREEMPTED,
-                 "finished": tasks_pb2.RUN_STATE_FINISHED, "failed": tasks_pb2.RUN_STATE_FAILED}
-        if state not in value:
-            raise InvalidArgument(f"{state!r} is not one of {', '.join(value)}", "state")
-        req = tasks_pb2.TaskRunReport(task_id=task_id, state=value[state], node=node,
+        if state not in _RUN_STATES:
+            raise InvalidArgument(f"{state!r} is not one of {', '.join(_RUN_STATES)}", "state")
+        req = tasks_pb2.TaskRunReport(task_id=task_id, state=_RUN_STATES[state], node=node,
                                       job_id=job_id, exit_code=exit_code, message=message,
                                       request_id=request_id)
         if time is not None:

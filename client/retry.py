@@ -36,6 +36,7 @@ channel_options`), so a restarted daemon is found within about ``max_backoff_s``
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -177,9 +178,14 @@ class RetryPolicy:
                 self.sleep(wait)
 
 
+_signature = functools.cache(inspect.signature)  # of the few ``Client`` methods, once each
+
+
 def _bind(method: Callable, client: "Client", args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The call's arguments by parameter name, defaults filled in (``{"self": client, ...}``);
+    just ``kwargs`` when they do not fit the signature."""
     try:
-        bound = inspect.signature(method).bind(client, *args, **kwargs)
+        bound = _signature(method).bind(client, *args, **kwargs)
     except TypeError:
         return dict(kwargs)  # the call itself will raise the TypeError
     bound.apply_defaults()

@@ -26,8 +26,8 @@ Tokens never appear in logs or error messages. The health service stays open.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
-import hmac
 import os
 import secrets
 import stat
@@ -70,6 +70,14 @@ class Principal:
 #: the caller when the daemon has no tokens file
 LOCAL_ADMIN = Principal("local", "admin")
 
+#: ``(authenticator, the call's metadata object, Principal)`` as :class:`AuthInterceptor`
+#: resolved them for the running call. gRPC Python runs a call's interceptors and its handler
+#: in one ``contextvars.Context`` of that call's own (grpc/grpc#34291), so the handler's
+#: :meth:`Authenticator.of` takes the caller from here instead of hashing the token again;
+#: where the identities do not match (no interceptor ran), it resolves the metadata itself.
+_RESOLVED: contextvars.ContextVar[tuple["Authenticator", object, Principal]] = \
+    contextvars.ContextVar("offcut_auth_resolved")
+
 
 def token_digest(token: str) -> str:
     """SHA-256 hex digest of a token (what the tokens file stores)."""
@@ -90,6 +98,11 @@ def check_private(path: Path) -> None:
                               f"it; chmod 600 {path}")
     if st.st_uid not in (os.geteuid(), 0):
         raise TokensFileError(f"{path} is owned by uid {st.st_uid}, not by this user")
+
+
+def _valid_user(user) -> bool:
+    """A user name is 1-200 printable characters."""
+    return isinstance(user, str) and 0 < len(user) <= 200 and user.isprintable()
 
 
 def load_tokens(path: str | Path) -> dict[str, Principal]:
@@ -118,7 +131,7 @@ def load_tokens(path: str | Path) -> dict[str, Principal]:
         if not isinstance(e, dict):
             raise TokensFileError(f"{where}: not a table")
         user, role, digest = e.get("user"), e.get("role"), e.get("sha256")
-        if not isinstance(user, str) or not user or len(user) > 200 or not user.isprintable():
+        if not _valid_user(user):
             raise TokensFileError(f"{where}: user must be 1-200 printable characters")
         if role not in ROLES:
             raise TokensFileError(f"{where}: role must be one of {', '.join(ROLES)}")
@@ -141,7 +154,7 @@ def add_token(path: str | Path, user: str, role: str) -> str:
     path = Path(path)
     if role not in ROLES:
         raise TokensFileError(f"role must be one of {', '.join(ROLES)}")
-    if not user or len(user) > 200 or not user.isprintable() or '"' in user or "\\" in user:
+    if not _valid_user(user) or '"' in user or "\\" in user:  # (written into TOML as is)
         raise TokensFileError("user must be 1-200 printable characters without quotes")
     if path.exists():
         load_tokens(path)  # refuses a file readable by others or malformed
@@ -165,8 +178,8 @@ def bearer_token(metadata) -> str | None:
 
 
 class Authenticator:
-    """Resolves callers: ``tokens`` (``{sha256: Principal}``) or None (no auth: every caller
-    is :data:`LOCAL_ADMIN`)."""
+    """Resolves callers: ``tokens`` (``{sha256: Principal}``, from :func:`load_tokens`) or None
+    (no auth: every caller is :data:`LOCAL_ADMIN`)."""
 
     def __init__(self, tokens: dict[str, Principal] | None):
         self.tokens = tokens
@@ -177,22 +190,37 @@ class Authenticator:
         return self.tokens is not None
 
     def principal(self, metadata) -> Principal | None:
-        """The caller of a call with this metadata; None when the token is missing or
-        unknown (compared in constant time)."""
+        """The caller of a call with this metadata (``(key, value)`` pairs); None when the
+        token is missing or unknown.
+
+        One SHA-256 and one dict lookup by the digest. The lookup's timing can tell an
+        attacker at most something about the stored digests, never a token (SHA-256 is
+        preimage resistant), so no constant-time scan over all tokens is needed.
+        """
         if self.tokens is None:
             return LOCAL_ADMIN
         token = bearer_token(metadata)
         if token is None:
             return None
-        digest = token_digest(token)
-        for known, who in self.tokens.items():
-            if hmac.compare_digest(known, digest):
-                return who
-        return None
+        return self.tokens.get(token_digest(token))
+
+    def resolve(self, metadata) -> Principal | None:
+        """:meth:`principal`, remembered for the running call's :meth:`of` (see
+        :data:`_RESOLVED`); what :class:`AuthInterceptor` calls once per call."""
+        who = self.principal(metadata)
+        if who is not None:
+            _RESOLVED.set((self, metadata, who))
+        return who
 
     def of(self, context) -> Principal:
-        """The caller of a running call (the interceptor has already refused anonymous ones)."""
-        who = self.principal(context.invocation_metadata())
+        """The caller of a running call (the interceptor has already refused anonymous ones):
+        the one the interceptor resolved for this very call, else resolved from the call's
+        metadata. Aborts the call with UNAUTHENTICATED when there is none."""
+        metadata = context.invocation_metadata()
+        resolved = _RESOLVED.get(None)
+        if resolved is not None and resolved[0] is self and resolved[1] is metadata:
+            return resolved[2]
+        who = self.principal(metadata)
         if who is None:  # cannot happen behind the interceptor; refuse rather than assume
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required")
         return who
@@ -211,7 +239,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method
         if not self.auth.enabled or method.startswith(OPEN_PREFIXES):
             return continuation(handler_call_details)
-        who = self.auth.principal(handler_call_details.invocation_metadata)
+        who = self.auth.resolve(handler_call_details.invocation_metadata)
         if who is None:
             return _refusal(grpc.StatusCode.UNAUTHENTICATED,
                             "a valid bearer token is required (authorization: Bearer TOKEN)",

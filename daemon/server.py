@@ -98,14 +98,15 @@ class OffcutServer:
                       durability=config.durability)
         allocator = Allocator(config.solver, time_limit_s=config.solver_time_limit_s,
                               isolate=config.isolate_solver)
+        limits = config.limits()  # one set, shared by the engine and the Zeus registry
         self.engine = Engine(store, allocator, tfwd_s=config.tfwd_s,
                              max_running_tasks=config.max_running_tasks,
-                             record_instances=config.record_instances, limits=config.limits(),
+                             record_instances=config.record_instances, limits=limits,
                              objective=config.objective_settings())
         # The Zeus optimizers keep their own connection to the state file: their transactions
         # must not interleave with the engine's on one connection (SQLite serialises writers).
         self.zeus_store = Store(config.state, durability=config.durability)
-        self.zeus = ZeusRegistry(self.zeus_store, config.limits())
+        self.zeus = ZeusRegistry(self.zeus_store, limits)
         self.metrics = DaemonMetrics(self.engine, self.zeus)
         self.metrics_endpoint: MetricsEndpoint | None = None
         #: TCP port of the /metrics endpoint once started (None without ``metrics_listen``)

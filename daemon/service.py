@@ -86,43 +86,55 @@ class DecodeGuardInterceptor(grpc.ServerInterceptor):
     INTERNAL ("Exception deserializing request!"). Goes last among the interceptors, so the
     others (metrics, authentication) see and count such calls like any other."""
 
+    def __init__(self) -> None:
+        #: method -> (its handler, that handler guarded): gRPC hands out the same handler
+        #: object for a registered method on every call, so each is wrapped once, not per call
+        #: (interceptors run on the server's serving thread, before a worker takes the call)
+        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
     def intercept_service(self, continuation, handler_call_details):
-        """Wrap the handler's request deserializer and its behaviour (all four arities)."""
+        """The method's handler with its request deserializer and behaviour wrapped (unary
+        requests; client-streaming handlers, none in offcut.v1, pass unchanged)."""
         handler = continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None:
+        if handler is None or handler.request_deserializer is None or handler.request_streaming:
             return handler
-        decode = handler.request_deserializer
-        owner = getattr(decode, "__self__", None)
-        type_name = getattr(getattr(owner, "DESCRIPTOR", None), "full_name",
-                            handler_call_details.method)
+        method = handler_call_details.method
+        cached = self._guarded.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = self._guarded[method] = (handler, _guarded(handler, method))
+        return cached[1]
 
-        def safe_decode(data: bytes):
-            try:
-                return decode(data)
-            except Exception as exc:  # DecodeError, or a deserializer's own failure
-                return _Undecodable(type_name, exc)
 
-        def unary(behavior):
-            def wrapper(request, context):
-                if isinstance(request, _Undecodable):
-                    request.abort(context)
-                return behavior(request, context)
-            return wrapper
+def _guarded(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    """``handler`` (unary request) whose undecodable requests are answered INVALID_ARGUMENT."""
+    decode = handler.request_deserializer
+    owner = getattr(decode, "__self__", None)
+    type_name = getattr(getattr(owner, "DESCRIPTOR", None), "full_name", method)
 
-        def stream(behavior):
-            def wrapper(request, context):
-                if isinstance(request, _Undecodable):
-                    request.abort(context)
-                yield from behavior(request, context)
-            return wrapper
+    def safe_decode(data: bytes):
+        try:
+            return decode(data)
+        except Exception as exc:  # DecodeError, or a deserializer's own failure
+            return _Undecodable(type_name, exc)
 
-        kw = dict(request_deserializer=safe_decode,
-                  response_serializer=handler.response_serializer)
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kw)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(stream(handler.unary_stream), **kw)
-        return handler  # client-streaming methods: none in offcut.v1
+    def unary(behavior):
+        def wrapper(request, context):
+            if isinstance(request, _Undecodable):
+                request.abort(context)
+            return behavior(request, context)
+        return wrapper
+
+    def stream(behavior):
+        def wrapper(request, context):
+            if isinstance(request, _Undecodable):
+                request.abort(context)
+            yield from behavior(request, context)
+        return wrapper
+
+    kw = dict(request_deserializer=safe_decode, response_serializer=handler.response_serializer)
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kw)
+    return grpc.unary_stream_rpc_method_handler(stream(handler.unary_stream), **kw)
 
 
 def _decision(stored: bytes) -> decision_pb2.Decision:

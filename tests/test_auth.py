@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import time
 
-import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from typer.testing import CliRunner
@@ -138,6 +137,25 @@ def test_users_see_and_act_on_their_own_tasks_only(secured):
     assert {p.task_id for p in r.decision.placements} <= {ta.task_id}
     assert admin.status().revision == rev + 1
     assert admin.get_task(tb.task_id).state == tasks_pb2.TASK_STATE_RUNNING
+
+
+def test_each_call_hashes_its_token_once(secured, monkeypatch):
+    # the interceptor resolves the caller; the handler reuses it (no second SHA-256 per call)
+    from offcut.daemon import auth
+
+    _, c, _ = secured
+    hashed = []
+    real = auth.token_digest
+    monkeypatch.setattr(auth, "token_digest", lambda token: hashed.append(1) or real(token))
+    alice = c["alice"]
+    ta = alice.submit(make_spec("a", work=1e9)).task
+    assert len(hashed) == 1
+    alice.get_task(ta.task_id)
+    alice.list_tasks()
+    alice.status()
+    assert len(hashed) == 4
+    assert ta.task_id in {p.task_id for p in next(iter(alice.watch(timeout_s=2))).placements}
+    assert len(hashed) == 5
 
 
 def test_cli_with_token_and_token_command(secured, tmp_path, monkeypatch):

@@ -22,7 +22,6 @@ regression test at the end of this file.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import sqlite3

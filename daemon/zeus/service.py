@@ -22,19 +22,20 @@ _OPTIONAL_JOB_FIELDS = ("beta_knob", "num_pruning_rounds", "window_size", "mab_p
 _OPTIONAL_POWER_FIELDS = ("step_w", "warmup_steps", "profile_steps", "max_slowdown_factor")
 
 
-def _job_id(value: str, field: str = "job_id") -> str:
-    if not value:
-        raise InvalidArgument("is required", field)
+def _short_id(value: str, field: str) -> str:
+    """``value``, at most :data:`MAX_ID_LEN` characters (empty allowed); else InvalidArgument
+    naming ``field``."""
     if len(value) > MAX_ID_LEN:
         raise InvalidArgument(f"must be at most {MAX_ID_LEN} characters, has {len(value)}", field)
     return value
 
 
-def _request_id(value: str) -> str:
-    if len(value) > MAX_ID_LEN:
-        raise InvalidArgument(f"must be at most {MAX_ID_LEN} characters, has {len(value)}",
-                              "request_id")
-    return value
+def _job_id(value: str, field: str = "job_id") -> str:
+    """``value``, non-empty and at most :data:`MAX_ID_LEN` characters; else InvalidArgument
+    naming ``field``."""
+    if not value:
+        raise InvalidArgument("is required", field)
+    return _short_id(value, field)
 
 
 def power_spec_from_pb(pb: zeus_pb2.PowerLimitSpec, eta_knob: float,
@@ -107,21 +108,26 @@ def job_to_pb(job: BatchSizeJob, power: PowerLimitSpec | None) -> zeus_pb2.ZeusJ
 
 
 def prediction_to_pb(p: Prediction) -> zeus_pb2.Prediction:
+    """A :class:`Prediction` as its message (``cost_bound_j`` [J])."""
     return zeus_pb2.Prediction(batch_size=p.batch_size, trial_number=p.trial_number,
                                cost_bound_j=p.cost_bound_j, exploration=p.exploration)
 
 
 def verdict_to_pb(v: Verdict) -> zeus_pb2.TrialVerdict:
+    """A :class:`Verdict` as its message (``cost_j`` [J])."""
     return zeus_pb2.TrialVerdict(stop=v.stop, converged=v.converged, cost_j=v.cost_j,
                                  message=v.message, finished=v.finished)
 
 
 def plan_to_pb(p: PowerPlan) -> zeus_pb2.PowerPlan:
+    """A :class:`PowerPlan` as its message (``power_limit_w`` [W])."""
     return zeus_pb2.PowerPlan(action=p.action, power_limit_w=p.power_limit_w,
                               warmup_steps=p.warmup_steps, profile_steps=p.profile_steps)
 
 
 def profile_to_pb(job_id: str, batch_size: int, p: PowerLimitProfile) -> zeus_pb2.PowerProfile:
+    """The power profile of ``(job_id, batch_size)`` as its message (chosen limit [W], 0 while
+    profiling; the measured windows, highest limit first)."""
     return zeus_pb2.PowerProfile(
         job_id=job_id, batch_size=batch_size, done=p.done,
         chosen_power_limit_w=p.chosen_power_limit_w or 0.0,
@@ -148,7 +154,7 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
     def Predict(self, request, context):
         """The next run's batch size; FAILED_PRECONDITION when every batch size failed."""
         result = self.registry.predict(
-            _job_id(request.job_id), _request_id(request.request_id),
+            _job_id(request.job_id), _short_id(request.request_id, "request_id"),
             encode=lambda p: prediction_to_pb(p).SerializeToString(),
             decode=zeus_pb2.Prediction.FromString)
         return result if isinstance(result, zeus_pb2.Prediction) else prediction_to_pb(result)
