@@ -44,7 +44,8 @@ def to_timestamp(t: float | datetime) -> Timestamp:
 #: ``Client.report_task_run``'s ``state`` -> ``offcut.v1.RunState`` (the daemon's
 #: ``protocol.RUN_STATE_FROM_PB`` the other way round)
 _RUN_STATES = {"started": tasks_pb2.RUN_STATE_STARTED, "preempted": tasks_pb2.RUN_STATE_PREEMPTED,
-               "finished": tasks_pb2.RUN_STATE_FINISHED, "failed": tasks_pb2.RUN_STATE_FAILED}
+               "finished": tasks_pb2.RUN_STATE_FINISHED, "failed": tasks_pb2.RUN_STATE_FAILED,
+               "interrupted": tasks_pb2.RUN_STATE_INTERRUPTED}
 
 
 def _translate(method):
@@ -207,17 +208,22 @@ class Client:
     @_translate
     def report_task_run(self, task_id: str, state: str, *, node: str = "", job_id: str = "",
                         exit_code: int = 0, message: str = "",
-                        time: float | datetime | None = None,
-                        request_id: str = "") -> tasks_pb2.ReportTaskRunResponse:
+                        time: float | datetime | None = None, request_id: str = "",
+                        generation: int | None = None) -> tasks_pb2.ReportTaskRunResponse:
         """Report what happened to a run of a task (launchers): ``state`` is ``started``,
-        ``preempted``, ``finished`` (completes the task) or ``failed`` (fails it).
+        ``preempted``, ``finished`` (completes the task), ``interrupted`` (checkpointed, exit
+        75) or ``failed``. ``generation`` is the run's generation (docs/execution.md): with it,
+        ``failed``/``interrupted`` of the current generation restart the task as a new one
+        (``failed`` fails it after ``max_failed_generations`` in a row) and reports of
+        earlier generations are only recorded; without it, ``failed`` fails the task.
         ``request_id`` makes a retry return the stored reply. Raises NotFound (unknown task),
-        FailedPrecondition (task already finished), InvalidArgument."""
+        FailedPrecondition (task already finished, or a generation it never had),
+        InvalidArgument."""
         if state not in _RUN_STATES:
             raise InvalidArgument(f"{state!r} is not one of {', '.join(_RUN_STATES)}", "state")
         req = tasks_pb2.TaskRunReport(task_id=task_id, state=_RUN_STATES[state], node=node,
                                       job_id=job_id, exit_code=exit_code, message=message,
-                                      request_id=request_id)
+                                      request_id=request_id, generation=generation)
         if time is not None:
             req.time.CopyFrom(to_timestamp(time))
         return self.tasks.ReportTaskRun(req, timeout=self.timeout_s)

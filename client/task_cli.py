@@ -110,6 +110,7 @@ def submit(
     rescale_up: float = typer.Option(30.0, "--rescale-up", help="Tcup: seconds of progress lost when the task grows"),
     rescale_down: float = typer.Option(30.0, "--rescale-down", help="Tcdw: seconds of progress lost when the task shrinks"),
     objective: str = typer.Option("throughput", "--objective", help="throughput (samples/s) | speedup (over the smallest measured count)"),
+    zeus_job: str = typer.Option("", "--zeus-job", help="Zeus batch-size job (offcut recur / BatchSizeOptimizer.RegisterJob) whose batch size the task's runs use: passed to them as OFFCUT_ZEUS_JOB_ID (docs/execution.md)"),
     parsable: bool = typer.Option(False, "--parsable", help="print only the task id (like sbatch --parsable)"),
     address: Optional[str] = _address_option(),
     command: Optional[List[str]] = typer.Argument(None, help="training command (after --), run on the task's nodes in live mode"),
@@ -121,6 +122,7 @@ def submit(
       offcut submit --name resnet18 --nodes 1-8 --work 1.2e9 --scalability resnet18.csv -- python train.py
       id=$(offcut submit --parsable -J bert -N 2-16 --work 5e8 --scalability bert.csv)
       offcut submit -J new-model -N 1-32 --work 3e9 -- python train.py   # curve learned online
+      offcut submit -J digits -N 1-4 --work 40000 -- python examples/elastic_digits/train.py
     """
     from offcut.client.taskspec import make_task_spec, read_scalability_csv
 
@@ -130,6 +132,7 @@ def submit(
                               rescale_up_s=rescale_up, rescale_down_s=rescale_down,
                               objective=objective, command=command or [])
         spec.reports_progress = reports_progress
+        spec.zeus_job_id = zeus_job
     except InvalidArgument as exc:
         _fail(_cli_field(str(exc)), 2)
     try:
@@ -237,6 +240,8 @@ def show(
         ("ETA", format_duration(eta_seconds(task))),
         ("Rescales", task.rescales), ("Preemptions", task.preemptions),
         ("Launches", task.launches), ("LastRun", task.last_run or "-"),
+        ("Generation", task.generation), ("FailedRuns", task.failed_runs),
+        ("Reason", task.failure_reason or "-"),
         ("RescaleUp", f"{s.rescale_up_s:g} s"), ("RescaleDown", f"{s.rescale_down_s:g} s"),
         ("Scalability", " ".join(f"{n}:{p:g}" for n, p in zip(s.node_counts, s.throughputs))
          or "learned online"),

@@ -140,7 +140,8 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
                    scalability: Scalability | None,
                    rescale_up_s: float = 30.0, rescale_down_s: float = 30.0,
                    objective: Literal["throughput", "speedup"] = "throughput",
-                   command: Sequence[str] = ()) -> tasks_pb2.TaskSpec:
+                   command: Sequence[str] = (), zeus_job_id: str = "",
+                   reports_progress: bool = False) -> tasks_pb2.TaskSpec:
     """The ``TaskSpec`` of a task.
 
     Args:
@@ -154,6 +155,10 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
             shrinks (BFTrainer, arXiv 2106.12091 §3).
         objective: one of :data:`OBJECTIVES`; the curve Os the allocation maximises.
         command: argv of the training program (for live runs).
+        zeus_job_id: a Zeus batch-size job whose batch size the task's runs use
+            (``OFFCUT_ZEUS_JOB_ID`` in their environment; docs/execution.md).
+        reports_progress: the task reports its progress (``offcut.client.elastic`` does, at
+            every checkpoint); implied without a curve.
 
     Raises:
         InvalidArgument: naming ``nodes``, ``work``, ``scalability``, ``rescale_up``,
@@ -170,7 +175,8 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
         raise InvalidArgument(f"{objective!r} is not one of {', '.join(OBJECTIVES)}", "objective")
     spec = tasks_pb2.TaskSpec(name=name, min_nodes=low, max_nodes=high,
                               total_work_samples=float(work_samples), rescale_up_s=rescale_up_s,
-                              rescale_down_s=rescale_down_s, command=list(command))
+                              rescale_down_s=rescale_down_s, command=list(command),
+                              zeus_job_id=zeus_job_id, reports_progress=reports_progress)
     if scalability is None:
         return spec
     counts, rates = scalability

@@ -48,6 +48,7 @@ def serve(
     isolate_solver: Optional[bool] = typer.Option(None, "--isolate-solver/--in-process-solver", help=flag_help("isolate_solver")),
     tfwd_s: Optional[float] = typer.Option(None, "--tfwd", help=flag_help("tfwd_s")),
     max_running_tasks: Optional[int] = typer.Option(None, "--max-running-tasks", help=flag_help("max_running_tasks")),
+    max_failed_generations: Optional[int] = typer.Option(None, "--max-failed-generations", help=flag_help("max_failed_generations")),
     objective: Optional[str] = typer.Option(None, help=flag_help("objective")),
     eta: Optional[float] = typer.Option(None, help=flag_help("eta")),
     prior_rate_per_node: Optional[float] = typer.Option(None, help=flag_help("prior_rate_per_node")),

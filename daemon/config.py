@@ -57,7 +57,9 @@ def _doc(default: str) -> dict:
 
 
 #: placeholders of ``slurm.command_template``
-COMMAND_PLACEHOLDERS = ("command", "task_id", "task_name", "node", "rank", "nodes", "num_nodes")
+COMMAND_PLACEHOLDERS = ("command", "task_id", "task_name", "node", "rank", "nodes", "num_nodes",
+                        "generation", "master_addr", "master_port", "world_size",
+                        "checkpoint_dir")
 
 
 class SlurmConfig(BaseModel):
@@ -72,22 +74,48 @@ class SlurmConfig(BaseModel):
     account: str | None = Field(None, examples=["offcut"],
                                 description="sbatch --account of Offcut's jobs; unset = the user's default")
     job_name_prefix: str = Field("offcut", pattern=r"^[A-Za-z0-9_.]+$", description=(
-        "Offcut's jobs are named PREFIX-TASKID-NODE; the launcher adopts and the watcher "
-        "counts as idle only jobs named so in the partition"))
+        "Offcut's jobs are named PREFIX-TASKID.GENERATION-NODE; the launcher adopts and the "
+        "watcher counts as idle only jobs named so in the partition"))
     signal: str = Field("USR1", pattern=r"^[A-Z0-9]+$", description=(
-        "signal sent to a job's batch shell ahead of its preemption or shrink, so the task "
-        "can checkpoint (sbatch --signal=B:SIG@LEAD)"))
+        "signal that asks a task's processes to checkpoint and exit 75: sent by Slurm ahead "
+        "of a preemption (sbatch --signal=B:SIG@LEAD) and by the launcher before it replaces "
+        "a generation (scancel --batch --signal); docs/execution.md"))
     signal_lead_s: int = Field(60, ge=0, le=65535, description=(
         "seconds between the signal and the end of the job when its time limit runs out; "
         "on preemption Slurm sends it at once and kills after the partition's GraceTime"))
+    rescale_grace_s: float = Field(60.0, ge=0, le=86400, description=(
+        "seconds a generation being replaced (grow, shrink, restart) has, after the signal, to "
+        "checkpoint and exit before its jobs are cancelled; the new generation starts after"))
+    checkpoint_root: str = Field("offcut-checkpoints", min_length=1, description=(
+        "folder of the tasks' checkpoints, one sub-folder per task (OFFCUT_CHECKPOINT_DIR); "
+        "must be on storage every node sees; a relative path is taken from workdir (else the "
+        "launcher's folder)"))
+    master_ports: str = Field("29400-29999", pattern=r"^[0-9]{1,5}-[0-9]{1,5}$", description=(
+        "TCP ports of the generations' rendezvous (MASTER_PORT on the generation's first "
+        "node), LOW-HIGH; each (task, generation) draws one"))
     command_template: str = Field("{command}", description=(
         "command run on each node (a shell line; placeholders {command} {task_id} "
-        "{task_name} {node} {rank} {nodes} {num_nodes})"))
+        "{task_name} {node} {rank} {nodes} {num_nodes} {generation} {master_addr} "
+        "{master_port} {world_size} {checkpoint_dir}); e.g. torchrun's static rendezvous, "
+        "docs/execution.md"))
     sbatch_args: list[str] = Field(default_factory=list, examples=[["--qos=scavenger"]],
                                    description="extra sbatch arguments of every job")
     output: str = Field("offcut-%x-%j.out", description="sbatch --output of the jobs (Slurm patterns)")
     workdir: str | None = Field(None, examples=["/scratch/offcut"],
                                 description="sbatch --chdir of the jobs; unset = the launcher's")
+
+    @field_validator("master_ports")
+    @classmethod
+    def _check_ports(cls, value: str) -> str:
+        low, high = (int(x) for x in value.split("-"))
+        if not 1024 <= low <= high <= 65535:
+            raise ValueError(f"must be LOW-HIGH with 1024 <= LOW <= HIGH <= 65535, got {value}")
+        return value
+
+    def port_range(self) -> tuple[int, int]:
+        """``master_ports`` as ``(low, high)``, both included."""
+        low, high = (int(x) for x in self.master_ports.split("-"))
+        return low, high
 
     @field_validator("command_template")
     @classmethod
@@ -168,6 +196,10 @@ class DaemonConfig(BaseModel):
                           description="BFTrainer look-ahead Tfwd, s (flag --tfwd)")
     max_running_tasks: int = Field(10, ge=1, le=100000,
                                    description="maxJ: tasks admitted at once, in submit order")
+    max_failed_generations: int = Field(3, ge=1, le=1000, description=(
+        "a task fails when this many runs of its current generation fail in a row (each "
+        "failure restarts it on the same nodes as a new generation; a checkpointed exit or a "
+        "progress report resets the count); docs/execution.md"))
     objective: Literal[OBJECTIVES] = Field(
         "throughput", description=(
             "what the allocation maximises: throughput (BFTrainer's samples over the look-ahead), "

@@ -84,6 +84,7 @@ class PlacementChange:
     work_done: float
     total_work: float
     time: float  # when it took effect [s since epoch]
+    generation: int = 0  # the task's generation after the change (docs/execution.md)
 
 
 @dataclass
@@ -126,12 +127,18 @@ class Core:
             of the persisted state: the engine sets the configured ones.
         objective: what the allocation maximises and the power figures
             (:class:`ObjectiveSettings`; persisted, like ``tfwd_s``).
+        max_failed_generations: a task whose current generation's run fails this many times
+            in a row (each failure restarts it as a new generation) is FAILED
+            (docs/execution.md; persisted).
     """
 
     def __init__(self, tfwd_s: float = 10.0, max_running_tasks: int = 10,
-                 limits: Limits | None = None, objective: ObjectiveSettings | None = None):
+                 limits: Limits | None = None, objective: ObjectiveSettings | None = None,
+                 max_failed_generations: int = 3):
         self.tfwd_s = float(tfwd_s)
         self.max_running_tasks = int(max_running_tasks)
+        #: failed runs of a task's current generations in a row that fail it (docs/execution.md)
+        self.max_failed_generations = int(max_failed_generations)
         self.limits = limits
         self.objective = objective if objective is not None else ObjectiveSettings()
         self.task_energy_j = 0.0
@@ -198,6 +205,10 @@ class Core:
                 raise NotFound(f"no task {event.task_id!r}", "task_id")
             if isinstance(event, TaskRunEvent):
                 self._validate_run(event)
+                if event.generation is not None and not 1 <= event.generation <= task.generation:
+                    raise FailedPrecondition(
+                        f"{event.generation} is not a generation of task {task.task_id} (1 .. "
+                        f"{task.generation})", "generation")
             if task.state.finished:
                 raise FailedPrecondition(f"task {event.task_id} is already {task.state.value}",
                                          "task_id")
@@ -412,8 +423,12 @@ class Core:
         return bool(joined or left)
 
     def _apply_run(self, task: Task, event: TaskRunEvent, t: float, out: Outcome) -> bool:
-        """Record a run report; ``finished`` completes the task (its program says the work is
-        done: the model's progress is replaced by ``total_work``), ``failed`` fails it.
+        """Record a run report (docs/execution.md). ``finished`` completes the task (its
+        program says the work is done: the model's progress is replaced by ``total_work``).
+        With a generation, ``failed`` / ``interrupted`` of the current generation restart the
+        task on its nodes as a new generation (a ``restart`` placement change), ``failed``
+        fails it when it is the ``max_failed_generations``-th in a row; reports of earlier
+        generations are only recorded. Without one, ``failed`` fails the task at once.
         Returns whether the allocation must be re-solved."""
         task.last_run = event.describe()
         if event.state == "started":
@@ -428,9 +443,26 @@ class Core:
             self._finish(task, TaskState.COMPLETED, t, out)
             out.completed_task_ids.append(task.task_id)
             return True
-        if event.state == "failed":
-            self._finish(task, TaskState.FAILED, t, out)
-            return True
+        if event.generation is None:
+            if event.state == "failed":
+                task.failure_reason = task.last_run
+                self._finish(task, TaskState.FAILED, t, out)
+                return True
+            return False
+        if event.generation != task.generation or event.state not in ("failed", "interrupted"):
+            return False  # superseded: a run stopped while its generation was replaced
+        if event.state == "interrupted":
+            task.failed_runs = 0
+        else:
+            task.failed_runs += 1
+            task.failure_reason = task.last_run
+            if task.failed_runs >= self.max_failed_generations:
+                task.failure_reason = (f"{task.failed_runs} generations in a row failed; the "
+                                       f"last: {task.last_run}")
+                self._finish(task, TaskState.FAILED, t, out)
+                return True
+        if task.nodes:
+            out.placements.append(self._change(task, "restart", len(task.nodes), t))
         return False
 
     def _apply_progress(self, event: ProgressEvent, t: float, out: Outcome) -> bool:
@@ -443,6 +475,7 @@ class Core:
             task = self.tasks[r.task_id]
             if task.state.finished:
                 continue
+            task.failed_runs = 0  # it runs: failures so far were not in a row
             version = task.learner.version
             if task.learner.observe(r.report):
                 changed = True
@@ -529,8 +562,13 @@ class Core:
         out.placements.append(self._change(task, state.value, before, t))
 
     def _change(self, task: Task, change: str, before: int, t: float) -> PlacementChange:
+        """The placement change of ``task`` (node set already updated); every change but a
+        finish starts a new generation (docs/execution.md)."""
+        if not task.state.finished:
+            task.generation += 1
         return PlacementChange(task.task_id, task.spec.name, change, list(task.nodes), before,
-                               task.rate, task.work_done, task.spec.total_work_samples, t)
+                               task.rate, task.work_done, task.spec.total_work_samples, t,
+                               task.generation)
 
     # ----------------------------------------------------------------- allocation
     def admitted(self) -> list[Task]:
@@ -672,13 +710,15 @@ class Core:
             "idle_node_seconds": self.idle_node_seconds,
             "used_node_seconds": self.used_node_seconds, "requests": self.requests,
             "objective": asdict(self.objective), "task_energy_j": self.task_energy_j,
+            "max_failed_generations": self.max_failed_generations,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Core":
         """Inverse of :meth:`to_dict`."""
         core = cls(d["tfwd_s"], d["max_running_tasks"],
-                   objective=ObjectiveSettings(**d["objective"]) if "objective" in d else None)
+                   objective=ObjectiveSettings(**d["objective"]) if "objective" in d else None,
+                   max_failed_generations=d.get("max_failed_generations", 3))
         core.task_energy_j = d.get("task_energy_j", 0.0)
         core.clock, core.revision = d["clock"], d["revision"]
         core.pool = dict(d["pool"])

@@ -58,6 +58,8 @@ class Engine:
         allocator: solves allocation problems (``Allocator``).
         tfwd_s, max_running_tasks: core settings; applied on top of the stored state.
         objective: the allocation objective and power figures (None: keep the stored ones).
+        max_failed_generations: failed runs in a row that fail a task (docs/execution.md;
+            None: keep the stored setting).
         record_instances: optional JSONL path; every solved problem is appended to it.
         limits: request size limits checked for new events (default: :class:`Limits`'s
             defaults); the journal is re-applied without them.
@@ -65,7 +67,8 @@ class Engine:
 
     def __init__(self, store: Store, allocator: Allocator, *, tfwd_s: float = 10.0,
                  max_running_tasks: int = 10, record_instances: str | Path | None = None,
-                 limits: Limits | None = None, objective: ObjectiveSettings | None = None):
+                 limits: Limits | None = None, objective: ObjectiveSettings | None = None,
+                 max_failed_generations: int | None = None):
         self.store = store
         self.limits = limits if limits is not None else Limits()
         self.allocator = allocator
@@ -85,6 +88,12 @@ class Engine:
             log.info("settings: tfwd_s %s -> %s, max_running_tasks %s -> %s", self.core.tfwd_s,
                      tfwd_s, self.core.max_running_tasks, max_running_tasks)
             self.core.tfwd_s, self.core.max_running_tasks = float(tfwd_s), int(max_running_tasks)
+            self.store.write_snapshot(self.core.to_dict())
+        if (max_failed_generations is not None
+                and max_failed_generations != self.core.max_failed_generations):
+            log.info("max_failed_generations: %s -> %s", self.core.max_failed_generations,
+                     max_failed_generations)
+            self.core.max_failed_generations = int(max_failed_generations)
             self.store.write_snapshot(self.core.to_dict())
         if objective is not None and objective != self.core.objective:
             log.info("objective settings: %s -> %s", self.core.objective, objective)

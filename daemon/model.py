@@ -135,6 +135,9 @@ class TaskSpec:
             report) completes it. Implied when no curve is given.
         power_w: optional power draw [W] of the task's nodes at each ``node_counts`` point
             (the energy objectives' power model; learned from energy reports when empty).
+        zeus_job_id: the Zeus batch-size job whose batch size the task's runs use (the
+            launcher passes it as ``OFFCUT_ZEUS_JOB_ID``; docs/execution.md); empty: none.
+            At most :data:`MAX_NAME_LEN` printable characters.
 
     A spec without ``node_counts``/``throughputs`` (both empty) is *learned*: the daemon
     allocates it with the scalability model it fits from the task's progress reports
@@ -154,6 +157,7 @@ class TaskSpec:
     command: tuple[str, ...] = ()
     reports_progress: bool = False
     power_w: tuple[float, ...] = ()
+    zeus_job_id: str = ""
 
     @property
     def learned(self) -> bool:
@@ -187,6 +191,7 @@ class TaskSpec:
             command=tuple(str(x) for x in kwargs.get("command", ())),
             reports_progress=bool(kwargs.get("reports_progress", False)),
             power_w=tuple(float(x) for x in kwargs.get("power_w", ())),
+            zeus_job_id=str(kwargs.get("zeus_job_id", "")),
         )
         spec.validate(limits)
         return spec
@@ -253,6 +258,9 @@ class TaskSpec:
         self._validate_scalars()
 
     def _validate_scalars(self) -> None:
+        if len(self.zeus_job_id) > MAX_NAME_LEN or not self.zeus_job_id.isprintable():
+            raise InvalidArgument(f"must be at most {MAX_NAME_LEN} printable characters",
+                                  "spec.zeus_job_id")
         check_finite(self.rescale_up_s, "spec.rescale_up_s", non_negative=True)
         check_finite(self.rescale_down_s, "spec.rescale_down_s", non_negative=True)
         check_finite(self.total_work_samples, "spec.total_work_samples", positive=True)
@@ -343,6 +351,9 @@ class Task:
     last_run: str = ""       # the last run report, in words
     energy_j: float = 0.0    # energy of its nodes so far [J] (reported, or modelled between reports)
     power: float = 0.0       # modelled draw [W] at its current node count
+    generation: int = 0      # docs/execution.md: + 1 at every change of its node set and restart
+    failed_runs: int = 0     # failed runs of its current generations in a row
+    failure_reason: str = ""  # the last failure that restarted or failed it, in words
     learner: Any = field(default=None, repr=False)  # offcut.daemon.learning.TaskLearner
 
     def to_dict(self) -> dict[str, Any]:
@@ -411,15 +422,19 @@ class CancelEvent:
     task_id: str
 
 
-#: run states a launcher reports (TaskRunEvent.state)
-RUN_STATES = ("started", "preempted", "finished", "failed")
+#: run states a launcher reports (TaskRunEvent.state; docs/execution.md)
+RUN_STATES = ("started", "preempted", "finished", "failed", "interrupted")
 
 
 @dataclass(frozen=True)
 class TaskRunEvent:
     """What happened to a run of task ``task_id`` at ``time`` [s since epoch] (from the
-    launcher): ``state`` in :data:`RUN_STATES`; ``finished`` completes the task, ``failed``
-    fails it; ``started`` / ``preempted`` are recorded. ``request_id`` makes retries idempotent."""
+    launcher): ``state`` in :data:`RUN_STATES`. ``finished`` completes the task; ``started``
+    and ``preempted`` are recorded. ``generation`` is the run's generation (docs/execution.md);
+    with it, ``failed`` and ``interrupted`` of the current generation restart the task on the
+    same nodes (``failed`` fails it after ``max_failed_generations`` in a row) and reports of
+    earlier generations are only recorded; without it (None), ``failed`` fails the task at
+    once. ``request_id`` makes retries idempotent."""
     time: float
     task_id: str
     state: str
@@ -428,15 +443,18 @@ class TaskRunEvent:
     exit_code: int = 0
     message: str = ""
     request_id: str = ""
+    generation: int | None = None
 
     def describe(self) -> str:
         """The report in words (``Task.last_run``)."""
         words = [self.state]
+        if self.generation is not None:
+            words.append(f"in generation {self.generation}")
         if self.node:
             words.append(f"on {self.node}")
         if self.job_id:
             words.append(f"(job {self.job_id})")
-        if self.state == "failed" or self.exit_code:
+        if self.state in ("failed", "interrupted") or self.exit_code:
             words.append(f"exit code {self.exit_code}")
         if self.message:
             words.append(f"- {self.message}")

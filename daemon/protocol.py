@@ -26,6 +26,7 @@ CHANGE_TO_PB = {
     "completed": decision_pb2.PLACEMENT_CHANGE_COMPLETED,
     "cancelled": decision_pb2.PLACEMENT_CHANGE_CANCELLED,
     "failed": decision_pb2.PLACEMENT_CHANGE_FAILED,
+    "restart": decision_pb2.PLACEMENT_CHANGE_RESTART,
 }
 STATE_TO_PB = {
     TaskState.QUEUED: tasks_pb2.TASK_STATE_QUEUED,
@@ -40,6 +41,7 @@ RUN_STATE_FROM_PB = {
     tasks_pb2.RUN_STATE_PREEMPTED: "preempted",
     tasks_pb2.RUN_STATE_FINISHED: "finished",
     tasks_pb2.RUN_STATE_FAILED: "failed",
+    tasks_pb2.RUN_STATE_INTERRUPTED: "interrupted",
 }
 PB_TO_STATE = {v: k for k, v in STATE_TO_PB.items()}
 
@@ -92,7 +94,7 @@ def spec_from_pb(spec: tasks_pb2.TaskSpec, limits: Limits | None = None) -> Task
         objective_values=list(spec.objective_values), rescale_up_s=spec.rescale_up_s,
         rescale_down_s=spec.rescale_down_s, total_work_samples=spec.total_work_samples,
         command=list(spec.command), reports_progress=spec.reports_progress,
-        power_w=list(spec.power_w))
+        power_w=list(spec.power_w), zeus_job_id=spec.zeus_job_id)
 
 
 def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
@@ -102,7 +104,8 @@ def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
         node_counts=spec.node_counts, throughputs=spec.throughputs,
         objective_values=spec.objective_values, rescale_up_s=spec.rescale_up_s,
         rescale_down_s=spec.rescale_down_s, total_work_samples=spec.total_work_samples,
-        command=spec.command, reports_progress=spec.reports_progress, power_w=spec.power_w)
+        command=spec.command, reports_progress=spec.reports_progress, power_w=spec.power_w,
+        zeus_job_id=spec.zeus_job_id)
 
 
 def submit_from_pb(req: tasks_pb2.SubmitTaskRequest, clock: float | None, now: float,
@@ -135,9 +138,12 @@ def task_run_from_pb(req: tasks_pb2.TaskRunReport, clock: float | None, now: flo
         raise InvalidArgument(f"must be one of {', '.join(RUN_STATE_FROM_PB.values())}", "state")
     default = now if clock is None else max(now, clock)
     t = time_from_pb(req.time, "time", required=False, default=default)
+    generation = req.generation if req.HasField("generation") else None
+    if generation is not None and generation > MAX_SEQ:
+        raise InvalidArgument(f"must be at most 2^63 - 1, got {generation}", "generation")
     return TaskRunEvent(time=t, task_id=req.task_id, state=RUN_STATE_FROM_PB[req.state],
                         node=req.node, job_id=req.job_id, exit_code=req.exit_code,
-                        message=req.message, request_id=req.request_id)
+                        message=req.message, request_id=req.request_id, generation=generation)
 
 
 #: how far [s] a report's time may lie ahead of the daemon's wall clock (clock skew)
@@ -205,7 +211,8 @@ def task_to_pb(task: Task, core: Core) -> tasks_pb2.Task:
         admit_time=time_to_pb(task.admit_time), finish_time=time_to_pb(task.finish_time),
         nodes=task.nodes, work_done_samples=task.work_done, rate_samples_per_s=task.rate,
         rescales=task.rescales, preemptions=task.preemptions, launches=task.launches,
-        last_run=task.last_run)
+        last_run=task.last_run, generation=task.generation, failed_runs=task.failed_runs,
+        failure_reason=task.failure_reason)
 
 
 def decision_to_pb(out: Outcome, requested_solver: str) -> decision_pb2.Decision:
@@ -241,7 +248,8 @@ def placement_to_pb(p: PlacementChange) -> decision_pb2.Placement:
     return decision_pb2.Placement(
         task_id=p.task_id, task_name=p.task_name, change=CHANGE_TO_PB[p.change], nodes=p.nodes,
         previous_node_count=p.previous_count, rate_samples_per_s=p.rate,
-        work_done_samples=p.work_done, total_work_samples=p.total_work, time=time_to_pb(p.time))
+        work_done_samples=p.work_done, total_work_samples=p.total_work, time=time_to_pb(p.time),
+        generation=p.generation)
 
 
 def status_to_pb(core: Core, last: decision_pb2.Decision | None, solver: status_pb2.SolverStatistics,

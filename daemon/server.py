@@ -102,7 +102,8 @@ class OffcutServer:
         self.engine = Engine(store, allocator, tfwd_s=config.tfwd_s,
                              max_running_tasks=config.max_running_tasks,
                              record_instances=config.record_instances, limits=limits,
-                             objective=config.objective_settings())
+                             objective=config.objective_settings(),
+                             max_failed_generations=config.max_failed_generations)
         # The Zeus optimizers keep their own connection to the state file: their transactions
         # must not interleave with the engine's on one connection (SQLite serialises writers).
         self.zeus_store = Store(config.state, durability=config.durability)

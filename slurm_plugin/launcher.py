@@ -1,49 +1,59 @@
-"""``offcut-slurm launch``: makes the daemon's placements real as Slurm jobs (DESIGN §7).
+"""``offcut-slurm launch``: makes the daemon's placements real as Slurm jobs, generation by
+generation (the execution protocol: docs/execution.md).
 
-Each task the daemon places runs as one Slurm job per node in the preemptible partition
-(``sbatch -p PARTITION -w NODE -N1 --exclusive --no-requeue``: the task owns the whole node), named ``PREFIX-TASKID-NODE``, with the
-task's command (``slurm.command_template``) and its environment:
-
-* ``OFFCUT_TASK_ID``, ``OFFCUT_TASK_NAME``, ``OFFCUT_NODE``, ``OFFCUT_RANK`` (index of the
-  node in the task's sorted node list), ``OFFCUT_NODELIST`` (hostlist of the task's nodes when
-  the job was submitted), ``OFFCUT_NUM_NODES``, ``OFFCUT_ADDRESS`` (the daemon).
+Each generation of a running task (a fixed node set; the daemon numbers them) runs as one
+Slurm job per node in the preemptible partition (``sbatch -p PARTITION -w NODE -N1
+--exclusive --no-requeue``: the task owns the whole node), named
+``PREFIX-TASKID.GENERATION-NODE``, with the task's command (``slurm.command_template``) and
+the environment of docs/execution.md: ``OFFCUT_*`` (task, generation, node list, checkpoint
+folder, stop signal, daemon address, Zeus job) and torch.distributed's ``MASTER_ADDR``,
+``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` (one process
+per node; a torchrun template makes one per GPU).
 
 The launcher is a level-triggered reconciler, so a restart, a missed update or a failed
 Slurm call repairs itself on the next pass:
 
-* desired = every (task, node) the daemon says a running task holds (``ListTasks``);
-* actual = Offcut's jobs that ``squeue`` shows active (pending, configuring, running,
-  completing), recognised by partition and name: a restarted launcher adopts them and never
-  submits a second job for a (task, node);
-* desired but not active -> ``sbatch``; active but not desired -> ``scancel`` (the job's
-  processes get SIGTERM, then SIGKILL after Slurm's KillWait: the shrink signal);
-* a job that ended is reported once to the daemon (``Tasks.ReportTaskRun``, idempotent by
-  request id ``JOBID:STATE`` across restarts): COMPLETED -> ``finished`` (the task's program
-  says its work is done: the daemon completes the task and releases its nodes); FAILED,
-  TIMEOUT, OUT_OF_MEMORY, NODE_FAIL ... -> ``failed``; PREEMPTED, or cancelled by someone else
-  -> ``preempted``; a job that started -> ``started``;
-* a (task, node) whose job was preempted is not submitted again until the daemon's placement
-  of the task has dropped that node (the prolog or the watcher tells the daemon the node is
-  taken): no tug of war with the job that preempted it.
+* desired = every running task's current generation and nodes (``ListTasks``);
+* actual = Offcut's jobs that ``squeue`` shows, recognised by partition and name: a restarted
+  launcher adopts them and never submits a (task, generation, node) twice;
+* a job of an older generation, or of a task that no longer runs, still active -> the stop
+  signal (``scancel --batch --signal``; a pending job is cancelled at once), then after
+  ``slurm.rescale_grace_s`` ``scancel``: the old generation checkpoints and exits 75;
+* a task's current generation is submitted once no job of an older one is active (they
+  held the nodes and the checkpoint) and none of its nodes is *held*: a node whose job
+  Slurm preempted waits until the daemon's placement has dropped it (the prolog or the
+  watcher tells the daemon), so there is no tug of war with the job that preempted it;
+* every job that started or ended is reported once to the daemon (``Tasks.ReportTaskRun``
+  with its generation, idempotent by request id ``JOBID:STATE`` across restarts): exit 0 ->
+  ``finished`` (the task's work is done); exit 75, or ended after this launcher's stop signal
+  -> ``interrupted``; preempted by Slurm, or cancelled by someone else -> ``preempted``;
+  anything else -> ``failed``. The daemon restarts the current generation after an
+  interruption or a failure (docs/execution.md) and fails the task after
+  ``max_failed_generations`` failures in a row; a run of a replaced generation is never a
+  task failure.
 
-Ahead of preemption the job's batch shell gets ``slurm.signal`` (``--signal=B:SIG@LEAD``;
-with ``SlurmctldParameters=preempt_send_user_signal`` Slurm sends it when it decides to
-preempt, then waits the partition's GraceTime), so the task can checkpoint. The command is
-``exec``-ed, so the training program itself receives the signal.
+Ahead of a preemption Slurm sends the same signal to the job's batch shell
+(``--signal=B:SIG@LEAD`` with ``SlurmctldParameters=preempt_send_user_signal``), then waits
+the partition's GraceTime. The command is ``exec``-ed, so the training program itself gets
+the signal.
 
-Passes are triggered by placement updates (``WatchPlacements``) and at least every
-``--poll-s`` seconds (for jobs ending). Errors of Slurm or the daemon are logged once per
-kind and retried on the next pass.
+Passes are triggered by placement updates (``WatchPlacements``), at least every ``--poll-s``
+seconds, and every second while a generation is being replaced. Errors of Slurm or the
+daemon are logged once per kind and retried on the next pass.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import shlex
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Callable, NamedTuple
 
 import hostlist
 
@@ -51,45 +61,112 @@ from offcut.daemon.config import SlurmConfig
 from offcut.errors import FailedPrecondition, NotFound, OffcutError
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.slurm_plugin.slurm_json import (FINISHED_JOB_STATES, JobInfo, SlurmError,
-                                            parse_jobs)
+                                            parse_jobs, parse_nodes)
 
 log = logging.getLogger("offcut.slurm.launcher")
 
+#: the exit code of a process that checkpointed (or had nothing to save) and asks to be
+#: restarted (EX_TEMPFAIL; docs/execution.md)
+EXIT_RESTART = 75
+#: seconds between passes while a generation is being replaced or waits for one
+BUSY_POLL_S = 1.0
 
-def job_name(cfg: SlurmConfig, task_id: str, node: str) -> str:
-    """``PREFIX-TASKID-NODE``: how Offcut's per-node jobs are named (and recognised)."""
-    return f"{cfg.job_name_prefix}-{task_id}-{node}"
+#: the order in which the ended runs of one generation are reported: the failure that broke
+#: it before the peers that lost it (and exited 75)
+_REPORT_ORDER = {"failed": 0, "preempted": 1, "interrupted": 2}
+
+_TASK_GEN = re.compile(r"^(?P<task>[^.\-]+)(?:\.(?P<gen>[0-9]{1,18}))?$")
 
 
-def parse_job_name(cfg: SlurmConfig, name: str) -> tuple[str, str] | None:
-    """``(task_id, node)`` of one of Offcut's job names, None for any other name."""
+class JobName(NamedTuple):
+    """What an Offcut job's name says: its task, generation (0: a job named before
+    generations existed) and node."""
+
+    task_id: str
+    generation: int
+    node: str
+
+
+def job_name(cfg: SlurmConfig, task_id: str, generation: int, node: str) -> str:
+    """``PREFIX-TASKID.GENERATION-NODE``: how Offcut's per-node jobs are named (and
+    recognised)."""
+    return f"{cfg.job_name_prefix}-{task_id}.{generation}-{node}"
+
+
+def parse_job_name(cfg: SlurmConfig, name: str) -> JobName | None:
+    """The :class:`JobName` of one of Offcut's job names (``PREFIX-TASKID.GEN-NODE``, or the
+    older ``PREFIX-TASKID-NODE``), None for any other name."""
     prefix = cfg.job_name_prefix + "-"
     if not name.startswith(prefix):
         return None
-    task_id, sep, node = name[len(prefix):].partition("-")
-    return (task_id, node) if sep and task_id and node else None
+    head, sep, node = name[len(prefix):].partition("-")
+    m = _TASK_GEN.match(head)
+    if not (sep and node and m):
+        return None
+    return JobName(m["task"], int(m["gen"] or 0), node)
 
 
-def batch_script(cfg: SlurmConfig, *, task_id: str, task_name: str, node: str, rank: int,
-                 nodes: list[str], command: list[str], address: str) -> str:
-    """The batch script of one per-node job: the environment, then ``exec`` of
-    ``cfg.command_template`` (placeholders filled; ``{command}`` is the task's argv,
-    shell-quoted).
+def master_port(cfg: SlurmConfig, task_id: str, generation: int) -> int:
+    """The rendezvous port of a task's generation: drawn from ``cfg.master_ports`` by a hash of
+    ``(task, generation)``, so consecutive generations on the same first node use different
+    ports (a port held in TIME_WAIT by the previous generation is not reused)."""
+    low, high = cfg.port_range()
+    return low + zlib.crc32(f"{task_id}.{generation}".encode()) % (high - low + 1)
+
+
+def checkpoint_dir(cfg: SlurmConfig, task_id: str) -> Path:
+    """The task's checkpoint folder: ``checkpoint_root/TASK_ID``, a relative root taken from
+    ``workdir`` (else the launcher's folder)."""
+    root = Path(cfg.checkpoint_root)
+    if not root.is_absolute():
+        root = Path(cfg.workdir or os.getcwd()) / root
+    return root / task_id
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generation of a running task, as the daemon placed it."""
+
+    task_id: str
+    task_name: str
+    generation: int
+    nodes: tuple[str, ...]     # sorted: the node's index is its rank
+    command: tuple[str, ...]
+    zeus_job_id: str = ""
+
+
+def batch_script(cfg: SlurmConfig, gen: Generation, node: str, *, address: str,
+                 master_addr: str) -> str:
+    """The batch script of ``gen``'s job on ``node``: the environment of docs/execution.md,
+    then ``exec`` of ``cfg.command_template`` (placeholders filled; ``{command}`` is the
+    task's argv, shell-quoted).
 
     Raises:
         ValueError: the task has no command and the template needs one.
     """
-    if not command and "{command}" in cfg.command_template:
-        raise ValueError(f"task {task_id} has no command (submit it with -- COMMAND...)")
-    nodelist = hostlist.collect_hostlist(nodes)
+    if not gen.command and "{command}" in cfg.command_template:
+        raise ValueError(f"task {gen.task_id} has no command (submit it with -- COMMAND...)")
+    rank, world = gen.nodes.index(node), len(gen.nodes)
+    nodelist = hostlist.collect_hostlist(list(gen.nodes))
+    port = master_port(cfg, gen.task_id, gen.generation)
+    ckpt = str(checkpoint_dir(cfg, gen.task_id))
     line = cfg.command_template.format(
-        command=shlex.join(command), task_id=task_id, task_name=shlex.quote(task_name),
-        node=node, rank=rank, nodes=nodelist, num_nodes=len(nodes))
-    env = {"OFFCUT_TASK_ID": task_id, "OFFCUT_TASK_NAME": task_name, "OFFCUT_NODE": node,
-           "OFFCUT_RANK": str(rank), "OFFCUT_NODELIST": nodelist,
-           "OFFCUT_NUM_NODES": str(len(nodes)), "OFFCUT_ADDRESS": address}
+        command=shlex.join(gen.command), task_id=gen.task_id,
+        task_name=shlex.quote(gen.task_name), node=node, rank=rank, nodes=nodelist,
+        num_nodes=world, generation=gen.generation, master_addr=master_addr, master_port=port,
+        world_size=world, checkpoint_dir=shlex.quote(ckpt))
+    env = {"OFFCUT_TASK_ID": gen.task_id, "OFFCUT_TASK_NAME": gen.task_name,
+           "OFFCUT_ADDRESS": address, "OFFCUT_GENERATION": str(gen.generation),
+           "OFFCUT_NODE": node, "OFFCUT_RANK": str(rank), "OFFCUT_NODELIST": nodelist,
+           "OFFCUT_NUM_NODES": str(world), "OFFCUT_CHECKPOINT_DIR": ckpt,
+           "OFFCUT_STOP_SIGNAL": cfg.signal,
+           "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
+           "RANK": str(rank), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    if gen.zeus_job_id:
+        env["OFFCUT_ZEUS_JOB_ID"] = gen.zeus_job_id
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
-    return f"#!/bin/bash\n# Offcut task {task_id} on {node} (rank {rank})\n{exports}\nexec {line}\n"
+    return (f"#!/bin/bash\n# Offcut task {gen.task_id}, generation {gen.generation}, on {node} "
+            f"(rank {rank} of {world})\n{exports}\nexec {line}\n")
 
 
 def sbatch_options(cfg: SlurmConfig, name: str, node: str) -> list[str]:
@@ -103,19 +180,25 @@ def sbatch_options(cfg: SlurmConfig, name: str, node: str) -> list[str]:
     return opts + list(cfg.sbatch_args)
 
 
-def run_state(job: JobInfo, cancelled_by_us: bool) -> str | None:
-    """The run state to report for a job (None: nothing to report yet / at all): an ended job
-    is ``finished`` (COMPLETED), ``preempted`` (PREEMPTED, or CANCELLED by someone other than
-    this launcher), None (CANCELLED by this launcher) or ``failed`` (every other end state:
-    FAILED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL ...); a running one ``started``."""
+def run_state(job: JobInfo, *, cancelled_by_us: bool = False,
+              signalled_by_us: bool = False) -> str | None:
+    """The run state to report for a job (None: nothing to report yet / at all).
+
+    An ended job: ``finished`` (COMPLETED: exit 0); None (cancelled by this launcher);
+    ``interrupted`` (exit 75, or ended after this launcher's stop signal); ``preempted``
+    (PREEMPTED, ended while Slurm was preempting it, or CANCELLED by someone else);
+    ``failed`` (any other end: a non-zero exit, a signal, TIMEOUT, OUT_OF_MEMORY,
+    NODE_FAIL ...). A running job: ``started``."""
     s = job.states
     if s & FINISHED_JOB_STATES:
         if "COMPLETED" in s:
             return "finished"
-        if "PREEMPTED" in s:
+        if "CANCELLED" in s and cancelled_by_us:
+            return None
+        if signalled_by_us or (job.exit_code == EXIT_RESTART and not job.signal):
+            return "interrupted"
+        if "PREEMPTED" in s or "CANCELLED" in s or job.being_preempted:
             return "preempted"
-        if "CANCELLED" in s:
-            return None if cancelled_by_us else "preempted"
         return "failed"
     if "RUNNING" in s:
         return "started"
@@ -128,9 +211,16 @@ class PassResult:
 
     submitted: list[tuple[str, str, str]] = field(default_factory=list)   # (task, node, job)
     cancelled: list[tuple[str, str, str]] = field(default_factory=list)
+    signalled: list[tuple[str, str, str]] = field(default_factory=list)   # stop signal sent
     reported: list[tuple[str, str, str]] = field(default_factory=list)    # (task, job, state)
     adopted: int = 0
     held: list[tuple[str, str]] = field(default_factory=list)             # preempted, waiting
+    waiting: list[str] = field(default_factory=list)  # tasks whose new generation waits
+
+    @property
+    def busy(self) -> bool:
+        """A generation is being replaced or waits: the next pass should come soon."""
+        return bool(self.waiting or self.signalled)
 
 
 class Launcher:
@@ -141,17 +231,22 @@ class Launcher:
         cfg: the ``[slurm]`` section of the daemon's config.
         cli: Slurm commands.
         clock: wall clock [s] for run reports (injectable for tests).
+        monotonic: clock [s] of the rescale grace periods (injectable for tests).
     """
 
     def __init__(self, client, cfg: SlurmConfig, cli: SlurmCLI,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.client = client
         self.cfg = cfg
         self.cli = cli
         self.clock = clock
+        self.monotonic = monotonic
         self.cancelled: set[str] = set()        # job ids this launcher cancelled
+        self.signalled: dict[str, float] = {}   # job id -> when this launcher sent the stop signal
         self.reported: set[tuple[str, str]] = set()  # (job id, state) sent to the daemon
         self.held: set[tuple[str, str]] = set()      # (task, node) preempted, not resubmitted
+        self.submitted: set[tuple[str, int, str]] = set()  # (task, generation, node)
         self._errors: set[str] = set()
         self._first = True
 
@@ -166,128 +261,204 @@ class Launcher:
             log.info("%s: recovered", kind)
             self._errors.discard(kind)
 
-    def own_jobs(self) -> dict[str, tuple[str, str, JobInfo]]:
-        """Offcut's jobs that squeue knows: job id -> (task id, node, job)."""
-        jobs = parse_jobs(self.cli.squeue_json())
+    def own_jobs(self) -> dict[str, tuple[JobName, JobInfo]]:
+        """Offcut's jobs that squeue knows: job id -> (its name's parts, the job)."""
         out = {}
-        for job in jobs:
+        for job in parse_jobs(self.cli.squeue_json()):
             if self.cfg.partition not in job.partition.split(","):
                 continue
             parsed = parse_job_name(self.cfg, job.name)
             if parsed:
-                out[job.job_id] = (parsed[0], parsed[1], job)
+                out[job.job_id] = (parsed, job)
         return out
 
-    def desired(self) -> dict[tuple[str, str], tuple[object, int]]:
-        """(task id, node) -> (task, rank) for every node a running task holds."""
+    def desired(self) -> dict[str, Generation]:
+        """task id -> the current generation of every running task."""
         from offcut.v1 import tasks_pb2
 
-        out = {}
-        for task in self.client.list_tasks(states=[tasks_pb2.TASK_STATE_RUNNING]):
-            for rank, node in enumerate(sorted(task.nodes)):
-                out[(task.task_id, node)] = (task, rank)
-        return out
+        return {t.task_id: Generation(t.task_id, t.spec.name, int(t.generation),
+                                      tuple(sorted(t.nodes)), tuple(t.spec.command),
+                                      t.spec.zeus_job_id)
+                for t in self.client.list_tasks(states=[tasks_pb2.TASK_STATE_RUNNING])}
 
-    def _report(self, task_id: str, job: JobInfo, state: str, node: str,
-                result: PassResult) -> bool:
+    def node_addresses(self) -> dict[str, str]:
+        """node -> the address Slurm knows for it (``NodeAddr``; the name when unknown)."""
+        return {n: info.address or n for n, info in parse_nodes(self.cli.sinfo_json()).items()}
+
+    def _report(self, name: JobName, job: JobInfo, state: str, result: PassResult) -> bool:
         """Send one run report (once per job and state; the daemon dedups retries by
         request id, also across launcher restarts). True when it was new."""
         key = (job.job_id, state)
         if key in self.reported:
             return False
-        message = ""
-        if state == "preempted" and job.being_preempted:
-            message = "preempted by Slurm"
-        elif state == "preempted":
-            message = "cancelled outside Offcut"
+        message = {"preempted": "preempted by Slurm" if job.being_preempted or
+                   "PREEMPTED" in job.states else "cancelled outside Offcut",
+                   "interrupted": "stopped for a new generation"
+                   if job.job_id in self.signalled else "checkpointed, restart requested"}
+        text = message.get(state, "")
+        if job.signal and state in ("failed", "interrupted"):
+            text = (text + f"; killed by signal {job.signal}").lstrip("; ")
         new = True
         try:
             reply = self.client.report_task_run(
-                task_id, state, node=node, job_id=job.job_id, exit_code=job.exit_code,
-                message=message, time=self.clock(), request_id=f"{job.job_id}:{state}")
+                name.task_id, state, node=name.node, job_id=job.job_id,
+                exit_code=job.exit_code, message=text, time=self.clock(),
+                request_id=f"{job.job_id}:{state}", generation=name.generation or None)
             new = not reply.decision.duplicate  # known before a launcher restart
         except (NotFound, FailedPrecondition) as exc:  # the task is gone or already finished
             log.debug("run report %s of job %s not needed: %s", state, job.job_id, exc)
         self.reported.add(key)
         if not new:
             return False
-        result.reported.append((task_id, job.job_id, state))
-        log.info("task %s: job %s on %s %s", task_id, job.job_id, node, state)
+        result.reported.append((name.task_id, job.job_id, state))
+        log.info("task %s generation %d: job %s on %s %s", name.task_id, name.generation,
+                 job.job_id, name.node, state)
         return True
 
     # ------------------------------------------------------------------ one pass
     def reconcile(self) -> PassResult:
-        """One pass: read the daemon and Slurm, report ended jobs, submit and cancel.
+        """One pass: read Slurm and the daemon, report runs, stop replaced generations,
+        submit current ones.
 
         Raises:
             OffcutError: the daemon cannot be reached or refused a call.
-            SlurmError: squeue failed or answered garbage (nothing is submitted then).
+            SlurmError: squeue or sinfo failed or answered garbage (nothing is submitted then).
         """
         result = PassResult()
         jobs = self.own_jobs()
-        active: dict[tuple[str, str], str] = {}
-        preempted: set[tuple[str, str]] = set()
-        for job_id, (task_id, node, job) in sorted(jobs.items(), key=lambda kv: int(kv[0])):
-            state = run_state(job, job_id in self.cancelled)
+        active: dict[str, tuple[JobName, JobInfo]] = {}
+        live: set[tuple[str, int]] = set()  # (task, generation) with a job still active
+        ended: dict[tuple[str, int], list[tuple[JobName, JobInfo, str]]] = {}
+        for job_id, (name, job) in sorted(jobs.items(), key=lambda kv: int(kv[0])):
+            self.submitted.add((name.task_id, name.generation, name.node))
+            state = run_state(job, cancelled_by_us=job_id in self.cancelled,
+                              signalled_by_us=job_id in self.signalled)
             if state is not None or "COMPLETING" in job.states:  # it ran (a short job may
-                self._report(task_id, job, "started", node, result)  # never be seen RUNNING)
-            if state not in (None, "started"):
-                if self._report(task_id, job, state, node, result) and state == "preempted":
-                    preempted.add((task_id, node))
+                self._report(name, job, "started", result)     # never be seen RUNNING)
             if not (job.states & FINISHED_JOB_STATES):
-                active[(task_id, node)] = job_id
-        desired = self.desired()  # after the reports: a finished task holds nothing now
+                active[job_id] = (name, job)
+                live.add((name.task_id, name.generation))
+            elif state == "finished":  # the work is done: at once
+                self._report(name, job, state, result)
+            elif state is not None:
+                ended.setdefault((name.task_id, name.generation), []).append((name, job, state))
+        preempted: set[tuple[str, str]] = set()
+        for group, runs in ended.items():
+            if group in live:
+                continue  # reported once the whole generation has ended: the failure that
+            for name, job, state in sorted(runs, key=lambda r: _REPORT_ORDER[r[2]]):  # broke
+                if self._report(name, job, state, result) and (  # it first, then the peers
+                        state == "preempted" or job.being_preempted):  # that lost it
+                    preempted.add((name.task_id, name.node))  # Slurm is taking the node
+        desired = self.desired()  # after the reports: they may have started a new generation
+        wanted = {(g.task_id, n) for g in desired.values() for n in g.nodes}
         # a newly preempted (task, node) waits until the daemon has dropped that node
-        self.held = {k for k in self.held | preempted if k in desired}
+        self.held = {k for k in self.held | preempted if k in wanted}
         if self._first:
             result.adopted = len(active)
             if active:
                 log.info("adopted %d running job(s) of Offcut", len(active))
             self._first = False
-        for key, job_id in active.items():
-            if key not in desired and job_id not in self.cancelled:
-                self.cli.cancel([job_id])
-                self.cancelled.add(job_id)
-                result.cancelled.append((key[0], key[1], job_id))
-                log.info("task %s: cancelled job %s on %s (no longer placed there)",
-                         key[0], job_id, key[1])
-        for (task_id, node), (task, rank) in sorted(desired.items()):
-            if (task_id, node) in active:
+        draining: set[str] = set()  # tasks with a job of a replaced generation still active
+        for job_id, (name, job) in active.items():
+            gen = desired.get(name.task_id)
+            group = (name.task_id, name.generation)
+            if gen is not None and gen.generation == name.generation and group not in ended:
                 continue
-            if (task_id, node) in self.held:
-                result.held.append((task_id, node))
+            # a replaced generation, a task that no longer runs, or a generation one of whose
+            # runs ended (its peers cannot go on without it)
+            draining.add(name.task_id)
+            self._stop(job_id, name, job, result)
+        addresses: dict[str, str] | None = None
+        for task_id, gen in sorted(desired.items()):
+            todo = [n for n in gen.nodes if (task_id, gen.generation, n) not in self.submitted]
+            if not todo:
                 continue
-            name = job_name(self.cfg, task_id, node)
-            try:
-                script = batch_script(self.cfg, task_id=task_id, task_name=task.spec.name,
-                                      node=node, rank=rank, nodes=sorted(task.nodes),
-                                      command=list(task.spec.command),
-                                      address=self.client.address)
-            except ValueError as exc:
-                self._error(f"script-{task_id}", f"cannot launch task {task_id}: {exc}")
+            if task_id in draining or any((task_id, n) in self.held for n in gen.nodes):
+                result.waiting.append(task_id)
+                result.held += sorted((task_id, n) for n in gen.nodes if (task_id, n) in self.held)
                 continue
-            job_id = self.cli.submit(sbatch_options(self.cfg, name, node), script=script)
-            result.submitted.append((task_id, node, job_id))
-            log.info("task %s: submitted job %s on %s (rank %d of %d)", task_id, job_id, node,
-                     rank, len(task.nodes))
+            if addresses is None:
+                addresses = self.node_addresses()
+            for node in todo:
+                self._submit(gen, node, addresses, result)
+        self._forget(jobs, desired)
         return result
+
+    def _forget(self, jobs: dict[str, tuple[JobName, JobInfo]],
+                desired: dict[str, Generation]) -> None:
+        """Retention: what this launcher remembers is bounded by the jobs squeue still shows
+        and the current generations (a job Slurm no longer shows is never reported again)."""
+        self.reported = {k for k in self.reported if k[0] in jobs}
+        self.cancelled &= jobs.keys()
+        self.signalled = {j: t for j, t in self.signalled.items() if j in jobs}
+        self.submitted = {k for k in self.submitted
+                          if k[0] in desired and k[1] == desired[k[0]].generation}
+
+    def _stop(self, job_id: str, name: JobName, job: JobInfo, result: PassResult) -> None:
+        """Stop a job of a replaced generation (or of a task that no longer runs): the stop
+        signal first (a job that has not started is cancelled at once), ``scancel`` after
+        ``rescale_grace_s``."""
+        if job_id in self.cancelled:
+            return
+        now = self.monotonic()
+        started = "RUNNING" in job.states
+        if started and job_id not in self.signalled and self.cfg.rescale_grace_s > 0:
+            self.cli.cancel([job_id], signal=self.cfg.signal, options=["--batch"])
+            self.signalled[job_id] = now
+            result.signalled.append((name.task_id, name.node, job_id))
+            log.info("task %s: generation %d on %s (job %s) asked to stop (%s)", name.task_id,
+                     name.generation, name.node, job_id, self.cfg.signal)
+            return
+        if started and now - self.signalled.get(job_id, now) < self.cfg.rescale_grace_s:
+            return
+        self.cli.cancel([job_id])
+        self.cancelled.add(job_id)
+        result.cancelled.append((name.task_id, name.node, job_id))
+        log.info("task %s: cancelled job %s on %s (generation %d replaced)", name.task_id,
+                 job_id, name.node, name.generation)
+
+    def _submit(self, gen: Generation, node: str, addresses: dict[str, str],
+                result: PassResult) -> None:
+        """Submit ``gen``'s job on ``node`` (logged once and skipped when the task cannot be
+        launched, e.g. it has no command)."""
+        try:
+            script = batch_script(self.cfg, gen, node, address=self.client.address,
+                                  master_addr=addresses.get(gen.nodes[0], gen.nodes[0]))
+        except ValueError as exc:
+            self._error(f"script-{gen.task_id}", f"cannot launch task {gen.task_id}: {exc}")
+            return
+        if node == gen.nodes[0]:
+            checkpoint_dir(self.cfg, gen.task_id).mkdir(parents=True, exist_ok=True, mode=0o700)
+        name = job_name(self.cfg, gen.task_id, gen.generation, node)
+        job_id = self.cli.submit(sbatch_options(self.cfg, name, node), script=script)
+        self.submitted.add((gen.task_id, gen.generation, node))
+        result.submitted.append((gen.task_id, node, job_id))
+        log.info("task %s generation %d: submitted job %s on %s (rank %d of %d)", gen.task_id,
+                 gen.generation, job_id, node, gen.nodes.index(node), len(gen.nodes))
 
     # ------------------------------------------------------------------ the loop
     def run(self, poll_s: float = 5.0, stop: threading.Event | None = None,
             on_pass: Callable[[PassResult], None] | None = None) -> None:
-        """Reconcile at every placement update and at least every ``poll_s`` seconds until
-        ``stop`` is set. Never raises for Slurm or daemon errors (logged, retried)."""
+        """Reconcile at every placement update and at least every ``poll_s`` seconds (every
+        :data:`BUSY_POLL_S` while a generation is being replaced) until ``stop`` is set.
+        Never raises for Slurm or daemon errors (logged, retried)."""
         stop = stop or threading.Event()
         revision = 0
         while not stop.is_set():
+            wait_s = poll_s
             try:
                 result = self.reconcile()
                 self._ok("pass")
+                if result.busy:
+                    wait_s = min(poll_s, BUSY_POLL_S)
                 if on_pass:
                     on_pass(result)
             except (OffcutError, SlurmError) as exc:
                 self._error("pass", f"reconciliation failed (retrying every {poll_s:g} s): {exc}")
-            revision = self._wait(revision, poll_s, stop)
+            except OSError as exc:  # e.g. the checkpoint root cannot be created
+                self._error("pass", f"reconciliation failed (retrying every {poll_s:g} s): {exc}")
+            revision = self._wait(revision, wait_s, stop)
 
     def _wait(self, revision: int, poll_s: float, stop: threading.Event) -> int:
         """Block until a placement update after ``revision`` or ``poll_s`` seconds."""
@@ -300,4 +471,3 @@ class Launcher:
         except OffcutError:
             stop.wait(min(poll_s, 1.0))
         return revision
-

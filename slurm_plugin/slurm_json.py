@@ -119,6 +119,7 @@ class NodeInfo:
     states: frozenset[str]
     partitions: frozenset[str] | None = None  # None: the record did not say
     reason: str = ""
+    address: str = ""  # NodeAddr ("" when the record did not say)
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,8 @@ class JobInfo:
     comment: str = ""
     preempt_time: float = 0.0
     user: str = ""
-    exit_code: int = 0  # the job's return code (0 while it runs)
+    exit_code: int = 0  # the batch script's return code (0 while it runs)
+    signal: int = 0     # the signal that ended the batch script (0: none)
 
     @property
     def being_preempted(self) -> bool:
@@ -250,14 +252,17 @@ def parse_nodes(doc: Any) -> dict[str, NodeInfo]:
     doc = _check_errors(doc, "sinfo")
     merged: dict[str, dict] = {}
 
-    def add(name: Any, states: frozenset[str], partitions: Iterable[str] | None, reason: str):
+    def add(name: Any, states: frozenset[str], partitions: Iterable[str] | None, reason: str,
+            address: Any = ""):
         if not isinstance(name, str) or not name:
             raise SlurmDataError(f"sinfo: a node record has no name ({name!r:.40})")
-        m = merged.setdefault(name, {"states": set(), "partitions": None, "reason": ""})
+        m = merged.setdefault(name, {"states": set(), "partitions": None, "reason": "",
+                                     "address": ""})
         m["states"] |= states
         if partitions is not None:
             m["partitions"] = (m["partitions"] or set()) | set(partitions)
         m["reason"] = m["reason"] or reason
+        m["address"] = m["address"] or (address if isinstance(address, str) else "")
 
     if isinstance(doc.get("nodes"), list):
         for rec in doc["nodes"]:
@@ -271,7 +276,7 @@ def parse_nodes(doc: Any) -> dict[str, NodeInfo]:
                 parts = [p for p in parts.split(",") if p]
             elif parts is not None and not isinstance(parts, list):
                 raise SlurmDataError(f"sinfo: partitions of {rec.get('name')!r} is {parts!r:.40}")
-            add(rec.get("name"), states, parts, _text(rec.get("reason")))
+            add(rec.get("name"), states, parts, _text(rec.get("reason")), rec.get("address"))
     elif isinstance(doc.get("sinfo"), list):
         for row in doc["sinfo"]:
             if not isinstance(row, Mapping):
@@ -296,7 +301,7 @@ def parse_nodes(doc: Any) -> dict[str, NodeInfo]:
         raise SlurmDataError("sinfo: the answer lists no node")
     return {n: NodeInfo(n, frozenset(m["states"]),
                         None if m["partitions"] is None else frozenset(m["partitions"]),
-                        m["reason"]) for n, m in merged.items()}
+                        m["reason"], m["address"]) for n, m in merged.items()}
 
 
 def _job_nodes(rec: Mapping) -> list[str]:
@@ -349,23 +354,35 @@ def parse_jobs(doc: Any) -> list[JobInfo]:
         if not states:
             raise SlurmDataError(f"squeue: job {jid} has no state")
         user = rec.get("user_name", rec.get("user", ""))
+        code, sig = _exit_status(rec.get("exit_code"))
         out.append(JobInfo(
             job_id=str(jid), name=_text(rec.get("name")), partition=_text(rec.get("partition")),
             states=states, nodes=tuple(_job_nodes(rec)), comment=_text(rec.get("comment")),
             preempt_time=number(rec.get("preempt_time"), f"preempt_time of job {jid}"),
-            user=_text(user), exit_code=_exit_code(rec.get("exit_code"))))
+            user=_text(user), exit_code=code, signal=sig))
     return out
 
 
-def _exit_code(v: Any) -> int:
-    """A job's return code: a plain number (22.05), ``{"return_code": N, "status": [...]}``
-    (23.02+, possibly with ``{"number": N}`` inside); 0 when absent or unreadable."""
+def _exit_status(v: Any) -> tuple[int, int]:
+    """A job's ``(return code, signal)``: from a plain number, the wait status of 22.05
+    (``code << 8 | signal``: exit 75 reads 19200, measured on 22.05.8), or from
+    ``{"return_code": N, "signal": {"id": M}, "status": [...]}`` (23.02+, numbers possibly as
+    ``{"number": N}``); ``(0, 0)`` when absent or unreadable."""
+    def value(x: Any) -> int:
+        if isinstance(x, Mapping):
+            x = x.get("number", x.get("id", 0))
+            if isinstance(x, Mapping):
+                x = x.get("number", 0)
+        try:
+            return int(number(x, "exit_code"))
+        except (SlurmDataError, ValueError, OverflowError, TypeError):
+            return 0
+
     if isinstance(v, Mapping):
-        v = v.get("return_code", v.get("number", 0))
-    try:
-        return int(number(v, "exit_code"))
-    except (SlurmDataError, ValueError, OverflowError):
-        return 0
+        sig = v.get("signal")
+        return value(v.get("return_code", 0)), value(sig.get("id", 0) if isinstance(sig, Mapping) else sig)
+    status = value(v)
+    return (status >> 8) & 0xFF, status & 0x7F
 
 
 # ----------------------------------------------------------------------------- the idle rule

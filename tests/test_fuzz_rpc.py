@@ -480,17 +480,22 @@ def req_watch(data, ctx, adv):
 
 
 def req_task_run(data, ctx, adv):
-    names = ["task_id", "state", "time", "node", "job_id", "exit_code", "message", "request_id"]
+    names = ["task_id", "state", "time", "node", "job_id", "exit_code", "message", "request_id",
+             "generation"]
     bad = _bad_fields(data, names, adv)
     req = tasks_pb2.TaskRunReport(
         task_id=task_id(data, ctx, "task_id" in bad, True),
-        state=data.draw(adv_int32 if "state" in bad else st.sampled_from([1, 2, 1, 2, 3, 4])),
+        state=data.draw(adv_int32 if "state" in bad else st.sampled_from([1, 2, 1, 2, 3, 4, 5])),
         node=data.draw(adv_strings if "node" in bad else st.sampled_from(["", *NODES[:3]])),
         job_id=data.draw(adv_strings if "job_id" in bad else st.sampled_from(["", "1234"])),
         exit_code=data.draw(adv_int32 if "exit_code" in bad else st.sampled_from([0, 1])),
         message=data.draw(adv_strings if "message" in bad else st.sampled_from(["", "ok"])),
         request_id=data.draw(adv_strings if "request_id" in bad
                              else st.sampled_from(["", f"fz-run{ctx.revision}"])))
+    if "generation" in bad:
+        req.generation = data.draw(adv_uint64)
+    elif data.draw(st.booleans()):
+        req.generation = data.draw(st.integers(1, 4))
     if "time" in bad or data.draw(st.booleans()):
         req.time.CopyFrom(data.draw(timestamps(ctx, "time" in bad)))
     return req

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 import threading
 import time
 
@@ -14,8 +15,9 @@ import pytest
 
 from offcut.client import Client, make_task_spec
 from offcut.daemon.config import SlurmConfig
-from offcut.slurm_plugin.launcher import (Launcher, batch_script, job_name, parse_job_name,
-                                          run_state, sbatch_options)
+from offcut.slurm_plugin.launcher import (Generation, Launcher, batch_script, checkpoint_dir,
+                                          job_name, master_port, parse_job_name, run_state,
+                                          sbatch_options)
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.slurm_plugin.slurm_json import JobInfo, SlurmCommandError, SlurmError
 from offcut.v1 import tasks_pb2
@@ -32,48 +34,94 @@ def spec(name="elastic", command=("python", "train.py", "--epochs", "3")):
 
 # ----------------------------------------------------------------------------- pure parts
 def test_job_names_round_trip():
-    assert job_name(CFG, "t000001", "n1") == "offcut-t000001-n1"
-    assert parse_job_name(CFG, "offcut-t000001-node-7.x") == ("t000001", "node-7.x")
-    for other in ("wrap", "offcut-", "offcut-t1", "other-t000001-n1"):
+    assert job_name(CFG, "t000001", 3, "n1") == "offcut-t000001.3-n1"
+    assert parse_job_name(CFG, "offcut-t000001.3-node-7.x") == ("t000001", 3, "node-7.x")
+    # a job named before generations existed (adopted after an upgrade): generation 0
+    assert parse_job_name(CFG, "offcut-t000001-n1") == ("t000001", 0, "n1")
+    for other in ("wrap", "offcut-", "offcut-t1", "other-t000001.1-n1", "offcut-t1.x-n1",
+                  "offcut-t1.-n1"):
         assert parse_job_name(CFG, other) is None
 
 
-def test_batch_script_quotes_and_exports(tmp_path):
-    cfg = SlurmConfig(command_template="srun --ntasks=1 {command} --rank {rank} --of {num_nodes}")
-    script = batch_script(cfg, task_id="t000002", task_name="it's", node="n3", rank=1,
-                          nodes=["n1", "n3"], command=["python", "-c", "print('a b')"],
-                          address="unix:///run/o.sock")
+def _env(script: str) -> dict[str, str]:
     lines = script.splitlines()
-    assert lines[0] == "#!/bin/bash"
-    env = dict(line[len("export "):].split("=", 1) for line in lines if line.startswith("export "))
-    assert {k: shlex.split(v)[0] for k, v in env.items()} == {
+    return {k: shlex.split(v)[0] for k, v in
+            (line[len("export "):].split("=", 1) for line in lines if line.startswith("export "))}
+
+
+def test_batch_script_quotes_and_exports(tmp_path):
+    cfg = SlurmConfig(command_template="srun --ntasks=1 {command} --rank {rank} --of {num_nodes} "
+                                       "--gen {generation} --at {master_addr}:{master_port}",
+                      checkpoint_root=str(tmp_path / "ckpt"), master_ports="30000-30009")
+    gen = Generation("t000002", "it's", 7, ("n1", "n3"), ("python", "-c", "print('a b')"), "zj")
+    script = batch_script(cfg, gen, "n3", address="unix:///run/o.sock", master_addr="10.0.0.1")
+    env = _env(script)
+    port = master_port(cfg, "t000002", 7)
+    assert 30000 <= port <= 30009
+    assert env == {
         "OFFCUT_TASK_ID": "t000002", "OFFCUT_TASK_NAME": "it's", "OFFCUT_NODE": "n3",
         "OFFCUT_RANK": "1", "OFFCUT_NODELIST": "n[1,3]", "OFFCUT_NUM_NODES": "2",
-        "OFFCUT_ADDRESS": "unix:///run/o.sock"}
-    assert shlex.split(lines[-1]) == ["exec", "srun", "--ntasks=1", "python", "-c", "print('a b')",
-                                      "--rank", "1", "--of", "2"]
+        "OFFCUT_ADDRESS": "unix:///run/o.sock", "OFFCUT_GENERATION": "7",
+        "OFFCUT_CHECKPOINT_DIR": str(tmp_path / "ckpt" / "t000002"), "OFFCUT_STOP_SIGNAL": "USR1",
+        "OFFCUT_ZEUS_JOB_ID": "zj", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": str(port),
+        "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    assert shlex.split(script.splitlines()[-1]) == [
+        "exec", "srun", "--ntasks=1", "python", "-c", "print('a b')", "--rank", "1", "--of", "2",
+        "--gen", "7", "--at", f"10.0.0.1:{port}"]
+    # consecutive generations draw different ports (deterministic by task and generation)
+    assert len({master_port(cfg, "t000002", g) for g in range(1, 6)}) > 1
+    assert master_port(cfg, "t000002", 7) == port
     with pytest.raises(ValueError, match="no command"):
-        batch_script(CFG, task_id="t1", task_name="x", node="n1", rank=0, nodes=["n1"],
-                     command=[], address="a")
-    opts = sbatch_options(SlurmConfig(account="acct", sbatch_args=["--qos=low"]), "offcut-t1-n1", "n1")
+        batch_script(CFG, Generation("t1", "x", 1, ("n1",), ()), "n1", address="a",
+                     master_addr="n1")
+    opts = sbatch_options(SlurmConfig(account="acct", sbatch_args=["--qos=low"]), "offcut-t1.1-n1", "n1")
     assert opts[:7] == ["-p", "scavenger", "-w", "n1", "-N", "1", "--exclusive"]
     assert "--no-requeue" in opts and "--signal=B:USR1@60" in opts
     assert "--account=acct" in opts and opts[-1] == "--qos=low"
 
 
-@pytest.mark.parametrize("states,ours,expected", [
-    ({"PENDING"}, False, None), ({"RUNNING"}, False, "started"),
-    ({"COMPLETED"}, False, "finished"), ({"FAILED"}, False, "failed"),
-    ({"OUT_OF_MEMORY"}, False, "failed"), ({"PREEMPTED"}, False, "preempted"),
-    ({"CANCELLED"}, True, None), ({"CANCELLED"}, False, "preempted"),
+def test_checkpoint_dir_is_taken_from_workdir_when_relative(tmp_path):
+    assert checkpoint_dir(SlurmConfig(workdir=str(tmp_path)), "t9") == \
+        tmp_path / "offcut-checkpoints" / "t9"
+    assert checkpoint_dir(SlurmConfig(checkpoint_root="/shared/ck"), "t9") == Path("/shared/ck/t9")
+
+
+@pytest.mark.parametrize("states,code,sig,preempting,ours,signalled,expected", [
+    ({"PENDING"}, 0, 0, False, False, False, None),
+    ({"RUNNING"}, 0, 0, False, False, False, "started"),
+    ({"COMPLETED"}, 0, 0, False, False, False, "finished"),
+    ({"FAILED"}, 1, 0, False, False, False, "failed"),
+    ({"FAILED"}, 75, 0, False, False, False, "interrupted"),
+    ({"FAILED"}, 75, 0, True, False, False, "interrupted"),   # checkpointed in Slurm's grace
+    ({"FAILED"}, 0, 10, False, False, True, "interrupted"),   # our stop signal killed it
+    ({"FAILED"}, 0, 10, True, False, False, "preempted"),     # Slurm's signal killed it
+    ({"FAILED"}, 0, 9, False, False, False, "failed"),
+    ({"OUT_OF_MEMORY"}, 0, 0, False, False, False, "failed"),
+    ({"PREEMPTED"}, 0, 0, False, False, False, "preempted"),
+    ({"CANCELLED"}, 0, 15, False, True, True, None),
+    ({"CANCELLED"}, 0, 15, False, False, False, "preempted"),
 ])
-def test_run_state_of_slurm_states(states, ours, expected):
-    assert run_state(JobInfo("1", states=frozenset(states)), ours) == expected
+def test_run_state_of_slurm_states(states, code, sig, preempting, ours, signalled, expected):
+    job = JobInfo("1", states=frozenset(states), exit_code=code, signal=sig,
+                  preempt_time=1.0 if preempting else 0.0)
+    assert run_state(job, cancelled_by_us=ours, signalled_by_us=signalled) == expected
+
+
+def test_exit_status_of_both_squeue_generations():
+    from offcut.slurm_plugin.slurm_json import _exit_status
+
+    assert _exit_status(19200) == (75, 0)        # 22.05: the wait status (measured)
+    assert _exit_status(9) == (0, 9)
+    assert _exit_status({"return_code": {"set": True, "number": 75},
+                         "signal": {"id": {"set": True, "number": 0}}}) == (75, 0)
+    assert _exit_status({"return_code": 2, "signal": {"id": 15}}) == (2, 15)
+    assert _exit_status(None) == (0, 0) and _exit_status("x") == (0, 0)
 
 
 # ----------------------------------------------------------------------------- fake Slurm
 class FakeSlurm(SlurmCLI):
-    """squeue/sbatch/scancel in memory: jobs submitted run at once on their -w node."""
+    """squeue/sbatch/scancel/sinfo in memory: jobs submitted run at once on their -w node;
+    a stop signal is recorded (the test decides how the job ends)."""
 
     def __init__(self):
         super().__init__()
@@ -81,11 +129,16 @@ class FakeSlurm(SlurmCLI):
         self.next_id = 100
         self.fail_squeue = False
         self.scripts: dict[str, str] = {}
+        self.signals: list[tuple[str, str]] = []  # (job id, signal)
 
     def squeue_json(self) -> dict:
         if self.fail_squeue:
             raise SlurmCommandError("squeue exited with status 1: slurm_load_jobs error")
         return {"jobs": [dict(j) for j in self.jobs.values()]}
+
+    def sinfo_json(self) -> dict:
+        return {"nodes": [{"name": n, "state": "IDLE", "address": f"10.0.0.{n[1:]}"}
+                          for n in ALL]}
 
     def submit(self, options=(), *, wrap=None, script=None) -> str:
         opts = list(options)
@@ -99,11 +152,26 @@ class FakeSlurm(SlurmCLI):
 
     def cancel(self, job_ids, *, signal=None, options=()) -> None:
         for j in job_ids:
-            self.jobs[str(j)]["job_state"] = "CANCELLED"
+            if signal:
+                assert "--batch" in options
+                self.signals.append((str(j), signal))
+            else:
+                self.jobs[str(j)]["job_state"] = "CANCELLED"
+
+    def end(self, node: str, state: str = "FAILED", code: int = 75, **extra) -> str:
+        """The running job on ``node`` ends (exit ``code``, as 22.05 reports it)."""
+        jid = self.active()[node]
+        self.jobs[jid].update(job_state=state, exit_code=code << 8, **extra)
+        return jid
 
     def active(self) -> dict[str, str]:
         """node -> job id of running Offcut jobs."""
         return {j["nodes"]: str(j["job_id"]) for j in self.jobs.values() if j["job_state"] == "RUNNING"}
+
+    def generations(self) -> dict[str, int]:
+        """node -> generation of the running job there."""
+        return {n: parse_job_name(CFG, self.jobs[j]["name"]).generation
+                for n, j in self.active().items()}
 
 
 @pytest.fixture
@@ -116,65 +184,116 @@ def placed(daemon):
     return client, tid
 
 
-def test_launch_shrink_grow_finish_with_fake_slurm(placed):
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_generations_through_preemption_grow_and_shrink_with_fake_slurm(placed):
     client, tid = placed
-    slurm = FakeSlurm()
-    launcher = Launcher(client, CFG, slurm)
+    slurm, mono = FakeSlurm(), Clock()
+    launcher = Launcher(client, CFG, slurm, monotonic=mono)
     r = launcher.reconcile()
     assert sorted(n for _, n, _ in r.submitted) == ALL and not r.cancelled
-    assert sorted(slurm.active()) == ALL
+    assert slurm.generations() == {n: 1 for n in ALL}
+    envs = {n: _env(slurm.scripts[j]) for n, j in slurm.active().items()}
+    assert {n: (e["RANK"], e["WORLD_SIZE"], e["MASTER_ADDR"]) for n, e in envs.items()} == {
+        n: (str(i), "4", "10.0.0.1") for i, n in enumerate(ALL)}
+    assert len({e["MASTER_PORT"] for e in envs.values()}) == 1
     r = launcher.reconcile()  # steady state: nothing to do, starts reported once
     assert not r.submitted and not r.cancelled and len(r.reported) == 4
     assert client.get_task(tid).launches == 4
     assert launcher.reconcile().reported == []
     # a restarted launcher adopts the jobs and submits nothing twice
-    again = Launcher(client, CFG, slurm)
+    again = Launcher(client, CFG, slurm, monotonic=mono)
     r = again.reconcile()
     assert r.adopted == 4 and not r.submitted and not r.cancelled
     assert client.get_task(tid).launches == 4  # its re-sent reports were duplicates
-    # preemption: Slurm ends the jobs on n3, n4; the launcher holds them until the daemon drops them
+
+    # Slurm preempts n3, n4: their ranks checkpoint in the grace time and exit 75 while Slurm
+    # is preempting them; the ranks on n1, n2 lose their peers and exit 75 too
     for node in ("n3", "n4"):
-        slurm.jobs[slurm.active()[node]]["job_state"] = "PREEMPTED"
+        slurm.end(node, preempt_time=time.time())
+    for node in ("n1", "n2"):
+        slurm.end(node)
     r = again.reconcile()
-    assert sorted(r.held) == [(tid, "n3"), (tid, "n4")] and not r.submitted
-    assert {s for _, _, s in r.reported} == {"preempted"}
+    assert {s for _, _, s in r.reported} == {"interrupted"}
+    # the first interruption of generation 1 restarted it (generation 2, same nodes); n3, n4
+    # wait: Slurm is taking them
+    task = client.get_task(tid)
+    assert task.generation == 2 and task.state == tasks_pb2.TASK_STATE_RUNNING
+    assert task.failed_runs == 0
+    r = again.reconcile()
+    assert not r.submitted and r.waiting == [tid]
+    assert sorted(r.held) == [(tid, "n3"), (tid, "n4")]
     client.report_nodes(time.time(), "test", 2, preempted=["n3", "n4"])  # the prolog
     r = again.reconcile()
-    assert not r.submitted and not r.held and sorted(slurm.active()) == ["n1", "n2"]
-    # the nodes come back (the epilog): the task grows, the launcher submits
+    assert sorted(n for _, n, _ in r.submitted) == ["n1", "n2"] and not r.held
+    assert slurm.generations() == {"n1": 3, "n2": 3}
+    assert {_env(slurm.scripts[j])["WORLD_SIZE"] for j in slurm.active().values()} == {"2"}
+
+    # the nodes come back (the epilog): generation 4 on four nodes; generation 3 first gets
+    # the stop signal, and nothing is submitted while it runs
     client.report_nodes(time.time(), "test", 3, idle=["n3", "n4"])
     r = again.reconcile()
-    assert sorted(n for _, n, _ in r.submitted) == ["n3", "n4"]
-    # a shrink decided by the daemon cancels the job on the dropped node
+    assert sorted(n for _, n, _ in r.signalled) == ["n1", "n2"] and not r.submitted
+    assert {sig for _, sig in slurm.signals} == {"USR1"} and r.waiting == [tid]
+    assert not again.reconcile().signalled  # signalled once
+    for node in ("n1", "n2"):
+        slurm.end(node)  # checkpointed: exit 75
+    r = again.reconcile()
+    assert {s for _, _, s in r.reported} == {"interrupted"}
+    assert client.get_task(tid).generation == 4  # a replaced generation's exit restarts nothing
+    assert sorted(n for _, n, _ in r.submitted) == ALL
+    assert slurm.generations() == {n: 4 for n in ALL}
+
+    # a shrink whose old generation does not stop in time: cancelled after rescale_grace_s
     client.report_nodes(time.time(), "test", 4, preempted=["n1"])
     r = again.reconcile()
-    assert [n for _, n, _ in r.cancelled] == ["n1"] and "n1" not in slurm.active()
-    # the program finishes on one node: the task completes, the other jobs are cancelled
-    done_job = slurm.active()["n2"]
-    slurm.jobs[done_job]["job_state"] = "COMPLETED"
+    assert len(r.signalled) == 4 and not r.submitted
+    mono.t += CFG.rescale_grace_s - 1
+    assert not again.reconcile().cancelled
+    mono.t += 2
+    r = again.reconcile()
+    assert sorted(n for _, n, _ in r.cancelled) == ALL
+    for jid in list(slurm.jobs):
+        if slurm.jobs[jid]["job_state"] == "CANCELLED":
+            slurm.jobs[jid]["exit_code"] = 15  # killed by SIGTERM
+    r = again.reconcile()
+    assert sorted(n for _, n, _ in r.submitted) == ["n2", "n3", "n4"]
+    assert client.get_task(tid).state == tasks_pb2.TASK_STATE_RUNNING  # never a failure
+
+    # the program finishes: the task completes, its other jobs are asked to stop
+    done_job = slurm.end("n2", "COMPLETED", 0)
     r = again.reconcile()
     assert (tid, done_job, "finished") in r.reported
     task = client.get_task(tid)
     assert task.state == tasks_pb2.TASK_STATE_COMPLETED and not task.nodes
-    # in the same pass: the completed task holds nothing, its other jobs are cancelled
-    assert sorted(n for _, n, _ in r.cancelled) == ["n3", "n4"] and not slurm.active()
-    assert not r.submitted
-    # the cancelled jobs are not reported as failures or preemptions
-    assert not again.reconcile().reported
+    assert sorted(n for _, n, _ in r.signalled) == ["n3", "n4"] and not r.submitted
 
 
-def test_failed_job_fails_the_task(placed):
+def test_failed_runs_restart_the_generation_then_fail_the_task(placed):
     client, tid = placed
-    slurm = FakeSlurm()
-    launcher = Launcher(client, CFG, slurm)
+    slurm, mono = FakeSlurm(), Clock()
+    launcher = Launcher(client, CFG, slurm, monotonic=mono)
     launcher.reconcile()
-    job = slurm.jobs[slurm.active()["n2"]]
-    job.update(job_state="FAILED", exit_code=256)
-    launcher.reconcile()
-    task = client.get_task(tid)
-    assert task.state == tasks_pb2.TASK_STATE_FAILED and "failed on n2" in task.last_run
-    launcher.reconcile()
-    assert not slurm.active()  # its other jobs were cancelled
+    for attempt in (1, 2, 3):
+        assert slurm.generations() == {n: attempt for n in ALL}
+        slurm.end("n2", code=1)           # the bug
+        for node in ("n1", "n3", "n4"):   # its peers lose it
+            slurm.end(node)
+        r = launcher.reconcile()
+        task = client.get_task(tid)
+        assert task.failed_runs == attempt and "exit code 1" in task.failure_reason
+        if attempt < 3:
+            assert task.state == tasks_pb2.TASK_STATE_RUNNING and task.generation == attempt + 1
+            assert sorted(n for _, n, _ in r.submitted) == ALL
+    assert task.state == tasks_pb2.TASK_STATE_FAILED
+    assert task.failure_reason.startswith("3 generations in a row failed")
+    assert not launcher.reconcile().submitted and not slurm.active()
 
 
 def test_slurm_failure_submits_nothing_and_recovers(placed, caplog):
@@ -227,41 +346,46 @@ def test_launch_once_cli_reports_what_it_did(placed, tmp_path, monkeypatch):
 
 
 # ----------------------------------------------------------------------------- real Slurm
-def offcut_jobs(slurm, tid: str, active_only: bool = True) -> dict[str, dict]:
-    """node -> squeue record of the task's jobs, from Slurm's own view."""
+def offcut_jobs(slurm, tid: str, active_only: bool = True) -> dict[tuple[int, str], dict]:
+    """(generation, node) -> squeue record of the task's jobs, from Slurm's own view."""
     out = {}
     for j in slurm.jobs().values():
         parsed = parse_job_name(CFG, j.get("name", ""))
-        if not parsed or parsed[0] != tid or j.get("partition") != "scavenger":
+        if not parsed or parsed.task_id != tid or j.get("partition") != "scavenger":
             continue
         if active_only and j["state"] not in ("PENDING", "CONFIGURING", "RUNNING"):
             continue
-        out[parsed[1]] = j
+        out[(parsed.generation, parsed.node)] = j
     return out
 
 
-def running_on(slurm, tid) -> set[str]:
-    return {n for n, j in offcut_jobs(slurm, tid).items() if j["state"] == "RUNNING"}
+def running_on(slurm, tid) -> dict[str, int]:
+    """node -> generation of the task's running jobs."""
+    return {n: g for (g, n), j in offcut_jobs(slurm, tid).items() if j["state"] == "RUNNING"}
 
 
 @pytest.mark.slow
 def test_end_to_end_on_real_slurm(slurm, cluster_daemon, tmp_path):
-    """Issue 4's scenario: a 1-4 node task runs as four scavenger jobs; a regular sbatch -N2
-    preempts two of them (they get the signal first), the task shrinks to two, the regular job
-    runs; when it ends the task grows back to four; the task completes and its nodes are
-    released. Each step is checked in squeue --json and in the daemon."""
+    """Issue 4's scenario with generations (docs/execution.md): a 1-4 node task runs as four
+    scavenger jobs; a regular sbatch -N2 preempts two of them (they get the signal, exit 75 in
+    Slurm's grace time), the other two are asked to stop, and generation 3 runs on the other
+    two nodes; when the regular job ends generation 4 runs on four; the program finishes, the
+    task completes and its nodes are released. Each step is checked in squeue --json and in
+    the daemon; the task never fails."""
     t_start = time.monotonic()
     srv, client = cluster_daemon
     marks = tmp_path / "marks"
     marks.mkdir()
     tmp_path.chmod(0o755)
     client.sync_nodes(time.time(), "slurm-watch", 1, idle=ALL)  # what `offcut-slurm watch` sends
-    program = (f'trap \'touch "{marks}/usr1-$OFFCUT_NODE"\' USR1; '
+    program = (f'trap \'touch "{marks}/usr1-$OFFCUT_GENERATION-$OFFCUT_NODE"; exit 75\' USR1; '
+               f'echo "$OFFCUT_GENERATION $RANK/$WORLD_SIZE $MASTER_ADDR:$MASTER_PORT"; '
                f'while [ ! -e "{marks}/done" ]; do sleep 0.2 & wait $!; done')
     tid = client.submit(spec(command=["bash", "-c", program]), owner="test").task.task_id
     assert sorted(client.get_task(tid).nodes) == ALL
 
-    cfg = SlurmConfig(workdir=str(tmp_path), output=str(tmp_path / "%x-%j.out"))
+    cfg = SlurmConfig(workdir=str(tmp_path), output=str(tmp_path / "%x-%j.out"),
+                      rescale_grace_s=20)
     cli = SlurmCLI(slurm_conf=str(slurm.conf))
     stop = threading.Event()
     launcher_client = Client(client.address, timeout_s=10)
@@ -269,11 +393,12 @@ def test_end_to_end_on_real_slurm(slurm, cluster_daemon, tmp_path):
                           daemon=True)
     th.start()
     try:
-        # 1. placed on all four idle nodes as scavenger jobs, one per node
-        slurm.wait_for(lambda: running_on(slurm, tid) == set(ALL), timeout=60,
+        # 1. placed on all four idle nodes as scavenger jobs, one per node, generation 1
+        slurm.wait_for(lambda: running_on(slurm, tid) == {n: 1 for n in ALL}, timeout=60,
                        what="four running Offcut jobs")
         jobs = offcut_jobs(slurm, tid)
-        assert {n: j["node_list"] for n, j in jobs.items()} == {n: n for n in ALL}
+        assert {n: j["node_list"] for (_, n), j in jobs.items()} == {n: n for n in ALL}
+        assert (tmp_path / "offcut-checkpoints" / tid).is_dir()
         t_placed = time.monotonic()
 
         # a launcher restart while the jobs run: it adopts them and submits nothing
@@ -282,32 +407,41 @@ def test_end_to_end_on_real_slurm(slurm, cluster_daemon, tmp_path):
         restarted = Launcher(launcher_client, cfg, cli)
         r = restarted.reconcile()
         assert r.adopted == 4 and not r.submitted and not r.cancelled
-        assert {n: j["job_id"] for n, j in offcut_jobs(slurm, tid).items()} == \
-            {n: j["job_id"] for n, j in jobs.items()}
+        assert {k: j["job_id"] for k, j in offcut_jobs(slurm, tid).items()} == \
+            {k: j["job_id"] for k, j in jobs.items()}
         stop = threading.Event()
         th = threading.Thread(target=restarted.run, args=(0.5, stop), daemon=True)
         th.start()
 
-        # 2. a regular job arrives: Slurm preempts two Offcut jobs, the prolog tells the daemon
+        # 2. a regular job arrives: Slurm preempts two Offcut jobs (they exit 75 on its
+        # signal), the launcher stops the other two, the prolog tells the daemon, and a new
+        # generation runs on the two nodes left
         regular = slurm.sbatch("-N2", wrap="sleep 4")
         slurm.wait_state(regular, {"RUNNING", "COMPLETING", "COMPLETED"}, timeout=90)
         taken = set(hostlist.expand_hostlist(slurm.jobs()[regular]["node_list"]))
         assert len(taken) == 2
         slurm.wait_for(lambda: set(client.get_task(tid).nodes) == set(ALL) - taken, timeout=30,
                        what="the task to shrink to the other two nodes")
-        assert running_on(slurm, tid) == set(ALL) - taken
-        assert {p.name.removeprefix("usr1-") for p in marks.glob("usr1-*")} == taken
+        left = slurm.wait_for(lambda: (r := running_on(slurm, tid)) and set(r) == set(ALL) - taken
+                              and len(set(r.values())) == 1 and r, timeout=60,
+                              what="a new generation on the two nodes left")
+        shrunk_gen = next(iter(left.values()))
+        assert shrunk_gen == client.get_task(tid).generation > 1
+        usr1 = {p.name.removeprefix("usr1-") for p in marks.glob("usr1-*")}
+        assert {u.split("-", 1)[1] for u in usr1 if u.startswith("1-")} == set(ALL)
+        assert client.get_task(tid).state == tasks_pb2.TASK_STATE_RUNNING
         t_shrunk = time.monotonic()
 
-        # 3. the regular job ends: the epilog returns its nodes, the task grows back to four
+        # 3. the regular job ends: the epilog returns its nodes, the next generation runs on four
         slurm.wait_state(regular, {"COMPLETED"}, timeout=60)
         slurm.wait_for(lambda: sorted(client.get_task(tid).nodes) == ALL, timeout=30,
                        what="the task to grow back to four nodes")
-        slurm.wait_for(lambda: running_on(slurm, tid) == set(ALL), timeout=60,
-                       what="four running Offcut jobs again")
-        slurm.wait_for(lambda: client.get_task(tid).launches >= 6, timeout=30,
-                       what="the launcher to report the new jobs started")
+        grown = slurm.wait_for(lambda: (r := running_on(slurm, tid)) and set(r) == set(ALL)
+                               and set(r.values()) == {client.get_task(tid).generation} and r,
+                               timeout=60, what="four running Offcut jobs again")
+        assert next(iter(grown.values())) > shrunk_gen
         assert client.get_task(tid).preemptions >= 1
+        assert client.get_task(tid).failed_runs == 0
         t_grown = time.monotonic()
 
         # 4. the program finishes: the task completes and its nodes are released
@@ -317,8 +451,6 @@ def test_end_to_end_on_real_slurm(slurm, cluster_daemon, tmp_path):
         assert not client.get_task(tid).nodes and client.status().nodes_in_use == 0
         slurm.wait_for(lambda: not offcut_jobs(slurm, tid), timeout=60,
                        what="no active Offcut job")
-        finished = offcut_jobs(slurm, tid, active_only=False)
-        assert {j["state"] for j in finished.values()} <= {"COMPLETED", "CANCELLED", "PREEMPTED"}
     finally:
         stop.set()
         th.join(10)

@@ -114,3 +114,108 @@ def test_run_reports_survive_restart(daemons):
     assert status_key(c2) == key
     assert c2.report_task_run(running[1], "failed", node="n3", exit_code=1,
                               request_id="f1", time=T0 + 2).decision.duplicate
+
+
+# ----------------------------------------------------------------------------- generations
+def test_every_change_of_the_node_set_starts_a_generation(daemon):
+    _, c = daemon
+    c.report_nodes(T0, "slurm", 1, idle=["n1", "n2"])
+    r = c.submit(make_spec("g", max_nodes=4), submit_time=T0 + 1)
+    tid = r.task.task_id
+    start = {p.task_id: p for p in r.decision.placements}[tid]
+    assert start.change == decision_pb2.PLACEMENT_CHANGE_START and start.generation == 1
+    assert c.get_task(tid).generation == 1
+    grow = c.report_nodes(T0 + 2, "slurm", 2, idle=["n3", "n4"])
+    assert [p.generation for p in grow.placements if p.task_id == tid] == [2]
+    shrink = c.report_nodes(T0 + 3, "slurm", 3, preempted=["n4"])
+    assert [(p.change, p.generation) for p in shrink.placements if p.task_id == tid] == [
+        (decision_pb2.PLACEMENT_CHANGE_PREEMPTED, 3)]
+    # a report that leaves the task's nodes alone keeps its generation
+    c.report_task_run(tid, "started", node="n1", job_id="5", generation=3, time=T0 + 4)
+    assert c.get_task(tid).generation == 3 and sorted(c.get_task(tid).nodes) == ["n1", "n2", "n3"]
+
+
+def _one_task(c, **spec):
+    c.report_nodes(T0, "slurm", 1, idle=["n1", "n2"])
+    return c.submit(make_spec("g", max_nodes=2, **spec), submit_time=T0 + 1).task.task_id
+
+
+def test_interrupted_run_of_the_current_generation_restarts_it_on_the_same_nodes(daemon):
+    _, c = daemon
+    tid = _one_task(c)
+    rev = c.status().revision
+    r = c.report_task_run(tid, "interrupted", node="n1", job_id="7", exit_code=75,
+                          generation=1, time=T0 + 2)
+    assert r.task.generation == 2 and sorted(r.task.nodes) == ["n1", "n2"]
+    assert r.task.state == tasks_pb2.TASK_STATE_RUNNING and r.task.failed_runs == 0
+    (p,) = r.decision.placements
+    assert p.change == decision_pb2.PLACEMENT_CHANGE_RESTART and p.generation == 2
+    assert list(p.nodes) == ["n1", "n2"] and r.decision.revision == rev + 1
+    # the other rank of generation 1 exits 75 too: superseded, recorded only
+    r = c.report_task_run(tid, "interrupted", node="n2", job_id="8", exit_code=75,
+                          generation=1, time=T0 + 2)
+    assert r.task.generation == 2 and not r.decision.placements
+    assert r.task.last_run == "interrupted in generation 1 on n2 (job 8) exit code 75"
+
+
+def test_a_failure_of_a_superseded_generation_is_not_a_task_failure(daemon):
+    _, c = daemon
+    tid = _one_task(c)
+    c.report_nodes(T0 + 2, "slurm", 2, preempted=["n2"])  # generation 2 on n1
+    assert c.get_task(tid).generation == 2
+    r = c.report_task_run(tid, "failed", node="n1", job_id="9", exit_code=1, generation=1,
+                          message="gloo: Connection closed by peer", time=T0 + 3)
+    assert r.task.state == tasks_pb2.TASK_STATE_RUNNING and r.task.generation == 2
+    assert r.task.failed_runs == 0 and not r.decision.placements
+
+
+def test_repeated_failures_of_the_current_generation_fail_the_task_with_the_reason(daemon):
+    _, c = daemon
+    tid = _one_task(c)
+    for gen in (1, 2):
+        r = c.report_task_run(tid, "failed", node="n1", job_id=f"j{gen}", exit_code=1,
+                              generation=gen, message="ImportError", time=T0 + 2)
+        assert r.task.state == tasks_pb2.TASK_STATE_RUNNING
+        assert r.task.generation == gen + 1 and r.task.failed_runs == gen
+        assert "failed in generation" in r.task.failure_reason
+    # a checkpointed exit in between resets the count
+    c.report_task_run(tid, "interrupted", node="n1", job_id="k", exit_code=75, generation=3,
+                      time=T0 + 2)
+    assert c.get_task(tid).failed_runs == 0 and c.get_task(tid).generation == 4
+    for gen in (4, 5, 6):
+        r = c.report_task_run(tid, "failed", node="n2", job_id=f"j{gen}", exit_code=2,
+                              generation=gen, message="bug", time=T0 + 3)
+    assert r.task.state == tasks_pb2.TASK_STATE_FAILED and not r.task.nodes
+    assert r.task.failure_reason.startswith("3 generations in a row failed; the last: failed "
+                                            "in generation 6 on n2 (job j6) exit code 2 - bug")
+    assert {p.task_id: p.change for p in r.decision.placements}[tid] == \
+        decision_pb2.PLACEMENT_CHANGE_FAILED
+    assert c.status().nodes_in_use == 0
+
+
+def test_max_failed_generations_is_configurable(daemons):
+    _, c = daemons.start("a", max_failed_generations=1)
+    tid = _one_task(c)
+    r = c.report_task_run(tid, "failed", node="n1", exit_code=1, generation=1, time=T0 + 2)
+    assert r.task.state == tasks_pb2.TASK_STATE_FAILED
+
+
+def test_a_progress_report_resets_the_failure_count(daemon):
+    _, c = daemon
+    tid = _one_task(c, reports_progress=True)
+    c.report_task_run(tid, "failed", node="n1", exit_code=1, generation=1, time=T0 + 2)
+    assert c.get_task(tid).failed_runs == 1
+    c.report_progress([{"task_id": tid, "time": T0 + 3, "samples_done": 10.0, "nodes": 2}])
+    assert c.get_task(tid).failed_runs == 0
+
+
+@pytest.mark.parametrize("generation", [0, 2, 2**40])
+def test_a_generation_the_task_never_had_is_refused(daemon, generation):
+    _, c = daemon
+    tid = _one_task(c)
+    key = status_key(c)
+    with pytest.raises(FailedPrecondition) as info:
+        c.report_task_run(tid, "failed", node="n1", exit_code=1, generation=generation,
+                          time=T0 + 2)
+    assert str(info.value).startswith("generation:")
+    assert status_key(c) == key and c.get_task(tid).generation == 1

@@ -21,6 +21,7 @@ class PlacementChange(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PLACEMENT_CHANGE_COMPLETED: _ClassVar[PlacementChange]
     PLACEMENT_CHANGE_CANCELLED: _ClassVar[PlacementChange]
     PLACEMENT_CHANGE_FAILED: _ClassVar[PlacementChange]
+    PLACEMENT_CHANGE_RESTART: _ClassVar[PlacementChange]
 PLACEMENT_CHANGE_UNSPECIFIED: PlacementChange
 PLACEMENT_CHANGE_START: PlacementChange
 PLACEMENT_CHANGE_GROW: PlacementChange
@@ -30,9 +31,10 @@ PLACEMENT_CHANGE_PREEMPTED: PlacementChange
 PLACEMENT_CHANGE_COMPLETED: PlacementChange
 PLACEMENT_CHANGE_CANCELLED: PlacementChange
 PLACEMENT_CHANGE_FAILED: PlacementChange
+PLACEMENT_CHANGE_RESTART: PlacementChange
 
 class Placement(_message.Message):
-    __slots__ = ("task_id", "task_name", "change", "nodes", "previous_node_count", "rate_samples_per_s", "work_done_samples", "total_work_samples", "time")
+    __slots__ = ("task_id", "task_name", "change", "nodes", "previous_node_count", "rate_samples_per_s", "work_done_samples", "total_work_samples", "time", "generation")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_NAME_FIELD_NUMBER: _ClassVar[int]
     CHANGE_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +44,7 @@ class Placement(_message.Message):
     WORK_DONE_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_WORK_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     task_name: str
     change: PlacementChange
@@ -51,7 +54,8 @@ class Placement(_message.Message):
     work_done_samples: float
     total_work_samples: float
     time: _timestamp_pb2.Timestamp
-    def __init__(self, task_id: _Optional[str] = ..., task_name: _Optional[str] = ..., change: _Optional[_Union[PlacementChange, str]] = ..., nodes: _Optional[_Iterable[str]] = ..., previous_node_count: _Optional[int] = ..., rate_samples_per_s: _Optional[float] = ..., work_done_samples: _Optional[float] = ..., total_work_samples: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    generation: int
+    def __init__(self, task_id: _Optional[str] = ..., task_name: _Optional[str] = ..., change: _Optional[_Union[PlacementChange, str]] = ..., nodes: _Optional[_Iterable[str]] = ..., previous_node_count: _Optional[int] = ..., rate_samples_per_s: _Optional[float] = ..., work_done_samples: _Optional[float] = ..., total_work_samples: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class EventStats(_message.Message):
     __slots__ = ("interval_s", "progress_samples", "rate_samples_per_s", "rescale_cost_samples", "nodes_left", "tasks_preempted", "nodes_joined", "admitted_tasks", "idle_nodes", "running_tasks", "nodes_in_use", "preemption_cost_samples", "tasks_completed")

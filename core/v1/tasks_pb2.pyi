@@ -28,6 +28,7 @@ class RunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RUN_STATE_PREEMPTED: _ClassVar[RunState]
     RUN_STATE_FINISHED: _ClassVar[RunState]
     RUN_STATE_FAILED: _ClassVar[RunState]
+    RUN_STATE_INTERRUPTED: _ClassVar[RunState]
 TASK_STATE_UNSPECIFIED: TaskState
 TASK_STATE_QUEUED: TaskState
 TASK_STATE_ADMITTED: TaskState
@@ -40,9 +41,10 @@ RUN_STATE_STARTED: RunState
 RUN_STATE_PREEMPTED: RunState
 RUN_STATE_FINISHED: RunState
 RUN_STATE_FAILED: RunState
+RUN_STATE_INTERRUPTED: RunState
 
 class TaskSpec(_message.Message):
-    __slots__ = ("name", "min_nodes", "max_nodes", "node_counts", "throughputs", "objective_values", "rescale_up_s", "rescale_down_s", "total_work_samples", "command", "reports_progress", "power_w")
+    __slots__ = ("name", "min_nodes", "max_nodes", "node_counts", "throughputs", "objective_values", "rescale_up_s", "rescale_down_s", "total_work_samples", "command", "reports_progress", "power_w", "zeus_job_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MIN_NODES_FIELD_NUMBER: _ClassVar[int]
     MAX_NODES_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +57,7 @@ class TaskSpec(_message.Message):
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     REPORTS_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     POWER_W_FIELD_NUMBER: _ClassVar[int]
+    ZEUS_JOB_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     min_nodes: int
     max_nodes: int
@@ -67,7 +70,8 @@ class TaskSpec(_message.Message):
     command: _containers.RepeatedScalarFieldContainer[str]
     reports_progress: bool
     power_w: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, name: _Optional[str] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., node_counts: _Optional[_Iterable[int]] = ..., throughputs: _Optional[_Iterable[float]] = ..., objective_values: _Optional[_Iterable[float]] = ..., rescale_up_s: _Optional[float] = ..., rescale_down_s: _Optional[float] = ..., total_work_samples: _Optional[float] = ..., command: _Optional[_Iterable[str]] = ..., reports_progress: _Optional[bool] = ..., power_w: _Optional[_Iterable[float]] = ...) -> None: ...
+    zeus_job_id: str
+    def __init__(self, name: _Optional[str] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., node_counts: _Optional[_Iterable[int]] = ..., throughputs: _Optional[_Iterable[float]] = ..., objective_values: _Optional[_Iterable[float]] = ..., rescale_up_s: _Optional[float] = ..., rescale_down_s: _Optional[float] = ..., total_work_samples: _Optional[float] = ..., command: _Optional[_Iterable[str]] = ..., reports_progress: _Optional[bool] = ..., power_w: _Optional[_Iterable[float]] = ..., zeus_job_id: _Optional[str] = ...) -> None: ...
 
 class SubmitTaskRequest(_message.Message):
     __slots__ = ("spec", "submit_time", "request_id", "owner")
@@ -90,7 +94,7 @@ class SubmitTaskResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "spec", "owner", "state", "submit_time", "admit_time", "finish_time", "nodes", "work_done_samples", "rate_samples_per_s", "rescales", "preemptions", "launches", "last_run", "energy_j", "power_w", "model")
+    __slots__ = ("task_id", "spec", "owner", "state", "submit_time", "admit_time", "finish_time", "nodes", "work_done_samples", "rate_samples_per_s", "rescales", "preemptions", "launches", "last_run", "energy_j", "power_w", "model", "generation", "failed_runs", "failure_reason")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +112,9 @@ class Task(_message.Message):
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     POWER_W_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    FAILED_RUNS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     spec: TaskSpec
     owner: str
@@ -125,7 +132,10 @@ class Task(_message.Message):
     energy_j: float
     power_w: float
     model: LearnedModel
-    def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., owner: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., admit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[str]] = ..., work_done_samples: _Optional[float] = ..., rate_samples_per_s: _Optional[float] = ..., rescales: _Optional[int] = ..., preemptions: _Optional[int] = ..., launches: _Optional[int] = ..., last_run: _Optional[str] = ..., energy_j: _Optional[float] = ..., power_w: _Optional[float] = ..., model: _Optional[_Union[LearnedModel, _Mapping]] = ...) -> None: ...
+    generation: int
+    failed_runs: int
+    failure_reason: str
+    def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., owner: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., admit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[str]] = ..., work_done_samples: _Optional[float] = ..., rate_samples_per_s: _Optional[float] = ..., rescales: _Optional[int] = ..., preemptions: _Optional[int] = ..., launches: _Optional[int] = ..., last_run: _Optional[str] = ..., energy_j: _Optional[float] = ..., power_w: _Optional[float] = ..., model: _Optional[_Union[LearnedModel, _Mapping]] = ..., generation: _Optional[int] = ..., failed_runs: _Optional[int] = ..., failure_reason: _Optional[str] = ...) -> None: ...
 
 class LearnedModel(_message.Message):
     __slots__ = ("measured", "rescale_up_s", "rescale_down_s", "curve_node_counts", "curve_throughputs", "has_report", "last_report_time", "last_samples_done", "last_energy_j", "curve_low", "curve_high")
@@ -222,7 +232,7 @@ class PlacementUpdate(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., placements: _Optional[_Iterable[_Union[_decision_pb2.Placement, _Mapping]]] = ...) -> None: ...
 
 class TaskRunReport(_message.Message):
-    __slots__ = ("task_id", "state", "time", "node", "job_id", "exit_code", "message", "request_id")
+    __slots__ = ("task_id", "state", "time", "node", "job_id", "exit_code", "message", "request_id", "generation")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
@@ -231,6 +241,7 @@ class TaskRunReport(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     state: RunState
     time: _timestamp_pb2.Timestamp
@@ -239,7 +250,8 @@ class TaskRunReport(_message.Message):
     exit_code: int
     message: str
     request_id: str
-    def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., node: _Optional[str] = ..., job_id: _Optional[str] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    generation: int
+    def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., node: _Optional[str] = ..., job_id: _Optional[str] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., request_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class ProgressReport(_message.Message):
     __slots__ = ("task_id", "time", "samples_done", "nodes", "energy_j")
