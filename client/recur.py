@@ -435,7 +435,9 @@ class RecurDriver:
             if log:
                 log.close()
         trial = self._trial(n)
-        if trial.status == "running":  # exited without a final verdict
+        # exited without a final verdict; a run that suspended its trial (exit 75, meant for a
+        # new generation of a placed task) is not restarted here, so it ends as a failure too
+        if trial.status in ("running", "suspended"):
             self.client.end_trial(self.job_id, n)
             trial = self._trial(n)
         record = RunRecord(recurrence, attempt, n, b, self._power_limit(b), trial.energy_j,

@@ -33,12 +33,49 @@ Environment variables (the contract with ``offcut recur``, :mod:`offcut.client.r
   the default socket.
 - ``OFFCUT_ZEUS_JOB_ID``: the recurring job's id (required by :meth:`ZeusTraining.from_env`).
 - ``OFFCUT_ZEUS_TRIAL``: the trial already opened for this run; unset = predict one.
-- ``OFFCUT_BATCH_SIZE``: the trial's batch size (checked against the daemon's record).
+- ``OFFCUT_ZEUS_RESUME_TRIAL``: the trial of a previous generation to resume (ResumeTrial);
+  exclusive with ``OFFCUT_ZEUS_TRIAL``. The elastic helper stores :attr:`ZeusTraining.
+  trial_number` in its checkpoint and sets this (or passes ``resume_trial=``) when it restarts.
+- ``OFFCUT_BATCH_SIZE``: the trial's (global) batch size (checked against the daemon's record).
+- ``OFFCUT_GENERATION``: this process's generation (set by the launcher, docs/execution.md);
+  sent with every call so that the daemon fences the trial to its current generation.
+- ``OFFCUT_TASK_ID``: with ``OFFCUT_GENERATION``, makes Predict's and ResumeTrial's default
+  idempotency key ``offcut-task:<task>:g<generation>`` (a retried call gets the same trial).
 
-A process restarted with the same ``OFFCUT_ZEUS_TRIAL`` (preemption, rescaling) continues the
-trial: epochs, time and energy continue from what the daemon last recorded, and profiling
-continues where the daemon's power profile is. Work done after the last reported epoch of the
-previous process is not counted (the protocol reports whole epochs).
+A process restarted with the same ``OFFCUT_ZEUS_TRIAL`` continues the trial: epochs, time and
+energy continue from what the daemon last recorded, and profiling continues where the daemon's
+power profile is. Work done after the last reported epoch of the previous process is not
+counted unless that process ended with ``interrupted`` (below).
+
+Generations (a placed task, docs/execution.md): every grow, shrink or preemption stops the
+processes (they checkpoint and exit 75) and starts a new generation. A Zeus trial spans them:
+
+- On the stop signal, end the run with :meth:`ZeusTraining.interrupt` (or
+  ``close(interrupted=True)``, or leave the ``with`` block by ``sys.exit(75)``): the epoch cut
+  short is measured and counted, and the trial is *suspended* (EndTrial with interrupted) with
+  its cumulative time and energy; it is not a failure and prunes no batch size.
+- The next generation passes ``resume_trial=<the checkpoint's trial number>`` (and
+  ``generation=``): ResumeTrial returns the trial's stored epochs, time [s] and energy [J], the
+  process numbers its epochs on and adds its own measurements to them, so the trial's cost is
+  zeus_cost (Zeus §3.1, Eq. 2) of the sums over all its generations.
+- A real failure (any other exception leaving the ``with`` block) ends the trial as not
+  converged, as before; a later ``resume_trial`` of it raises ``FailedPrecondition``: start a
+  new trial (and the training from scratch).
+- The batch size of a trial is the *global* batch size; each rank trains
+  :func:`per_rank_batch_size` samples per step, which follows the generation's world size.
+
+Sketch of one generation's rank 0 (the other ranks get the batch size and ``should_stop`` by
+broadcast)::
+
+    ckpt = latest_checkpoint()                    # None in the task's first generation
+    with ZeusTraining.from_env(resume_trial=ckpt["zeus_trial"] if ckpt else None) as zt:
+        per_rank = zt.per_rank_batch_size()       # from $WORLD_SIZE, $RANK
+        while not zt.should_stop:
+            zt.on_epoch_begin()
+            if not train_one_epoch(per_rank):     # the stop signal came: checkpoint written
+                save_checkpoint(zeus_trial=zt.trial_number)
+                sys.exit(75)                      # suspends the trial
+            zt.on_epoch_end(validate())
 
 Measurement and actuation go through a :class:`MeasurementBackend`: :class:`ZeusMonitorBackend`
 (the ``zeus`` package), :class:`NvmlBackend` (``nvidia-ml-py``) or :class:`ManualBackend`
@@ -58,11 +95,14 @@ import logging
 import math
 import os
 import time
+import uuid
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+import grpc
 
 from offcut.client.api import Client
-from offcut.errors import FailedPrecondition, NotFound
+from offcut.errors import FailedPrecondition, NotFound, Unavailable
 from offcut.v1 import zeus_pb2
 
 logger = logging.getLogger("offcut.training")
@@ -75,8 +115,19 @@ ENV_JOB_ID = "OFFCUT_ZEUS_JOB_ID"
 ENV_TRIAL = "OFFCUT_ZEUS_TRIAL"
 """The trial number opened by the driver for this run."""
 ENV_BATCH_SIZE = "OFFCUT_BATCH_SIZE"
-"""The trial's batch size."""
-ENV_VARS = (ENV_ADDRESS, ENV_JOB_ID, ENV_TRIAL, ENV_BATCH_SIZE)
+"""The trial's (global) batch size."""
+ENV_RESUME_TRIAL = "OFFCUT_ZEUS_RESUME_TRIAL"
+"""The trial of a previous generation to resume (from the elastic helper's checkpoint)."""
+ENV_GENERATION = "OFFCUT_GENERATION"
+"""This process's generation (docs/execution.md), an integer >= 1."""
+ENV_TASK_ID = "OFFCUT_TASK_ID"
+"""The placed task running this process."""
+ENV_VARS = (ENV_ADDRESS, ENV_JOB_ID, ENV_TRIAL, ENV_BATCH_SIZE, ENV_RESUME_TRIAL, ENV_GENERATION,
+            ENV_TASK_ID)
+EXIT_INTERRUPTED = 75
+"""The exit status of a process that checkpointed and stops for a new generation
+(``EX_TEMPFAIL``, docs/execution.md); ``sys.exit(75)`` inside the ``with`` block suspends the
+trial."""
 
 _INSTALL_HINT = ("install zeus (pip install 'offcut[zeus]') or nvidia-ml-py "
                  "(pip install 'offcut[gpu]') on a machine with an NVIDIA GPU, or pass "
@@ -473,23 +524,121 @@ def default_backend(gpu_indices: Sequence[int] | None = None) -> MeasurementBack
     raise BackendUnavailable(f"no GPU measurement backend ({'; '.join(reasons)}); {_INSTALL_HINT}")
 
 
+# ----------------------------------------------------------------------------- batch size
+def per_rank_batch_size(global_batch_size: int, world_size: int, rank: int, *,
+                        strict: bool = False) -> int:
+    """The samples per step of ``rank`` when a generation of ``world_size`` ranks trains the
+    trial's global batch size ``global_batch_size`` (the batch size the daemon's optimizer
+    chose; it stays the same across generations, only the split changes).
+
+    Rule: the global batch is split evenly: every rank gets ``B // W`` and the first
+    ``B % W`` ranks one more, so the ranks' batches add up to ``B`` exactly. With an uneven
+    split, DDP's gradient mean over ranks weighs a sample on a smaller rank slightly more
+    (by ``(B // W + 1) / (B // W)`` at most); ``strict=True`` refuses uneven splits instead.
+
+    Raises:
+        ValueError: ``world_size`` < 1, ``rank`` not in ``[0, world_size)``,
+            ``global_batch_size`` < ``world_size`` (a rank would train on nothing), or with
+            ``strict`` a batch that ``world_size`` does not divide.
+    """
+    b, w, r = int(global_batch_size), int(world_size), int(rank)
+    if w < 1:
+        raise ValueError(f"world_size must be >= 1, got {w}")
+    if not 0 <= r < w:
+        raise ValueError(f"rank must be in [0, {w}), got {r}")
+    if b < w:
+        raise ValueError(f"the global batch size {b} is smaller than the world size {w}: some "
+                         "ranks would get no sample; use fewer ranks or a larger batch size")
+    if strict and b % w:
+        raise ValueError(f"the global batch size {b} does not split evenly over {w} ranks")
+    return b // w + (1 if r < b % w else 0)
+
+
 # ----------------------------------------------------------------------------- verdict
 @dataclass(frozen=True)
 class Verdict:
     """The daemon's answer to a report: ``stop`` training; ``converged`` (meaningful once
     ``finished``: the trial reached the target within the cost bound); the trial's zeus_cost
-    ``cost_j`` [J] so far; a readable ``message``; ``finished`` (the trial is closed)."""
+    ``cost_j`` [J] so far; a readable ``message``; ``finished`` (the trial is closed);
+    ``suspended`` (the run was interrupted and the trial waits for the next generation)."""
 
     stop: bool
     converged: bool
     cost_j: float
     message: str
     finished: bool
+    suspended: bool = False
 
     @classmethod
     def from_pb(cls, pb: zeus_pb2.TrialVerdict) -> "Verdict":
         """From the ``offcut.v1.TrialVerdict`` message."""
-        return cls(pb.stop, pb.converged, pb.cost_j, pb.message, pb.finished)
+        return cls(pb.stop, pb.converged, pb.cost_j, pb.message, pb.finished, pb.suspended)
+
+
+# ----------------------------------------------------------------------------- calls
+# Calls with the fields Client's methods do not send (generation, interrupted). Their names
+# are Client's, so a RetryPolicy treats them alike: predict_batch_size is retried with a
+# request id, report_epoch reconciled, end_trial always (an interrupted EndTrial carries
+# cumulative figures: repeating it changes nothing).
+class _Calls:
+    """The calls, named as Client's methods (see above); a namespace, so that they do not
+    clash with parameters such as ``close(end_trial=...)``."""
+
+    @staticmethod
+    def predict_batch_size(client: Client, job_id: str, request_id: str = "",
+                           generation: int = 0) -> zeus_pb2.Prediction:
+        return client.bso.Predict(zeus_pb2.PredictRequest(
+            job_id=job_id, request_id=request_id, generation=generation),
+            timeout=client.timeout_s)
+
+    @staticmethod
+    def report_epoch(client: Client, job_id: str, trial_number: int, epoch: int, time_s: float,
+                     energy_j: float, metric: float, batch_size: int = 0,
+                     generation: int = 0) -> zeus_pb2.TrialVerdict:
+        return client.bso.ReportEpoch(zeus_pb2.ReportEpochRequest(
+            job_id=job_id, trial_number=trial_number, epoch=epoch, time_s=time_s,
+            energy_j=energy_j, metric=metric, batch_size=batch_size, generation=generation),
+            timeout=client.timeout_s)
+
+    @staticmethod
+    def end_trial(client: Client, job_id: str, trial_number: int, interrupted: bool = False,
+                  time_s: float | None = None, energy_j: float | None = None,
+                  generation: int = 0) -> zeus_pb2.TrialVerdict:
+        request = zeus_pb2.EndTrialRequest(job_id=job_id, trial_number=trial_number,
+                                           interrupted=interrupted, generation=generation)
+        if time_s is not None:
+            request.time_s = time_s
+        if energy_j is not None:
+            request.energy_j = energy_j
+        return client.bso.EndTrial(request, timeout=client.timeout_s)
+
+    @staticmethod
+    def resume_trial(client: Client, job_id: str, trial_number: int, request_id: str = "",
+                     generation: int = 0) -> zeus_pb2.ResumedTrial:
+        return client.bso.ResumeTrial(zeus_pb2.ResumeTrialRequest(
+            job_id=job_id, trial_number=trial_number, request_id=request_id,
+            generation=generation), timeout=client.timeout_s)
+
+
+def _call(client: Client, method: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``method(client, ...)`` as a ``Client`` method would run it: through the client's
+    RetryPolicy when it has one, gRPC errors raised as :mod:`offcut.errors` exceptions. A
+    ``resume_trial`` with a request id is retried on UNAVAILABLE too (the daemon replays the
+    first answer to a repeated id)."""
+    policy = getattr(client, "retry", None)
+    if policy is not None and method is not _Calls.resume_trial:
+        return policy.call(client, method, args, kwargs)
+    waits = policy.backoffs() if policy is not None and kwargs.get("request_id") else None
+    started = time.monotonic()
+    while True:
+        try:
+            return method(client, *args, **kwargs)
+        except grpc.RpcError as err:
+            exc = client._error(err)
+            wait = next(waits) if waits is not None and isinstance(exc, Unavailable) else None
+            if wait is None or time.monotonic() + wait - started > policy.deadline_s:
+                raise exc from None
+            policy.sleep(wait)
 
 
 def _env_int(environ: Mapping[str, str], name: str) -> int | None:
@@ -512,21 +661,31 @@ _IDLE, _OFF, _READY, _WARMUP, _WINDOW, _DONE = "idle", "off", "ready", "warmup",
 class ZeusTraining:
     """One run (trial) of a recurring job, driven by the daemon's Zeus optimizers.
 
-    Construction resolves the backend, reads the job (GetJob), then opens a trial (Predict)
+    Construction resolves the backend, reads the job (GetJob), then opens a trial (Predict),
     or, given ``trial_number``, continues that trial from the daemon's record of its epochs,
-    time and energy. Call :meth:`on_epoch_begin` / :meth:`on_epoch_end` around every epoch
+    time and energy, or, given ``resume_trial``, resumes the trial of a previous generation
+    (ResumeTrial). Call :meth:`on_epoch_begin` / :meth:`on_epoch_end` around every epoch
     (validation included) and :meth:`on_step_begin` before every training step; stop when
     :attr:`should_stop`. :meth:`close` (or leaving the ``with`` block) ends a trial that has
-    no final verdict (EndTrial) and gives the GPUs their maximum power limit back.
+    no final verdict (EndTrial) and gives the GPUs their maximum power limit back;
+    :meth:`interrupt` (or ``sys.exit(75)`` in the ``with`` block) suspends it for the next
+    generation instead.
 
     Args:
         client: a :class:`Client`, or the daemon's address (None = default socket); an
             address makes this object own (and close) the client.
         job_id: the registered job.
-        trial_number: continue this trial; None = open one with Predict.
+        trial_number: continue this trial (opened by a driver for this run; a suspended one
+            is resumed); None = open one with Predict.
+        resume_trial: resume this trial of a previous generation (the number the elastic
+            helper stored in its checkpoint): it must be open (suspended; or running and held
+            by an older ``generation``). Exclusive with ``trial_number``.
+        generation: this process's generation (``OFFCUT_GENERATION``, >= 1; 0 = none): sent
+            with every call, the daemon refuses calls of a replaced generation.
         backend: measurement backend; None = :func:`default_backend`.
-        request_id: Predict's idempotency key (a retried construction gets the same trial).
-        expected_batch_size: if given, must equal the trial's batch size.
+        request_id: the idempotency key of Predict or ResumeTrial (a retried construction
+            gets the same trial); empty: Predict has none, ResumeTrial a fresh one.
+        expected_batch_size: if given, must equal the trial's (global) batch size.
         power: profile and set power limits: None = when the job has a power spec; False =
             never; True = required (error if the job has no power spec).
         wait_steps: steps before the first profiling warm-up (Zeus's ``wait_steps``: the
@@ -537,22 +696,34 @@ class ZeusTraining:
 
     Raises:
         NotFound: unknown job or trial (from the daemon).
-        FailedPrecondition: Predict found every batch size failed.
+        FailedPrecondition: Predict found every batch size failed; ``resume_trial`` names a
+            trial that already ended (converged, failed, abandoned: start a new trial) or
+            that another process holds.
         Unavailable: the daemon cannot be reached.
         TrainingSetupError: a batch size that is not the trial's, ``power=True`` without a
-            power spec, or a power range outside the GPUs'.
+            power spec, a power range outside the GPUs', both ``trial_number`` and
+            ``resume_trial``, a negative ``generation``.
         BackendUnavailable: no backend given and none available.
     """
 
     EPOCH_WINDOW = "offcut.epoch"
 
     def __init__(self, client: Client | str | None, job_id: str, trial_number: int | None = None,
-                 *, backend: MeasurementBackend | None = None, request_id: str = "",
+                 *, resume_trial: int | None = None, generation: int = 0,
+                 backend: MeasurementBackend | None = None, request_id: str = "",
                  expected_batch_size: int | None = None, power: bool | None = None,
                  wait_steps: int = 1, end_trial_on_close: bool = True,
                  restore_power_limit: bool = True):
         if wait_steps < 0:
             raise ValueError(f"wait_steps must be >= 0, got {wait_steps}")
+        if trial_number is not None and resume_trial is not None:
+            raise TrainingSetupError(f"trial_number ({ENV_TRIAL}) and resume_trial "
+                                     f"({ENV_RESUME_TRIAL}) exclude each other")
+        if int(generation) < 0:
+            raise TrainingSetupError(f"generation must be >= 0, got {generation}")
+        self.generation = int(generation)
+        self.resumed = False
+        self.taken_over = False
         self._owns_client = not isinstance(client, Client)
         self.client = client if isinstance(client, Client) else Client(client)
         self.job_id = job_id
@@ -571,23 +742,29 @@ class ZeusTraining:
             self.backend = backend if backend is not None else default_backend()
             job = self.client.get_zeus_job(job_id)
             self._setup_power(job, power)
-            if trial_number is None:
-                pred = self.client.predict_batch_size(job_id, request_id)
+            if resume_trial is not None:
+                self._resume(resume_trial, request_id)
+            elif trial_number is None:
+                pred = _call(self.client, _Calls.predict_batch_size, job_id,
+                             request_id=request_id, generation=self.generation)
                 self._opened_trial = True
                 self.trial_number, self.batch_size = pred.trial_number, pred.batch_size
                 self._epochs, self._time_s, self._energy_j = 0, 0.0, 0.0
                 logger.info("job %s: trial %d, batch size %d", job_id, self.trial_number,
                             self.batch_size)
             else:
-                self._continue_trial(job, trial_number)
+                self._continue_trial(job, trial_number, request_id)
             if expected_batch_size is not None and expected_batch_size != self.batch_size:
                 raise TrainingSetupError(
                     f"{ENV_BATCH_SIZE}={expected_batch_size} but trial {self.trial_number} of "
                     f"job {job_id!r} runs batch size {self.batch_size}")
         except BaseException:
-            if self._opened_trial:  # do not leave a trial open that will never run
+            # do not leave a trial open that will never run: end one this object opened,
+            # suspend again one it resumed (the next attempt can resume it)
+            if self._opened_trial or self.resumed:
                 try:
-                    self.client.end_trial(job_id, self.trial_number)
+                    _call(self.client, _Calls.end_trial, job_id, self.trial_number,
+                          interrupted=self.resumed, generation=self.generation)
                 except Exception:  # noqa: BLE001 - the original error matters more
                     pass
             if self._owns_client:
@@ -611,10 +788,25 @@ class ZeusTraining:
                 f"job {self.job_id!r} profiles power limits {spec.min_power_limit_w:g}-"
                 f"{spec.max_power_limit_w:g} W but the GPUs accept {lo:g}-{hi:g} W")
 
-    def _continue_trial(self, job: zeus_pb2.ZeusJob, trial_number: int) -> None:
+    def _resume(self, trial_number: int, request_id: str) -> None:
+        """ResumeTrial: continue the trial from its stored epochs, time and energy."""
+        r = _call(self.client, _Calls.resume_trial, self.job_id, trial_number,
+                  request_id=request_id or f"zt-{uuid.uuid4().hex}", generation=self.generation)
+        self.resumed, self.taken_over = True, r.taken_over
+        self.trial_number, self.batch_size = r.trial_number, r.batch_size
+        self._epochs, self._time_s, self._energy_j = r.epochs, r.time_s, r.energy_j
+        logger.info("job %s: resumed trial %d (batch size %d%s) after epoch %d, %.1f s, %.1f J",
+                    self.job_id, r.trial_number, r.batch_size,
+                    ", taken over from a replaced generation" if r.taken_over else "",
+                    r.epochs, r.time_s, r.energy_j)
+
+    def _continue_trial(self, job: zeus_pb2.ZeusJob, trial_number: int, request_id: str) -> None:
         trial = next((t for t in job.trials if t.trial_number == trial_number), None)
         if trial is None:
             raise NotFound(f"job {self.job_id!r} has no trial {trial_number}", "trial_number")
+        if trial.status == "suspended":  # a previous process of this run was interrupted
+            self._resume(trial_number, request_id)
+            return
         self.trial_number, self.batch_size = trial.trial_number, trial.batch_size
         self._epochs, self._time_s, self._energy_j = trial.epochs, trial.time_s, trial.energy_j
         if trial.status != "running":
@@ -630,10 +822,16 @@ class ZeusTraining:
         """Construct from the ``OFFCUT_*`` variables set by ``offcut recur`` (see the module
         docstring); ``kwargs`` go to the constructor.
 
+        ``OFFCUT_ZEUS_RESUME_TRIAL`` resumes that trial (``resume_trial``),
+        ``OFFCUT_GENERATION`` gives ``generation`` (``resume_trial=`` and ``generation=``
+        given here take precedence, e.g. the trial number of the checkpoint), and with
+        ``OFFCUT_TASK_ID`` the default ``request_id`` is ``offcut-task:<task>:g<generation>``.
+
         Raises:
-            TrainingSetupError: ``OFFCUT_ZEUS_JOB_ID`` unset, a non-integer (or < 1) trial or
-                batch size, ``OFFCUT_BATCH_SIZE`` without ``OFFCUT_ZEUS_TRIAL``; and whatever
-                the constructor raises.
+            TrainingSetupError: ``OFFCUT_ZEUS_JOB_ID`` unset, a non-integer (or < 1) trial,
+                resume trial, generation or batch size, ``OFFCUT_BATCH_SIZE`` without
+                ``OFFCUT_ZEUS_TRIAL`` or ``OFFCUT_ZEUS_RESUME_TRIAL``, both of these; and
+                whatever the constructor raises.
         """
         env = os.environ if environ is None else environ
         job_id = env.get(ENV_JOB_ID, "").strip()
@@ -641,11 +839,23 @@ class ZeusTraining:
             raise TrainingSetupError(f"{ENV_JOB_ID} is not set: run under `offcut recur` or "
                                      "construct ZeusTraining(address, job_id)")
         trial = _env_int(env, ENV_TRIAL)
+        resume = kwargs.pop("resume_trial", None)
+        resume = _env_int(env, ENV_RESUME_TRIAL) if resume is None else resume
+        generation = kwargs.pop("generation", None)
+        generation = _env_int(env, ENV_GENERATION) if generation is None else generation
         batch_size = _env_int(env, ENV_BATCH_SIZE)
-        if batch_size is not None and trial is None:
+        if trial is not None and resume is not None:
+            raise TrainingSetupError(f"{ENV_TRIAL} and {ENV_RESUME_TRIAL} are both set: a run "
+                                     "either continues the trial its driver opened or resumes "
+                                     "the one of its checkpoint")
+        if batch_size is not None and trial is None and resume is None:
             raise TrainingSetupError(f"{ENV_BATCH_SIZE} is set but {ENV_TRIAL} is not: the batch "
                                      "size comes with a trial opened by the driver")
-        return cls(env.get(ENV_ADDRESS) or None, job_id, trial, backend=backend,
+        task_id = env.get(ENV_TASK_ID, "").strip()
+        if generation is not None and task_id and "request_id" not in kwargs:
+            kwargs["request_id"] = f"offcut-task:{task_id}:g{generation}"[:200]
+        return cls(env.get(ENV_ADDRESS) or None, job_id, trial, resume_trial=resume,
+                   generation=generation or 0, backend=backend,
                    expected_batch_size=batch_size, **kwargs)
 
     # ------------------------------------------------------------------ properties
@@ -684,6 +894,22 @@ class ZeusTraining:
     def power_limit_w(self) -> float | None:
         """The power limit [W] this object last set (None if none)."""
         return self._current_limit_w
+
+    @property
+    def suspended(self) -> bool:
+        """Whether this run ended interrupted and the trial waits for the next generation."""
+        return self._verdict is not None and self._verdict.suspended
+
+    def per_rank_batch_size(self, world_size: int | None = None, rank: int | None = None, *,
+                            strict: bool = False) -> int:
+        """This rank's samples per step: :func:`per_rank_batch_size` of the trial's global
+        :attr:`batch_size` (``world_size``/``rank`` default to ``$WORLD_SIZE``/``$RANK``, else
+        1 and 0). Raises ValueError as that function does (e.g. batch size < world size)."""
+        if world_size is None:
+            world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        if rank is None:
+            rank = int(os.environ.get("RANK", "0") or 0)
+        return per_rank_batch_size(self.batch_size, world_size, rank, strict=strict)
 
     # ------------------------------------------------------------------ epoch hooks
     def on_epoch_begin(self) -> None:
@@ -731,8 +957,9 @@ class ZeusTraining:
         self._epochs += 1
         self._time_s += dt
         self._energy_j += de
-        pb = self.client.report_epoch(self.job_id, self.trial_number, self._epochs, self._time_s,
-                                      self._energy_j, metric)
+        pb = _call(self.client, _Calls.report_epoch, self.job_id, self.trial_number,
+                   self._epochs, self._time_s, self._energy_j, metric,
+                   generation=self.generation)
         self._verdict = Verdict.from_pb(pb)
         logger.info("trial %d epoch %d: %.1f s, %.1f J, metric %g -> %s", self.trial_number,
                     self._epochs, self._time_s, self._energy_j, metric, self._verdict.message)
@@ -851,15 +1078,30 @@ class ZeusTraining:
         if self._closed:
             raise RuntimeError("this ZeusTraining is closed")
 
-    def close(self, end_trial: bool | None = None) -> Verdict | None:
+    def interrupt(self) -> Verdict | None:
+        """End this process's part of the trial because the run is interrupted (the stop
+        signal of a preemption or rescale): ``close(interrupted=True)``. The trial is suspended
+        for the next generation (:attr:`suspended`); store :attr:`trial_number` in the
+        checkpoint and pass it as ``resume_trial`` there."""
+        return self.close(interrupted=True)
+
+    def close(self, end_trial: bool | None = None, *, interrupted: bool = False
+              ) -> Verdict | None:
         """Finish the run: cancel an open epoch (not reported), interrupt an open profiling
         window, end the trial if it has no final verdict (EndTrial: counted as not converged
         with at least one epoch reported, abandoned without), set the GPUs' maximum limit
         again, and close an owned client. Idempotent.
 
+        With ``interrupted`` (a preemption or rescale, not a failure) the open epoch is
+        measured instead and its time [s] and energy [J] count for the trial (they were spent
+        on it, though the epoch is trained again from the checkpoint), and the trial is
+        suspended with its cumulative figures (EndTrial with interrupted): it stays open for
+        ``resume_trial`` in the next generation and no batch size is pruned.
+
         Args:
             end_trial: override ``end_trial_on_close`` (False: leave the trial open for a
-                restarted process).
+                restarted process). Ignored with ``interrupted``.
+            interrupted: suspend the trial instead of ending it.
 
         Returns:
             The last verdict (None if the trial was left open without any report).
@@ -881,14 +1123,26 @@ class ZeusTraining:
                 logger.warning("while closing trial %d: %s", self.trial_number, exc)
                 first_error = first_error or exc
 
+        def count_cut_epoch() -> None:
+            time_s, energy_j = self.backend.end_window(self.EPOCH_WINDOW)
+            self._time_s += max(0.0, time_s)
+            self._energy_j += max(0.0, energy_j)
+
         if self._in_epoch:
             self._in_epoch = False
-            attempt(lambda: self.backend.end_window(self.EPOCH_WINDOW, cancel=True))
+            attempt(count_cut_epoch if interrupted
+                    else lambda: self.backend.end_window(self.EPOCH_WINDOW, cancel=True))
         attempt(lambda: self._interrupt_power(follow=False))
-        if end and not (self._verdict is not None and self._verdict.finished):
+        if (interrupted or end) and not (self._verdict is not None and self._verdict.finished):
             def end_trial_step() -> None:
-                self._verdict = Verdict.from_pb(self.client.end_trial(self.job_id,
-                                                                      self.trial_number))
+                figures = ({"time_s": self._time_s, "energy_j": self._energy_j}
+                           if interrupted else {})
+                self._verdict = Verdict.from_pb(_call(
+                    self.client, _Calls.end_trial, self.job_id, self.trial_number,
+                    interrupted=interrupted, generation=self.generation, **figures))
+                if interrupted:
+                    logger.info("trial %d suspended after epoch %d: %.1f s, %.1f J so far",
+                                self.trial_number, self._epochs, self._time_s, self._energy_j)
             attempt(end_trial_step)
         if self.restore_power_limit and self._current_limit_w is not None:
             attempt(lambda: self._set_limit(self.backend.power_limit_range()[1]))
@@ -902,16 +1156,21 @@ class ZeusTraining:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        """Close; leaving by ``sys.exit(75)`` (:data:`EXIT_INTERRUPTED`) suspends the trial
+        (``close(interrupted=True)``), any other exception ends it as a failure."""
         if exc_type is None:
             self.close()
             return
+        interrupted = (isinstance(exc, SystemExit) and exc.code == EXIT_INTERRUPTED)
         try:
-            self.close()
+            self.close(interrupted=interrupted)
         except Exception as close_error:  # noqa: BLE001 - do not hide the original error
             logger.warning("closing after %s failed: %s", exc_type.__name__, close_error)
 
 
-__all__ = ["ENV_ADDRESS", "ENV_BATCH_SIZE", "ENV_JOB_ID", "ENV_TRIAL", "ENV_VARS",
+__all__ = ["ENV_ADDRESS", "ENV_BATCH_SIZE", "ENV_GENERATION", "ENV_JOB_ID", "ENV_RESUME_TRIAL",
+           "ENV_TASK_ID", "ENV_TRIAL", "ENV_VARS", "EXIT_INTERRUPTED",
            "BackendUnavailable", "ManualBackend", "MeasurementBackend", "NvmlBackend",
            "PowerLimitError", "TrainingSetupError", "TrialEndedError", "Verdict",
-           "ZeusMonitorBackend", "ZeusTraining", "default_backend", "nvml_power_limit_range"]
+           "ZeusMonitorBackend", "ZeusTraining", "default_backend", "nvml_power_limit_range",
+           "per_rank_batch_size"]

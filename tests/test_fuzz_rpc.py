@@ -540,7 +540,8 @@ def req_export(data, ctx, adv):
 # ------------------------------------------------------------------ Zeus
 JOB_FIELDS = ["job_id", "batch_sizes", "default_batch_size", "eta_knob", "beta_knob", "max_epochs",
               "target_metric", "max_power_w", "num_pruning_rounds", "window_size",
-              "mab_prior_mean", "mab_prior_precision", "mab_num_explorations", "seed", "power"]
+              "mab_prior_mean", "mab_prior_precision", "mab_num_explorations", "seed", "power",
+              "suspended_trial_timeout_s"]
 POWER_FIELDS = ["min_power_limit_w", "max_power_limit_w", "step_w", "warmup_steps",
                 "profile_steps", "selector", "eta_knob", "max_slowdown_factor"]
 
@@ -554,6 +555,9 @@ def req_register(data, ctx, adv):
         target_metric=0.7, higher_is_better=True, max_power_w=250.0, seed=7)
     if data.draw(st.booleans()):
         spec.beta_knob = 2.0
+    timeout = data.draw(st.sampled_from([None, 0.0, 3600.0]))  # 0: stale at the next Predict
+    if timeout is not None:
+        spec.suspended_trial_timeout_s = timeout
     if "power" in bad or data.draw(st.booleans()):
         spec.power.CopyFrom(zeus_pb2.PowerLimitSpec(min_power_limit_w=100.0,
                                                     max_power_limit_w=250.0, step_w=50.0))
@@ -593,17 +597,21 @@ def _trials(ctx: Context, job_id: str) -> list[dict]:
     return ctx.jobs.get(job_id, {}).get("job", {}).get("trials", [])
 
 
+GENERATIONS = st.sampled_from([0, 0, 1, 2])
+
+
 def req_predict(data, ctx, adv):
-    bad = _bad_fields(data, ["job_id", "request_id"], adv)
+    bad = _bad_fields(data, ["job_id", "request_id", "generation"], adv)
     return zeus_pb2.PredictRequest(
         job_id=job_id(data, ctx, "job_id" in bad),
         request_id=data.draw(adv_strings if "request_id" in bad
-                             else st.sampled_from(["", "", "fz-p1", f"fz-p{len(ctx.jobs)}"])))
+                             else st.sampled_from(["", "", "fz-p1", f"fz-p{len(ctx.jobs)}"])),
+        generation=data.draw(adv_uint64 if "generation" in bad else GENERATIONS))
 
 
 def req_report_epoch(data, ctx, adv):
     bad = _bad_fields(data, ["job_id", "trial_number", "epoch", "time_s", "energy_j", "metric",
-                             "batch_size"], adv)
+                             "batch_size", "generation"], adv)
     job = job_id(data, ctx, "job_id" in bad)
     trials = _trials(ctx, job)
     running = [t for t in trials if t["status"] == "running"] or trials
@@ -618,16 +626,47 @@ def req_report_epoch(data, ctx, adv):
         energy_j=data.draw(adv_floats if "energy_j" in bad else st.just(trial["energy_j"] + 2000.0)),
         metric=data.draw(adv_floats if "metric" in bad else st.sampled_from([0.1, 0.8])),
         batch_size=data.draw(adv_int32 if "batch_size" in bad
-                             else st.sampled_from([0, trial["batch_size"]])))
+                             else st.sampled_from([0, trial["batch_size"]])),
+        generation=data.draw(adv_uint64 if "generation" in bad
+                             else st.just(trial.get("generation", 0))))
 
 
 def req_end_trial(data, ctx, adv):
-    bad = _bad_fields(data, ["job_id", "trial_number"], adv)
+    bad = _bad_fields(data, ["job_id", "trial_number", "interrupted", "time_s", "energy_j",
+                             "generation"], adv)
     job = job_id(data, ctx, "job_id" in bad)
-    numbers = [t["trial_number"] for t in _trials(ctx, job)]
-    return zeus_pb2.EndTrialRequest(
+    trials = _trials(ctx, job)
+    trial = pick(data, trials, {"trial_number": 1, "time_s": 0.0, "energy_j": 0.0})
+    interrupted = data.draw(st.booleans())
+    request = zeus_pb2.EndTrialRequest(
         job_id=job, trial_number=data.draw(adv_int32) if "trial_number" in bad
-        else pick(data, numbers, 1))
+        else trial["trial_number"], interrupted=interrupted,
+        generation=data.draw(adv_uint64 if "generation" in bad
+                             else st.just(trial.get("generation", 0))))
+    for name in ("time_s", "energy_j"):  # the trial's totals plus the epoch cut short
+        if name in bad:
+            setattr(request, name, data.draw(adv_floats))
+        elif interrupted and data.draw(st.booleans()):
+            setattr(request, name, trial[name] + data.draw(st.sampled_from([0.0, 5.0])))
+    if "interrupted" in bad:  # figures without interrupted
+        request.interrupted = False
+        request.time_s = data.draw(st.floats(0, 100))
+    return request
+
+
+def req_resume_trial(data, ctx, adv):
+    bad = _bad_fields(data, ["job_id", "trial_number", "request_id", "generation"], adv)
+    job = job_id(data, ctx, "job_id" in bad)
+    trials = _trials(ctx, job)
+    suspended = [t for t in trials if t["status"] == "suspended"] or trials
+    trial = pick(data, suspended, {"trial_number": 1})
+    return zeus_pb2.ResumeTrialRequest(
+        job_id=job, trial_number=data.draw(adv_int32) if "trial_number" in bad
+        else trial["trial_number"],
+        request_id=data.draw(adv_strings if "request_id" in bad
+                             else st.sampled_from(["", "fz-r1", f"fz-r{len(trials)}"])),
+        generation=data.draw(adv_uint64) if "generation" in bad
+        else trial.get("generation", 0) + data.draw(st.sampled_from([0, 1])))
 
 
 def req_delete_job(data, ctx, adv):
@@ -684,14 +723,15 @@ REQUESTS = {
     "ReportProgress": req_progress,
     "GetStatus": req_get_status, "ExportHistory": req_export,
     "RegisterJob": req_register, "Predict": req_predict, "ReportEpoch": req_report_epoch,
-    "EndTrial": req_end_trial, "DeleteJob": req_delete_job, "GetJob": req_get_job,
+    "EndTrial": req_end_trial, "ResumeTrial": req_resume_trial, "DeleteJob": req_delete_job,
+    "GetJob": req_get_job,
     "GetPowerPlan": req_power_plan, "ReportWindow": req_report_window,
     "InterruptWindow": req_interrupt_window, "GetProfile": req_get_profile,
 }
 # valid calls mixed in so that state changes (weights by repetition)
 DRIVERS = ["ReportNodes", "ReportNodes", "SyncNodes", "SubmitTask", "SubmitTask", "CancelTask",
            "ReportTaskRun", "ReportProgress", "ReportProgress", "RegisterJob", "Predict", "Predict", "ReportEpoch", "ReportEpoch",
-           "EndTrial", "GetPowerPlan", "ReportWindow"]
+           "EndTrial", "EndTrial", "ResumeTrial", "GetPowerPlan", "ReportWindow"]
 
 
 # ----------------------------------------------------------------------------- raw bytes

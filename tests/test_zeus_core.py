@@ -14,7 +14,7 @@ import pytest
 
 from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec
-from offcut.errors import FailedPrecondition, InvalidArgument
+from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 
 PROFILES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "zeus-power-profiles"
 needs_profiles = pytest.mark.skipif(
@@ -296,3 +296,175 @@ def test_recorded_profiling_runs_drive_the_optimizer(path, eta):
     assert plan.power_limit_w == min(cost, key=cost.get)
     reused = PowerLimitProfile.from_dict(p.to_dict())
     assert reused.plan() == plan  # later runs of this batch size reuse the profile
+
+
+# ----------------------------------------------------------------------------- generations
+def _time_for(job: BatchSizeJob, cost: float) -> float:
+    """Seconds whose zeus_cost is ``cost`` [J] (energy 0)."""
+    return cost / ((1 - job.spec.eta_knob) * job.spec.max_power_w)
+
+
+def test_an_interrupted_trial_is_suspended_and_prunes_no_arm():
+    """The user's report: batch sizes 16/32/64/128, default 64, one reported epoch and then the
+    run is preempted. A plain EndTrial counted it as a failure (the downward walk ended and
+    only 128 survived); an interrupted one suspends it and the next generation finishes it."""
+    job = BatchSizeJob(spec(batch_sizes=(16, 32, 64, 128), default_batch_size=64))
+    p = job.predict()
+    assert p.batch_size == 64
+    job.report(p.trial_number, 1, 5.0, 500.0, 0.1)
+    verdict = job.end_trial(p.trial_number, interrupted=True, time_s=7.0, energy_j=700.0, now=10.0)
+    assert verdict.suspended and verdict.stop and not verdict.finished
+    trial = job.trials[0]
+    assert (trial["status"], trial["epochs"], trial["time_s"], trial["energy_j"]) == (
+        "suspended", 1, 7.0, 700.0)
+    assert trial["interruptions"] == 1 and trial["suspended_at"] == 10.0
+    assert job.observations == [] and job.pruning["trial"] == p.trial_number
+    concurrent = job.predict(now=11.0)  # still in flight: the best known size, not exploring
+    assert not concurrent.exploration
+    job.end_trial(concurrent.trial_number)
+    with pytest.raises(FailedPrecondition, match="trial_number.*suspended"):
+        job.report(p.trial_number, 2, 9.0, 900.0, 0.95)
+    resumed = job.resume(p.trial_number)
+    assert (resumed.batch_size, resumed.epochs, resumed.time_s, resumed.energy_j) == (
+        64, 1, 7.0, 700.0)
+    verdict = job.report(p.trial_number, 2, 7.0 + 5.0, 700.0 + 500.0, 0.95)
+    assert verdict.finished and verdict.converged
+    assert verdict.cost_j == pytest.approx(job.spec.cost(1200.0, 12.0))
+    order = [64]
+    while job.phase == "pruning":
+        order.append(run(job, lambda b: (100.0 * b, True)))
+    assert order[:4] == [64, 32, 16, 128]
+    assert job.arms == [16, 32, 64, 128]
+
+
+def test_a_real_failure_after_a_resume_still_counts_as_not_converged():
+    job = BatchSizeJob(spec(num_pruning_rounds=1))
+    p = job.predict(generation=1)
+    job.report(p.trial_number, 1, 1.0, 10.0, 0.0, generation=1)
+    job.end_trial(p.trial_number, interrupted=True, time_s=1.5, energy_j=15.0, generation=1)
+    job.resume(p.trial_number, generation=2)
+    job.report(p.trial_number, 2, 2.5, 25.0, 0.0, generation=2)
+    verdict = job.end_trial(p.trial_number, generation=2)
+    assert verdict.finished and not verdict.converged and not verdict.suspended
+    assert job.observations == [(32, pytest.approx(-job.spec.cost(25.0, 2.5)))]
+    assert job.predict().batch_size == 64  # the failed default ended the downward walk
+    with pytest.raises(FailedPrecondition, match="trial_number.*already ended"):
+        job.resume(p.trial_number, generation=3)
+
+
+def test_a_miss_of_the_target_over_two_generations_ends_the_trial_as_before():
+    job = BatchSizeJob(spec(num_pruning_rounds=1, max_epochs=3))
+    p = job.predict()
+    job.report(p.trial_number, 1, 1.0, 0.0, 0.0)
+    job.end_trial(p.trial_number, interrupted=True)  # no figures: the stored ones
+    assert job.trials[0]["time_s"] == 1.0
+    job.resume(p.trial_number)
+    assert not job.report(p.trial_number, 2, 2.0, 0.0, 0.0).stop
+    verdict = job.report(p.trial_number, 3, 3.0, 0.0, 0.0)  # max_epochs across generations
+    assert verdict.finished and not verdict.converged and "max_epochs" in verdict.message
+
+
+def test_an_interruption_in_the_bandit_phase_observes_nothing():
+    job = BatchSizeJob(spec(batch_sizes=(32, 64), default_batch_size=32, num_pruning_rounds=1,
+                            mab_num_explorations=1))
+    _through_pruning(job, {32: 500.0, 64: 400.0})
+    before = list(job.observations)
+    p = job.predict()
+    job.report(p.trial_number, 1, _time_for(job, 10.0), 0.0, 0.0)
+    job.end_trial(p.trial_number, interrupted=True, time_s=_time_for(job, 1e6))
+    assert job.observations == before and job.arms == [32, 64]
+    job.resume(p.trial_number)
+    job.report(p.trial_number, 2, _time_for(job, 2e6), 0.0, 1.0)
+    assert job.observations[-1] == (p.batch_size, pytest.approx(-2e6))
+
+
+def test_generations_fence_a_trial_to_its_holder():
+    job = BatchSizeJob(spec())
+    p = job.predict(generation=3)
+    job.report(p.trial_number, 1, 1.0, 1.0, 0.0, generation=3)
+    before = job.to_dict()
+    for call, field in [
+            (lambda: job.report(p.trial_number, 2, 2.0, 2.0, 0.0, generation=2), "generation"),
+            (lambda: job.report(p.trial_number, 2, 2.0, 2.0, 0.0, generation=4), "generation"),
+            (lambda: job.end_trial(p.trial_number, interrupted=True, generation=2), "generation"),
+            (lambda: job.resume(p.trial_number, generation=3), "trial_number"),  # held by 3
+            (lambda: job.resume(p.trial_number), "trial_number"),  # no generation: no takeover
+            (lambda: job.resume(p.trial_number, generation=2), "generation"),
+            (lambda: job.report(p.trial_number, 2, 2.0, 2.0, 0.0, generation=2**63),
+             "generation"),
+            (lambda: job.predict(generation=-1), "generation")]:
+        with pytest.raises((FailedPrecondition, InvalidArgument), match=f"^{field}: "):
+            call()
+        assert job.to_dict() == before
+    # generation 3 was killed without grace: generation 4 takes the running trial over
+    r = job.resume(p.trial_number, generation=4)
+    assert r.taken_over and r.generation == 4 and r.epochs == 1
+    assert job.trials[0]["interruptions"] == 1
+    with pytest.raises(FailedPrecondition, match="^generation: .*replaced"):
+        job.report(p.trial_number, 2, 2.0, 2.0, 0.0, generation=3)   # the zombie
+    assert not job.report(p.trial_number, 2, 2.0, 2.0, 0.0, generation=4).stop
+    job.end_trial(p.trial_number, interrupted=True, generation=4)
+    assert job.resume(p.trial_number, generation=5).taken_over is False
+    with pytest.raises(FailedPrecondition, match="^trial_number: .*running"):
+        job.resume(p.trial_number, generation=5)  # a second resume of the same generation
+
+
+def test_suspension_figures_are_checked_and_a_refusal_changes_nothing():
+    job = BatchSizeJob(spec())
+    p = job.predict()
+    job.report(p.trial_number, 1, 10.0, 100.0, 0.0)
+    before = job.to_dict()
+    for kwargs, error, field in [
+            (dict(interrupted=True, time_s=math.nan), InvalidArgument, "time_s"),
+            (dict(interrupted=True, time_s=math.inf), InvalidArgument, "time_s"),
+            (dict(interrupted=True, energy_j=-1.0), InvalidArgument, "energy_j"),
+            (dict(interrupted=True, time_s=1e300), InvalidArgument, "time_s"),
+            (dict(interrupted=True, time_s=9.0), FailedPrecondition, "time_s"),
+            (dict(interrupted=True, energy_j=99.0), FailedPrecondition, "energy_j"),
+            (dict(time_s=20.0), InvalidArgument, "time_s"),        # without interrupted
+            (dict(energy_j=200.0), InvalidArgument, "energy_j")]:
+        with pytest.raises(error, match=f"^{field}: "):
+            job.end_trial(p.trial_number, **kwargs)
+        assert job.to_dict() == before
+    with pytest.raises(NotFound, match="trial_number"):
+        job.end_trial(99, interrupted=True)
+    with pytest.raises(NotFound, match="trial_number"):
+        job.resume(-1)
+    first = job.end_trial(p.trial_number, interrupted=True, time_s=12.0, energy_j=120.0, now=5.0)
+    again = job.end_trial(p.trial_number, interrupted=True, time_s=12.0, energy_j=120.0, now=9.0)
+    assert first == again and job.trials[0]["interruptions"] == 1  # a retry changes nothing
+    assert job.trials[0]["suspended_at"] == 5.0
+
+
+def test_a_stale_suspended_trial_is_abandoned_at_the_next_predict_without_a_verdict():
+    job = BatchSizeJob(spec(suspended_trial_timeout_s=100.0))
+    p = job.predict(now=0.0)
+    job.report(p.trial_number, 1, 10.0, 100.0, 0.1)
+    job.end_trial(p.trial_number, interrupted=True, now=1000.0)
+    early = job.predict(now=1099.0)  # not stale yet: pruning's trial is still in flight
+    assert not early.exploration and job.trials[0]["status"] == "suspended"
+    job.end_trial(early.trial_number)
+    late = job.predict(now=1100.0)
+    assert job.trials[0]["status"] == "abandoned"
+    assert (late.batch_size, late.exploration) == (p.batch_size, True)  # planned again
+    assert job.observations == [] and job.min_cost is None
+    with pytest.raises(FailedPrecondition, match="abandoned"):
+        job.resume(p.trial_number)
+    with pytest.raises(InvalidArgument, match="spec.suspended_trial_timeout_s"):
+        spec(suspended_trial_timeout_s=-1.0)
+    with pytest.raises(InvalidArgument, match="spec.suspended_trial_timeout_s"):
+        spec(suspended_trial_timeout_s=1e10)
+
+
+def test_state_stored_before_generations_loads_with_defaults():
+    job = BatchSizeJob(spec())
+    job.predict()
+    old = job.to_dict()
+    for t in old["trials"]:
+        for key in ("generation", "interruptions", "suspended_at"):
+            del t[key]
+    del old["spec"]["suspended_trial_timeout_s"]
+    loaded = BatchSizeJob.from_dict(old)
+    assert loaded.trials[0]["generation"] == 0 and loaded.spec.suspended_trial_timeout_s == 86400
+    loaded.end_trial(1, interrupted=True)
+    assert loaded.resume(1).epochs == 0

@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
+
+import grpc
 
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from offcut.client.cli import app
-from offcut.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from offcut.daemon.zeus.cost import zeus_cost
+from offcut.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound,
+                           from_rpc_error)
 from offcut.v1 import zeus_pb2
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "zeus-nsdi23"
@@ -300,3 +305,192 @@ def test_simulated_run_that_cannot_afford_one_epoch_fails_without_a_history_row(
     trials = client.get_zeus_job("toy").trials
     assert [(t.batch_size, t.status, t.epochs) for t in trials if t.batch_size == 16] == \
         [(16, "failed", 1)]  # tried once: round 2 prunes over round 1's survivors only
+
+
+# ----------------------------------------------------------------------------- generations
+def bso(client):
+    """Raw calls with the fields the Client's helpers do not send; errors as offcut errors."""
+    def call(rpc, **fields):
+        request_cls = {"EndTrial": zeus_pb2.EndTrialRequest,
+                       "ResumeTrial": zeus_pb2.ResumeTrialRequest,
+                       "Predict": zeus_pb2.PredictRequest,
+                       "ReportEpoch": zeus_pb2.ReportEpochRequest}[rpc]
+        try:
+            return getattr(client.bso, rpc)(request_cls(**fields), timeout=10)
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+    return call
+
+
+def prune_spec(**kw):
+    """The user's report: batch sizes 16/32/64/128, default 64 (no early stopping)."""
+    fields = dict(job_id="gen", batch_sizes=[16, 32, 64, 128], default_batch_size=64,
+                  beta_knob=None, target_metric=0.7)
+    fields.update(kw)
+    return job_spec(**fields)
+
+
+def test_an_interrupted_end_trial_keeps_every_arm(daemon):
+    """Reproduction: one reported epoch, then EndTrial (what a preempted run sent) pruned 16,
+    32 and 64 for good; EndTrial with interrupted suspends the trial instead."""
+    _, client = daemon
+    call = bso(client)
+    client.register_zeus_job(prune_spec(num_pruning_rounds=1))
+    pred = client.predict_batch_size("gen")
+    assert pred.batch_size == 64
+    client.report_epoch("gen", pred.trial_number, 1, 10.0, 2000.0, 0.1)
+    verdict = call("EndTrial", job_id="gen", trial_number=pred.trial_number, interrupted=True,
+                   time_s=14.0, energy_j=2800.0)
+    assert verdict.suspended and not verdict.finished
+    assert verdict.cost_j == pytest.approx(zeus_cost(2800.0, 14.0, 0.5, 250.0))
+    resumed = call("ResumeTrial", job_id="gen", trial_number=pred.trial_number)
+    assert (resumed.epochs, resumed.time_s, resumed.energy_j) == (1, 14.0, 2800.0)
+    verdict = client.report_epoch("gen", pred.trial_number, 2, 24.0, 4800.0, 0.8)
+    assert verdict.converged
+    while job_state(client, "gen")["phase"] == "pruning":
+        run_trial(client, "gen", converge_at=2)
+    assert job_state(client, "gen")["arms"] == [16, 32, 64, 128]
+    trial = client.get_zeus_job("gen").trials[0]
+    assert (trial.status, trial.epochs, trial.interruptions) == ("converged", 2, 1)
+
+
+def _suspended(client, **spec_kw):
+    """A job with trial 1 (epoch 1 reported, generation 1) suspended, and trial 2 converged."""
+    call = bso(client)
+    client.register_zeus_job(prune_spec(**spec_kw))
+    p1 = call("Predict", job_id="gen", generation=1)
+    call("ReportEpoch", job_id="gen", trial_number=p1.trial_number, epoch=1, time_s=10.0,
+         energy_j=2000.0, metric=0.1, generation=1)
+    call("EndTrial", job_id="gen", trial_number=p1.trial_number, interrupted=True, time_s=12.0,
+         energy_j=2400.0, generation=1)
+    p2 = client.predict_batch_size("gen")
+    client.report_epoch("gen", p2.trial_number, 1, 10.0, 2000.0, 0.9)
+    return call
+
+
+@pytest.mark.parametrize("rpc, fields, error, field", [
+    # EndTrial's new fields
+    ("EndTrial", dict(trial_number=1, interrupted=True, time_s=math.nan), InvalidArgument,
+     "time_s"),
+    ("EndTrial", dict(trial_number=1, interrupted=True, time_s=-1.0), InvalidArgument, "time_s"),
+    ("EndTrial", dict(trial_number=1, interrupted=True, energy_j=math.inf), InvalidArgument,
+     "energy_j"),
+    ("EndTrial", dict(trial_number=1, interrupted=True, time_s=1e300), InvalidArgument,
+     "time_s"),
+    ("EndTrial", dict(trial_number=1, interrupted=True, time_s=11.0), FailedPrecondition,
+     "time_s"),
+    ("EndTrial", dict(trial_number=1, interrupted=True, energy_j=1.0), FailedPrecondition,
+     "energy_j"),
+    ("EndTrial", dict(trial_number=1, time_s=20.0), InvalidArgument, "time_s"),
+    ("EndTrial", dict(trial_number=1, interrupted=True, generation=2**63), InvalidArgument,
+     "generation"),
+    ("EndTrial", dict(trial_number=1, interrupted=True, generation=2**64 - 1), InvalidArgument,
+     "generation"),
+    ("EndTrial", dict(trial_number=1, generation=2), FailedPrecondition, "generation"),
+    ("EndTrial", dict(trial_number=99, interrupted=True), NotFound, "trial_number"),
+    ("EndTrial", dict(trial_number=-2**31, interrupted=True), NotFound, "trial_number"),
+    # ResumeTrial
+    ("ResumeTrial", dict(trial_number=99), NotFound, "trial_number"),
+    ("ResumeTrial", dict(trial_number=0), NotFound, "trial_number"),
+    ("ResumeTrial", dict(trial_number=2), FailedPrecondition, "trial_number"),   # closed
+    ("ResumeTrial", dict(trial_number=1, generation=2**63), InvalidArgument, "generation"),
+    ("ResumeTrial", dict(trial_number=1, request_id="r" * 201), InvalidArgument, "request_id"),
+    ("ResumeTrial", dict(job_id="", trial_number=1), InvalidArgument, "job_id"),
+    ("ResumeTrial", dict(job_id="nope", trial_number=1), NotFound, "job_id"),
+    # the generation of Predict and ReportEpoch
+    ("Predict", dict(generation=2**63), InvalidArgument, "generation"),
+    ("ReportEpoch", dict(trial_number=1, epoch=2, time_s=20.0, energy_j=4000.0, metric=0.1),
+     FailedPrecondition, "trial_number"),                                       # suspended
+    ("ReportEpoch", dict(trial_number=2, epoch=2, time_s=20.0, energy_j=4000.0, metric=0.1,
+                         generation=2**63), InvalidArgument, "generation"),
+])
+def test_hostile_values_of_the_new_fields_are_refused_and_change_nothing(daemon, rpc, fields,
+                                                                         error, field):
+    _, client = daemon
+    call = _suspended(client)
+    before = client.get_zeus_job("gen").state_json
+    with pytest.raises(error, match=f"^{field}: "):
+        call(rpc, **{"job_id": "gen", **fields})
+    assert client.get_zeus_job("gen").state_json == before
+
+
+def test_two_concurrent_resumes_get_the_trial_once_and_a_retry_gets_the_same_answer(daemon):
+    _, client = daemon
+    call = _suspended(client)
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, object] = {}
+
+    def resume(request_id):
+        barrier.wait(timeout=10)
+        try:
+            outcomes[request_id] = call("ResumeTrial", job_id="gen", trial_number=1,
+                                        request_id=request_id, generation=2)
+        except FailedPrecondition as exc:
+            outcomes[request_id] = exc
+
+    threads = [threading.Thread(target=resume, args=(r,)) for r in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    won = [r for r, o in outcomes.items() if isinstance(o, zeus_pb2.ResumedTrial)]
+    lost = [r for r, o in outcomes.items() if isinstance(o, FailedPrecondition)]
+    assert len(won) == 1 and len(lost) == 1, outcomes
+    assert str(outcomes[lost[0]]).startswith("trial_number: trial 1 is running, held by "
+                                             "generation 2")
+    first = outcomes[won[0]]
+    assert (first.epochs, first.time_s, first.energy_j, first.generation) == (1, 12.0, 2400.0, 2)
+    before = client.get_zeus_job("gen").state_json
+    again = call("ResumeTrial", job_id="gen", trial_number=1, request_id=won[0], generation=2)
+    assert again == first and client.get_zeus_job("gen").state_json == before  # replayed
+    with pytest.raises(FailedPrecondition, match="^generation: .*replaced"):  # generation 1
+        call("ReportEpoch", job_id="gen", trial_number=1, epoch=2, time_s=20.0,
+             energy_j=4000.0, metric=0.1, generation=1)
+    call("EndTrial", job_id="gen", trial_number=1, interrupted=True, generation=2)
+    with pytest.raises(FailedPrecondition, match="^generation: .*older"):
+        call("ResumeTrial", job_id="gen", trial_number=1, generation=1)
+    # generation 3 resumes it; killed without grace, generation 4 takes it over
+    assert not call("ResumeTrial", job_id="gen", trial_number=1, generation=3).taken_over
+    taken = call("ResumeTrial", job_id="gen", trial_number=1, generation=4)
+    assert taken.taken_over and taken.generation == 4
+    trial = client.get_zeus_job("gen").trials[0]
+    assert (trial.status, trial.generation, trial.interruptions) == ("running", 4, 3)
+
+
+def test_a_suspended_trial_survives_a_restart_and_goes_on(daemons):
+    srv, client = daemons.start()
+    _suspended(client)
+    daemons.stop(srv)
+    srv, client = daemons.start()
+    assert client.get_zeus_job("gen").trials[0].status == "suspended"
+    resumed = bso(client)("ResumeTrial", job_id="gen", trial_number=1, generation=2)
+    assert (resumed.epochs, resumed.time_s, resumed.energy_j) == (1, 12.0, 2400.0)
+
+
+def test_a_stale_suspended_trial_is_abandoned_by_the_next_predict(daemon):
+    """The abandoned-trial rule: with suspended_trial_timeout_s 0 a suspended trial is stale at
+    once; the next Predict ends it without a verdict and plans its pruning step again. (With
+    the default of a day, the Predict in ``_suspended`` leaves trial 1 suspended.)"""
+    _, client = daemon
+    call = bso(client)
+    client.register_zeus_job(prune_spec(suspended_trial_timeout_s=0.0))
+    assert client.get_zeus_job("gen").spec.suspended_trial_timeout_s == 0.0
+    p1 = client.predict_batch_size("gen")
+    client.report_epoch("gen", p1.trial_number, 1, 10.0, 2000.0, 0.1)
+    call("EndTrial", job_id="gen", trial_number=p1.trial_number, interrupted=True)
+    p2 = client.predict_batch_size("gen")
+    trial = client.get_zeus_job("gen").trials[0]
+    assert (trial.status, trial.epochs) == ("abandoned", 1)
+    assert (p2.batch_size, p2.exploration) == (p1.batch_size, True)  # planned again
+    assert job_state(client, "gen")["min_cost_j"] is None             # no verdict on 64
+    with pytest.raises(FailedPrecondition, match="^trial_number: .*abandoned"):
+        call("ResumeTrial", job_id="gen", trial_number=p1.trial_number, generation=2)
+
+
+@pytest.mark.parametrize("value", [math.nan, -1.0, math.inf, 1e10])
+def test_a_bad_suspended_trial_timeout_is_refused(daemon, value):
+    _, client = daemon
+    with pytest.raises(InvalidArgument, match=r"^spec\.suspended_trial_timeout_s: "):
+        client.register_zeus_job(prune_spec(suspended_trial_timeout_s=value))
+    with pytest.raises(NotFound):
+        client.get_zeus_job("gen")

@@ -27,7 +27,7 @@ class PowerLimitSpec(_message.Message):
     def __init__(self, min_power_limit_w: _Optional[float] = ..., max_power_limit_w: _Optional[float] = ..., step_w: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., profile_steps: _Optional[int] = ..., selector: _Optional[str] = ..., eta_knob: _Optional[float] = ..., max_slowdown_factor: _Optional[float] = ...) -> None: ...
 
 class BatchSizeJobSpec(_message.Message):
-    __slots__ = ("job_id", "batch_sizes", "default_batch_size", "eta_knob", "beta_knob", "max_epochs", "target_metric", "higher_is_better", "max_power_w", "num_pruning_rounds", "window_size", "mab_prior_mean", "mab_prior_precision", "mab_num_explorations", "seed", "power")
+    __slots__ = ("job_id", "batch_sizes", "default_batch_size", "eta_knob", "beta_knob", "max_epochs", "target_metric", "higher_is_better", "max_power_w", "num_pruning_rounds", "window_size", "mab_prior_mean", "mab_prior_precision", "mab_num_explorations", "seed", "power", "suspended_trial_timeout_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class BatchSizeJobSpec(_message.Message):
     MAB_NUM_EXPLORATIONS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     POWER_FIELD_NUMBER: _ClassVar[int]
+    SUSPENDED_TRIAL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     batch_sizes: _containers.RepeatedScalarFieldContainer[int]
     default_batch_size: int
@@ -60,7 +61,8 @@ class BatchSizeJobSpec(_message.Message):
     mab_num_explorations: int
     seed: int
     power: PowerLimitSpec
-    def __init__(self, job_id: _Optional[str] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., default_batch_size: _Optional[int] = ..., eta_knob: _Optional[float] = ..., beta_knob: _Optional[float] = ..., max_epochs: _Optional[int] = ..., target_metric: _Optional[float] = ..., higher_is_better: _Optional[bool] = ..., max_power_w: _Optional[float] = ..., num_pruning_rounds: _Optional[int] = ..., window_size: _Optional[int] = ..., mab_prior_mean: _Optional[float] = ..., mab_prior_precision: _Optional[float] = ..., mab_num_explorations: _Optional[int] = ..., seed: _Optional[int] = ..., power: _Optional[_Union[PowerLimitSpec, _Mapping]] = ...) -> None: ...
+    suspended_trial_timeout_s: float
+    def __init__(self, job_id: _Optional[str] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., default_batch_size: _Optional[int] = ..., eta_knob: _Optional[float] = ..., beta_knob: _Optional[float] = ..., max_epochs: _Optional[int] = ..., target_metric: _Optional[float] = ..., higher_is_better: _Optional[bool] = ..., max_power_w: _Optional[float] = ..., num_pruning_rounds: _Optional[int] = ..., window_size: _Optional[int] = ..., mab_prior_mean: _Optional[float] = ..., mab_prior_precision: _Optional[float] = ..., mab_num_explorations: _Optional[int] = ..., seed: _Optional[int] = ..., power: _Optional[_Union[PowerLimitSpec, _Mapping]] = ..., suspended_trial_timeout_s: _Optional[float] = ...) -> None: ...
 
 class RegisterJobRequest(_message.Message):
     __slots__ = ("spec",)
@@ -69,7 +71,7 @@ class RegisterJobRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[BatchSizeJobSpec, _Mapping]] = ...) -> None: ...
 
 class ZeusTrial(_message.Message):
-    __slots__ = ("trial_number", "batch_size", "status", "epochs", "time_s", "energy_j", "cost_j")
+    __slots__ = ("trial_number", "batch_size", "status", "epochs", "time_s", "energy_j", "cost_j", "generation", "interruptions")
     TRIAL_NUMBER_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +79,8 @@ class ZeusTrial(_message.Message):
     TIME_S_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     COST_J_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    INTERRUPTIONS_FIELD_NUMBER: _ClassVar[int]
     trial_number: int
     batch_size: int
     status: str
@@ -84,7 +88,9 @@ class ZeusTrial(_message.Message):
     time_s: float
     energy_j: float
     cost_j: float
-    def __init__(self, trial_number: _Optional[int] = ..., batch_size: _Optional[int] = ..., status: _Optional[str] = ..., epochs: _Optional[int] = ..., time_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., cost_j: _Optional[float] = ...) -> None: ...
+    generation: int
+    interruptions: int
+    def __init__(self, trial_number: _Optional[int] = ..., batch_size: _Optional[int] = ..., status: _Optional[str] = ..., epochs: _Optional[int] = ..., time_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., cost_j: _Optional[float] = ..., generation: _Optional[int] = ..., interruptions: _Optional[int] = ...) -> None: ...
 
 class ZeusJob(_message.Message):
     __slots__ = ("spec", "phase", "best_batch_size", "min_cost_j", "trials", "state_json")
@@ -103,12 +109,14 @@ class ZeusJob(_message.Message):
     def __init__(self, spec: _Optional[_Union[BatchSizeJobSpec, _Mapping]] = ..., phase: _Optional[str] = ..., best_batch_size: _Optional[int] = ..., min_cost_j: _Optional[float] = ..., trials: _Optional[_Iterable[_Union[ZeusTrial, _Mapping]]] = ..., state_json: _Optional[str] = ...) -> None: ...
 
 class PredictRequest(_message.Message):
-    __slots__ = ("job_id", "request_id")
+    __slots__ = ("job_id", "request_id", "generation")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     request_id: str
-    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    generation: int
+    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class Prediction(_message.Message):
     __slots__ = ("batch_size", "trial_number", "cost_bound_j", "exploration")
@@ -123,7 +131,7 @@ class Prediction(_message.Message):
     def __init__(self, batch_size: _Optional[int] = ..., trial_number: _Optional[int] = ..., cost_bound_j: _Optional[float] = ..., exploration: _Optional[bool] = ...) -> None: ...
 
 class ReportEpochRequest(_message.Message):
-    __slots__ = ("job_id", "trial_number", "epoch", "time_s", "energy_j", "metric", "batch_size")
+    __slots__ = ("job_id", "trial_number", "epoch", "time_s", "energy_j", "metric", "batch_size", "generation")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TRIAL_NUMBER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +139,7 @@ class ReportEpochRequest(_message.Message):
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     METRIC_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     trial_number: int
     epoch: int
@@ -138,29 +147,76 @@ class ReportEpochRequest(_message.Message):
     energy_j: float
     metric: float
     batch_size: int
-    def __init__(self, job_id: _Optional[str] = ..., trial_number: _Optional[int] = ..., epoch: _Optional[int] = ..., time_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., metric: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
+    generation: int
+    def __init__(self, job_id: _Optional[str] = ..., trial_number: _Optional[int] = ..., epoch: _Optional[int] = ..., time_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., metric: _Optional[float] = ..., batch_size: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class TrialVerdict(_message.Message):
-    __slots__ = ("stop", "converged", "cost_j", "message", "finished")
+    __slots__ = ("stop", "converged", "cost_j", "message", "finished", "suspended")
     STOP_FIELD_NUMBER: _ClassVar[int]
     CONVERGED_FIELD_NUMBER: _ClassVar[int]
     COST_J_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    SUSPENDED_FIELD_NUMBER: _ClassVar[int]
     stop: bool
     converged: bool
     cost_j: float
     message: str
     finished: bool
-    def __init__(self, stop: _Optional[bool] = ..., converged: _Optional[bool] = ..., cost_j: _Optional[float] = ..., message: _Optional[str] = ..., finished: _Optional[bool] = ...) -> None: ...
+    suspended: bool
+    def __init__(self, stop: _Optional[bool] = ..., converged: _Optional[bool] = ..., cost_j: _Optional[float] = ..., message: _Optional[str] = ..., finished: _Optional[bool] = ..., suspended: _Optional[bool] = ...) -> None: ...
 
 class EndTrialRequest(_message.Message):
-    __slots__ = ("job_id", "trial_number")
+    __slots__ = ("job_id", "trial_number", "interrupted", "time_s", "energy_j", "generation")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TRIAL_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
+    TIME_S_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     trial_number: int
-    def __init__(self, job_id: _Optional[str] = ..., trial_number: _Optional[int] = ...) -> None: ...
+    interrupted: bool
+    time_s: float
+    energy_j: float
+    generation: int
+    def __init__(self, job_id: _Optional[str] = ..., trial_number: _Optional[int] = ..., interrupted: _Optional[bool] = ..., time_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class ResumeTrialRequest(_message.Message):
+    __slots__ = ("job_id", "trial_number", "request_id", "generation")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TRIAL_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    trial_number: int
+    request_id: str
+    generation: int
+    def __init__(self, job_id: _Optional[str] = ..., trial_number: _Optional[int] = ..., request_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class ResumedTrial(_message.Message):
+    __slots__ = ("trial_number", "batch_size", "epochs", "time_s", "energy_j", "cost_j", "cost_bound_j", "exploration", "generation", "taken_over")
+    TRIAL_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    TIME_S_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    COST_J_FIELD_NUMBER: _ClassVar[int]
+    COST_BOUND_J_FIELD_NUMBER: _ClassVar[int]
+    EXPLORATION_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_OVER_FIELD_NUMBER: _ClassVar[int]
+    trial_number: int
+    batch_size: int
+    epochs: int
+    time_s: float
+    energy_j: float
+    cost_j: float
+    cost_bound_j: float
+    exploration: bool
+    generation: int
+    taken_over: bool
+    def __init__(self, trial_number: _Optional[int] = ..., batch_size: _Optional[int] = ..., epochs: _Optional[int] = ..., time_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., cost_j: _Optional[float] = ..., cost_bound_j: _Optional[float] = ..., exploration: _Optional[bool] = ..., generation: _Optional[int] = ..., taken_over: _Optional[bool] = ...) -> None: ...
 
 class DeleteJobRequest(_message.Message):
     __slots__ = ("job_id",)

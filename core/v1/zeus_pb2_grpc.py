@@ -54,6 +54,11 @@ class BatchSizeOptimizerStub:
                 request_serializer=offcut_dot_v1_dot_zeus__pb2.EndTrialRequest.SerializeToString,
                 response_deserializer=offcut_dot_v1_dot_zeus__pb2.TrialVerdict.FromString,
                 _registered_method=True)
+        self.ResumeTrial = channel.unary_unary(
+                '/offcut.v1.BatchSizeOptimizer/ResumeTrial',
+                request_serializer=offcut_dot_v1_dot_zeus__pb2.ResumeTrialRequest.SerializeToString,
+                response_deserializer=offcut_dot_v1_dot_zeus__pb2.ResumedTrial.FromString,
+                _registered_method=True)
         self.DeleteJob = channel.unary_unary(
                 '/offcut.v1.BatchSizeOptimizer/DeleteJob',
                 request_serializer=offcut_dot_v1_dot_zeus__pb2.DeleteJobRequest.SerializeToString,
@@ -92,7 +97,17 @@ class BatchSizeOptimizerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def EndTrial(self, request, context):
-        """The run ended (process exit, preemption without restart): close the trial.
+        """The run ended (process exit): close the trial. With `interrupted` (preemption or
+        rescale: the process checkpointed and the task goes on in a new generation) the trial is
+        suspended instead: it stays open, nothing is observed, no batch size is pruned.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeTrial(self, request, context):
+        """A new process continues an open trial of the job (normally a suspended one): returns
+        the trial's stored epochs, time and energy, which the process's own reports add to.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -132,6 +147,11 @@ def add_BatchSizeOptimizerServicer_to_server(servicer, server):
                     servicer.EndTrial,
                     request_deserializer=offcut_dot_v1_dot_zeus__pb2.EndTrialRequest.FromString,
                     response_serializer=offcut_dot_v1_dot_zeus__pb2.TrialVerdict.SerializeToString,
+            ),
+            'ResumeTrial': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeTrial,
+                    request_deserializer=offcut_dot_v1_dot_zeus__pb2.ResumeTrialRequest.FromString,
+                    response_serializer=offcut_dot_v1_dot_zeus__pb2.ResumedTrial.SerializeToString,
             ),
             'DeleteJob': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteJob,
@@ -252,6 +272,33 @@ class BatchSizeOptimizer:
             '/offcut.v1.BatchSizeOptimizer/EndTrial',
             offcut_dot_v1_dot_zeus__pb2.EndTrialRequest.SerializeToString,
             offcut_dot_v1_dot_zeus__pb2.TrialVerdict.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeTrial(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/offcut.v1.BatchSizeOptimizer/ResumeTrial',
+            offcut_dot_v1_dot_zeus__pb2.ResumeTrialRequest.SerializeToString,
+            offcut_dot_v1_dot_zeus__pb2.ResumedTrial.FromString,
             options,
             channel_credentials,
             insecure,

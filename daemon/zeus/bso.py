@@ -20,6 +20,29 @@ batch-size sequence exactly.
 Concurrency: while a pruning run is in flight, further predictions get the best batch size known
 so far (flagged ``exploration=False``) and their results never advance pruning; Thompson
 sampling needs no such rule (every prediction is a fresh posterior sample).
+
+Generations (docs/execution.md): a placed task's processes are stopped and restarted at every
+grow, shrink or preemption. Zeus (§4) assumes a run either reaches the target or does not; an
+interruption is neither, so it is not an outcome:
+
+- :meth:`BatchSizeJob.end_trial` with ``interrupted`` *suspends* the trial: its cumulative
+  time and energy (including the epoch cut short) are stored, nothing is observed, pruning
+  does not advance, no arm is pruned; a pruning trial stays in flight.
+- :meth:`BatchSizeJob.resume` reopens it for the next generation: epochs continue their
+  numbering and the new process's figures add to the stored totals, so the trial's cost is
+  zeus_cost of the sums over all its generations (§3.1, Eq. 2).
+- Only a real failure (``end_trial`` without ``interrupted``) or a miss of the target
+  (``max_epochs``, the cost bound) ends a trial as not converged, as before.
+- **Abandoned trials**: a trial suspended for longer than the spec's
+  ``suspended_trial_timeout_s`` (default one day) when a :meth:`BatchSizeJob.predict` of the
+  job comes is ended as ``abandoned``, without a verdict on its batch size: nothing is
+  observed, and if it was pruning's trial in flight that pruning step is planned again (the
+  same batch size is tried again). Until such a Predict comes it can still be resumed.
+- **Fencing** (optional, 0 = not checked): a trial remembers the ``generation`` holding it.
+  Reports and ends from another generation are refused; a suspended trial is resumed by any
+  generation not older than its holder, a running one only by a *later* generation (its
+  holder's generation was replaced without suspending: a kill without grace; what it did not
+  report is lost), so two processes can never resume the same trial at once.
 """
 
 from __future__ import annotations
@@ -36,10 +59,27 @@ from offcut.daemon.zeus.cost import zeus_cost
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 
 RUNNING, CONVERGED, FAILED, ABANDONED = "running", "converged", "failed", "abandoned"
+SUSPENDED = "suspended"
+#: statuses of a trial that has no final verdict yet
+OPEN = (RUNNING, SUSPENDED)
 PRUNING, MAB, EXHAUSTED = "pruning", "mab", "exhausted"
 #: largest zeus_cost [J] a report may reach: Thompson sampling squares rewards (-cost), so
 #: costs beyond ~1e154 J overflow its variance to inf and its posterior to NaN
 MAX_COST_J = 1e100
+#: generations are uint64 on the wire; above this they are refused (they are SQLite/JSON keys)
+MAX_GENERATION = 2**63 - 1
+#: default and largest ``suspended_trial_timeout_s`` [s]
+DEFAULT_SUSPENDED_TRIAL_TIMEOUT_S = 86400.0
+MAX_SUSPENDED_TRIAL_TIMEOUT_S = 1e9
+
+
+def check_generation(generation: int, field: str = "generation") -> int:
+    """``generation`` as an int in [0, :data:`MAX_GENERATION`] (0 = not given); else
+    InvalidArgument naming ``field``."""
+    generation = int(generation)
+    if not 0 <= generation <= MAX_GENERATION:
+        raise InvalidArgument(f"must be in [0, 2^63), got {generation}", field)
+    return generation
 
 
 @dataclass(frozen=True)
@@ -50,7 +90,9 @@ class BatchSizeJobSpec:
     ``eta_knob`` in [0, 1]; ``beta_knob`` > 0 or None (no early stopping); ``max_epochs`` >= 1;
     ``target_metric`` reached when ``metric >= target`` (``higher_is_better``) or
     ``metric <= target``; ``max_power_w`` [W] is zeus_cost's MaxPower (max power limit x GPUs);
-    ``window_size`` 0 = whole history; ``seed`` None only before the registry draws one.
+    ``window_size`` 0 = whole history; ``seed`` None only before the registry draws one;
+    ``suspended_trial_timeout_s`` [s] in [0, 1e9]: a trial suspended for longer when a
+    Predict comes is abandoned (module docstring).
     """
 
     job_id: str
@@ -68,6 +110,7 @@ class BatchSizeJobSpec:
     mab_prior_precision: float = 0.0
     mab_num_explorations: int = 2
     seed: int | None = None
+    suspended_trial_timeout_s: float = DEFAULT_SUSPENDED_TRIAL_TIMEOUT_S
 
     @classmethod
     def create(cls, **fields: Any) -> "BatchSizeJobSpec":
@@ -113,6 +156,13 @@ class BatchSizeJobSpec:
                                   "spec.mab_num_explorations")
         if f.get("seed") is not None and not 0 <= int(f["seed"]) < 2**63:
             raise InvalidArgument(f"must be in [0, 2^63), got {f['seed']}", "spec.seed")
+        if "suspended_trial_timeout_s" in f:
+            timeout = check_finite(f["suspended_trial_timeout_s"],
+                                   "spec.suspended_trial_timeout_s", non_negative=True)
+            if timeout > MAX_SUSPENDED_TRIAL_TIMEOUT_S:
+                raise InvalidArgument(f"must be at most {MAX_SUSPENDED_TRIAL_TIMEOUT_S:g} s, got "
+                                      f"{timeout:g}", "spec.suspended_trial_timeout_s")
+            f["suspended_trial_timeout_s"] = timeout
         try:
             return cls(**f)
         except TypeError as exc:  # an unknown field: a programming error of the caller
@@ -155,15 +205,36 @@ class Prediction:
 
 
 @dataclass(frozen=True)
+class Resumed:
+    """The answer to resume: the trial, its totals so far (``epochs``, ``time_s`` [s],
+    ``energy_j`` [J], ``cost_j`` [J]) that the resumed process adds its own figures to, the
+    current cost bound [J], ``generation`` now holding it, and ``taken_over`` (the trial was
+    running, its holder's generation replaced)."""
+
+    trial_number: int
+    batch_size: int
+    epochs: int
+    time_s: float
+    energy_j: float
+    cost_j: float
+    cost_bound_j: float
+    exploration: bool
+    generation: int
+    taken_over: bool
+
+
+@dataclass(frozen=True)
 class Verdict:
     """The answer to a report: ``stop`` training; ``converged`` (only meaningful once
-    ``finished``); the run's cost [J] so far; a human-readable ``message``."""
+    ``finished``); the run's cost [J] so far; a human-readable ``message``; ``suspended``:
+    the trial stays open for :meth:`BatchSizeJob.resume` (an interruption)."""
 
     stop: bool
     converged: bool
     cost_j: float
     message: str
     finished: bool
+    suspended: bool = False
 
 
 class BatchSizeJob:
@@ -201,7 +272,9 @@ class BatchSizeJob:
         """Inverse of :meth:`to_dict` (a deep copy: nothing is shared with ``d``)."""
         job = cls(BatchSizeJobSpec.from_dict(d["spec"]))
         job.rng.bit_generator.state = d["rng"]
-        job.trials = [dict(t) for t in d["trials"]]
+        # (trials stored before generations existed lack the last three keys)
+        job.trials = [{"generation": 0, "interruptions": 0, "suspended_at": None, **t}
+                      for t in d["trials"]]
         job.observations = [(int(b), float(r)) for b, r in d["observations"]]
         job.min_cost = d["min_cost"]
         job.best_batch_size = d["best_batch_size"]
@@ -294,13 +367,34 @@ class BatchSizeJob:
             return math.inf
         return self.spec.beta_knob * self.min_cost
 
-    def predict(self) -> Prediction:
-        """Open a trial and say its batch size.
+    def _abandon_stale(self, now: float) -> None:
+        """End every trial suspended for at least ``suspended_trial_timeout_s`` before ``now``
+        [s] as abandoned, without a verdict on its batch size (module docstring)."""
+        for trial in self.trials:
+            if (trial["status"] == SUSPENDED and trial["suspended_at"] is not None
+                    and now - trial["suspended_at"] >= self.spec.suspended_trial_timeout_s):
+                self._abandon(trial)
+
+    def _abandon(self, trial: dict[str, Any]) -> None:
+        trial["status"], trial["suspended_at"] = ABANDONED, None
+        if self.phase == PRUNING and self.pruning["trial"] == trial["trial_number"]:
+            self.pruning["trial"] = None  # planned again
+
+    def predict(self, generation: int = 0, now: float = 0.0) -> Prediction:
+        """Open a trial and say its batch size. First, trials suspended for at least
+        ``suspended_trial_timeout_s`` before ``now`` [s, wall clock] are abandoned.
+
+        Args:
+            generation: the caller's generation (0 = not given), recorded as the trial's holder.
+            now: the current time [s] (the registry passes the wall clock).
 
         Raises:
+            InvalidArgument: ``generation`` outside [0, 2^63).
             FailedPrecondition: (field ``job_id``) every batch size failed to converge in
                 pruning, so there is nothing left to try.
         """
+        generation = check_generation(generation)
+        self._abandon_stale(now)
         exploration = True
         if self.phase == EXHAUSTED:
             raise FailedPrecondition(
@@ -318,7 +412,8 @@ class BatchSizeJob:
             self.pruning["trial"] = number
         self.trials.append({"trial_number": number, "batch_size": batch_size, "status": RUNNING,
                             "exploration": exploration, "epochs": 0, "time_s": 0.0,
-                            "energy_j": 0.0, "cost_j": 0.0, "metric": None})
+                            "energy_j": 0.0, "cost_j": 0.0, "metric": None,
+                            "generation": generation, "interruptions": 0, "suspended_at": None})
         return Prediction(batch_size, number, self.cost_bound(), exploration)
 
     def _trial(self, trial_number: int) -> dict[str, Any]:
@@ -331,20 +426,41 @@ class BatchSizeJob:
         return Verdict(True, trial["status"] == CONVERGED, trial["cost_j"],
                        f"trial {trial['trial_number']} already ended ({trial['status']})", True)
 
+    @staticmethod
+    def _check_holder(trial: dict[str, Any], generation: int) -> None:
+        """A call from ``generation`` (0 = not checked) on a trial held by another one is
+        refused (FailedPrecondition naming ``generation``)."""
+        holder = trial["generation"]
+        if not generation or not holder or generation == holder:
+            return
+        if generation < holder:
+            raise FailedPrecondition(
+                f"trial {trial['trial_number']} is held by generation {holder}; generation "
+                f"{generation} was replaced and may no longer report on it", "generation")
+        raise FailedPrecondition(
+            f"trial {trial['trial_number']} is held by generation {holder}, not {generation}: "
+            "resume it first (ResumeTrial)", "generation")
+
     def report(self, trial_number: int, epoch: int, time_s: float, energy_j: float,
-               metric: float, batch_size: int = 0) -> Verdict:
+               metric: float, batch_size: int = 0, generation: int = 0) -> Verdict:
         """Cumulative time [s] and energy [J] of a trial after ``epoch`` (>= 1), with the
-        validation metric. Stops the run when it converged, crossed the cost bound, or reached
-        ``max_epochs``. A report on an ended trial returns its stored verdict.
+        validation metric; both cumulative since the trial began, across generations (a
+        resumed process adds its own figures to the totals :meth:`resume` returned). Stops the
+        run when it converged, crossed the cost bound, or reached ``max_epochs``. A report on
+        an ended trial returns its stored verdict.
 
         Raises:
             NotFound: unknown ``trial_number``.
             InvalidArgument: ``epoch`` < 1, NaN/inf/negative ``time_s`` or ``energy_j``, NaN
-                ``metric``, a zeus_cost above :data:`MAX_COST_J` (field ``time_s``).
+                ``metric``, a zeus_cost above :data:`MAX_COST_J` (field ``time_s``),
+                ``generation`` outside [0, 2^63).
             FailedPrecondition: ``epoch``, ``time_s`` or ``energy_j`` below the trial's last
-                report (epochs must increase, cumulative figures may not shrink), or a
-                ``batch_size`` (0 = not checked) other than the one predicted for the trial.
+                report (epochs must increase, cumulative figures may not shrink), a
+                ``batch_size`` (0 = not checked) other than the one predicted for the trial,
+                a suspended trial (``trial_number``: resume it first), or a ``generation``
+                other than the trial's holder.
         """
+        generation = check_generation(generation)
         trial = self._trial(trial_number)
         if batch_size and batch_size != trial["batch_size"]:
             raise FailedPrecondition(f"trial {trial_number} was predicted with batch size "
@@ -354,8 +470,13 @@ class BatchSizeJob:
         check_finite(time_s, "time_s", non_negative=True)
         check_finite(energy_j, "energy_j", non_negative=True)
         check_finite(metric, "metric")
-        if trial["status"] != RUNNING:
+        if trial["status"] not in OPEN:
             return self._stored_verdict(trial)
+        if trial["status"] == SUSPENDED:
+            raise FailedPrecondition(f"trial {trial_number} is suspended (its run was "
+                                     "interrupted); resume it first (ResumeTrial)",
+                                     "trial_number")
+        self._check_holder(trial, generation)
         if epoch <= trial["epochs"]:
             raise FailedPrecondition(f"{epoch} is not after the last reported epoch "
                                      f"{trial['epochs']} of trial {trial_number}", "epoch")
@@ -382,24 +503,116 @@ class BatchSizeJob:
             message = f"did not reach the target metric in max_epochs = {self.spec.max_epochs}"
         return self._finish(trial, reached and within, message)
 
-    def end_trial(self, trial_number: int) -> Verdict:
-        """Close a trial that ended without a stopping verdict. With at least one epoch
-        reported it counts as a run that did not converge (its cost is observed); without any
-        it is abandoned (nothing observed, and a pruning step is planned again). An ended trial
-        returns its stored verdict.
+    def end_trial(self, trial_number: int, interrupted: bool = False,
+                  time_s: float | None = None, energy_j: float | None = None,
+                  generation: int = 0, now: float = 0.0) -> Verdict:
+        """Close a trial that ended without a stopping verdict, or suspend an interrupted one.
+
+        Without ``interrupted`` (a real failure; as before generations existed): with at least
+        one epoch reported it counts as a run that did not converge (its cost is observed);
+        without any it is abandoned (nothing observed, and a pruning step is planned again).
+        This also applies to a suspended trial (e.g. its task gave up).
+
+        With ``interrupted`` (preemption, rescale): the trial is suspended: ``time_s`` [s] and
+        ``energy_j`` [J], the trial's cumulative figures when the process stopped (None = the
+        stored ones), replace the stored totals; ``now`` [s, wall clock] is kept for the
+        abandoned-trial rule; nothing is observed, pruning does not advance, no arm is pruned.
+        The verdict says ``stop`` (this process stops), not ``finished``, and ``suspended``.
+        Suspending a suspended trial again only updates its totals (a retried call with the
+        same figures changes nothing).
+
+        An ended trial returns its stored verdict.
 
         Raises:
             NotFound: unknown ``trial_number``.
+            InvalidArgument: ``time_s``/``energy_j`` given without ``interrupted``, NaN,
+                infinite or negative; a zeus_cost above :data:`MAX_COST_J` (field
+                ``time_s``); ``generation`` outside [0, 2^63).
+            FailedPrecondition: ``time_s``/``energy_j`` below the stored totals (cumulative
+                figures may not shrink), or a ``generation`` other than the trial's holder.
         """
+        generation = check_generation(generation)
+        for name, value in (("time_s", time_s), ("energy_j", energy_j)):
+            if value is None:
+                continue
+            if not interrupted:
+                raise InvalidArgument("is only accepted with interrupted (the trial's totals "
+                                      "when an interrupted process stopped)", name)
+            check_finite(value, name, non_negative=True)
         trial = self._trial(trial_number)
-        if trial["status"] != RUNNING:
+        if trial["status"] not in OPEN:
             return self._stored_verdict(trial)
+        self._check_holder(trial, generation)
+        if interrupted:
+            return self._suspend(trial, time_s, energy_j, now)
         if trial["epochs"] == 0:
-            trial["status"] = ABANDONED
-            if self.phase == PRUNING and self.pruning["trial"] == trial_number:
-                self.pruning["trial"] = None
+            self._abandon(trial)
             return Verdict(True, False, 0.0, "abandoned before any epoch was reported", True)
+        trial["suspended_at"] = None
         return self._finish(trial, False, "ended before reaching the target metric")
+
+    def _suspend(self, trial: dict[str, Any], time_s: float | None, energy_j: float | None,
+                 now: float) -> Verdict:
+        totals = {"time_s": trial["time_s"] if time_s is None else float(time_s),
+                  "energy_j": trial["energy_j"] if energy_j is None else float(energy_j)}
+        for name, value in totals.items():
+            if value < trial[name]:
+                raise FailedPrecondition(f"cumulative {name} went backwards: {value} < "
+                                         f"{trial[name]} stored for trial "
+                                         f"{trial['trial_number']}", name)
+        cost = self.spec.cost(totals["energy_j"], totals["time_s"])
+        if not cost <= MAX_COST_J:
+            raise InvalidArgument(f"with energy_j {totals['energy_j']} the run's zeus_cost is "
+                                  f"{cost:.6g} J, above {MAX_COST_J:g} J", "time_s")
+        if trial["status"] == RUNNING:
+            trial["interruptions"] += 1
+            trial["suspended_at"] = float(now)
+        trial.update(status=SUSPENDED, cost_j=cost, **totals)
+        return Verdict(True, False, cost, f"trial {trial['trial_number']} suspended after epoch "
+                       f"{trial['epochs']} (interrupted); the next generation resumes it "
+                       "(ResumeTrial)", False, suspended=True)
+
+    def resume(self, trial_number: int, generation: int = 0) -> Resumed:
+        """Reopen an open trial for a new process (the next generation of a placed task).
+
+        A suspended trial is resumed by a ``generation`` not older than its holder (or 0, not
+        checked). A running trial is taken over only by a later generation than its holder
+        (the holder's generation was replaced without suspending the trial, e.g. killed
+        without grace; what it had not reported is lost); otherwise it is still held, so of two
+        processes resuming the same trial at once only the first gets it. The trial keeps its
+        batch size, epochs, time and energy: the resumed process numbers its epochs from
+        ``epochs + 1`` and reports ``time_s``/``energy_j`` plus its own measurements.
+
+        Raises:
+            NotFound: unknown ``trial_number``.
+            InvalidArgument: ``generation`` outside [0, 2^63).
+            FailedPrecondition: the trial has ended (field ``trial_number``: converged, failed
+                or abandoned: Predict a new one); it is running and not held by an older
+                generation (``trial_number``); ``generation`` older than its holder.
+        """
+        generation = check_generation(generation)
+        trial = self._trial(trial_number)
+        if trial["status"] not in OPEN:
+            raise FailedPrecondition(f"trial {trial_number} of job {self.spec.job_id!r} already "
+                                     f"ended ({trial['status']}); only an open trial can be "
+                                     "resumed: Predict a new one", "trial_number")
+        holder = trial["generation"]
+        if generation and holder and generation < holder:
+            raise FailedPrecondition(f"trial {trial_number} is held by generation {holder}; "
+                                     f"generation {generation} is older", "generation")
+        taken_over = trial["status"] == RUNNING
+        if taken_over and not (generation and generation > holder):
+            held = f"generation {holder}" if holder else "a process that gave no generation"
+            raise FailedPrecondition(
+                f"trial {trial_number} is running, held by {held}: a trial is resumed after "
+                "EndTrial with interrupted, or by a later generation than its holder",
+                "trial_number")
+        if taken_over:
+            trial["interruptions"] += 1
+        trial.update(status=RUNNING, suspended_at=None, generation=generation or holder)
+        return Resumed(trial_number, trial["batch_size"], trial["epochs"], trial["time_s"],
+                       trial["energy_j"], trial["cost_j"], self.cost_bound(),
+                       trial["exploration"], trial["generation"], taken_over)
 
     def _finish(self, trial: dict[str, Any], converged: bool, message: str) -> Verdict:
         trial["status"] = CONVERGED if converged else FAILED

@@ -6,18 +6,24 @@ state in one SQLite transaction and only then swaps it in: a rejected call (an e
 before the write) leaves memory and disk as they were, and a committed answer survives
 ``kill -9``. The objects carry their seeded RNG state, so a restarted daemon continues each
 job's batch-size sequence exactly.
+
+The registry's ``clock`` (wall-clock seconds, :func:`time.time` by default; it must survive a
+restart) stamps suspended trials and decides, at each Predict, which of them are stale
+(:mod:`offcut.daemon.zeus.bso`, abandoned trials).
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 from offcut.daemon.model import Limits
 from offcut.daemon.store import Store
-from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Verdict
+from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Resumed, Verdict
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
 from offcut.errors import AlreadyExists, FailedPrecondition, NotFound
 
@@ -25,6 +31,10 @@ T = TypeVar("T")
 
 _BSO = "bso"
 _PLO = "plo"
+#: prefix of the idempotency keys of ResumeTrial in the state file's ``zeus_requests`` (with
+#: the job and the trial: a request id reused for another trial or for Predict never replays
+#: an answer of the wrong kind)
+_RESUME_KEY = "ResumeTrial:"
 
 
 @dataclass
@@ -52,11 +62,14 @@ class ZeusRegistry:
     :class:`FailedPrecondition` for power calls on a job registered without a power spec,
     and whatever the optimizers raise for bad values (``InvalidArgument``), all before any
     state changes. ``limits`` (default: :class:`Limits`'s defaults) bound what the service
-    accepts at registration (``max_batch_sizes``, ``max_power_limits``).
+    accepts at registration (``max_batch_sizes``, ``max_power_limits``). ``clock``: wall-clock
+    seconds for suspended trials (module docstring).
     """
 
-    def __init__(self, store: Store, limits: Limits | None = None):
+    def __init__(self, store: Store, limits: Limits | None = None,
+                 clock: Callable[[], float] = time.time):
         self.store = store
+        self.clock = clock
         self.limits = limits if limits is not None else Limits()
         self.lock = threading.RLock()
         self.jobs: dict[str, _Entry] = {}
@@ -116,27 +129,47 @@ class ZeusRegistry:
         return result
 
     def predict(self, job_id: str, request_id: str, encode: Callable[[Prediction], bytes],
-                decode: Callable[[bytes], T]) -> Prediction | T:
-        """Open a trial. A repeated ``request_id`` returns the first answer, decoded."""
+                decode: Callable[[bytes], T], generation: int = 0) -> Prediction | T:
+        """Open a trial (abandoning stale suspended ones first, see
+        :meth:`BatchSizeJob.predict`). A repeated ``request_id`` returns the first answer,
+        decoded."""
         with self.lock:
             if request_id:
                 stored = self.store.zeus_response(request_id)
                 if stored is not None:
                     return decode(stored)
-            return self._mutate_job(job_id, lambda job: job.predict(), request_id=request_id,
-                                    encode=encode)
+            now = self.clock()
+            return self._mutate_job(job_id, lambda job: job.predict(generation, now),
+                                    request_id=request_id, encode=encode)
 
     def report(self, job_id: str, trial_number: int, epoch: int, time_s: float, energy_j: float,
-               metric: float, batch_size: int = 0) -> Verdict:
+               metric: float, batch_size: int = 0, generation: int = 0) -> Verdict:
         """Record an epoch of a trial (see :meth:`BatchSizeJob.report`)."""
         with self.lock:
             return self._mutate_job(job_id, lambda job: job.report(
-                trial_number, epoch, time_s, energy_j, metric, batch_size))
+                trial_number, epoch, time_s, energy_j, metric, batch_size, generation))
 
-    def end_trial(self, job_id: str, trial_number: int) -> Verdict:
-        """Close a trial (see :meth:`BatchSizeJob.end_trial`)."""
+    def end_trial(self, job_id: str, trial_number: int, interrupted: bool = False,
+                  time_s: float | None = None, energy_j: float | None = None,
+                  generation: int = 0) -> Verdict:
+        """Close a trial, or suspend an interrupted one (see :meth:`BatchSizeJob.end_trial`)."""
         with self.lock:
-            return self._mutate_job(job_id, lambda job: job.end_trial(trial_number))
+            now = self.clock()
+            return self._mutate_job(job_id, lambda job: job.end_trial(
+                trial_number, interrupted, time_s, energy_j, generation, now))
+
+    def resume(self, job_id: str, trial_number: int, request_id: str, generation: int,
+               encode: Callable[[Resumed], bytes], decode: Callable[[bytes], T]) -> Resumed | T:
+        """Reopen an open trial for a new process (see :meth:`BatchSizeJob.resume`). A
+        repeated ``request_id`` (for the same job and trial) returns the first answer, decoded."""
+        key = (_RESUME_KEY + json.dumps([job_id, trial_number, request_id])) if request_id else ""
+        with self.lock:
+            if key:
+                stored = self.store.zeus_response(key)
+                if stored is not None:
+                    return decode(stored)
+            return self._mutate_job(job_id, lambda job: job.resume(trial_number, generation),
+                                    request_id=key, encode=encode)
 
     def delete(self, job_id: str) -> None:
         """Forget a job and its power profiles."""

@@ -7,7 +7,8 @@ import json
 import math
 
 from offcut.daemon.service import _rpc
-from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Verdict
+from offcut.daemon.zeus.bso import (BatchSizeJob, BatchSizeJobSpec, Prediction, Resumed,
+                                    Verdict, check_generation)
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
 from offcut.daemon.zeus.registry import ZeusRegistry
 from offcut.daemon.model import Limits
@@ -18,7 +19,8 @@ from offcut.v1 import zeus_pb2, zeus_pb2_grpc
 MAX_ID_LEN = 200
 
 _OPTIONAL_JOB_FIELDS = ("beta_knob", "num_pruning_rounds", "window_size", "mab_prior_mean",
-                        "mab_prior_precision", "mab_num_explorations", "seed")
+                        "mab_prior_precision", "mab_num_explorations", "seed",
+                        "suspended_trial_timeout_s")
 _OPTIONAL_POWER_FIELDS = ("step_w", "warmup_steps", "profile_steps", "max_slowdown_factor")
 
 
@@ -86,7 +88,8 @@ def job_to_pb(job: BatchSizeJob, power: PowerLimitSpec | None) -> zeus_pb2.ZeusJ
         higher_is_better=spec.higher_is_better, max_power_w=spec.max_power_w,
         num_pruning_rounds=spec.num_pruning_rounds, window_size=spec.window_size,
         mab_prior_mean=spec.mab_prior_mean, mab_prior_precision=spec.mab_prior_precision,
-        mab_num_explorations=spec.mab_num_explorations, seed=spec.seed)
+        mab_num_explorations=spec.mab_num_explorations, seed=spec.seed,
+        suspended_trial_timeout_s=spec.suspended_trial_timeout_s)
     if spec.beta_knob is not None and math.isfinite(spec.beta_knob):
         pb_spec.beta_knob = spec.beta_knob
     if power is not None:
@@ -98,7 +101,8 @@ def job_to_pb(job: BatchSizeJob, power: PowerLimitSpec | None) -> zeus_pb2.ZeusJ
     state = job.state()
     trials = [zeus_pb2.ZeusTrial(
         trial_number=t["trial_number"], batch_size=t["batch_size"], status=t["status"],
-        epochs=t["epochs"], time_s=t["time_s"], energy_j=t["energy_j"], cost_j=t["cost_j"])
+        epochs=t["epochs"], time_s=t["time_s"], energy_j=t["energy_j"], cost_j=t["cost_j"],
+        generation=t["generation"], interruptions=t["interruptions"])
         for t in state["trials"]]
     min_cost = state["min_cost_j"]
     return zeus_pb2.ZeusJob(spec=pb_spec, phase=state["phase"],
@@ -113,10 +117,19 @@ def prediction_to_pb(p: Prediction) -> zeus_pb2.Prediction:
                                cost_bound_j=p.cost_bound_j, exploration=p.exploration)
 
 
+def resumed_to_pb(r: Resumed) -> zeus_pb2.ResumedTrial:
+    """A :class:`Resumed` as its message (``time_s`` [s], ``energy_j``/``cost_j``/
+    ``cost_bound_j`` [J])."""
+    return zeus_pb2.ResumedTrial(
+        trial_number=r.trial_number, batch_size=r.batch_size, epochs=r.epochs, time_s=r.time_s,
+        energy_j=r.energy_j, cost_j=r.cost_j, cost_bound_j=r.cost_bound_j,
+        exploration=r.exploration, generation=r.generation, taken_over=r.taken_over)
+
+
 def verdict_to_pb(v: Verdict) -> zeus_pb2.TrialVerdict:
     """A :class:`Verdict` as its message (``cost_j`` [J])."""
     return zeus_pb2.TrialVerdict(stop=v.stop, converged=v.converged, cost_j=v.cost_j,
-                                 message=v.message, finished=v.finished)
+                                 message=v.message, finished=v.finished, suspended=v.suspended)
 
 
 def plan_to_pb(p: PowerPlan) -> zeus_pb2.PowerPlan:
@@ -152,11 +165,13 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
 
     @_rpc
     def Predict(self, request, context):
-        """The next run's batch size; FAILED_PRECONDITION when every batch size failed."""
+        """The next run's batch size; FAILED_PRECONDITION when every batch size failed;
+        INVALID_ARGUMENT for a ``generation`` of 2^63 or more."""
+        generation = check_generation(request.generation)
         result = self.registry.predict(
             _job_id(request.job_id), _short_id(request.request_id, "request_id"),
             encode=lambda p: prediction_to_pb(p).SerializeToString(),
-            decode=zeus_pb2.Prediction.FromString)
+            decode=zeus_pb2.Prediction.FromString, generation=generation)
         return result if isinstance(result, zeus_pb2.Prediction) else prediction_to_pb(result)
 
     @_rpc
@@ -164,12 +179,28 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
         """Cumulative time/energy and the metric after an epoch -> stop / converged."""
         return verdict_to_pb(self.registry.report(
             _job_id(request.job_id), request.trial_number, request.epoch, request.time_s,
-            request.energy_j, request.metric, request.batch_size))
+            request.energy_j, request.metric, request.batch_size, request.generation))
 
     @_rpc
     def EndTrial(self, request, context):
-        return verdict_to_pb(self.registry.end_trial(_job_id(request.job_id),
-                                                     request.trial_number))
+        """Close a trial (a failure), or suspend it (``interrupted``: the trial's
+        cumulative ``time_s`` [s] and ``energy_j`` [J] when the process stopped, optional)."""
+        return verdict_to_pb(self.registry.end_trial(
+            _job_id(request.job_id), request.trial_number, request.interrupted,
+            request.time_s if request.HasField("time_s") else None,
+            request.energy_j if request.HasField("energy_j") else None, request.generation))
+
+    @_rpc
+    def ResumeTrial(self, request, context):
+        """Reopen an open trial for a new process; its stored totals come back. NOT_FOUND
+        for an unknown job or trial, FAILED_PRECONDITION for an ended trial or one still held."""
+        generation = check_generation(request.generation)
+        result = self.registry.resume(
+            _job_id(request.job_id), request.trial_number,
+            _short_id(request.request_id, "request_id"), generation,
+            encode=lambda r: resumed_to_pb(r).SerializeToString(),
+            decode=zeus_pb2.ResumedTrial.FromString)
+        return result if isinstance(result, zeus_pb2.ResumedTrial) else resumed_to_pb(result)
 
     @_rpc
     def DeleteJob(self, request, context):
