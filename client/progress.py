@@ -18,11 +18,17 @@ The reporter sends a report at most every ``every_s`` seconds (and on :meth:`clo
 counters are cumulative since the task began and continue across restarts (a new process
 starts from the daemon's last accepted report). Submit the task with ``reports_progress`` (or
 without a curve): only reports complete it, when ``samples_done`` reaches its total work.
+
+A script that restarts from checkpoints (docs/execution.md) reports the figure *as of its
+latest checkpoint* instead of counting: pass ``samples_done=`` (the checkpoint's) to the
+constructor and call :meth:`ProgressReporter.set_samples_done` then
+:meth:`ProgressReporter.report` at every checkpoint (:mod:`offcut.client.elastic` does this).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from typing import Callable, Mapping
@@ -31,6 +37,14 @@ from offcut.client.api import Client
 from offcut.errors import OffcutError
 
 log = logging.getLogger("offcut.client.progress")
+
+
+def _check_samples(samples_done: float) -> float:
+    """``samples_done`` as a float; ValueError unless finite and >= 0."""
+    v = float(samples_done)
+    if not (math.isfinite(v) and v >= 0):
+        raise ValueError(f"samples_done must be finite and >= 0, got {samples_done!r}")
+    return v
 
 
 class ProgressReporter:
@@ -46,25 +60,33 @@ class ProgressReporter:
             since this process started (e.g. from NVML counters); added to the energy already
             reported by earlier processes.
         clock: wall clock [s since epoch] (injected in tests).
+        samples_done: the cumulative samples to start from [samples], e.g. those of the
+            checkpoint the process resumed from; None (default): the daemon's last accepted
+            report (0 before the first).
 
-    Raises :class:`offcut.errors.NotFound` when the task does not exist. Report failures
-    while training are logged and retried at the next report, never raised from :meth:`add`.
+    Raises :class:`offcut.errors.NotFound` when the task does not exist, ``ValueError`` for a
+    negative ``nodes`` or a negative or non-finite ``samples_done``. Report failures while
+    training are logged and retried at the next report, never raised from :meth:`add`.
     """
 
     def __init__(self, client: Client | str | None, task_id: str, nodes: int, *,
                  every_s: float = 30.0, energy_j: Callable[[], float] | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, samples_done: float | None = None):
         if nodes < 0:
             raise ValueError(f"nodes must be >= 0, got {nodes}")
+        if samples_done is not None:
+            samples_done = _check_samples(samples_done)
         self._own_client = not isinstance(client, Client)
         self.client = client if isinstance(client, Client) else Client(client)
         self.task_id, self.nodes, self.every_s = task_id, int(nodes), float(every_s)
         self._energy_fn, self._clock = energy_j, clock
         model = self.client.get_task(task_id).model
-        self._base_samples = model.last_samples_done if model.has_report else 0.0
+        if samples_done is None:
+            samples_done = model.last_samples_done if model.has_report else 0.0
+        self._base_samples = samples_done
         self._base_energy = (model.last_energy_j
                              if model.has_report and model.HasField("last_energy_j") else 0.0)
-        self.samples = 0.0  # processed by this process
+        self.samples = 0.0  # processed by this process since the base (set_samples_done)
         self._last_sent = self._clock()
         self.reports = 0
 
@@ -88,6 +110,14 @@ class ProgressReporter:
     def samples_done(self) -> float:
         """Cumulative samples since the task began [samples]."""
         return self._base_samples + self.samples
+
+    def set_samples_done(self, samples_done: float) -> None:
+        """Set the cumulative figure [samples] the next report sends, e.g. that of the
+        checkpoint just written; later :meth:`add` calls count on from it. Sends nothing (call
+        :meth:`report`). Raises ``ValueError`` for a negative or non-finite figure; a figure
+        below the daemon's last accepted one is refused by the daemon at the next report."""
+        self._base_samples = _check_samples(samples_done)
+        self.samples = 0.0
 
     def set_nodes(self, nodes: int) -> None:
         """The task now runs on ``nodes`` nodes (reports what it ran on so far first)."""

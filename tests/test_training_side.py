@@ -6,19 +6,23 @@ unit conversions and permission errors (with stand-in libraries)."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
+import time
 import types
 
 import pytest
 
 from offcut.client import Client
-from offcut.client.training import (ENV_ADDRESS, ENV_BATCH_SIZE, ENV_JOB_ID, ENV_TRIAL,
+from offcut.client.training import (ENV_ADDRESS, ENV_BATCH_SIZE, ENV_GENERATION, ENV_JOB_ID,
+                                    ENV_RESUME_TRIAL, ENV_TASK_ID, ENV_TRIAL, ENV_VARS,
                                     ManualBackend, NvmlBackend, PowerLimitError,
-                                    TrainingSetupError, TrialEndedError, ZeusTraining)
+                                    TrainingSetupError, TrialEndedError, ZeusTraining,
+                                    per_rank_batch_size)
 from offcut.daemon.zeus.cost import zeus_cost
-from offcut.errors import NotFound
+from offcut.errors import FailedPrecondition, NotFound
 from offcut.v1 import zeus_pb2
 
 MAX_POWER_W = 250.0
@@ -418,3 +422,296 @@ def test_zeus_monitor_backend_sums_gpu_energy_and_translates_permission_errors(m
     assert backend.num_gpus == 2 and backend.power_limit_range() == (100.0, 250.0)
     with pytest.raises(PowerLimitError, match="GPU 0's power limit to 175 W: permission denied"):
         backend.set_power_limit(175.0)
+
+
+# ----------------------------------------------------------------------------- generations
+def prune_spec(job_id="gen", **kw) -> zeus_pb2.BatchSizeJobSpec:
+    """The user's report: batch sizes 16/32/64/128, default 64."""
+    fields = dict(batch_sizes=[16, 32, 64, 128], default_batch_size=64, num_pruning_rounds=1,
+                  max_epochs=10, target_metric=0.9)
+    fields.update(kw)
+    return job_spec(job_id, **fields)
+
+
+#: simulated training per (global) batch size: epochs to the target, seconds per epoch, W drawn
+PROFILE = {16: (6, 67.5, 116.0), 32: (4, 36.25, 132.0), 64: (3, 20.625, 164.0),
+           128: (5, 12.8125, 228.0)}
+
+
+def train(zt, clock, backend, preempt_after: int | None = None) -> None:
+    """Epochs until the daemon says stop; the metric reaches the target at the batch size's
+    epoch (counted across generations). ``preempt_after``: after that many epochs of the
+    trial, half an epoch runs, then the stop signal: the process exits 75."""
+    epochs, epoch_s, watts = PROFILE[zt.batch_size]
+    backend.power_w = watts
+    while not zt.should_stop:
+        zt.on_epoch_begin()
+        if zt.epoch == preempt_after:
+            clock.t += epoch_s / 2
+            raise SystemExit(75)             # checkpoint written; EX_TEMPFAIL
+        clock.t += epoch_s
+        zt.on_epoch_end(0.95 if zt.epoch + 1 >= epochs else 0.1)
+
+
+def test_a_preempted_generation_does_not_prune_its_batch_size(daemon):
+    """Reproduction: one reported epoch, then the process is preempted (it checkpoints and
+    exits 75); that used to send a plain EndTrial, which counted the run as not converged and
+    ended pruning's downward walk: 16, 32 and 64 were pruned for good, leaving only 128."""
+    _, client = daemon
+    client.register_zeus_job(prune_spec())
+    clock = Clock()
+    backend = ManualBackend(clock=clock, power_w=100.0)
+    with pytest.raises(SystemExit):
+        with ZeusTraining(client, "gen", backend=backend, generation=1) as zt:
+            assert zt.batch_size == 64
+            train(zt, clock, backend, preempt_after=1)
+    trial = trial_of(client, "gen", zt.trial_number)
+    assert trial.status == "suspended", trial.status
+    assert zt.suspended and not zt.verdict.finished
+    assert json.loads(client.get_zeus_job("gen").state_json)["phase"] == "pruning"
+    # the next generation resumes it from the checkpoint's trial number
+    clock = Clock()
+    backend = ManualBackend(clock=clock)
+    with ZeusTraining(client, "gen", resume_trial=zt.trial_number, generation=2,
+                      backend=backend) as again:
+        assert (again.trial_number, again.epoch, again.resumed) == (zt.trial_number, 1, True)
+        train(again, clock, backend)
+    assert again.converged
+    while json.loads(client.get_zeus_job("gen").state_json)["phase"] == "pruning":
+        clock = Clock()
+        backend = ManualBackend(clock=clock)
+        with ZeusTraining(client, "gen", backend=backend) as zt:
+            train(zt, clock, backend)
+    assert json.loads(client.get_zeus_job("gen").state_json)["arms"] == [16, 32, 64, 128]
+
+
+def _recurrences(client, n: int, preempt: tuple[int, int] | None, world_sizes=(4, 3)):
+    """``n`` recurrences of job "gen", each a placed task whose generations run ZeusTraining;
+    ``preempt`` = (recurrence, epochs): that recurrence's first generation is preempted after
+    that many epochs and half of the next. Returns the batch sizes and, per recurrence, each
+    generation's measured (time [s], energy [J]) and per-rank batch sizes."""
+    sizes, measured = [], []
+    for recurrence in range(1, n + 1):
+        generations, trial, generation = [], None, 0
+        while True:
+            generation += 1
+            clock = Clock()                  # every generation is a new process
+            backend = ManualBackend(clock=clock)
+            world = world_sizes[(generation - 1) % len(world_sizes)]
+            preempt_after = preempt[1] if preempt and preempt[0] == recurrence \
+                and generation == 1 else None
+            try:
+                with ZeusTraining(client, "gen", resume_trial=trial, generation=generation,
+                                  backend=backend) as zt:
+                    base = (zt.time_s, zt.energy_j)
+                    ranks = [zt.per_rank_batch_size(world, r) for r in range(world)]
+                    assert sum(ranks) == zt.batch_size
+                    train(zt, clock, backend, preempt_after)
+            except SystemExit as exc:
+                assert exc.code == 75
+            generations.append((zt.time_s - base[0], zt.energy_j - base[1], ranks))
+            if not zt.suspended:
+                break
+            trial = zt.trial_number          # what the elastic helper keeps in its checkpoint
+        sizes.append(zt.batch_size)
+        measured.append(generations)
+    return sizes, measured
+
+
+def test_a_preemption_in_the_middle_of_a_trial_continues_it_over_recurrences(daemons):
+    """A Zeus job over 6 recurrences, with a preemption in the middle of recurrence 2's trial
+    (batch size 32, pruning): the trial continues in a second generation, its cost includes
+    both generations (zeus_cost of the summed time and energy, Zeus §3.1 Eq. 2), no arm is
+    pruned by the interruption, and the batch sizes chosen are those of the same seeded run
+    without the preemption."""
+    _, plain = daemons.start("plain")
+    plain.register_zeus_job(prune_spec(mab_num_explorations=1))
+    expected_sizes, expected_measured = _recurrences(plain, 6, None)
+    _, client = daemons.start("preempted")
+    client.register_zeus_job(prune_spec(mab_num_explorations=1))
+    sizes, measured = _recurrences(client, 6, preempt=(2, 2))
+
+    assert sizes == expected_sizes and sizes[:4] == [64, 32, 16, 128]
+    plain_job, job = plain.get_zeus_job("gen"), client.get_zeus_job("gen")
+    assert json.loads(job.state_json)["arms"] == json.loads(plain_job.state_json)["arms"] \
+        == [16, 32, 64, 128]
+    assert job.best_batch_size == plain_job.best_batch_size
+    assert [t.status for t in job.trials] == [t.status for t in plain_job.trials] \
+        == ["converged"] * 6
+    # recurrence 2: two generations, world sizes 4 then 3 (global batch 32 -> 8 or 11/11/10)
+    assert [g[2] for g in measured[1]] == [[8, 8, 8, 8], [11, 11, 10]]
+    (t1, e1, _), (t2, e2, _) = measured[1]
+    epochs, epoch_s, watts = PROFILE[32]
+    assert (t1, e1) == pytest.approx((2.5 * epoch_s, 2.5 * epoch_s * watts))
+    assert (t2, e2) == pytest.approx((2 * epoch_s, 2 * epoch_s * watts))
+    trial = job.trials[1]
+    assert (trial.batch_size, trial.epochs, trial.interruptions, trial.generation) == (
+        32, epochs, 1, 2)
+    assert (trial.time_s, trial.energy_j) == pytest.approx((t1 + t2, e1 + e2))
+    assert trial.cost_j == pytest.approx(zeus_cost(e1 + e2, t1 + t2, 0.5, MAX_POWER_W))
+    # the half epoch lost to the preemption is what it cost more than without
+    assert trial.cost_j - plain_job.trials[1].cost_j == pytest.approx(
+        zeus_cost(0.5 * epoch_s * watts, 0.5 * epoch_s, 0.5, MAX_POWER_W))
+    others = [t.cost_j for i, t in enumerate(job.trials) if i != 1]
+    assert others == pytest.approx([t.cost_j for i, t in enumerate(plain_job.trials) if i != 1])
+    assert all(len(m) == 1 for i, m in enumerate(measured) if i != 1)
+
+
+def test_per_rank_batch_size_splits_the_global_batch_evenly():
+    assert [per_rank_batch_size(32, 3, r) for r in range(3)] == [11, 11, 10]
+    assert [per_rank_batch_size(64, 4, r, strict=True) for r in range(4)] == [16] * 4
+    assert per_rank_batch_size(5, 5, 4) == 1
+    for args, kwargs, needle in [((4, 8, 0), {}, "smaller than the world size 8"),
+                                 ((32, 0, 0), {}, "world_size"),
+                                 ((32, 4, 4), {}, r"rank must be in \[0, 4\)"),
+                                 ((32, 4, -1), {}, "rank"),
+                                 ((32, 3, 0), dict(strict=True), "does not split evenly")]:
+        with pytest.raises(ValueError, match=needle):
+            per_rank_batch_size(*args, **kwargs)
+
+
+def test_from_env_resumes_the_trial_of_the_checkpoint(daemon, monkeypatch):
+    _, client = daemon
+    client.register_zeus_job(prune_spec())
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in ((ENV_ADDRESS, client.address), (ENV_JOB_ID, "gen"),
+                        (ENV_GENERATION, "1"), (ENV_TASK_ID, "t000007")):
+        monkeypatch.setenv(name, value)
+    clock = Clock()
+    backend = ManualBackend(clock=clock, power_w=100.0)
+    with pytest.raises(SystemExit):
+        with ZeusTraining.from_env(backend=backend) as first:
+            train(first, clock, backend, preempt_after=1)
+    # Predict's idempotency key came from the task and generation: a retry gets the trial
+    assert client.predict_batch_size("gen", "offcut-task:t000007:g1").trial_number == \
+        first.trial_number
+    monkeypatch.setenv(ENV_GENERATION, "2")
+    monkeypatch.setenv(ENV_RESUME_TRIAL, str(first.trial_number))
+    monkeypatch.setenv(ENV_BATCH_SIZE, "64")
+    backend = ManualBackend(clock=Clock())
+    with ZeusTraining.from_env(backend=backend) as again:
+        assert (again.trial_number, again.epoch, again.generation) == (first.trial_number, 1, 2)
+        assert (again.time_s, again.energy_j) == (first.time_s, first.energy_j)
+        assert again.interrupt().suspended
+    assert trial_of(client, "gen", first.trial_number).generation == 2
+    monkeypatch.setenv(ENV_TRIAL, "1")
+    with pytest.raises(TrainingSetupError, match=f"{ENV_TRIAL} and {ENV_RESUME_TRIAL}"):
+        ZeusTraining.from_env(backend=backend)
+    monkeypatch.delenv(ENV_TRIAL)
+    monkeypatch.setenv(ENV_GENERATION, "0")
+    with pytest.raises(TrainingSetupError, match=f"{ENV_GENERATION}='0' must be >= 1"):
+        ZeusTraining.from_env(backend=backend)
+    monkeypatch.setenv(ENV_GENERATION, "3")
+    monkeypatch.setenv(ENV_BATCH_SIZE, "128")   # a resumed process is checked as well
+    with pytest.raises(TrainingSetupError, match="runs batch size 64"):
+        ZeusTraining.from_env(backend=backend)
+    # the refused process suspended the trial again: the next one can resume it
+    assert trial_of(client, "gen", first.trial_number).status == "suspended"
+
+
+def test_a_generation_killed_without_grace_is_taken_over_and_fenced_out(daemon):
+    _, client = daemon
+    client.register_zeus_job(prune_spec())
+    clock = Clock()
+    old = ZeusTraining(client, "gen", generation=1, backend=ManualBackend(clock=clock))
+    old.on_epoch_begin()
+    clock.t += 10.0
+    old.on_epoch_end(0.1)
+    old.on_epoch_begin()                 # SIGKILL here: no suspension
+    with pytest.raises(FailedPrecondition, match="trial_number: .*running, held by generation 1"):
+        ZeusTraining(client, "gen", resume_trial=old.trial_number, generation=1,
+                     backend=ManualBackend())
+    new = ZeusTraining(client, "gen", resume_trial=old.trial_number, generation=2,
+                       backend=ManualBackend(clock=clock))
+    assert new.taken_over and new.epoch == 1 and new.time_s == pytest.approx(10.0)
+    clock.t += 10.0
+    with pytest.raises(FailedPrecondition, match="generation: .*replaced"):
+        old.on_epoch_end(0.1)            # a zombie of the replaced generation
+    new.on_epoch_begin()
+    clock.t += 5.0
+    assert not new.on_epoch_end(0.1).stop
+    assert trial_of(client, "gen", new.trial_number).epochs == 2
+    new.close()                           # a real failure: ended as not converged
+    assert trial_of(client, "gen", new.trial_number).status == "failed"
+    with pytest.raises(FailedPrecondition, match="trial_number: .*already ended \\(failed\\)"):
+        ZeusTraining(client, "gen", resume_trial=new.trial_number, generation=3,
+                     backend=ManualBackend())
+    with pytest.raises(TrainingSetupError, match="exclude each other"):
+        ZeusTraining(client, "gen", 1, resume_trial=1, backend=ManualBackend())
+
+
+def test_a_driver_restarted_process_resumes_a_suspended_trial(daemon, monkeypatch):
+    """OFFCUT_ZEUS_TRIAL (a trial opened by a driver) of a suspended trial resumes it."""
+    _, client = daemon
+    client.register_zeus_job(prune_spec())
+    pred = client.predict_batch_size("gen")
+    clock = Clock()
+    zt = ZeusTraining(client, "gen", pred.trial_number, backend=ManualBackend(clock=clock))
+    zt.on_epoch_begin()
+    clock.t += 4.0
+    zt.on_epoch_end(0.1)
+    zt.on_epoch_begin()
+    clock.t += 1.0
+    verdict = zt.interrupt()             # the cut epoch's second counts
+    assert verdict.suspended and trial_of(client, "gen", pred.trial_number).time_s == 5.0
+    again = ZeusTraining(client, "gen", pred.trial_number, backend=ManualBackend())
+    assert again.resumed and again.epoch == 1 and again.time_s == 5.0
+    again.close()
+
+
+def test_suspend_and_resume_are_retried_while_the_daemon_restarts(daemons):
+    """With a RetryPolicy, the interrupted EndTrial (cumulative figures: repeating it changes
+    nothing) and ResumeTrial with a request id (the daemon replays the first answer) go
+    through a daemon restart."""
+    from offcut.client.retry import RetryPolicy
+    from offcut.client.training import _call, _Calls
+
+    srv, client = daemons.start()
+    client.register_zeus_job(prune_spec())
+    state = {"srv": srv, "restarts": 0}
+
+    def sleep(wait_s):                       # the policy's wait: restart the daemon once
+        if state["srv"] is None:
+            state["srv"], _ = daemons.start()
+            state["restarts"] += 1
+        else:
+            time.sleep(wait_s)
+
+    policy = RetryPolicy(deadline_s=30.0, initial_backoff_s=0.05, max_backoff_s=0.2, sleep=sleep)
+    with Client(client.address, timeout_s=10, retry=policy) as retrying:
+        clock = Clock()
+        zt = ZeusTraining(retrying, "gen", generation=1, backend=ManualBackend(clock=clock))
+        zt.on_epoch_begin()
+        clock.t += 3.0
+        zt.on_epoch_end(0.1)
+        daemons.stop(state.pop("srv"))
+        state["srv"] = None
+        assert zt.interrupt().suspended and state["restarts"] == 1
+        daemons.stop(state["srv"])
+        state["srv"] = None
+        resumed = _call(retrying, _Calls.resume_trial, "gen", zt.trial_number, request_id="r1",
+                        generation=2)
+        assert state["restarts"] == 2 and (resumed.epochs, resumed.time_s) == (1, 3.0)
+        again = _call(retrying, _Calls.resume_trial, "gen", zt.trial_number, request_id="r1",
+                      generation=2)
+        assert again == resumed
+    assert policy.retries >= 2
+
+
+def test_from_env_takes_the_checkpoints_trial_as_an_argument(daemon, monkeypatch):
+    _, client = daemon
+    client.register_zeus_job(prune_spec())
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(ENV_ADDRESS, client.address)
+    monkeypatch.setenv(ENV_JOB_ID, "gen")
+    monkeypatch.setenv(ENV_GENERATION, "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "2")
+    with ZeusTraining.from_env(resume_trial=None, backend=ManualBackend()) as first:
+        assert (first.batch_size, first.per_rank_batch_size()) == (64, 21)
+        first.interrupt()
+    monkeypatch.setenv(ENV_GENERATION, "2")
+    with ZeusTraining.from_env(resume_trial=first.trial_number, backend=ManualBackend()) as zt:
+        assert zt.resumed and zt.generation == 2 and zt.trial_number == first.trial_number
