@@ -254,6 +254,9 @@ def show(
             ("Learned", " ".join(f"{n}:{p:.6g}" for n, p in zip(m.curve_node_counts,
                                                                  m.curve_throughputs)) or "-"),
             ("RescaleInUse", f"up {m.rescale_up_s:.3g} s, down {m.rescale_down_s:.3g} s"),
+            ("RescaleMeasured", " ".join(
+                f"{k} {getattr(m, f'measured_rescale_{k}_s'):.3g} s" for k in ("up", "down")
+                if m.HasField(f"measured_rescale_{k}_s")) or "-"),
         ]
     fields += [
         ("SubmitTime", _ts(task.submit_time)), ("AdmitTime", _ts(task.admit_time)),

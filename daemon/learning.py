@@ -23,7 +23,11 @@ Measurements
   intervals add nothing. The first interval (from the task's start, samples 0, energy 0) is
   never clean: it holds the startup. A change is placed in time by the time passed to
   ``on_allocation``: one later than or at the report's time belongs to the next interval (the
-  task measured before it happened).
+  task measured before it happened). A report whose ``nodes`` is still the count before the
+  changes inside its interval comes from the generation that ran on until it was stopped
+  (docs/execution.md: the decision comes first, then the old generation checkpoints and
+  reports, then the new one starts): its interval is clean at the old count and the changes
+  are moved to its time, so the next interval holds the whole pause of the rescale.
 * Rescale costs: an interval with exactly one change c -> n at t_r (c > 0, n > 0, ``grow``:
   Tcup, ``shrink``/``preempted``: Tcdw, the report's ``nodes`` == n) lost
   L = r(c) (t_r - t0) + r(n) (t1 - t_r) - (s1 - s0) samples, so T = L / r(c) seconds, clipped
@@ -352,6 +356,13 @@ class TaskLearner:
         t, s, n, e = self._check(report, "")
         k = bisect.bisect_left([a[0] for a in self._allocs], t)  # changes before t
         inside, carried = self._allocs[:k], self._allocs[k:]
+        if (inside and self._last is not None and n == self._count_at_last
+                and n != inside[-1][1]):
+            # a report of the generation that still ran on the old count after the decision
+            # (docs/execution.md: it stops, checkpoints and reports, then the next starts):
+            # the changes take effect after this report, which closes a clean interval
+            carried = [[t, c, kind] for _, c, kind in inside] + carried
+            inside = []
         overflow = self._overflow_time is not None
         gained = changed = False
         if self._last is not None:
@@ -588,6 +599,12 @@ class TaskLearner:
         """Learned Tcdw [s] (shrinks and preemptions lose Ps(c) * Tcdw samples): the median of
         the measured estimates, ``prior`` until one exists."""
         return float(statistics.median(self._down)) if self._down else prior
+
+    def measured_rescale_s(self) -> tuple[float | None, float | None]:
+        """``(Tcup, Tcdw)`` [s] measured so far (the medians of :meth:`rescale_up_s` /
+        :meth:`rescale_down_s`), None for a direction without an estimate yet."""
+        return (float(statistics.median(self._up)) if self._up else None,
+                float(statistics.median(self._down)) if self._down else None)
 
     def per_node_rate(self) -> float | None:
         """Measured rate [samples/s] per node at the smallest measured count (a population

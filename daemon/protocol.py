@@ -181,6 +181,11 @@ def model_to_pb(task: Task, core: Core) -> tasks_pb2.LearnedModel | None:
         return None
     up, down = core.rescale_costs(task)
     msg = tasks_pb2.LearnedModel(rescale_up_s=up, rescale_down_s=down)
+    measured_up, measured_down = task.learner.measured_rescale_s()
+    if measured_up is not None:
+        msg.measured_rescale_up_s = measured_up
+    if measured_down is not None:
+        msg.measured_rescale_down_s = measured_down
     for n, m in sorted(task.learner.measured().items()):
         msg.measured.add(nodes=n, samples_per_s=m["rate"], seconds=m["seconds"],
                          power_w=m["power_w"] or 0.0)

@@ -244,6 +244,7 @@ def test_rescale_costs_are_recovered():
     sim.alloc(4)
     sim.report(30.0)
     assert sim.learner.rescale_up_s(99.0) == 99.0 and sim.learner.rescale_down_s(7.0) == 7.0
+    assert sim.learner.measured_rescale_s() == (None, None)
     sim.report(120.0)
     # the first grow to 8 happens before 8 is measured: the interval waits
     sim.rescale(8, 20.0, 120.0)
@@ -260,6 +261,8 @@ def test_rescale_costs_are_recovered():
             sim.report(120.0)
     assert sim.learner.rescale_up_s(99.0) == pytest.approx(30.0, rel=0.12)
     assert sim.learner.rescale_down_s(99.0) == pytest.approx(10.0, rel=0.2)
+    assert sim.learner.measured_rescale_s() == (sim.learner.rescale_up_s(0.0),
+                                                sim.learner.rescale_down_s(0.0))
     for n, got in sim.learner.measured().items():
         assert got["rate"] == pytest.approx(true(n), rel=0.03)
 
@@ -482,3 +485,22 @@ def test_random_valid_reports_keep_the_model_valid(phases, min_nodes, extra, pri
     assert r is None or (math.isfinite(r) and r >= 0)
     d = learner.to_dict()
     assert TaskLearner.from_dict(json.loads(json.dumps(d, allow_nan=False))).to_dict() == d
+
+
+def test_a_report_of_the_old_generation_after_the_decision_moves_the_change():
+    """docs/execution.md: the daemon decides a grow at 100; the old generation (2 nodes at
+    100/s) runs on until it is stopped, checkpoints and reports at 103; the new one (4 nodes at
+    180/s) starts at 108. The interval up to 103 is clean at 2, the pause lies in the next
+    interval, and the learned Tcup is its 5 s valued at the old rate (BFTrainer §3)."""
+    learner = TaskLearner()
+    learner.on_allocation(T0, 2, "start")
+    learner.observe(ProgressReport(T0 + 10, 0.0, 2))
+    learner.observe(ProgressReport(T0 + 50, 4000.0, 2))               # clean: 100/s at 2
+    learner.on_allocation(T0 + 100, 4, "grow")
+    learner.observe(ProgressReport(T0 + 103, 9300.0, 2))              # the stop checkpoint
+    assert learner.measured()[2]["seconds"] == pytest.approx(93.0)    # clean up to 103
+    learner.observe(ProgressReport(T0 + 128, 9300.0 + 180 * 20, 4))   # started at 108
+    learner.observe(ProgressReport(T0 + 148, 9300.0 + 180 * 40, 4))   # clean: 180/s at 4
+    assert learner.measured()[4]["rate"] == pytest.approx(180.0)      # the pause is not in it
+    up, down = learner.measured_rescale_s()
+    assert up == pytest.approx(5.0 * 180 / 100) and down is None

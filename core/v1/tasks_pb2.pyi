@@ -138,7 +138,7 @@ class Task(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., owner: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., admit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[str]] = ..., work_done_samples: _Optional[float] = ..., rate_samples_per_s: _Optional[float] = ..., rescales: _Optional[int] = ..., preemptions: _Optional[int] = ..., launches: _Optional[int] = ..., last_run: _Optional[str] = ..., energy_j: _Optional[float] = ..., power_w: _Optional[float] = ..., model: _Optional[_Union[LearnedModel, _Mapping]] = ..., generation: _Optional[int] = ..., failed_runs: _Optional[int] = ..., failure_reason: _Optional[str] = ...) -> None: ...
 
 class LearnedModel(_message.Message):
-    __slots__ = ("measured", "rescale_up_s", "rescale_down_s", "curve_node_counts", "curve_throughputs", "has_report", "last_report_time", "last_samples_done", "last_energy_j", "curve_low", "curve_high")
+    __slots__ = ("measured", "rescale_up_s", "rescale_down_s", "curve_node_counts", "curve_throughputs", "has_report", "last_report_time", "last_samples_done", "last_energy_j", "curve_low", "curve_high", "measured_rescale_up_s", "measured_rescale_down_s")
     MEASURED_FIELD_NUMBER: _ClassVar[int]
     RESCALE_UP_S_FIELD_NUMBER: _ClassVar[int]
     RESCALE_DOWN_S_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,8 @@ class LearnedModel(_message.Message):
     LAST_ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     CURVE_LOW_FIELD_NUMBER: _ClassVar[int]
     CURVE_HIGH_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_RESCALE_UP_S_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_RESCALE_DOWN_S_FIELD_NUMBER: _ClassVar[int]
     measured: _containers.RepeatedCompositeFieldContainer[MeasuredCount]
     rescale_up_s: float
     rescale_down_s: float
@@ -161,7 +163,9 @@ class LearnedModel(_message.Message):
     last_energy_j: float
     curve_low: _containers.RepeatedScalarFieldContainer[float]
     curve_high: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, measured: _Optional[_Iterable[_Union[MeasuredCount, _Mapping]]] = ..., rescale_up_s: _Optional[float] = ..., rescale_down_s: _Optional[float] = ..., curve_node_counts: _Optional[_Iterable[int]] = ..., curve_throughputs: _Optional[_Iterable[float]] = ..., has_report: _Optional[bool] = ..., last_report_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_samples_done: _Optional[float] = ..., last_energy_j: _Optional[float] = ..., curve_low: _Optional[_Iterable[float]] = ..., curve_high: _Optional[_Iterable[float]] = ...) -> None: ...
+    measured_rescale_up_s: float
+    measured_rescale_down_s: float
+    def __init__(self, measured: _Optional[_Iterable[_Union[MeasuredCount, _Mapping]]] = ..., rescale_up_s: _Optional[float] = ..., rescale_down_s: _Optional[float] = ..., curve_node_counts: _Optional[_Iterable[int]] = ..., curve_throughputs: _Optional[_Iterable[float]] = ..., has_report: _Optional[bool] = ..., last_report_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_samples_done: _Optional[float] = ..., last_energy_j: _Optional[float] = ..., curve_low: _Optional[_Iterable[float]] = ..., curve_high: _Optional[_Iterable[float]] = ..., measured_rescale_up_s: _Optional[float] = ..., measured_rescale_down_s: _Optional[float] = ...) -> None: ...
 
 class MeasuredCount(_message.Message):
     __slots__ = ("nodes", "samples_per_s", "seconds", "power_w")
