@@ -449,8 +449,12 @@ class Core:
                 self._finish(task, TaskState.FAILED, t, out)
                 return True
             return False
-        if event.generation != task.generation or event.state not in ("failed", "interrupted"):
+        if event.generation != task.generation or event.state == "started":
             return False  # superseded: a run stopped while its generation was replaced
+        if task.learner is not None:
+            task.learner.on_pause(t)  # the current generation's processes stopped
+        if event.state == "preempted":
+            return False  # the node event that takes the node decides
         if event.state == "interrupted":
             task.failed_runs = 0
         else:

@@ -27,7 +27,10 @@ Measurements
   changes inside its interval comes from the generation that ran on until it was stopped
   (docs/execution.md: the decision comes first, then the old generation checkpoints and
   reports, then the new one starts): its interval is clean at the old count and the changes
-  are moved to its time, so the next interval holds the whole pause of the rescale.
+  are moved to its time, so the next interval holds the whole pause of the rescale. A pause
+  (:meth:`TaskLearner.on_pause`: the generation ended, e.g. on Slurm's preemption signal,
+  before the daemon knew of a change) makes its interval not clean, and a rescale interval
+  counts its loss from the pause when it came before the change.
 * Rescale costs: an interval with exactly one change c -> n at t_r (c > 0, n > 0, ``grow``:
   Tcup, ``shrink``/``preempted``: Tcdw, the report's ``nodes`` == n) lost
   L = r(c) (t_r - t0) + r(n) (t1 - t_r) - (s1 - s0) samples, so T = L / r(c) seconds, clipped
@@ -246,6 +249,7 @@ class TaskLearner:
         self._version = 0
         self._count = 0                     # the latest count set by on_allocation
         self._count_at_last = 0             # the count in effect at the last report's time
+        self._paused: float | None = None   # when its processes stopped since the last report
         self._last: tuple[float, float] | None = None  # (time, samples) of the last report
         self._last_e: float | None = None   # energy of the last report (None: not measured)
         self._max_e: float | None = None    # the latest reported energy
@@ -288,6 +292,19 @@ class TaskLearner:
             self._count_at_last = int(dropped[1])
             self._overflow_time = float(dropped[0])
         self._count = count
+
+    def on_pause(self, time: float) -> None:
+        """Record that the task's processes stopped at ``time`` [s since epoch] (its current
+        generation ended: checkpointed, failed or preempted; docs/execution.md) before any
+        change of its node count is known. The interval holding the pause is not clean, and a
+        rescale interval counts its loss from the pause instead of the decision when the pause
+        came first (a preemption: Slurm signals the task before the daemon hears of it).
+        Raises ValueError for a non-finite time (a caller bug)."""
+        t = float(time)
+        if not math.isfinite(t):
+            raise ValueError(f"pause time must be finite, got {time!r}")
+        if self._paused is None:
+            self._paused = t
 
     def _held(self) -> list[int]:
         """The counts the task held since its last report, sorted."""
@@ -365,15 +382,18 @@ class TaskLearner:
             inside = []
         overflow = self._overflow_time is not None
         gained = changed = False
+        paused = self._paused if self._paused is not None and self._paused < t else None
         if self._last is not None:
             t0, s0 = self._last
             dt, ds = t - t0, s - s0
             c0 = self._count_at_last
-            if dt > 0 and not overflow and not inside and c0 == n and n > 0:
+            if dt > 0 and not overflow and not inside and c0 == n and n > 0 and paused is None:
                 de = e - self._last_e if e is not None and self._last_e is not None else None
                 gained, changed = self._add_clean(n, dt, ds, de)
             elif dt > 0 and not overflow and len(inside) == 1:
                 tr, c1, kind = inside[0]
+                if paused is not None and t0 <= paused < tr:
+                    tr = paused  # the loss began when the processes stopped
                 up = kind == "grow" and c1 > c0
                 down = kind in ("shrink", "preempted") and c1 < c0
                 if c0 > 0 and c1 > 0 and n == c1 and (up or down) and dt <= MAX_INTERVAL_S:
@@ -392,6 +412,8 @@ class TaskLearner:
             self._dropped = []
         self._last = (t, s)
         self._last_e = e
+        if paused is not None:
+            self._paused = None
         if e is not None:
             self._max_e = e
         if changed:
@@ -643,6 +665,7 @@ class TaskLearner:
             "pending_rescales": [dict(p) for p in self._pending],
             "rescale_up_s": list(self._up),
             "rescale_down_s": list(self._down),
+            "paused": self._paused,
         }
 
     @classmethod
@@ -672,4 +695,5 @@ class TaskLearner:
                        "samples": float(p["samples"])} for p in d["pending_rescales"]]
         x._up = [float(v) for v in d["rescale_up_s"]]
         x._down = [float(v) for v in d["rescale_down_s"]]
+        x._paused = opt(d.get("paused"))  # (absent in states written before generations)
         return x

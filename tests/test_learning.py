@@ -504,3 +504,32 @@ def test_a_report_of_the_old_generation_after_the_decision_moves_the_change():
     assert learner.measured()[4]["rate"] == pytest.approx(180.0)      # the pause is not in it
     up, down = learner.measured_rescale_s()
     assert up == pytest.approx(5.0 * 180 / 100) and down is None
+
+
+def test_a_pause_before_the_change_starts_the_loss_and_is_never_a_clean_interval():
+    """A preemption: Slurm signals the 4-node generation, which checkpoints and reports at 103
+    and ends (the launcher's run report: a pause at 104); the daemon hears of the preemption
+    at 106 (the prolog), the 2-node generation starts at 110. The loss counts from the pause,
+    and a plain restart (a pause without a change) leaves its interval unclean."""
+    learner = TaskLearner()
+    learner.on_allocation(T0, 4, "start")
+    learner.observe(ProgressReport(T0 + 10, 0.0, 4))
+    learner.observe(ProgressReport(T0 + 103, 93 * 200.0, 4))        # clean: 200/s at 4
+    learner.on_pause(T0 + 104)
+    learner.on_allocation(T0 + 106, 2, "preempted")
+    s = 93 * 200.0
+    learner.observe(ProgressReport(T0 + 130, s + 20 * 120.0, 2))    # started at 110
+    learner.observe(ProgressReport(T0 + 150, s + 40 * 120.0, 2))    # clean: 120/s at 2
+    up, down = learner.measured_rescale_s()
+    # lost, counted from the pause: 200/s from 103 to 104 and 120/s from 104 to 110
+    assert down == pytest.approx((200 * (104 - 103) + 120 * (130 - 104) - 20 * 120) / 200)
+    # a restart on the same nodes: the interval holding its pause is not a measurement
+    seconds = learner.measured()[2]["seconds"]
+    learner.on_pause(T0 + 151)
+    learner.observe(ProgressReport(T0 + 170, s + 40 * 120.0 + 10 * 120.0, 2))
+    assert learner.measured()[2]["seconds"] == seconds
+    learner.observe(ProgressReport(T0 + 180, s + 40 * 120.0 + 20 * 120.0, 2))
+    assert learner.measured()[2]["seconds"] == seconds + 10
+    state = learner.to_dict()
+    learner.on_pause(T0 + 181)
+    assert TaskLearner.from_dict(learner.to_dict()).to_dict() == learner.to_dict() != state
