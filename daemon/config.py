@@ -96,7 +96,7 @@ class SlurmConfig(BaseModel):
     command_template: str = Field("{command}", description=(
         "command run on each node (a shell line; placeholders {command} {task_id} "
         "{task_name} {node} {rank} {nodes} {num_nodes} {generation} {master_addr} "
-        "{master_port} {world_size} {checkpoint_dir}); e.g. torchrun's static rendezvous, "
+        "{master_port} {world_size} {checkpoint_dir}); one process per node, "
         "docs/execution.md"))
     sbatch_args: list[str] = Field(default_factory=list, examples=[["--qos=scavenger"]],
                                    description="extra sbatch arguments of every job")
