@@ -15,7 +15,9 @@ processes (a fixed set of nodes, a fixed world size, one **rendezvous** on
 - turns the stop signal (``OFFCUT_STOP_SIGNAL``, and ``SIGTERM``) into a flag that every rank
   sees at the same step (:meth:`ElasticRun.should_stop`, one ``all_reduce``),
 - exits with the protocol's codes: **75** (checkpointed, or a peer vanished: restart me),
-  **0** (done); any other exception propagates (exit 1: a failure of the run).
+  **0** (done); any other exception propagates (exit 1: a failure of the run). The exits skip
+  ``with`` blocks and ``finally`` clauses: ``on_restart=`` runs before every exit 75 (e.g. to
+  suspend a Zeus trial, examples/elastic_digits).
 
 Minimal loop (one process per rank, under ``offcut-slurm launch`` or ``torchrun``)::
 
@@ -349,6 +351,12 @@ class ElasticRun:
             active exception``, SIGABRT) or hang, turning a clean 0 or 75 into a failure.
             False: raise ``SystemExit(code)`` (for tests in one process, or to run code after
             the block).
+        on_restart: called (no arguments) once, before this process exits 75: after the stop's
+            checkpoint (:meth:`step`, :meth:`exit_restart`) or on a lost peer (the context
+            manager). The exits skip ``with`` blocks and ``finally`` clauses (``hard_exit``),
+            so this is where a script ends what must not outlive the process, e.g. suspends its
+            Zeus trial (``ZeusTraining.interrupt``). Its exceptions are logged, never raised:
+            the exit stays 75. Also settable as the attribute :attr:`on_restart`.
 
     Attributes:
         samples_done: cumulative samples [samples] of the latest checkpoint this run loaded
@@ -364,7 +372,8 @@ class ElasticRun:
                  rendezvous_timeout_s: float = 600.0, backend: str | None = None,
                  keep: int = 2, checkpoint_every_s: float | None = None,
                  checkpoint_every_steps: int | None = None, report_timeout_s: float = 5.0,
-                 weights_only: bool = True, hard_exit: bool = True):
+                 weights_only: bool = True, hard_exit: bool = True,
+                 on_restart: Callable[[], Any] | None = None):
         for name, v in (("timeout_s", timeout_s), ("rendezvous_timeout_s", rendezvous_timeout_s),
                         ("report_timeout_s", report_timeout_s)):
             if not (math.isfinite(v) and v > 0):
@@ -384,6 +393,8 @@ class ElasticRun:
         self.checkpoint_every_s = checkpoint_every_s
         self.checkpoint_every_steps = checkpoint_every_steps
         self.weights_only, self.hard_exit = weights_only, hard_exit
+        self.on_restart = on_restart
+        self._on_restart_done = False
         self._backend = backend
         self.samples_done = 0
         self._has_checkpoint = False
@@ -656,11 +667,14 @@ class ElasticRun:
         returning one, called on rank 0 only when a checkpoint is written).
 
         One :meth:`should_stop` collective; on a stop: :meth:`save_checkpoint` then
-        :meth:`exit_restart` (exit 75, never returns). Otherwise writes a checkpoint when
+        :meth:`exit_restart` (:attr:`on_restart`, exit 75, never returns). Otherwise writes a checkpoint when
         ``checkpoint_every_s`` / ``checkpoint_every_steps`` say so. Returns True when it wrote
         one.
         """
         self._steps += 1
+        if self._steps == 1:  # (benchmarks/rescale_cost.py: the end of a rescale)
+            log.info("rank %d: first step of generation %d at %d samples", self.rank,
+                     self.generation, int(samples_done))
         if self.should_stop():
             log.warning("rank %d: stop requested%s: stopping at %d samples", self.rank,
                         f" (got {signal.Signals(self._signal_received).name})"
@@ -719,10 +733,21 @@ class ElasticRun:
             self._flush()
             os._exit(code)
 
+    def _run_on_restart(self) -> None:
+        """Call :attr:`on_restart` once; log (never raise) its exception."""
+        hook, self._on_restart_done = (None if self._on_restart_done else self.on_restart), True
+        if hook is None:
+            return
+        try:
+            hook()
+        except Exception as exc:  # the exit stays 75: the next generation copes
+            log.warning("rank %d: on_restart failed: %s: %s", self.rank, type(exc).__name__, exc)
+
     def exit_restart(self) -> NoReturn:
         """End this process with exit 75 (checkpointed, or nothing to save: restart me):
-        :meth:`close`, then exit as ``hard_exit`` says. Write the checkpoint first
-        (:meth:`step` does both)."""
+        :attr:`on_restart`, :meth:`close`, then exit as ``hard_exit`` says. Write the
+        checkpoint first (:meth:`step` does both)."""
+        self._run_on_restart()
         self._exit(EXIT_RESTART)
 
     def exit_done(self) -> NoReturn:
@@ -739,7 +764,8 @@ class ElasticRun:
         code after it does not run unless ``hard_exit`` is False):
 
         - normal end: :meth:`exit_done` (exit 0);
-        - a lost peer (:func:`is_peer_loss`, once the process group is up): exit 75;
+        - a lost peer (:func:`is_peer_loss`, once the process group is up): :attr:`on_restart`,
+          then exit 75;
         - ``SystemExit`` (e.g. from :meth:`exit_restart` with ``hard_exit=False``),
           ``KeyboardInterrupt`` and any other exception: :meth:`close` and let it through
           (an exception ends the process with 1: a failure of the run).
@@ -754,5 +780,5 @@ class ElasticRun:
             log.warning("rank %d: a peer of generation %d vanished (%s: %s); exiting %d",
                         self.rank, self.generation, type(exc).__name__,
                         str(exc).splitlines()[0][:300] if str(exc) else "", EXIT_RESTART)
-            self._exit(EXIT_RESTART)
+            self.exit_restart()
         return None

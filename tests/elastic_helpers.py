@@ -37,6 +37,30 @@ LOAD_ONLY = (
     "    print('loaded', None if ck is None else ck['samples_done'], flush=True)\n"
     "    run.should_stop()\n")
 
+#: the example (argv as for train.py), whose rank ``$OFFCUT_TEST_SIGNAL_RANK`` sends itself the
+#: stop signal (or ``$OFFCUT_TEST_SIGNAL``, e.g. ``KILL``) at the first step at which it has
+#: trained ``$OFFCUT_TEST_SIGNAL_AT`` samples: a real signal (the same handler, flag and
+#: collective as a signal from outside) at a deterministic step, so that a test never races a
+#: training whose epochs take a fraction of a second (e.g. to stop in the middle of a given
+#: Zeus epoch)
+SIGNAL_AT_SAMPLES = (
+    "import os, runpy, signal, sys, time\n"
+    "from offcut.client.elastic import ElasticRun\n"
+    "at = int(os.environ['OFFCUT_TEST_SIGNAL_AT'])\n"
+    "mine = os.environ['RANK'] == os.environ.get('OFFCUT_TEST_SIGNAL_RANK', '0')\n"
+    "name = os.environ.get('OFFCUT_TEST_SIGNAL', '')\n"
+    "step = ElasticRun.step\n"
+    "def step_signalled(self, samples_done, state):\n"
+    "    if mine and samples_done >= at and not self.stop_requested:\n"
+    "        signal.raise_signal(signal.Signals['SIG' + name] if name else self.env.stop_signal)\n"
+    "        end = time.monotonic() + 10\n"
+    "        while not self.stop_requested and time.monotonic() < end:\n"
+    "            time.sleep(0.001)  # the handler runs in this (the main) thread\n"
+    "    return step(self, samples_done, state)\n"
+    "ElasticRun.step = step_signalled\n"
+    f"sys.argv[0] = {str(EXAMPLE)!r}\n"
+    f"runpy.run_path({str(EXAMPLE)!r}, run_name='__main__')\n")
+
 _INHERITED_OUT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                   "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
