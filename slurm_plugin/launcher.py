@@ -71,6 +71,10 @@ EXIT_RESTART = 75
 #: seconds between passes while a generation is being replaced or waits for one
 BUSY_POLL_S = 1.0
 
+#: how much earlier [s] than its task a job may have been submitted and still be the task's
+#: (slurmctld's and the daemon's clocks may differ a little)
+CLOCK_SLACK_S = 5.0
+
 #: the order in which the ended runs of one generation are reported: the failure that broke
 #: it before the peers that lost it (and exited 75)
 _REPORT_ORDER = {"failed": 0, "preempted": 1, "interrupted": 2}
@@ -133,6 +137,14 @@ class Generation:
     nodes: tuple[str, ...]     # sorted: the node's index is its rank
     command: tuple[str, ...]
     zeus_job_id: str = ""
+    submit_time: float = 0.0  # the task's [s since epoch]
+
+
+def _older_than_task(job: JobInfo, gen: Generation | None) -> bool:
+    """A job named like one of a task's but submitted before the task existed: left by a
+    daemon whose state was reset (task ids start again), never the task's."""
+    return (gen is not None and job.submit_time > 0 and gen.submit_time > 0
+            and job.submit_time < gen.submit_time - CLOCK_SLACK_S)
 
 
 def batch_script(cfg: SlurmConfig, gen: Generation, node: str, *, address: str,
@@ -278,7 +290,8 @@ class Launcher:
 
         return {t.task_id: Generation(t.task_id, t.spec.name, int(t.generation),
                                       tuple(sorted(t.nodes)), tuple(t.spec.command),
-                                      t.spec.zeus_job_id)
+                                      t.spec.zeus_job_id,
+                                      t.submit_time.seconds + t.submit_time.nanos / 1e9)
                 for t in self.client.list_tasks(states=[tasks_pb2.TASK_STATE_RUNNING])}
 
     def node_addresses(self) -> dict[str, str]:
@@ -325,7 +338,9 @@ class Launcher:
             SlurmError: squeue or sinfo failed or answered garbage (nothing is submitted then).
         """
         result = PassResult()
-        jobs = self.own_jobs()
+        desired = self.desired()  # read again after the reports below
+        jobs = {j: (name, job) for j, (name, job) in self.own_jobs().items()
+                if not _older_than_task(job, desired.get(name.task_id))}
         active: dict[str, tuple[JobName, JobInfo]] = {}
         live: set[tuple[str, int]] = set()  # (task, generation) with a job still active
         ended: dict[tuple[str, int], list[tuple[JobName, JobInfo, str]]] = {}

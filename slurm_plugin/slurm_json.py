@@ -134,6 +134,7 @@ class JobInfo:
     comment: str = ""
     preempt_time: float = 0.0
     user: str = ""
+    submit_time: float = 0.0  # [s since epoch]; 0 when the record did not say
     exit_code: int = 0  # the batch script's return code (0 while it runs)
     signal: int = 0     # the signal that ended the batch script (0: none)
 
@@ -359,6 +360,7 @@ def parse_jobs(doc: Any) -> list[JobInfo]:
             job_id=str(jid), name=_text(rec.get("name")), partition=_text(rec.get("partition")),
             states=states, nodes=tuple(_job_nodes(rec)), comment=_text(rec.get("comment")),
             preempt_time=number(rec.get("preempt_time"), f"preempt_time of job {jid}"),
+            submit_time=number(rec.get("submit_time"), f"submit_time of job {jid}"),
             user=_text(user), exit_code=code, signal=sig))
     return out
 

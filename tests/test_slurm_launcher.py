@@ -489,3 +489,19 @@ def test_systemd_units_use_existing_options(unit):
     assert options
     for opt in options:
         assert opt in help_text, f"{unit}: {program} has no option {opt}"
+
+
+def test_jobs_older_than_their_task_are_not_its_own(placed):
+    """A daemon whose state was reset numbers its tasks from t000001 again while squeue still
+    shows the old daemon's jobs (MinJobAge): a job submitted before the task is not the task's."""
+    client, tid = placed
+    slurm = FakeSlurm()
+    submitted = client.get_task(tid).submit_time.seconds
+    for i, node in enumerate(ALL):
+        slurm.jobs[str(50 + i)] = {"job_id": 50 + i, "name": f"offcut-{tid}.1-{node}",
+                                   "partition": "scavenger", "job_state": "FAILED",
+                                   "nodes": node, "exit_code": 1 << 8,
+                                   "submit_time": submitted - 600}
+    r = Launcher(client, CFG, slurm).reconcile()
+    assert sorted(n for _, n, _ in r.submitted) == ALL and not r.reported
+    assert client.get_task(tid).failed_runs == 0
