@@ -8,7 +8,6 @@ test_slurm_integration.py. No Slurm needed here."""
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import stat
 import subprocess
@@ -39,17 +38,21 @@ def job_env(nodelist="n[1-2]", partition="batch", job_id="101", **extra) -> dict
     return env
 
 
-def _block_sigterm():
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+#: exec the rest of argv with SIGTERM blocked (inherited across exec), as slurmctld starts
+#: PrologSlurmctld. Not a preexec_fn: Python code between fork and exec in this process,
+#: whose gRPC threads hold locks, can abort the child (seen once under load: SIGABRT)
+_BLOCK_SIGTERM = ("import os, signal, sys; signal.pthread_sigmask(signal.SIG_BLOCK, "
+                  "{signal.SIGTERM}); os.execv(sys.argv[1], sys.argv[1:])")
 
 
 def run_hook(kind: str, address: str, env: dict, log: Path, *args: str, timeout_s: float = 15.0,
              block_sigterm: bool = False) -> tuple[subprocess.CompletedProcess, float]:
     cmd = [sys.executable, "-I", "-m", "offcut.slurm_plugin.hooks", kind, "--address", address,
            "--timeout-s", str(timeout_s), "--log-file", str(log), "--log-level", "debug", *args]
+    if block_sigterm:
+        cmd = [sys.executable, "-I", "-c", _BLOCK_SIGTERM, *cmd]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60,
-                          preexec_fn=_block_sigterm if block_sigterm else None)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     return proc, time.monotonic() - t0
 
 
@@ -353,8 +356,8 @@ def test_wrapper_exits_zero_even_without_a_python(tmp_path):
 def test_wrapper_runs_in_a_bare_environment(pool, tmp_path):
     srv, client = pool
     paths = write_hooks(tmp_path / "h", HookConfig(address=client.address))
-    proc = subprocess.run([paths["prolog"]], env=job_env("n2"), capture_output=True, timeout=30,
-                          preexec_fn=_block_sigterm)
+    proc = subprocess.run([sys.executable, "-I", "-c", _BLOCK_SIGTERM, paths["prolog"]],
+                          env=job_env("n2"), capture_output=True, timeout=30)
     assert proc.returncode == 0
     assert "n2" not in idle_set(client)
     assert "done (sent)" in (tmp_path / "h" / "offcut-hooks.log").read_text()
