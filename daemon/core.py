@@ -405,7 +405,7 @@ class Core:
             if owner is not None:
                 hit[owner] = self.tasks[owner]
         for task in hit.values():
-            cost = task.spec.rescale_down_s * task.rate
+            cost = self._chargeable(task, task.spec.rescale_down_s * task.rate)
             task.work_done -= cost
             out.progress_samples -= cost
             out.preemption_cost_samples += cost
@@ -545,6 +545,17 @@ class Core:
             self._prior_cache = (key, prior)
         return self._prior_cache[1]
 
+    @staticmethod
+    def _chargeable(task: Task, cost: float) -> float:
+        """The part of a rescale or preemption cost [samples] charged to ``task``'s progress:
+        all of it, except that a task that reports its progress never drops below its last
+        reported samples (a measured fact; its next report tells the real loss)."""
+        if task.learner is None:
+            return cost
+        last = task.learner.last_report
+        floor = last[1] if last is not None else 0.0
+        return max(0.0, min(cost, task.work_done - floor))
+
     def _set_running_state(self, task: Task) -> None:
         n = len(task.nodes)
         task.rate = self.rate_at(task, n)
@@ -682,7 +693,7 @@ class Core:
                 continue
             lost_rate = self.rate_at(task, c)
             up_s, down_s = self.rescale_costs(task)
-            cost = lost_rate * (up_s if n > c else down_s)
+            cost = self._chargeable(task, lost_rate * (up_s if n > c else down_s))
             task.work_done -= cost
             out.progress_samples -= cost
             out.rescale_cost_samples += cost

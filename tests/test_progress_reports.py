@@ -250,3 +250,22 @@ def test_reporter_set_nodes_reports_the_old_count_first(daemon):
     assert got.model.last_samples_done == pytest.approx(550.0) and p.reports == 2
     p.set_nodes(1)                       # no change: no report
     assert p.reports == 2
+
+
+def test_rescale_costs_never_take_a_reporting_task_below_its_last_report(daemon):
+    """A preemption right after a report: the modelled cost (Tcdw x rate, here 30 s x 400
+    samples/s) would take the task far below the samples it reported; it stops there."""
+    _, c = daemon
+    c.report_nodes(T0, "slurm", 1, idle=["n1", "n2", "n3", "n4"])
+    spec = make_spec("r", max_nodes=4, ns=(0, 1, 2, 4), ps=(0.0, 100.0, 200.0, 400.0),
+                     up=30.0, down=30.0, work=1e6, reports_progress=True)
+    tid = c.submit(spec, submit_time=T0).task.task_id
+    assert len(c.get_task(tid).nodes) == 4
+    c.report_progress([{"task_id": tid, "time": T0 + 10, "samples_done": 3000.0, "nodes": 4}])
+    c.report_nodes(T0 + 11, "slurm", 2, preempted=["n1", "n2"])
+    task = c.get_task(tid)
+    assert len(task.nodes) == 2 and task.preemptions == 1
+    # 400 samples/s for the second after the report, then the cost: floored at the report
+    assert task.work_done_samples == pytest.approx(3000.0)
+    c.report_progress([{"task_id": tid, "time": T0 + 20, "samples_done": 4000.0, "nodes": 2}])
+    assert c.get_task(tid).work_done_samples == pytest.approx(4000.0)
