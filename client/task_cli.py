@@ -301,13 +301,15 @@ def cancel(
 
 
 def format_update(update: tasks_pb2.PlacementUpdate) -> list[str]:
-    """One line per placement change of an update."""
+    """One line per placement change of an update (``generation N`` once the task has one:
+    docs/execution.md)."""
     lines = []
     for p in update.placements:
         nodes = hostlist.collect_hostlist(list(p.nodes)) if p.nodes else "-"
+        gen = f"  generation {p.generation}" if p.generation else ""
         lines.append(f"{_ts(p.time)}  rev {update.revision:<6d} {update.cause:10s} {p.task_id}  "
                      f"{p.task_name}  {change_name(p.change)} {p.previous_node_count}->"
-                     f"{len(p.nodes)}  {nodes}")
+                     f"{len(p.nodes)}  {nodes}{gen}")
     return lines
 
 
