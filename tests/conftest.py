@@ -57,3 +57,21 @@ def daemon(daemons):
     return daemons.start()
 
 
+
+
+#: why the training tests skip without torch (an optional extra)
+TORCH_REASON = ("torch is an optional extra of offcut.client.elastic (pip install '.[torch]', "
+                "'.[examples]' for the example); not installed here")
+
+
+@pytest.fixture
+def torch():
+    """The torch module; SKIPS the test without it."""
+    return pytest.importorskip("torch", reason=TORCH_REASON)
+
+
+@pytest.fixture
+def example(torch):
+    """The example's dependencies (torch, scikit-learn); SKIPS the test without them."""
+    pytest.importorskip("sklearn", reason="the example trains on scikit-learn's digits "
+                                          "(pip install '.[examples]')")

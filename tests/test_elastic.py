@@ -26,17 +26,8 @@ from offcut.v1 import tasks_pb2
 from elastic_helpers import (LOAD_ONLY, RENDEZVOUS_ONLY, Generation, Rank, final_accuracy,
                              free_port, port_listening, rank_env, wait_until)
 
-TORCH_REASON = "torch is an optional extra of offcut.client.elastic; not installed here"
 
 
-@pytest.fixture
-def torch():
-    return pytest.importorskip("torch", reason=TORCH_REASON)
-
-
-@pytest.fixture
-def example(torch):
-    pytest.importorskip("sklearn", reason="the example trains on scikit-learn's digits")
 
 
 def local_env(tmp_path: Path, **extra) -> dict[str, str]:

@@ -39,13 +39,6 @@ RESUMED_RE = re.compile(r"rank 0: resumed from ckpt-(\d+)\.pt")
 ACCURACY_RE = re.compile(r"final test accuracy: ([0-9.]+)% after (\d+) samples")
 
 
-@pytest.fixture(scope="module")
-def deps():
-    pytest.importorskip("torch", reason="the elastic example needs torch (pip install '.[examples]')")
-    pytest.importorskip("sklearn", reason="the elastic example needs scikit-learn "
-                                          "(pip install '.[examples]')")
-
-
 def example_argv() -> list[str]:
     return [sys.executable, str(eh.EXAMPLE), "--batch-size", str(BATCH),
             "--checkpoint-every-steps", str(EVERY_STEPS), "--checkpoint-every-s", "0",
@@ -83,7 +76,7 @@ def undisturbed_accuracy(tmp_path: Path) -> float:
     return accuracy
 
 
-def test_example_trains_through_preemption_of_rank_0_and_growth(deps, slurm, cluster_daemon,
+def test_example_trains_through_preemption_of_rank_0_and_growth(example, slurm, cluster_daemon,
                                                                tmp_path):
     srv, client = cluster_daemon
     tmp_path.chmod(0o755)

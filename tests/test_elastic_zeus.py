@@ -21,7 +21,6 @@ from offcut.v1 import zeus_pb2
 
 from elastic_helpers import SIGNAL_AT_SAMPLES, Generation, free_port, wait_until
 
-TORCH_REASON = "torch is an optional extra of offcut.client.elastic; not installed here"
 
 #: batch sizes 32/64/128 (default 64), one pruning round: 3 recurrences try 64, 32 (down), 128
 #: (up). The example reaches 93 % test accuracy after 2 epochs of 32 (85 % after one), 3 of
@@ -54,14 +53,6 @@ PER_RANK = re.compile(r"zeus trial (\d+): global batch size (\d+), world size (\
 TOL = 2e-3
 
 
-@pytest.fixture
-def torch():
-    return pytest.importorskip("torch", reason=TORCH_REASON)
-
-
-@pytest.fixture
-def example(torch):
-    pytest.importorskip("sklearn", reason="the example trains on scikit-learn's digits")
 
 
 def job_spec(job_id: str) -> zeus_pb2.BatchSizeJobSpec:
