@@ -1,4 +1,4 @@
-"""Decision time per allocation backend (DESIGN §4): p50/p99 wall time [ms].
+"""Decision time per allocation backend (docs/architecture.md §4): p50/p99 wall time [ms].
 
 Instances (tasks x idle nodes): 10x128, 50x512, 100x4734, with task curves drawn from the
 real BFTrainer ImageNet-imgps 1001-job set when ``--data-dir`` has it (else synthetic Amdahl

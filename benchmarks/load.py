@@ -15,9 +15,10 @@ clients do, and its own Zeus job (registered first). Per operation a client draw
   trial is open, else ``zeus_report`` of the next epoch (converges at epoch 1 or 2, at about
   the same cost either way).
 
-Node events need non-decreasing times across all sources (DESIGN §2), so the clients work in
-rounds: every event of round r carries the time T0 + 10 s * r (equal times are allowed) and
-the clients meet at a barrier before the next round; inside a round all calls are concurrent.
+Node events need non-decreasing times across all sources (docs/architecture.md §2), so the
+clients work in rounds: every event of round r carries the time T0 + 10 s * r (equal times are
+allowed) and the clients meet at a barrier before the next round; inside a round all calls are
+concurrent.
 The load is bounded either by ``--rounds`` (a fixed number of operations:
 clients x rounds x ``--ops-per-round``) or by ``--duration`` (rounds continue until it has
 passed, checked at round ends).

@@ -1,4 +1,4 @@
-"""How a client reaches the daemon: a bearer token (DESIGN §8) and TLS for TCP.
+"""How a client reaches the daemon: a bearer token (docs/architecture.md §8) and TLS for TCP.
 
 Sources, first found wins: the ``token`` argument, ``$OFFCUT_TOKEN``, the file named by
 ``token_file`` or ``$OFFCUT_TOKEN_FILE`` (first line; the file must be private, mode 0600).

@@ -1,6 +1,6 @@
-"""The recurring-job driver (Zeus's ``ZeusMaster``; DESIGN §5): runs a training command once
-per recurrence with the batch size the daemon's batch-size optimizer predicts, retrying a
-recurrence until a run reaches the target metric.
+"""The recurring-job driver (Zeus's ``ZeusMaster``; docs/architecture.md §5): runs a training
+command once per recurrence with the batch size the daemon's batch-size optimizer predicts,
+retrying a recurrence until a run reaches the target metric.
 
 Per try: Predict (with an idempotency key, so a retried call gets the same trial), format the
 command template with ``{batch_size}``, ``{learning_rate}``, ``{trial}`` and ``{recurrence}``,

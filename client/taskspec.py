@@ -1,8 +1,8 @@
 """Building a task's ``offcut.v1.TaskSpec`` from what a researcher knows.
 
-A task (DESIGN §3) is an elastic training job: a node range (``sbatch --nodes MIN-MAX``
-syntax), its total work in samples, and a scalability curve: throughput [samples/s] at each
-node count, read from a CSV file with a ``nodes,throughput`` header::
+A task (docs/architecture.md §3) is an elastic training job: a node range (``sbatch --nodes
+MIN-MAX`` syntax), its total work in samples, and a scalability curve: throughput [samples/s]
+at each node count, read from a CSV file with a ``nodes,throughput`` header::
 
     nodes,throughput
     1,5218.8

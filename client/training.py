@@ -1,4 +1,4 @@
-"""Training side of the daemon's Zeus optimizers (Zeus, NSDI '23; DESIGN §5).
+"""Training side of the daemon's Zeus optimizers (Zeus, NSDI '23; docs/architecture.md §5).
 
 A training loop asks the daemon's batch-size optimizer for its batch size, measures each
 epoch's time [s] and GPU energy [J], reports the trial's *cumulative* figures with the

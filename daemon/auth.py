@@ -1,4 +1,4 @@
-"""Authentication and roles (DESIGN §8).
+"""Authentication and roles (docs/architecture.md §8).
 
 Bearer tokens in the ``authorization`` metadata (``Bearer TOKEN``) map to a user and a role:
 

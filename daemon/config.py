@@ -64,7 +64,7 @@ COMMAND_PLACEHOLDERS = ("command", "task_id", "task_name", "node", "rank", "node
 
 class SlurmConfig(BaseModel):
     """Site settings of the Slurm launcher (``[slurm]`` in offcut.toml; read by
-    ``offcut-slurm launch --config``). DESIGN §7."""
+    ``offcut-slurm launch --config``). docs/architecture.md §7."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -1,9 +1,10 @@
-"""The deterministic cluster core: ``(state, event) -> (state', outcome)`` (DESIGN §2-4).
+"""The deterministic cluster core: ``(state, event) -> (state', outcome)``
+(docs/architecture.md §2-4).
 
 No I/O and no wall clock: every time comes from the events. The allocation backend is passed
 in as a callable, so a restart can re-apply journaled events with the answers recorded then.
 
-Progress model (BFTrainer, arXiv 2106.12091 §3-4; DESIGN §3):
+Progress model (BFTrainer, arXiv 2106.12091 §3-4; docs/architecture.md §3):
 
 * between events a task earns ``rate * dt`` samples, rate = Ps(n) if n >= Jmin else 0;
 * a decision that grows a task from c nodes costs ``Ps(c) * Tcup`` samples, a shrink
@@ -504,8 +505,8 @@ class Core:
 
     # ----------------------------------------------------------------- task models
     def rate_at(self, task: Task, n: int) -> float:
-        """Modelled throughput [samples/s] of ``task`` on ``n`` nodes: Ps(n) (DESIGN §3), or
-        the learner's estimate for a learned task; 0 below Jmin."""
+        """Modelled throughput [samples/s] of ``task`` on ``n`` nodes: Ps(n)
+        (docs/architecture.md §3), or the learner's estimate for a learned task; 0 below Jmin."""
         if n < task.spec.min_nodes:
             return 0.0
         if task.spec.learned:
@@ -591,7 +592,7 @@ class Core:
         return list(itertools.islice(self.active.values(), self.max_running_tasks))
 
     def problem(self, tasks: list[Task]) -> AllocationProblem:
-        """The count-level allocation problem for ``tasks`` (DESIGN §4)."""
+        """The count-level allocation problem for ``tasks`` (docs/architecture.md §4)."""
         curves = [self._curves(t) for t in tasks]
         costs = [self.rescale_costs(t) for t in tasks]
         return AllocationProblem(

@@ -2,8 +2,8 @@
 
 A task submitted without a scalability curve reports its progress (cumulative samples, the node
 count it ran on, optionally cumulative energy); :class:`TaskLearner` turns those reports into
-the curve, power and rescale costs the allocation uses (DESIGN §3-4). It is pure and
-deterministic: no I/O, no clock, no randomness; the same calls give the same model, and its
+the curve, power and rescale costs the allocation uses (docs/architecture.md §3-4). It is pure
+and deterministic: no I/O, no clock, no randomness; the same calls give the same model, and its
 state is JSON-able (:meth:`TaskLearner.to_dict`).
 
 Sources: the progress and cost model is BFTrainer's (Liu et al., arXiv 2106.12091 §3: growing
@@ -59,11 +59,11 @@ The exploration rule (the allocation curve)
 estimate everywhere except ABOVE the largest measured count m_k, where it uses the optimistic
 serial fraction s / 2, anchored at (m_k, r^_k): r^_k g_{s/2}(n) / g_{s/2}(m_k). Unmeasured
 larger counts therefore look at least as good as the fit says and no better than linear
-scaling from m_k (they lie between the two). The optimiser (DESIGN §4) grows a task onto an
-unmeasured count only when this optimistic gain over the look-ahead Tfwd beats the rescale cost
-Tcup * Ps(c) and every other use of the nodes; one clean interval there replaces the guess by a
-measurement, and the optimism moves up to the new largest count (optimism in the face of
-uncertainty, as in UCB). Between and below measured counts there is no optimism: the point
+scaling from m_k (they lie between the two). The optimiser (docs/architecture.md §4) grows a
+task onto an unmeasured count only when this optimistic gain over the look-ahead Tfwd beats the
+rescale cost Tcup * Ps(c) and every other use of the nodes; one clean interval there replaces the
+guess by a measurement, and the optimism moves up to the new largest count (optimism in the face
+of uncertainty, as in UCB). Between and below measured counts there is no optimism: the point
 estimate is used. With no measurement at all the curve is the linear prior
 ``prior_rate_per_node * n``. Everything is deterministic: the same reports give the same curve,
 hence the same allocation. The nonlinear parts are sampled on a geometric grid (factor >= 1.25,

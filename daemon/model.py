@@ -1,4 +1,5 @@
-"""Domain types of the daemon core: task specs, tasks, node events (DESIGN §2-3).
+"""Domain types of the daemon core: task specs, tasks, node events
+(docs/architecture.md §2-3).
 
 Times are float seconds since the Unix epoch (UTC), taken from the events themselves; nothing
 here reads a clock. Node counts are ints, work is in samples, throughput in samples/s.
@@ -57,7 +58,8 @@ class Limits:
 @dataclass(frozen=True)
 class ObjectiveSettings:
     """What the allocation maximises, and the power figures of the energy objectives
-    (DaemonConfig options of the same names; DESIGN §4, issue "energy-aware allocation").
+    (DaemonConfig options of the same names; docs/architecture.md §4, issue "energy-aware
+    allocation").
 
     Attributes:
         objective: one of :data:`offcut.daemon.config.OBJECTIVES`: ``throughput`` (BFTrainer's: samples over the look-ahead), ``energy``
@@ -119,7 +121,7 @@ def check_finite(value: float, field_name: str, *, positive: bool = False, non_n
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """What a researcher submits (DESIGN §3; BFTrainer's Jbnd + JNPs rows).
+    """What a researcher submits (docs/architecture.md §3; BFTrainer's Jbnd + JNPs rows).
 
     Attributes:
         name: human-readable name (1-200 characters).
@@ -276,8 +278,8 @@ class TaskSpec:
 
     def throughput_at(self, nodes: int) -> float:
         """Modelled progress rate [samples/s] on ``nodes`` nodes: Ps(n) by linear
-        interpolation if n >= Jmin, else 0 (DESIGN §3). 0 for a learned spec (the core asks
-        the task's learner instead)."""
+        interpolation if n >= Jmin, else 0 (docs/architecture.md §3). 0 for a learned spec (the
+        core asks the task's learner instead)."""
         if nodes < self.min_nodes or self.learned:
             return 0.0
         return float(np.interp(nodes, self.node_counts, self.throughputs))

@@ -1,4 +1,4 @@
-"""Node identities once the node counts are chosen (DESIGN §4, last faithfulness note).
+"""Node identities once the node counts are chosen (docs/architecture.md §4, node identities).
 
 A task never migrates: a shrinking task keeps a subset of its nodes, a growing task keeps all
 of its nodes and takes free ones. Choices are deterministic and prefer locality:

@@ -207,7 +207,8 @@ def _redact(engine: Engine, who: Principal, decision: decision_pb2.Decision) -> 
 
 class TasksService(tasks_pb2_grpc.TasksServicer):
     """``offcut.v1.Tasks``: submit, get, list, cancel, watch placements. With tokens, users
-    see and act on their own tasks only (another user's task is NOT_FOUND, DESIGN §8)."""
+    see and act on their own tasks only (another user's task is NOT_FOUND;
+    docs/architecture.md §8)."""
 
     def __init__(self, engine: Engine, auth: Authenticator | None = None):
         self.engine = engine

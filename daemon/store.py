@@ -1,4 +1,5 @@
-"""Durable state: a SQLite journal of applied events plus periodic snapshots (DESIGN §6).
+"""Durable state: a SQLite journal of applied events plus periodic snapshots
+(docs/architecture.md §6).
 
 Every applied event is one row of ``journal`` holding the event, the allocation answers used
 (so a restart re-applies it without re-solving) and the serialized reply (so a repeated

@@ -1,4 +1,5 @@
-"""Trace-driven simulation of a recurring job under the daemon's Zeus optimizers (DESIGN §5).
+"""Trace-driven simulation of a recurring job under the daemon's Zeus optimizers
+(docs/architecture.md §5).
 
 Follows the semantics of Zeus's own simulator (NSDI '23 §6.1, ``zeus._legacy.simulate``):
 per recurrence, up to 20 tries; each try asks the daemon's batch-size optimizer for a batch

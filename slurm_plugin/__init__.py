@@ -16,5 +16,7 @@ something to send, grpc):
 * :mod:`~offcut.slurm_plugin.rpc`: a light node-event sender (stubs + optional bearer token).
 * :mod:`~offcut.slurm_plugin.cli`: the ``offcut-slurm`` command.
 
-Nothing here imports the daemon (DESIGN §1): the daemon is reached through ``offcut.v1`` only.
+The daemon is reached through ``offcut.v1`` only (docs/architecture.md §1); of the daemon's code,
+only its config model (``offcut.daemon.config``: the ``[slurm]`` section) is imported, by the
+launcher and ``offcut-slurm``, never by the hooks.
 """

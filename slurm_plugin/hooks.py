@@ -1,4 +1,4 @@
-"""Slurm's ``PrologSlurmctld`` / ``EpilogSlurmctld`` programs (DESIGN §7):
+"""Slurm's ``PrologSlurmctld`` / ``EpilogSlurmctld`` programs (docs/architecture.md §7):
 ``python -I -m offcut.slurm_plugin.hooks prolog|epilog --address ADDR ...``, run through the
 shell wrappers that ``offcut-slurm install-hooks`` writes.
 
@@ -20,18 +20,18 @@ the process with status 0 one second after that budget, as SIGTERM is blocked in
 nothing else would stop a stuck hook before ``PrologEpilogTimeout``. A missing unix socket fails
 in microseconds, without importing grpc.
 
-Sources and sequence numbers (DESIGN §2). Each hook kind is one source (``slurm-prolog``,
-``slurm-epilog``), so the daemon's per-source ``last_seq`` map does not grow with the number of
-jobs (one source per job id would add an entry per job, forever). The event time is the wall
-clock in whole microseconds and ``seq = time_us * 1000 + job_id % 1000``: monotone with time, and
-two jobs' hooks never share a seq (a shared seq would be answered as a duplicate, silently
-dropping the second job's nodes). Concurrent hooks can still reach the daemon out of order; the
-later-stamped one wins and the other gets FAILED_PRECONDITION (seq or time). The prolog then
-retries with a fresh time (up to 10 sends, all within its time budget; each refusal means
-another event was applied in between, so this converges): "these nodes are taken" stays true
-until the job's epilog, which cannot run before the prolog exits. The epilog re-checks Slurm
-and sends the nodes still idle with that new observation's time (never re-stamps old
-knowledge: the newer event may have been the next job's prolog on the same nodes).
+Sources and sequence numbers (docs/architecture.md §2). Each hook kind is one source
+(``slurm-prolog``, ``slurm-epilog``), so the daemon's per-source ``last_seq`` map does not grow
+with the number of jobs (one source per job id would add an entry per job, forever). The event
+time is the wall clock in whole microseconds and ``seq = time_us * 1000 + job_id % 1000``:
+monotone with time, and two jobs' hooks never share a seq (a shared seq would be answered as a
+duplicate, silently dropping the second job's nodes). Concurrent hooks can still reach the
+daemon out of order; the later-stamped one wins and the other gets FAILED_PRECONDITION (seq or
+time). The prolog then retries with a fresh time (up to 10 sends, all within its time budget;
+each refusal means another event was applied in between, so this converges): "these nodes are
+taken" stays true until the job's epilog, which cannot run before the prolog exits. The epilog
+re-checks Slurm and sends the nodes still idle with that new observation's time (never re-stamps
+old knowledge: the newer event may have been the next job's prolog on the same nodes).
 """
 
 from __future__ import annotations

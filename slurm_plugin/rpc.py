@@ -3,9 +3,9 @@ the watcher.
 
 It uses the generated stubs directly rather than :class:`offcut.client.Client`, so that a hook
 imports only grpc and the two node-event modules (the hook's run time is a job's time in
-CONFIGURING), and so that it can attach a bearer token (DESIGN §8) read from a file. The token
-is never logged. grpc is imported on first use: a hook that has nothing to send, or whose
-daemon socket does not exist, never pays for it.
+CONFIGURING), and so that it can attach a bearer token (docs/architecture.md §8) read from a
+file. The token is never logged. grpc is imported on first use: a hook that has nothing to send,
+or whose daemon socket does not exist, never pays for it.
 """
 
 from __future__ import annotations

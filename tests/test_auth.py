@@ -1,5 +1,5 @@
-"""Authentication, roles and TLS (DESIGN §8) on real daemons: bearer tokens from a private
-tokens file, users limited to their own tasks, admins to everything, refusals that leak
+"""Authentication, roles and TLS (docs/architecture.md §8) on real daemons: bearer tokens from a
+private tokens file, users limited to their own tasks, admins to everything, refusals that leak
 nothing, TLS with a self-signed certificate made here, tokens never logged."""
 
 from __future__ import annotations

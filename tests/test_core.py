@@ -1,8 +1,8 @@
-"""Tests of the deterministic core (DESIGN §2-4): progress model, rescale and preemption costs,
-exact completion, admission, validation, snapshots, persistence round trip, node placement,
-and invariants under random event sequences (hypothesis). No gRPC here.
+"""Tests of the deterministic core (docs/architecture.md §2-4): progress model, rescale and
+preemption costs, exact completion, admission, validation, snapshots, persistence round trip,
+node placement, and invariants under random event sequences (hypothesis). No gRPC here.
 
-Expected values are derived by hand from the model in DESIGN §3:
+Expected values are derived by hand from the model in docs/architecture.md §3:
 rate = Ps(n) (piecewise linear) if n >= Jmin else 0; grow costs Ps(c)*Tcup, shrink Ps(c)*Tcdw;
 preemption costs Tcdw*rate once per task per event.
 """

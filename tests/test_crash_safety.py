@@ -1,8 +1,9 @@
-"""Crash safety (issue 5 item 1, DESIGN §6): ``kill -9`` of a daemon process at seeded points
-of a replay and of a recurring Zeus job, restart on the same state file and socket, and the
-outputs equal an uninterrupted run's. The harness is ``benchmarks/crash_safety.py`` (its full
-size: 128 real nodes, 10 tasks, 300 events, 20 kills); here the bundled demo log, so this runs
-without ../shared. Also the client's retry policy on its own."""
+"""Crash safety (issue 5 item 1, docs/architecture.md §6): ``kill -9`` of a daemon process at
+seeded points of a replay and of a recurring Zeus job, restart on the same state file and
+socket, and the outputs equal an uninterrupted run's. The harness is
+``benchmarks/crash_safety.py`` (its full size: 128 real nodes, 10 tasks, 300 events, 20 kills);
+here the bundled demo log, so this runs without ../shared. Also the client's retry policy on its
+own."""
 
 from __future__ import annotations
 

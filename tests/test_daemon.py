@@ -1,6 +1,7 @@
-"""Tests of the daemon over real gRPC on a unix socket (DESIGN §2, §3, §6): task RPCs, input
-validation, node-event idempotency and ordering, durability across restarts and ``kill -9``,
-placement watching, health checking, reflection, socket permissions, config errors."""
+"""Tests of the daemon over real gRPC on a unix socket (docs/architecture.md §2, §3, §6): task
+RPCs, input validation, node-event idempotency and ordering, durability across restarts and
+``kill -9``, placement watching, health checking, reflection, socket permissions, config
+errors."""
 
 from __future__ import annotations
 

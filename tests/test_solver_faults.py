@@ -1,6 +1,6 @@
-"""Solver faults at the daemon level (issue 5 item 5, DESIGN §4): a real daemon whose MILP
-backend crashes its process, hangs past its time limit, or hits gurobipy's size-limited
-licence, while node events keep coming. Every event must still answer OK with the exact
+"""Solver faults at the daemon level (issue 5 item 5, docs/architecture.md §4): a real daemon
+whose MILP backend crashes its process, hangs past its time limit, or hits gurobipy's
+size-limited licence, while node events keep coming. Every event must still answer OK with the exact
 ``dp`` fallback's decision (its objective equals a ``dp`` solve of the recorded instance, its
 placements are valid), the daemon keeps serving (health checks, Zeus calls during a hang),
 and Status (``solver.fallbacks``, ``last_fallback_reason`` naming the cause) and the
@@ -20,10 +20,10 @@ end the fault while the child lives:
   anchor model of ``benchmarks/decision_time.py``) built for the daemon's actual instance and
   solved by CBC with its default preprocessing; on these instances CBC corrupts its heap and
   dies (SIGSEGV/SIGABRT; its crash handler sometimes hangs instead, which the guard's hard
-  limit catches). With ``preprocess = 0`` the same models solve (checked below). DESIGN §4
-  says this of "SOS models"; the count-level SOS2 form (gurobi.py form (a)) built in
-  python-mip did not crash on the instances tried, the node-level one does (the first two
-  instances here every time, the third most of the time);
+  limit catches). With ``preprocess = 0`` the same models solve (checked below).
+  docs/architecture.md §4 says this of "SOS models"; the count-level SOS2 form (gurobi.py form
+  (a)) built in python-mip did not crash on the instances tried, the node-level one does (the
+  first two instances here every time, the third most of the time);
 * anything else: the real backend.
 
 Gurobi's size limit needs no injection: with more than 2,000 variables in every form, the

@@ -1,6 +1,7 @@
-"""Tests of the allocation backends (DESIGN §4): every exact backend equals an exhaustive
-enumeration on random instances; greedy is feasible and no better; the guard survives
-crashes and hangs; records round trip; real BFTrainer task sets agree across solvers."""
+"""Tests of the allocation backends (docs/architecture.md §4): every exact backend equals an
+exhaustive enumeration on random instances; greedy is feasible and no better; the guard
+survives crashes and hangs; records round trip; real BFTrainer task sets agree across
+solvers."""
 
 from __future__ import annotations
 

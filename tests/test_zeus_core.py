@@ -1,6 +1,6 @@
-"""The Zeus optimizers' domain logic without gRPC (DESIGN §5): pruning order, min_cost from
-converged runs only, concurrent submissions, Thompson sampling, windowing, persistence, and the
-power-limit optimizer driven by Zeus's recorded profiling runs."""
+"""The Zeus optimizers' domain logic without gRPC (docs/architecture.md §5): pruning order,
+min_cost from converged runs only, concurrent submissions, Thompson sampling, windowing,
+persistence, and the power-limit optimizer driven by Zeus's recorded profiling runs."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The Zeus optimizers hosted in the daemon, over real gRPC (DESIGN §5): registration rules,
-bad input leaving state unchanged, durability across restarts (the batch-size sequence
-continues exactly), the power-limit optimizer, and the trace-driven simulation
-``offcut replay zeus`` on the recorded traces."""
+"""The Zeus optimizers hosted in the daemon, over real gRPC (docs/architecture.md §5):
+registration rules, bad input leaving state unchanged, durability across restarts (the
+batch-size sequence continues exactly), the power-limit optimizer, and the trace-driven
+simulation ``offcut replay zeus`` on the recorded traces."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One entry point for all allocation backends, with fallback (DESIGN §4)."""
+"""One entry point for all allocation backends, with fallback (docs/architecture.md §4)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""CBC (python-mip) backend: the multiple-choice knapsack form of DESIGN §4.
+"""CBC (python-mip) backend: the multiple-choice knapsack form of docs/architecture.md §4.
 
 Only the knapsack form is used: python-mip 2.0.0's CBC aborts, hangs or answers wrongly on
-SOS2 models (DESIGN §4, measured), so SOS constraints are never built here.
+SOS2 models (docs/architecture.md §4, measured), so SOS constraints are never built here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exact dynamic program for the count-level allocation problem (DESIGN §4).
+"""Exact dynamic program for the count-level allocation problem (docs/architecture.md §4).
 
 The problem is a multiple-choice knapsack: each task j picks one count n_j from its
 admissible set A_j = {0} U [Jmin_j, min(Jmax_j, N)] with value f_j(n_j)

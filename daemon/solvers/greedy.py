@@ -1,4 +1,5 @@
-"""BFTrainer's quota heuristic (``re_allocate_ndf``) at count level: the baseline (DESIGN §4)."""
+"""BFTrainer's quota heuristic (``re_allocate_ndf``) at count level: the baseline
+(docs/architecture.md §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Gurobi (gurobipy) backend of DESIGN §4, in two exact forms.
+"""Gurobi (gurobipy) backend of docs/architecture.md §4, in two exact forms.
 
 (a) count-level SOS2 form, per task j with at least one nonzero admissible count:
     integer n_j, binary z_j (on/off), weights lambda_{j,k} >= 0 over the curve points

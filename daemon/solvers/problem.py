@@ -1,4 +1,4 @@
-"""The count-level allocation problem of DESIGN §4 and its exact evaluator.
+"""The count-level allocation problem of docs/architecture.md §4 and its exact evaluator.
 
 For admitted tasks j = 1..J choose node counts n_j in {0} U [Jmin_j, Jmax_j] maximising
 
@@ -48,7 +48,7 @@ def objective_table(node_counts: np.ndarray, values: np.ndarray, min_nodes: int,
                     max_nodes: int) -> np.ndarray:
     """S(n) for n = 0..max_nodes: the curve by linear interpolation, 0 below ``min_nodes``.
 
-    Shape (max_nodes + 1,), float; the piecewise-linear objective of DESIGN §3-4.
+    Shape (max_nodes + 1,), float; the piecewise-linear objective of docs/architecture.md §3-4.
     """
     s = interpolate(node_counts, values, np.arange(max_nodes + 1))
     s[:min_nodes] = 0.0

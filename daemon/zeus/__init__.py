@@ -1,3 +1,3 @@
 """Zeus's optimizers (NSDI '23) hosted in the daemon: the batch-size optimizer
 (:mod:`offcut.daemon.zeus.bso`), the power-limit optimizer (:mod:`offcut.daemon.zeus.plo`),
-their durable registry and their gRPC services (DESIGN §5)."""
+their durable registry and their gRPC services (docs/architecture.md §5)."""

@@ -1,4 +1,5 @@
-"""Zeus's batch-size optimizer for one recurring job (Zeus, NSDI '23, §4; DESIGN §5).
+"""Zeus's batch-size optimizer for one recurring job (Zeus, NSDI '23, §4;
+docs/architecture.md §5).
 
 A deterministic state machine with no I/O: the registry persists :meth:`BatchSizeJob.to_dict`
 after every call, including the seeded RNG's state, so a restarted daemon continues the same

@@ -1,5 +1,5 @@
 """The daemon's Zeus optimizers: every registered job's batch-size optimizer and its power
-profiles, kept durable in the state file (DESIGN §5, §6).
+profiles, kept durable in the state file (docs/architecture.md §5, §6).
 
 Each mutating call works on a copy of the object (``from_dict(to_dict())``), writes the copy's
 state in one SQLite transaction and only then swaps it in: a rejected call (an error raised
