@@ -52,7 +52,7 @@ import grpc
 
 from offcut.client.api import Client
 from offcut.client.retry import RetryPolicy
-from offcut.daemon.child import stop_offcutd
+from offcut.client.child_daemon import stop_offcutd
 from offcut.replay.driver import ReplayOptions, daemon_command, run_replay
 from offcut.v1 import decision_pb2, zeus_pb2
 

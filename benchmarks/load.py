@@ -57,7 +57,7 @@ from typing import Any, Callable
 import numpy as np
 
 from offcut.client.api import Client
-from offcut.daemon.child import offcutd_argv, start_offcutd, stop_offcutd
+from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.v1 import tasks_pb2, zeus_pb2
 
 #: event time of round 0 [s since the epoch]; round r is at T0 + ROUND_S * r

@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from offcut.client.api import Client
-from offcut.daemon.child import offcutd_argv, start_offcutd, stop_offcutd
+from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.v1 import zeus_pb2
 
 BATCH_SIZES = [8, 16, 32, 64, 128, 256]

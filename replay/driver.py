@@ -49,7 +49,7 @@ from tqdm import tqdm
 from offcut.client.api import Client
 from offcut.client.retry import RetryPolicy
 from offcut.daemon.config import OBJECTIVES
-from offcut.daemon.child import offcutd_argv, start_offcutd, stop_offcutd
+from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.errors import OffcutError, Unavailable
 from offcut.replay.bftrainer_data import NodeLog, TaskRecord
 from offcut.replay.progress_sim import PowerModel, ProgressSimulator

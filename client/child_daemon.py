@@ -1,5 +1,6 @@
 """``offcutd`` as a child process: what replays, benchmarks and tests use to run a private
-daemon (start it, wait until it serves, stop it cleanly)."""
+daemon (start it, wait until it serves, stop it cleanly). A client-side tool: it talks to the
+daemon only through :class:`offcut.client.Client` (the daemon imports nothing of the client)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from offcut.client.api import Client
 from offcut.errors import Unavailable
 
 
@@ -27,8 +29,6 @@ def start_offcutd(cmd: list[str], address: str, log_path: Path, *, append: bool 
 
     Raises :class:`Unavailable` with the tail of the log when it does not serve in time (the
     process is killed first)."""
-    from offcut.client.api import Client
-
     with open(log_path, "ab" if append else "wb") as log_fh:
         proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT)
     try:
