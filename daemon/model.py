@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -172,28 +172,30 @@ class TaskSpec:
         return self.reports_progress or self.learned
 
     @classmethod
-    def create(cls, limits: Limits | None = None, **kwargs: Any) -> "TaskSpec":
+    def create(cls, limits: Limits | None = None, *, name: str, min_nodes: int, max_nodes: int,
+               node_counts: Sequence[int] = (), throughputs: Sequence[float] = (),
+               objective_values: Sequence[float] = (), rescale_up_s: float = 0.0,
+               rescale_down_s: float = 0.0, total_work_samples: float = 0.0,
+               command: Sequence[str] = (), reports_progress: bool = False,
+               power_w: Sequence[float] = (), zeus_job_id: str = "") -> "TaskSpec":
         """Build and validate a spec (against ``limits`` too when given, checked before the
         lists are converted); raises :class:`InvalidArgument` naming the field
-        (``spec.<field>``) on the first problem found."""
+        (``spec.<field>``) on the first problem found, ``TypeError`` for a misspelled
+        keyword."""
         if limits is not None:
-            check_spec_sizes(limits, max_nodes=kwargs.get("max_nodes", 0),
-                             node_counts=kwargs.get("node_counts", ()),
-                             command=kwargs.get("command", ()))
+            check_spec_sizes(limits, max_nodes=max_nodes, node_counts=node_counts,
+                             command=command)
         spec = cls(
-            name=str(kwargs.get("name", "")),
-            min_nodes=kwargs.get("min_nodes", 0),
-            max_nodes=kwargs.get("max_nodes", 0),
-            node_counts=tuple(kwargs.get("node_counts", ())),
-            throughputs=tuple(float(x) for x in kwargs.get("throughputs", ())),
-            objective_values=tuple(float(x) for x in kwargs.get("objective_values", ())),
-            rescale_up_s=kwargs.get("rescale_up_s", 0.0),
-            rescale_down_s=kwargs.get("rescale_down_s", 0.0),
-            total_work_samples=kwargs.get("total_work_samples", 0.0),
-            command=tuple(str(x) for x in kwargs.get("command", ())),
-            reports_progress=bool(kwargs.get("reports_progress", False)),
-            power_w=tuple(float(x) for x in kwargs.get("power_w", ())),
-            zeus_job_id=str(kwargs.get("zeus_job_id", "")),
+            name=str(name), min_nodes=min_nodes, max_nodes=max_nodes,
+            node_counts=tuple(node_counts),
+            throughputs=tuple(float(x) for x in throughputs),
+            objective_values=tuple(float(x) for x in objective_values),
+            rescale_up_s=rescale_up_s, rescale_down_s=rescale_down_s,
+            total_work_samples=total_work_samples,
+            command=tuple(str(x) for x in command),
+            reports_progress=bool(reports_progress),
+            power_w=tuple(float(x) for x in power_w),
+            zeus_job_id=str(zeus_job_id),
         )
         spec.validate(limits)
         return spec

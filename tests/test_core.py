@@ -612,3 +612,9 @@ def test_cancel_arriving_after_the_task_completed_changes_nothing_more():
     assert late.completed_task_ids == [task_id]
     assert [p.change for p in late.placements] == ["completed"]
     assert core.holder == {}
+
+
+def test_task_spec_create_refuses_a_misspelled_field():
+    with pytest.raises(TypeError, match="total_work"):
+        TaskSpec.create(name="x", min_nodes=1, max_nodes=2, node_counts=[0, 1, 2],
+                        throughputs=[0.0, 1.0, 2.0], total_work=1e6)
