@@ -21,7 +21,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from offcut.addresses import default_socket
-from offcut.client.credentials import open_channel, resolve_token
+from offcut.channel import open_channel, resolve_token
 from offcut.client.retry import RetryPolicy
 from offcut.errors import InvalidArgument, OffcutError, Unavailable, from_rpc_error
 from offcut.v1 import (nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
@@ -95,7 +95,7 @@ class Client:
             the daemon's default socket.
         timeout_s: deadline per call [s].
         token: bearer token; default ``$OFFCUT_TOKEN``, else the first line of ``token_file``
-            / ``$OFFCUT_TOKEN_FILE`` (see :mod:`offcut.client.credentials`).
+            / ``$OFFCUT_TOKEN_FILE`` (see :mod:`offcut.channel`).
         tls_ca: PEM file of the CA to trust for TCP with TLS; default ``$OFFCUT_TLS_CA``.
         retry: retry idempotent calls while the daemon is unavailable (restarting), see
             :mod:`offcut.client.retry` for which calls, the backoff and the deadline; None

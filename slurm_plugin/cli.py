@@ -82,6 +82,7 @@ def watch(
     slurm_timeout_s: float = typer.Option(20.0, "--slurm-timeout-s", help="limit per Slurm query [s]"),
     pyslurm: str = typer.Option("auto", "--pyslurm", help=PYSLURM_HELP),
     token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding a bearer token for the daemon"),
+    tls_ca: Optional[Path] = typer.Option(None, "--tls-ca", help="PEM of the CA to trust for a TCP address [default: $OFFCUT_TLS_CA]"),
     dry_run: bool = typer.Option(False, "--dry-run", help="observe and log, send nothing"),
     log_file: Optional[Path] = typer.Option(None, "--log-file", help="log here instead of stderr"),
     log_level: str = typer.Option("info", "--log-level"),
@@ -96,7 +97,9 @@ def watch(
     Example: offcut-slurm watch --address unix:///run/offcut/offcutd.sock --interval-s 30
     """
     from offcut.addresses import default_socket
-    from offcut.slurm_plugin.rpc import NodeEventSender, read_token
+    from offcut.channel import token_from_file
+    from offcut.errors import InvalidArgument
+    from offcut.slurm_plugin.rpc import NodeEventSender
     from offcut.slurm_plugin.slurm_json import SlurmError
     from offcut.slurm_plugin.sources import choose_source
     from offcut.slurm_plugin.watcher import Watcher
@@ -114,10 +117,11 @@ def watch(
     sender = None
     if not dry_run:
         try:
-            token = read_token(str(token_file) if token_file else None)
-        except (OSError, ValueError) as exc:
-            _fail(f"--token-file: {exc.strerror if isinstance(exc, OSError) else exc}")
-        sender = NodeEventSender(address or default_socket(), timeout_s=timeout_s, token=token)
+            token = token_from_file(str(token_file), "--token-file") if token_file else None
+            sender = NodeEventSender(address or default_socket(), timeout_s=timeout_s,
+                                     token=token, tls_ca=str(tls_ca) if tls_ca else None)
+        except InvalidArgument as exc:
+            _fail(str(exc).replace("tls_ca:", "--tls-ca:", 1))
     w = Watcher(src, sender, rule=rule, node_partitions=parts, source_name=source)
     stop = threading.Event()
     if not once:
@@ -169,7 +173,8 @@ def install_hooks(
     job_comment: str = typer.Option("", "--job-comment", help=COMMENT_HELP),
     slurm_conf: Optional[Path] = typer.Option(None, "--slurm-conf", help="slurm.conf for the epilog's check [default: $SLURM_CONF or /etc/slurm/slurm.conf]"),
     no_check: bool = typer.Option(False, "--no-check", help="epilog reports the job's nodes idle without asking Slurm"),
-    token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding a bearer token (readable by SlurmUser)"),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding a bearer token (readable by SlurmUser, mode 0600)"),
+    tls_ca: Optional[Path] = typer.Option(None, "--tls-ca", help="PEM of the CA to trust when --address is TCP (the daemon's TLS)"),
     python: Optional[Path] = typer.Option(None, "--python", help="interpreter with offcut installed [default: this one]"),
 ) -> None:
     """Write the PrologSlurmctld / EpilogSlurmctld wrappers and print the slurm.conf lines.
@@ -188,7 +193,8 @@ def install_hooks(
                      log_file=str(log_file) if log_file else None,
                      scavenger_partitions=sorted(partition_set(scavenger_partition)),
                      slurm_conf=str(slurm_conf) if slurm_conf else None,
-                     token_file=str(token_file) if token_file else None, check=not no_check,
+                     token_file=str(token_file) if token_file else None,
+                     tls_ca=str(tls_ca) if tls_ca else None, check=not no_check,
                      job_name_prefix=job_name_prefix, job_comment=job_comment, **kw)
     paths = write_hooks(directory, cfg)
     for p in paths.values():

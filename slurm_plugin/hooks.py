@@ -72,6 +72,8 @@ def _parse_args(argv):
     p.add_argument("--log-level", default="info")
     p.add_argument("--source", default=None, help="event source (default slurm-prolog / slurm-epilog)")
     p.add_argument("--token-file", default=None, help="file holding a bearer token for the daemon")
+    p.add_argument("--tls-ca", default=None,
+                   help="PEM of the CA to trust for a TCP address (the daemon's TLS)")
     p.add_argument("--no-check", action="store_true",
                    help="epilog: report the job's nodes idle without asking Slurm first")
     p.add_argument("--sinfo", default="sinfo")
@@ -142,20 +144,28 @@ def _job_nodes(log, env) -> list[str]:
 def _sender(args, log):
     """A NodeEventSender (default deadline ``--timeout-s``), or None when the daemon certainly
     cannot be reached (logged)."""
-    from offcut.slurm_plugin.rpc import NodeEventSender, read_token, unreachable_reason
+    from offcut.addresses import unreachable_reason
 
     why = unreachable_reason(args.address)
     if why:
         log.error("daemon unreachable: %s; nothing sent", why)
         return None
+    from offcut.channel import token_from_file
+    from offcut.errors import InvalidArgument
+    from offcut.slurm_plugin.rpc import NodeEventSender
+
     token = None
     if args.token_file:
         try:
-            token = read_token(args.token_file)
-        except (OSError, ValueError) as exc:
-            log.error("token file unusable (%s); sending without a token",
-                      exc.strerror if isinstance(exc, OSError) else exc)
-    return NodeEventSender(args.address, timeout_s=args.timeout_s, token=token)
+            token = token_from_file(args.token_file)
+        except InvalidArgument as exc:
+            log.error("token file unusable (%s); sending without a token", exc)
+    try:
+        return NodeEventSender(args.address, timeout_s=args.timeout_s, token=token,
+                               tls_ca=args.tls_ca)
+    except InvalidArgument as exc:
+        log.error("cannot reach the daemon (%s); nothing sent", exc)
+        return None
 
 
 #: per NodeEvent field: what a send is called in log lines, and its success line's verb

@@ -41,6 +41,7 @@ class HookConfig:
     sinfo: str | None = None             # default: found in PATH now
     squeue: str | None = None
     token_file: str | None = None
+    tls_ca: str | None = None
     check: bool = True
     slurm_timeout_s: float = 5.0
     job_name_prefix: str = ""
@@ -62,6 +63,8 @@ def hook_command(kind: str, cfg: HookConfig, log_file: str) -> list[str]:
         argv += ["--scavenger-partition", p]
     if cfg.token_file:
         argv += ["--token-file", os.path.abspath(cfg.token_file)]
+    if cfg.tls_ca:
+        argv += ["--tls-ca", os.path.abspath(cfg.tls_ca)]
     if kind == "epilog":
         if not cfg.check:
             argv.append("--no-check")

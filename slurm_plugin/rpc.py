@@ -2,15 +2,15 @@
 the watcher.
 
 It uses the generated stubs directly rather than :class:`offcut.client.Client`, so that a hook
-imports only grpc and the two node-event modules (the hook's run time is a job's time in
-CONFIGURING), and so that it can attach a bearer token (docs/architecture.md §8) read from a
-file. The token is never logged. grpc is imported on first use: a hook that has nothing to send,
-or whose daemon socket does not exist, never pays for it.
+imports only grpc, the node-event modules and :mod:`offcut.channel` (the channel, TLS and
+bearer token every client uses; docs/architecture.md §8): the hook's run time is a job's time
+in CONFIGURING. The token is never logged. grpc is imported on first use: a hook that has
+nothing to send, or whose daemon socket does not exist (:func:`offcut.addresses.
+unreachable_reason`), never pays for it.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Iterable
 
 
@@ -22,46 +22,6 @@ class DaemonError(Exception):
         self.code = code
         self.details = details
         super().__init__(f"{code}: {details}")
-
-
-def unix_socket_path(address: str) -> str | None:
-    """The filesystem path of a ``unix:`` address (None for TCP and abstract sockets)."""
-    if address.startswith("unix://"):
-        return address[len("unix://"):]
-    if address.startswith("unix:") and not address.startswith("unix-abstract:"):
-        return address[len("unix:"):]
-    return None
-
-
-def unreachable_reason(address: str) -> str | None:
-    """Why ``address`` certainly cannot answer (a unix socket path that does not exist or is
-    not a socket), else None. Lets a hook give up in microseconds without importing grpc."""
-    import stat
-
-    path = unix_socket_path(address)
-    if path is None:
-        return None
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return f"socket {path} does not exist (is offcutd running?)"
-    except OSError as exc:
-        return f"socket {path}: {exc.strerror}"
-    if not stat.S_ISSOCK(st.st_mode):
-        return f"{path} is not a socket"
-    return None
-
-
-def read_token(path: str | None) -> str | None:
-    """The bearer token in ``path`` (first line, stripped); None for no path. Raises OSError /
-    ValueError with a message that never contains the token."""
-    if not path:
-        return None
-    with open(path, encoding="utf-8") as f:
-        token = f.readline().strip()
-    if not token or any(c.isspace() for c in token):
-        raise ValueError(f"token file {path} holds no single-word token")
-    return token
 
 
 class Sent:
@@ -104,17 +64,22 @@ class NodeEventSender:
         address: ``unix:///path.sock`` or ``HOST:PORT``.
         timeout_s: default deadline per call [s].
         token: bearer token sent as ``authorization`` metadata (None: none).
+        tls_ca: PEM file of the CA to trust for a TCP address (None: ``$OFFCUT_TLS_CA``, else
+            no TLS; :func:`offcut.channel.open_channel`).
+
+    Raises :class:`offcut.errors.InvalidArgument` when the CA file cannot be read.
     """
 
-    def __init__(self, address: str, timeout_s: float = 10.0, token: str | None = None):
+    def __init__(self, address: str, timeout_s: float = 10.0, token: str | None = None,
+                 tls_ca: str | None = None):
         import grpc
+        from offcut.channel import open_channel
         from offcut.v1 import nodes_pb2, nodes_pb2_grpc
 
         self._grpc, self._pb = grpc, nodes_pb2
         self.address = address
         self.timeout_s = timeout_s
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
-        self._channel = grpc.insecure_channel(address)
+        self._channel = open_channel(address, token=token, tls_ca=tls_ca)
         self._stub = nodes_pb2_grpc.NodeEventsStub(self._channel)
 
     def close(self) -> None:
@@ -130,7 +95,7 @@ class NodeEventSender:
     def _call(self, method, request, timeout_s: float | None):
         limit = self.timeout_s if timeout_s is None else timeout_s
         try:
-            return _sent(method(request, timeout=max(limit, 0.001), metadata=self._metadata))
+            return _sent(method(request, timeout=max(limit, 0.001)))
         except self._grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else None
             details = err.details() if hasattr(err, "details") else str(err)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -218,6 +219,20 @@ def test_tls_with_a_self_signed_certificate(tmp_path, tokens):
         with Client(address, timeout_s=3, token=made["admin"]) as plain:  # no TLS: refused
             with pytest.raises(Unavailable):
                 plain.status()
+        # the prolog hook over the same TLS, with a private token file (the channel every
+        # client opens: offcut.channel)
+        token_file = tmp_path / "hook.token"
+        token_file.write_text(made["admin"] + "\n")
+        token_file.chmod(0o600)
+        log = tmp_path / "hooks.log"
+        hook = [sys.executable, "-I", "-m", "offcut.slurm_plugin.hooks", "prolog", "--address",
+                address, "--timeout-s", "10", "--log-file", str(log), "--token-file",
+                str(token_file), "--tls-ca", str(cert)]
+        env = {"SLURM_JOB_ID": "7", "SLURM_JOB_PARTITION": "batch", "SLURM_JOB_NODELIST": "n1"}
+        assert subprocess.run(hook, env=env, timeout=60).returncode == 0
+        assert "done (sent)" in log.read_text() and made["admin"] not in log.read_text()
+        with Client(address, timeout_s=5, token=made["admin"], tls_ca=str(cert)) as ok:
+            assert ok.status().idle_nodes == 3
         other_ca = tmp_path / "other.pem"
         subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                         "-subj", "/CN=other", "-keyout", str(tmp_path / "ok.pem"), "-out",

@@ -20,7 +20,7 @@ import pytest
 
 from offcut.slurm_plugin import hooks
 from offcut.slurm_plugin.install import HookConfig, hook_command, write_hooks
-from offcut.slurm_plugin.rpc import unreachable_reason
+from offcut.addresses import unreachable_reason
 from slurm_cluster import fake_command, idle_set
 
 DATA = Path(__file__).resolve().parent / "data" / "slurm"

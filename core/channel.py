@@ -1,7 +1,9 @@
-"""How a client reaches the daemon: a bearer token (docs/architecture.md §8) and TLS for TCP.
+"""How every client reaches the daemon (the Python API and CLI, the Slurm hooks, watcher and
+launcher): a channel with TLS for TCP and a bearer token (docs/architecture.md §8).
 
-Sources, first found wins: the ``token`` argument, ``$OFFCUT_TOKEN``, the file named by
-``token_file`` or ``$OFFCUT_TOKEN_FILE`` (first line; the file must be private, mode 0600).
+Sources of the token, first found wins: the ``token`` argument, ``$OFFCUT_TOKEN``, the file
+named by ``token_file`` or ``$OFFCUT_TOKEN_FILE`` (:func:`token_from_file`: first line, one
+word; the file must be private, mode 0600).
 TLS: ``tls_ca`` or ``$OFFCUT_TLS_CA`` (PEM of the CA or self-signed certificate to trust);
 ``tls_server_name`` (``$OFFCUT_TLS_SERVER_NAME``) when the certificate's name differs from the
 address's host. Tokens are sent as ``authorization: Bearer TOKEN`` metadata on every call
@@ -20,29 +22,39 @@ import grpc
 from offcut.errors import InvalidArgument
 
 
-def resolve_token(token: str | None = None, token_file: str | None = None) -> str | None:
-    """The token to send (None: none configured).
+def token_from_file(path: str, field: str = "token_file") -> str:
+    """The bearer token in the file ``path``: its first line, one word. The file must be
+    private (no access for group or others).
 
     Raises:
-        InvalidArgument: the token file is missing, empty or readable by others (``token_file``).
+        InvalidArgument: naming ``field``: the file is missing, unreadable, readable by others,
+            empty, or its first line is not one word. The message never holds the token.
+    """
+    try:
+        st = os.stat(path)
+        if st.st_mode & 0o077:
+            raise InvalidArgument(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}; chmod 600 it",
+                                  field)
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read {path}: {exc.strerror}", field) from None
+    token = text.splitlines()[0].strip() if text else ""
+    if not token or any(c.isspace() for c in token):
+        raise InvalidArgument(f"{path} holds no single-word token on its first line", field)
+    return token
+
+
+def resolve_token(token: str | None = None, token_file: str | None = None) -> str | None:
+    """The token to send (None: none configured), from the sources in the module docstring.
+
+    Raises:
+        InvalidArgument: the token file is unusable (:func:`token_from_file`, ``token_file``).
     """
     token = token or os.environ.get("OFFCUT_TOKEN")
     if token:
         return token.strip()
     path = token_file or os.environ.get("OFFCUT_TOKEN_FILE")
-    if not path:
-        return None
-    try:
-        st = os.stat(path)
-        if st.st_mode & 0o077:
-            raise InvalidArgument(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}; chmod 600 it",
-                                  "token_file")
-        text = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise InvalidArgument(f"cannot read {path}: {exc.strerror}", "token_file") from None
-    if not text:
-        raise InvalidArgument(f"{path} is empty", "token_file")
-    return text.splitlines()[0].strip()
+    return token_from_file(path) if path else None
 
 
 class _Details(collections.namedtuple("_Details", ("method", "timeout", "metadata", "credentials",
