@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 from offcut.errors import InvalidArgument
+from offcut.taskspec import TaskSpec
 from offcut.v1 import tasks_pb2
 
-__all__ = ["OBJECTIVES", "Scalability", "make_task_spec", "parse_node_range",
+__all__ = ["OBJECTIVES", "Scalability", "check_spec", "make_task_spec", "parse_node_range",
            "read_scalability_csv"]
 
 #: ``throughput``: maximise samples/s (BFTrainer's default, Os = Ps); ``speedup``: maximise
@@ -162,7 +163,8 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
 
     Raises:
         InvalidArgument: naming ``nodes``, ``work``, ``scalability``, ``rescale_up``,
-            ``rescale_down`` or ``objective``. The daemon validates the rest.
+            ``rescale_down`` or ``objective``, else ``spec.<field>`` for the rules the daemon
+            applies too (:func:`check_spec`; the daemon also checks its size limits).
     """
     low, high = parse_node_range(nodes) if isinstance(nodes, str) else nodes
     if not (isinstance(work_samples, (int, float)) and math.isfinite(work_samples)
@@ -177,8 +179,27 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
                               total_work_samples=float(work_samples), rescale_up_s=rescale_up_s,
                               rescale_down_s=rescale_down_s, command=list(command),
                               zeus_job_id=zeus_job_id, reports_progress=reports_progress)
-    if scalability is None:
-        return spec
+    if scalability is not None:
+        _add_curve(spec, scalability, objective)
+    check_spec(spec)
+    return spec
+
+
+def check_spec(spec: tasks_pb2.TaskSpec) -> None:
+    """Check ``spec`` by the rules the daemon applies (:class:`offcut.taskspec.TaskSpec`, the
+    one validator); raises :class:`InvalidArgument` naming ``spec.<field>``."""
+    TaskSpec.create(name=spec.name, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
+                    node_counts=list(spec.node_counts), throughputs=list(spec.throughputs),
+                    objective_values=list(spec.objective_values),
+                    rescale_up_s=spec.rescale_up_s, rescale_down_s=spec.rescale_down_s,
+                    total_work_samples=spec.total_work_samples, command=list(spec.command),
+                    reports_progress=spec.reports_progress, power_w=list(spec.power_w),
+                    zeus_job_id=spec.zeus_job_id)
+
+
+def _add_curve(spec: tasks_pb2.TaskSpec, scalability: Scalability, objective: str) -> None:
+    """Add ``(node_counts, throughputs)`` (and the speedup objective) to ``spec``."""
+    high = spec.max_nodes
     counts, rates = scalability
     if counts[-1] < high:
         raise InvalidArgument(f"the curve ends at {counts[-1]} nodes but the task may use up to "
@@ -192,4 +213,3 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
             raise InvalidArgument(f"objective speedup needs a throughput > 0 at {counts[0]} "
                                   "node(s)", "scalability")
         spec.objective_values.extend([0.0] + [p / base for p in rates])
-    return spec

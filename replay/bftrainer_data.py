@@ -43,6 +43,9 @@ import hostlist
 import numpy as np
 import pandas as pd
 
+from offcut.errors import InvalidArgument
+from offcut.taskspec import TaskSpec
+
 __all__ = [
     "ReplayInputError",
     "TaskRecord",
@@ -594,23 +597,19 @@ def _float_of(v, path: Path, name: str, col: str) -> float:
 
 
 def _check_task(t: TaskRecord, path: Path) -> TaskRecord:
-    n = t.name
-    if not (len(t.node_counts) == len(t.throughputs) == len(t.objective_values)) or not t.node_counts:
-        raise ReplayInputError(
-            f"{path}: task {n!r}: node_counts/throughputs/objective_values must be non-empty "
-            f"and of equal length ({len(t.node_counts)}/{len(t.throughputs)}/"
-            f"{len(t.objective_values)})")
-    if any(b <= a for a, b in zip(t.node_counts, t.node_counts[1:])):
-        raise ReplayInputError(f"{path}: task {n!r}: node_counts must increase: {t.node_counts}")
-    if t.min_nodes < 0 or t.max_nodes < t.min_nodes:
-        raise ReplayInputError(f"{path}: task {n!r}: need 0 <= min_nodes <= max_nodes "
-                               f"(got {t.min_nodes}, {t.max_nodes})")
-    if not t.total_work_samples > 0:
-        raise ReplayInputError(f"{path}: task {n!r}: total_work_samples must be > 0")
-    if t.rescale_up_s < 0 or t.rescale_down_s < 0:
-        raise ReplayInputError(f"{path}: task {n!r}: rescale costs must be >= 0")
+    """``t`` if it is a task the daemon accepts (the one validator, :class:`offcut.taskspec.
+    TaskSpec`, without size limits) with a submit time; else ReplayInputError naming the file,
+    the task and the field."""
     if t.submit_time is pd.NaT:
-        raise ReplayInputError(f"{path}: task {n!r}: submit_time is missing")
+        raise ReplayInputError(f"{path}: task {t.name!r}: submit_time is missing")
+    try:
+        TaskSpec.create(name=t.name, min_nodes=t.min_nodes, max_nodes=t.max_nodes,
+                        node_counts=list(t.node_counts), throughputs=list(t.throughputs),
+                        objective_values=list(t.objective_values),
+                        rescale_up_s=t.rescale_up_s, rescale_down_s=t.rescale_down_s,
+                        total_work_samples=t.total_work_samples)
+    except InvalidArgument as exc:
+        raise ReplayInputError(f"{path}: task {t.name!r}: {exc}") from None
     return t
 
 

@@ -88,6 +88,13 @@ def test_scalability_csv_and_spec(tmp_path):
         make_task_spec("t", nodes="1-8", work_samples=1e6, scalability=curve)
     with pytest.raises(InvalidArgument, match="work"):
         make_task_spec("t", nodes="1-4", work_samples=0, scalability=curve)
+    # the daemon's own rules, checked before anything is sent (offcut.taskspec)
+    with pytest.raises(InvalidArgument) as info:
+        make_task_spec("x" * 201, nodes="1-4", work_samples=1e6, scalability=curve)
+    assert str(info.value).startswith("spec.name:")
+    with pytest.raises(InvalidArgument) as info:
+        make_task_spec("t", nodes="1-4", work_samples=1e6, scalability=([1, 2, 4], [1.0, -2.0, 3.0]))
+    assert str(info.value).startswith("spec.throughputs:")
 
 
 # ------------------------------------------------------------------ CLI, bad input

@@ -311,3 +311,23 @@ def test_report_png(tmp_path):
     steps.drop(columns=["nNrun"]).to_csv(tmp_path / "steps.csv", index=False)
     with pytest.raises(ReplayInputError, match=r"steps\.csv.*nNrun"):
         render_report(tmp_path)
+
+
+@pytest.mark.parametrize("change,field", [
+    (dict(min_nodes=0), "spec.min_nodes"),
+    (dict(node_counts=[1, 2, 4]), "spec.node_counts"),        # the curve must start at 0
+    (dict(throughputs=[0.0, 1.0, float("nan")]), "spec.throughputs"),
+    (dict(total_work_samples=0.0), "spec.total_work_samples"),
+])
+def test_a_task_the_daemon_would_refuse_is_refused_when_loaded(tmp_path, change, field):
+    """One validator (offcut.taskspec): a task set's task is checked by the daemon's rules."""
+    from offcut.replay.bftrainer_data import _check_task
+
+    fields = dict(name="j1", submit_time=pd.Timestamp("2021-02-01"), min_nodes=1, max_nodes=4,
+                  rescale_up_s=10.0, rescale_down_s=10.0, total_work_samples=1e6,
+                  node_counts=[0, 2, 4], throughputs=[0.0, 1.0, 2.0],
+                  objective_values=[0.0, 1.0, 2.0])
+    assert _check_task(TaskRecord(**fields), tmp_path / "t.csv").name == "j1"
+    with pytest.raises(ReplayInputError) as info:
+        _check_task(TaskRecord(**{**fields, **change}), tmp_path / "t.csv")
+    assert f"t.csv: task 'j1': {field}:" in str(info.value)
