@@ -84,20 +84,21 @@ class Engine:
         self._record = open(record_instances, "a", encoding="utf-8") if record_instances else None
         self.closed = False
         self.core = self._recover()
-        if (self.core.tfwd_s, self.core.max_running_tasks) != (tfwd_s, max_running_tasks):
-            log.info("settings: tfwd_s %s -> %s, max_running_tasks %s -> %s", self.core.tfwd_s,
-                     tfwd_s, self.core.max_running_tasks, max_running_tasks)
-            self.core.tfwd_s, self.core.max_running_tasks = float(tfwd_s), int(max_running_tasks)
-            self.store.write_snapshot(self.core.to_dict())
-        if (max_failed_generations is not None
-                and max_failed_generations != self.core.max_failed_generations):
-            log.info("max_failed_generations: %s -> %s", self.core.max_failed_generations,
-                     max_failed_generations)
-            self.core.max_failed_generations = int(max_failed_generations)
-            self.store.write_snapshot(self.core.to_dict())
-        if objective is not None and objective != self.core.objective:
-            log.info("objective settings: %s -> %s", self.core.objective, objective)
-            self.core.objective = objective
+        self._apply_settings(tfwd_s=float(tfwd_s), max_running_tasks=int(max_running_tasks),
+                             max_failed_generations=max_failed_generations,
+                             objective=objective)
+
+    def _apply_settings(self, **settings) -> None:
+        """Put the configured core settings on top of the stored state (a None value keeps the
+        stored one); logs what changed and writes one snapshot when anything did."""
+        changed = False
+        for name, value in settings.items():
+            old = getattr(self.core, name)
+            if value is not None and value != old:
+                log.info("setting %s: %s -> %s", name, old, value)
+                setattr(self.core, name, value)
+                changed = True
+        if changed:
             self.store.write_snapshot(self.core.to_dict())
 
     # ------------------------------------------------------------------ recovery

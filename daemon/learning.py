@@ -615,12 +615,14 @@ class TaskLearner:
     def rescale_up_s(self, prior: float) -> float:
         """Learned Tcup [s] (BFTrainer §3: growing from c nodes loses Ps(c) * Tcup samples):
         the median of the measured estimates, ``prior`` until one exists."""
-        return float(statistics.median(self._up)) if self._up else prior
+        up = self.measured_rescale_s()[0]
+        return prior if up is None else up
 
     def rescale_down_s(self, prior: float) -> float:
         """Learned Tcdw [s] (shrinks and preemptions lose Ps(c) * Tcdw samples): the median of
         the measured estimates, ``prior`` until one exists."""
-        return float(statistics.median(self._down)) if self._down else prior
+        down = self.measured_rescale_s()[1]
+        return prior if down is None else down
 
     def measured_rescale_s(self) -> tuple[float | None, float | None]:
         """``(Tcup, Tcdw)`` [s] measured so far (the medians of :meth:`rescale_up_s` /

@@ -129,6 +129,20 @@ def cancel_from_pb(req: tasks_pb2.CancelTaskRequest, clock: float | None, now: f
     return CancelEvent(time=t, task_id=req.task_id)
 
 
+#: how far [s] a report's time may lie ahead of the daemon's wall clock (clock skew)
+MAX_REPORT_SKEW_S = 300.0
+
+
+def _not_ahead(t: float, now: float, field: str) -> float:
+    """``t`` [s since epoch], unless it lies more than :data:`MAX_REPORT_SKEW_S` after ``now``
+    (the daemon's wall clock): then InvalidArgument naming ``field``. A report's time moves the
+    event clock; one from the future would make every later node event "older"."""
+    if t > now + MAX_REPORT_SKEW_S:
+        raise InvalidArgument(f"{t:.3f} is {t - now:.0f} s after the daemon's clock "
+                              f"({now:.3f}); reports carry the time they were measured", field)
+    return t
+
+
 def task_run_from_pb(req: tasks_pb2.TaskRunReport, clock: float | None, now: float) -> TaskRunEvent:
     """A TaskRunEvent; an unset time means max(now, clock) [s since epoch]; a time before
     the clock is moved to the clock (run reports are not ordered with node events)."""
@@ -138,16 +152,14 @@ def task_run_from_pb(req: tasks_pb2.TaskRunReport, clock: float | None, now: flo
         raise InvalidArgument(f"must be one of {', '.join(RUN_STATE_FROM_PB.values())}", "state")
     default = now if clock is None else max(now, clock)
     t = time_from_pb(req.time, "time", required=False, default=default)
+    if req.HasField("time"):
+        _not_ahead(t, now, "time")
     generation = req.generation if req.HasField("generation") else None
     if generation is not None and generation > MAX_SEQ:
         raise InvalidArgument(f"must be at most 2^63 - 1, got {generation}", "generation")
     return TaskRunEvent(time=t, task_id=req.task_id, state=RUN_STATE_FROM_PB[req.state],
                         node=req.node, job_id=req.job_id, exit_code=req.exit_code,
                         message=req.message, request_id=req.request_id, generation=generation)
-
-
-#: how far [s] a report's time may lie ahead of the daemon's wall clock (clock skew)
-MAX_REPORT_SKEW_S = 300.0
 
 
 def progress_from_pb(req: tasks_pb2.ReportProgressRequest, now: float) -> ProgressEvent:
@@ -161,11 +173,8 @@ def progress_from_pb(req: tasks_pb2.ReportProgressRequest, now: float) -> Progre
         where = f"reports[{i}]."
         if not r.task_id:
             raise InvalidArgument("is required", where + "task_id")
-        t = time_from_pb(r.time, where + "time", required=True)
-        if t > now + MAX_REPORT_SKEW_S:
-            raise InvalidArgument(f"{t:.3f} is {t - now:.0f} s after the daemon's clock "
-                                  f"({now:.3f}); reports carry the time they were measured",
-                                  where + "time")
+        t = _not_ahead(time_from_pb(r.time, where + "time", required=True), now,
+                       where + "time")
         items.append(ProgressItem(r.task_id, ProgressReport(
             time=t, samples_done=r.samples_done, nodes=r.nodes,
             energy_j=r.energy_j if r.HasField("energy_j") else None)))

@@ -304,11 +304,13 @@ class Launcher:
         key = (job.job_id, state)
         if key in self.reported:
             return False
-        message = {"preempted": "preempted by Slurm" if job.being_preempted or
-                   "PREEMPTED" in job.states else "cancelled outside Offcut",
-                   "interrupted": "stopped for a new generation"
-                   if job.job_id in self.signalled else "checkpointed, restart requested"}
-        text = message.get(state, "")
+        text = ""
+        if state == "preempted":
+            text = ("preempted by Slurm" if job.being_preempted or "PREEMPTED" in job.states
+                    else "cancelled outside Offcut")
+        elif state == "interrupted":
+            text = ("stopped for a new generation" if job.job_id in self.signalled
+                    else "checkpointed, restart requested")
         if job.signal and state in ("failed", "interrupted"):
             text = (text + f"; killed by signal {job.signal}").lstrip("; ")
         new = True
@@ -338,34 +340,12 @@ class Launcher:
             SlurmError: squeue or sinfo failed or answered garbage (nothing is submitted then).
         """
         result = PassResult()
-        desired = self.desired()  # read again after the reports below
+        desired = self.desired()
         jobs = {j: (name, job) for j, (name, job) in self.own_jobs().items()
                 if not _older_than_task(job, desired.get(name.task_id))}
-        active: dict[str, tuple[JobName, JobInfo]] = {}
-        live: set[tuple[str, int]] = set()  # (task, generation) with a job still active
-        ended: dict[tuple[str, int], list[tuple[JobName, JobInfo, str]]] = {}
-        for job_id, (name, job) in sorted(jobs.items(), key=lambda kv: int(kv[0])):
-            self.submitted.add((name.task_id, name.generation, name.node))
-            state = run_state(job, cancelled_by_us=job_id in self.cancelled,
-                              signalled_by_us=job_id in self.signalled)
-            if state is not None or "COMPLETING" in job.states:  # it ran (a short job may
-                self._report(name, job, "started", result)     # never be seen RUNNING)
-            if not (job.states & FINISHED_JOB_STATES):
-                active[job_id] = (name, job)
-                live.add((name.task_id, name.generation))
-            elif state == "finished":  # the work is done: at once
-                self._report(name, job, state, result)
-            elif state is not None:
-                ended.setdefault((name.task_id, name.generation), []).append((name, job, state))
-        preempted: set[tuple[str, str]] = set()
-        for group, runs in ended.items():
-            if group in live:
-                continue  # reported once the whole generation has ended: the failure that
-            for name, job, state in sorted(runs, key=lambda r: _REPORT_ORDER[r[2]]):  # broke
-                if self._report(name, job, state, result) and (  # it first, then the peers
-                        state == "preempted" or job.being_preempted):  # that lost it
-                    preempted.add((name.task_id, name.node))  # Slurm is taking the node
-        desired = self.desired()  # after the reports: they may have started a new generation
+        active, ended, preempted = self._report_runs(jobs, result)
+        if result.reported:  # a report may have started a new generation or ended a task
+            desired = self.desired()
         wanted = {(g.task_id, n) for g in desired.values() for n in g.nodes}
         # a newly preempted (task, node) waits until the daemon has dropped that node
         self.held = {k for k in self.held | preempted if k in wanted}
@@ -399,6 +379,40 @@ class Launcher:
                 self._submit(gen, node, addresses, result)
         self._forget(jobs, desired)
         return result
+
+    def _report_runs(self, jobs: dict[str, tuple[JobName, JobInfo]], result: PassResult
+                     ) -> tuple[dict[str, tuple[JobName, JobInfo]],
+                                dict[tuple[str, int], list[tuple[JobName, JobInfo, str]]],
+                                set[tuple[str, str]]]:
+        """Report what the jobs did: starts and finishes at once, the other ends of a
+        generation once all its jobs have ended (the failure that broke it first, then the
+        peers that lost it). Returns the active jobs (job id -> (name, job)), the ended runs
+        by (task, generation), and the (task, node) pairs Slurm is taking (newly preempted)."""
+        active: dict[str, tuple[JobName, JobInfo]] = {}
+        live: set[tuple[str, int]] = set()  # (task, generation) with a job still active
+        ended: dict[tuple[str, int], list[tuple[JobName, JobInfo, str]]] = {}
+        for job_id, (name, job) in sorted(jobs.items(), key=lambda kv: int(kv[0])):
+            self.submitted.add((name.task_id, name.generation, name.node))
+            state = run_state(job, cancelled_by_us=job_id in self.cancelled,
+                              signalled_by_us=job_id in self.signalled)
+            if state is not None or "COMPLETING" in job.states:  # it ran (a short job may
+                self._report(name, job, "started", result)     # never be seen RUNNING)
+            if not (job.states & FINISHED_JOB_STATES):
+                active[job_id] = (name, job)
+                live.add((name.task_id, name.generation))
+            elif state == "finished":  # the work is done: at once
+                self._report(name, job, state, result)
+            elif state is not None:
+                ended.setdefault((name.task_id, name.generation), []).append((name, job, state))
+        preempted: set[tuple[str, str]] = set()
+        for group, runs in ended.items():
+            if group in live:
+                continue
+            for name, job, state in sorted(runs, key=lambda r: _REPORT_ORDER[r[2]]):
+                if self._report(name, job, state, result) and (
+                        state == "preempted" or job.being_preempted):
+                    preempted.add((name.task_id, name.node))  # Slurm is taking the node
+        return active, ended, preempted
 
     def _forget(self, jobs: dict[str, tuple[JobName, JobInfo]],
                 desired: dict[str, Generation]) -> None:

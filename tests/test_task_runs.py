@@ -219,3 +219,15 @@ def test_a_generation_the_task_never_had_is_refused(daemon, generation):
                           time=T0 + 2)
     assert str(info.value).startswith("generation:")
     assert status_key(c) == key and c.get_task(tid).generation == 1
+
+
+def test_a_run_report_from_the_future_is_refused_and_moves_no_clock(daemon):
+    import time as _time
+
+    _, c = daemon
+    tid = _one_task(c)
+    key = status_key(c)
+    with pytest.raises(InvalidArgument) as info:
+        c.report_task_run(tid, "started", node="n1", generation=1, time=_time.time() + 3600)
+    assert str(info.value).startswith("time:")
+    assert status_key(c) == key
