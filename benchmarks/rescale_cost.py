@@ -24,13 +24,13 @@ and the ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -42,10 +42,8 @@ from slurm_cluster import SlurmCluster, skip_reason  # noqa: E402
 
 from offcut.client import Client, make_task_spec  # noqa: E402
 from offcut.daemon.config import DaemonConfig, SlurmConfig  # noqa: E402
+from offcut.slurm_plugin.launcher import parse_job_name  # noqa: E402
 from offcut.daemon.server import OffcutServer  # noqa: E402
-from offcut.slurm_plugin.launcher import Launcher, parse_job_name  # noqa: E402
-from offcut.slurm_plugin.slurm_cli import SlurmCLI  # noqa: E402
-from offcut.v1 import tasks_pb2  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "elastic_digits" / "train.py"
 NODES = ["n1", "n2", "n3", "n4"]
@@ -117,7 +115,8 @@ def main(argv=None) -> int:
     root = Path(tempfile.mkdtemp(prefix="offcut-rescale-", dir="/tmp"))
     root.chmod(0o755)
     cluster = SlurmCluster(root)
-    srv = stop = th = None
+    srv = None
+    stack = contextlib.ExitStack()
     try:
         print(f"starting the 4-node test cluster in {root} ...", flush=True)
         cluster.start()
@@ -136,15 +135,7 @@ def main(argv=None) -> int:
                               rescale_up_s=0.0, rescale_down_s=0.0, command=argv_,
                               reports_progress=True)
         tid = client.submit(spec, owner="bench").task.task_id
-        out = root / "out"
-        out.mkdir()
-        cfg = SlurmConfig(workdir=str(root), output=str(out / "%x-%j.out"), rescale_grace_s=30,
-                          checkpoint_root=str(root / "ckpt"))
-        stop = threading.Event()
-        launcher = Launcher(Client(cluster.address, timeout_s=10), cfg,
-                            SlurmCLI(slurm_conf=str(cluster.conf)))
-        th = threading.Thread(target=launcher.run, args=(0.5, stop), daemon=True)
-        th.start()
+        out = stack.enter_context(cluster.launcher(cluster.address, root))
 
         def trained_on(count: int) -> bool:
             gens = timeline(out, tid)
@@ -192,9 +183,7 @@ def main(argv=None) -> int:
             args.json.write_text(json.dumps(result, indent=1))
         return 0
     finally:
-        if stop is not None:
-            stop.set()
-            th.join(10)
+        stack.close()  # the launcher first
         if srv is not None:
             srv.stop(0.5)
         cluster.stop()

@@ -19,6 +19,7 @@ with a site's Slurm or another test session.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -26,9 +27,10 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import pytest
 
@@ -195,6 +197,32 @@ class SlurmCluster:
 
     def scontrol(self, *args: str) -> None:
         self.run("scontrol", *args)
+
+    @contextlib.contextmanager
+    def launcher(self, address: str, root: Path, rescale_grace_s: float = 30.0
+                 ) -> Iterator[Path]:
+        """``offcut-slurm launch`` in a thread, for the daemon at ``address``: jobs run in
+        ``root``, their output goes to ``root/out`` (yielded), the tasks' checkpoints to
+        ``root/ckpt``; passes every 0.5 s at most. Stopped at the end of the block."""
+        from offcut.client import Client
+        from offcut.daemon.config import SlurmConfig
+        from offcut.slurm_plugin.launcher import Launcher
+        from offcut.slurm_plugin.slurm_cli import SlurmCLI
+
+        out = root / "out"
+        out.mkdir(exist_ok=True)
+        cfg = SlurmConfig(workdir=str(root), output=str(out / "%x-%j.out"),
+                          rescale_grace_s=rescale_grace_s, checkpoint_root=str(root / "ckpt"))
+        stop = threading.Event()
+        with Client(address, timeout_s=10) as client:
+            launcher = Launcher(client, cfg, SlurmCLI(slurm_conf=str(self.conf)))
+            th = threading.Thread(target=launcher.run, args=(0.5, stop), daemon=True)
+            th.start()
+            try:
+                yield out
+            finally:
+                stop.set()
+                th.join(10)
 
     # ------------------------------------------------------------------ waiting
     def wait_for(self, predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1,

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import re
 import sys
-import threading
 import time
 from pathlib import Path
 
 import hostlist
 import pytest
 
-from offcut.client import Client, make_task_spec
+from offcut.client import make_task_spec
 from offcut.daemon.config import SlurmConfig
-from offcut.slurm_plugin.launcher import Launcher, parse_job_name
-from offcut.slurm_plugin.slurm_cli import SlurmCLI
+from offcut.slurm_plugin.launcher import parse_job_name
 from offcut.v1 import tasks_pb2
 
 import elastic_helpers as eh
@@ -86,17 +84,8 @@ def test_example_trains_through_preemption_of_rank_0_and_growth(example, slurm, 
                           rescale_up_s=0.0, rescale_down_s=0.0, command=example_argv(),
                           reports_progress=True)
     tid = client.submit(spec, owner="test").task.task_id
-    out = tmp_path / "out"
-    out.mkdir()
-    cfg = SlurmConfig(workdir=str(tmp_path), output=str(out / "%x-%j.out"), rescale_grace_s=30,
-                      checkpoint_root=str(tmp_path / "ckpt"))
-    stop = threading.Event()
-    launcher_client = Client(client.address, timeout_s=10)
-    launcher = Launcher(launcher_client, cfg, SlurmCLI(slurm_conf=str(slurm.conf)))
-    th = threading.Thread(target=launcher.run, args=(0.5, stop), daemon=True)
-    th.start()
     states: set[int] = set()
-    try:
+    with slurm.launcher(client.address, tmp_path) as out:
         # 1. generation 1 on all four nodes trains and checkpoints
         slurm.wait_for(lambda: running(slurm, tid) == {n: 1 for n in ALL}, timeout=90,
                        what="generation 1 running on four nodes")
@@ -132,10 +121,6 @@ def test_example_trains_through_preemption_of_rank_0_and_growth(example, slurm, 
         slurm.wait_for(lambda: client.get_task(tid).state == tasks_pb2.TASK_STATE_COMPLETED,
                        timeout=240, what="the task to complete")
         slurm.wait_for(lambda: not running(slurm, tid), timeout=60, what="no running job")
-    finally:
-        stop.set()
-        th.join(10)
-        launcher_client.close()
     task = client.get_task(tid)
     assert tasks_pb2.TASK_STATE_FAILED not in states | {task.state}
     assert task.work_done_samples == WORK and not task.nodes
