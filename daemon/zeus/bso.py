@@ -377,6 +377,7 @@ class BatchSizeJob:
                 self._abandon(trial)
 
     def _abandon(self, trial: dict[str, Any]) -> None:
+        """End ``trial`` without a verdict on its batch size; pruning's step is planned again."""
         trial["status"], trial["suspended_at"] = ABANDONED, None
         if self.phase == PRUNING and self.pruning["trial"] == trial["trial_number"]:
             self.pruning["trial"] = None  # planned again
@@ -554,6 +555,8 @@ class BatchSizeJob:
 
     def _suspend(self, trial: dict[str, Any], time_s: float | None, energy_j: float | None,
                  now: float) -> Verdict:
+        """Suspend an open ``trial`` (see :meth:`end_trial`): ``time_s`` [s] / ``energy_j`` [J]
+        (None = stored) replace its totals; ``now`` [s] stamps a first suspension."""
         totals = {"time_s": trial["time_s"] if time_s is None else float(time_s),
                   "energy_j": trial["energy_j"] if energy_j is None else float(energy_j)}
         for name, value in totals.items():

@@ -7,8 +7,7 @@ import json
 import math
 
 from offcut.daemon.service import _rpc
-from offcut.daemon.zeus.bso import (BatchSizeJob, BatchSizeJobSpec, Prediction, Resumed,
-                                    Verdict, check_generation)
+from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Resumed, Verdict
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
 from offcut.daemon.zeus.registry import ZeusRegistry
 from offcut.daemon.model import Limits
@@ -166,12 +165,12 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
     @_rpc
     def Predict(self, request, context):
         """The next run's batch size; FAILED_PRECONDITION when every batch size failed;
-        INVALID_ARGUMENT for a ``generation`` of 2^63 or more."""
-        generation = check_generation(request.generation)
+        INVALID_ARGUMENT for a ``generation`` of 2^63 or more (checked by
+        :meth:`BatchSizeJob.predict`)."""
         result = self.registry.predict(
             _job_id(request.job_id), _short_id(request.request_id, "request_id"),
             encode=lambda p: prediction_to_pb(p).SerializeToString(),
-            decode=zeus_pb2.Prediction.FromString, generation=generation)
+            decode=zeus_pb2.Prediction.FromString, generation=request.generation)
         return result if isinstance(result, zeus_pb2.Prediction) else prediction_to_pb(result)
 
     @_rpc
@@ -193,22 +192,25 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
     @_rpc
     def ResumeTrial(self, request, context):
         """Reopen an open trial for a new process; its stored totals come back. NOT_FOUND
-        for an unknown job or trial, FAILED_PRECONDITION for an ended trial or one still held."""
-        generation = check_generation(request.generation)
+        for an unknown job or trial, FAILED_PRECONDITION for an ended trial or one still held,
+        INVALID_ARGUMENT for a ``generation`` of 2^63 or more (checked by
+        :meth:`BatchSizeJob.resume`)."""
         result = self.registry.resume(
             _job_id(request.job_id), request.trial_number,
-            _short_id(request.request_id, "request_id"), generation,
+            _short_id(request.request_id, "request_id"), request.generation,
             encode=lambda r: resumed_to_pb(r).SerializeToString(),
             decode=zeus_pb2.ResumedTrial.FromString)
         return result if isinstance(result, zeus_pb2.ResumedTrial) else resumed_to_pb(result)
 
     @_rpc
     def DeleteJob(self, request, context):
+        """Forget the job, its power profiles and its remembered replies; NOT_FOUND if unknown."""
         self.registry.delete(_job_id(request.job_id))
         return zeus_pb2.DeleteJobResponse()
 
     @_rpc
     def GetJob(self, request, context):
+        """The job's spec, phase and trials; NOT_FOUND if unknown."""
         return job_to_pb(*self.registry.job(_job_id(request.job_id)))
 
 
@@ -220,21 +222,26 @@ class PowerLimitOptimizerService(zeus_pb2_grpc.PowerLimitOptimizerServicer):
 
     @_rpc
     def GetPowerPlan(self, request, context):
+        """What the training loop does next for ``(job_id, batch_size)`` (limit [W])."""
         return plan_to_pb(self.registry.power_plan(_job_id(request.job_id), request.batch_size))
 
     @_rpc
     def ReportWindow(self, request, context):
+        """A profiling window's ``time_s`` [s] and ``energy_j`` [J] at ``power_limit_w`` [W]
+        -> the next plan."""
         return plan_to_pb(self.registry.report_window(
             _job_id(request.job_id), request.batch_size, request.power_limit_w, request.time_s,
             request.energy_j))
 
     @_rpc
     def InterruptWindow(self, request, context):
+        """A profiling window at ``power_limit_w`` [W] was cut short -> the next plan."""
         return plan_to_pb(self.registry.interrupt_window(
             _job_id(request.job_id), request.batch_size, request.power_limit_w))
 
     @_rpc
     def GetProfile(self, request, context):
+        """The power profile of ``(job_id, batch_size)``."""
         job_id = _job_id(request.job_id)
         return profile_to_pb(job_id, request.batch_size,
                              self.registry.profile(job_id, request.batch_size))
