@@ -658,8 +658,9 @@ class ElasticRun:
         t = torch.tensor([int(self.stop_requested), int(due)], dtype=torch.int64,
                          device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        stop, self.checkpoint_due = bool(t[0]), bool(t[1])
-        return stop
+        stop, due = t.tolist()  # one device-to-host copy (not one per flag)
+        self.checkpoint_due = bool(due)
+        return bool(stop)
 
     def step(self, samples_done: int, state: StateArg) -> bool:
         """Call on every rank after each training step with the cumulative samples
@@ -723,10 +724,9 @@ class ElasticRun:
     def _exit(self, code: int) -> NoReturn:
         """:meth:`close`, then end the process with ``code`` as ``hard_exit`` says."""
         self.close()
-        if not self.hard_exit:
-            self._flush()
-            raise SystemExit(code)
         self._flush()
+        if not self.hard_exit:
+            raise SystemExit(code)
         try:
             atexit._run_exitfuncs()  # what a normal exit runs first (logging.shutdown ...)
         finally:

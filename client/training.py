@@ -904,11 +904,14 @@ class ZeusTraining:
                             strict: bool = False) -> int:
         """This rank's samples per step: :func:`per_rank_batch_size` of the trial's global
         :attr:`batch_size` (``world_size``/``rank`` default to ``$WORLD_SIZE``/``$RANK``, else
-        1 and 0). Raises ValueError as that function does (e.g. batch size < world size)."""
+        1 and 0). Raises ValueError as that function does (e.g. batch size < world size),
+        and naming the variable for a malformed ``$WORLD_SIZE``/``$RANK``."""
+        from offcut.client.elastic import _int_var  # the launcher's variables, parsed once
+
         if world_size is None:
-            world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+            world_size = _int_var(os.environ, "WORLD_SIZE", default=1, minimum=1)
         if rank is None:
-            rank = int(os.environ.get("RANK", "0") or 0)
+            rank = _int_var(os.environ, "RANK", default=0)
         return per_rank_batch_size(self.batch_size, world_size, rank, strict=strict)
 
     # ------------------------------------------------------------------ epoch hooks

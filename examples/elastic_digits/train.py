@@ -108,10 +108,15 @@ class GlobalOrder:
         return self._perms[epoch]
 
     def indices(self, start: int, count: int) -> torch.Tensor:
-        """Train-set indices of global samples ``start .. start + count - 1``, shape (count,)."""
+        """Train-set indices of global samples ``start .. start + count - 1``, shape (count,),
+        int64. Vectorized per epoch (a range spans at most a few epochs)."""
         out = np.empty(count, dtype=np.int64)
-        for j, i in enumerate(range(start, start + count)):
-            out[j] = self._perm(i // self.n)[i % self.n]
+        i, j = start, 0
+        while j < count:
+            epoch, pos = divmod(i, self.n)
+            take = min(count - j, self.n - pos)  # up to this epoch's end
+            out[j:j + take] = self._perm(epoch)[pos:pos + take]
+            i, j = i + take, j + take
         return torch.from_numpy(out)
 
 
@@ -385,8 +390,8 @@ def main(argv=None) -> None:
                 b = int(min(B, limit - done))     # the last global batch may be partial
                 if zeus is not None:              # ... and so may an epoch's last one
                     b = min(b, epoch_samples - done % epoch_samples)
-                part = rank_slice(b, world, run.rank)
-                idx = order.indices(done, b)[part]
+                part = rank_slice(b, world, run.rank)   # only this rank's samples
+                idx = order.indices(done + part.start, part.stop - part.start)
                 ddp.train()
                 opt.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(ddp(x_train[idx]), y_train[idx], reduction="sum")
