@@ -1,0 +1,490 @@
+"""Compiled kernel of the breakpoint DP of :mod:`.dp` (docs/architecture.md §4).
+
+The problem is BFTrainer's allocation MILP (Liu et al., arXiv 2106.12091, §3 eq. 1-9) at
+the level of node counts, a multiple-choice knapsack; :mod:`.dp`'s module docstring derives
+the method (breakpoints B_j, at most one "free" task, layers L0/L1, sliding-window maximum,
+backtrack). Here it is split into its phases:
+
+1. :func:`_own_best_counts`: the shortcut (every task's own best count fits the pool);
+2. :func:`_useful_options`: per task the undominated breakpoints and free segments;
+3. :func:`_forward`: the two DP layers over capacity (one or two passes);
+4. :func:`_backtrack`: the argmax under the documented tie-breaking rule.
+
+Units: counts and capacities are nodes (int64); values f_j(n) are the objective units of
+:meth:`AllocationProblem.value_tables` (float64).
+
+Every function here is plain Python restricted to what numba's ``njit`` compiles (no objects,
+no Python containers). :func:`compile_kernel` compiles all of them together, the phases
+inlined into :func:`kernel`; they live in this one file because numba's on-disk cache is
+invalidated only by a change to the file of the function it compiled, not to the files of
+its callees. Loops over tasks stay inside the phases: an array passed into an inlined
+function with loops costs two reference-count updates per call, measurable per task (a
+function without loops, or one called once per phase, costs nothing measurable).
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+
+
+# ---------------------------------------------------------------- 1. shortcut
+def _own_best_counts(tab, tab_off, jmin, cur):
+    """Every task's own best count and the tie-tolerance scale (the exact shortcut).
+
+    ``tab``: the value tables f_j(n), n = 0..top_j, concatenated (float64, objective units);
+    ``tab_off``: (J+1,) int64 offsets into ``tab``; ``jmin``: (J,) Jmin_j; ``cur``: (J,) c_j
+    (nodes). Returns (counts (J,) int64: argmax_n f_j(n) over {0} U [Jmin_j, top_j] with ties
+    to c_j, then to fewer nodes; total: their sum in nodes; scale: 1 + sum_j max_n |f_j(n)|).
+    When total <= N these counts are optimal (BFTrainer arXiv 2106.12091 §3: tasks interact
+    only through the capacity constraint).
+    """
+    J = len(jmin)
+    counts = np.zeros(J, dtype=np.int64)
+    total = 0
+    scale = 1.0
+    for j in range(J):
+        o = tab_off[j]
+        top = tab_off[j + 1] - o - 1
+        c = cur[j]
+        if c != 0 and jmin[j] <= c <= top:
+            best_n = c
+            best_v = tab[o + c]
+        else:
+            best_n = 0
+            best_v = tab[o]
+        if tab[o] > best_v:
+            best_n = 0
+            best_v = tab[o]
+        mag = abs(tab[o])
+        for n in range(jmin[j], top + 1):
+            v = tab[o + n]
+            if abs(v) > mag:
+                mag = abs(v)
+            if v > best_v:
+                best_v = v
+                best_n = n
+        counts[j] = best_n
+        total += best_n
+        scale += mag
+    return counts, total, scale
+
+
+# ---------------------------------------------------------------- 2. useful options
+def _task_breakpoints(lo_adm, top, c, ns, ns_lo, ns_hi, bp):
+    """The breakpoints B_j of one task, ascending and unique (int64 view, nodes).
+
+    B_j = {0, Jmin_j, top_j, c_j - 1, c_j, c_j + 1, floor/ceil of every curve point Ns_j},
+    each kept only inside [Jmin_j, top_j] (0 always); ``lo_adm`` = Jmin_j, ``top`` = top_j,
+    ``c`` = c_j; the curve points are ``ns[ns_lo:ns_hi]`` (float64, nodes). ``bp``: int64
+    scratch of length >= 6 + 2 (ns_hi - ns_lo), overwritten. f_j is linear between
+    consecutive breakpoints (:mod:`.dp` docstring; BFTrainer arXiv 2106.12091 §3 curves).
+    """
+    nb = 0
+    bp[nb] = 0
+    nb += 1
+    cands = np.empty(6 + 2 * (ns_hi - ns_lo), dtype=np.int64)
+    nc = 0
+    for x in (lo_adm, top, c - 1, c, c + 1):
+        cands[nc] = x
+        nc += 1
+    for i in range(ns_lo, ns_hi):
+        x = ns[i]
+        cands[nc] = np.int64(np.floor(x))
+        cands[nc + 1] = np.int64(np.ceil(x))
+        nc += 2
+    for i in range(nc):
+        x = cands[i]
+        if lo_adm <= x <= top:
+            bp[nb] = x
+            nb += 1
+    srt = np.sort(bp[:nb])
+    nu = 0  # unique, in place
+    for i in range(nb):
+        if nu == 0 or srt[i] != srt[nu - 1]:
+            srt[nu] = srt[i]
+            nu += 1
+    return srt[:nu]
+
+
+def _push_option(o_kind, o_lo, o_hi, o_s, q, kind, lo, hi, s):
+    """Store option ``q`` (kind 0: breakpoint count lo == hi; kind 1: free counts lo..hi
+    [nodes] of slope s [objective units per node]) in the (cap,) option arrays; returns q + 1.
+    Layout of the breakpoint DP of :mod:`.dp` (problem: BFTrainer arXiv 2106.12091 §3)."""
+    o_kind[q] = kind
+    o_lo[q] = lo
+    o_hi[q] = hi
+    o_s[q] = s
+    return q + 1
+
+
+def _useful_options(tab, tab_off, ns, ns_off, jmin, cur):
+    """Every task's useful options for the breakpoint DP of :mod:`.dp`, ascending in count.
+
+    ``tab``/``tab_off``: f_j(n) tables (float64, objective units) with (J+1,) offsets;
+    ``ns``/``ns_off``: curve node counts Ns_j (float64, nodes) with (J+1,) offsets; ``jmin``,
+    ``cur``: (J,) Jmin_j, c_j. A breakpoint (:func:`_task_breakpoints`) is kept when its value
+    beats every smaller count (c_j also on equality); a free segment of positive slope keeps
+    its counts from the first one beating every smaller count (dominance argument of
+    :mod:`.dp`). Returns (o_kind, o_lo, o_hi (cap,) int64; o_s (cap,) float64: option t is
+    counts o_lo..o_hi, a breakpoint (kind 0, lo == hi) or free (kind 1, slope o_s in
+    objective units per node); opt_off (J+1,) int64: task j's options are
+    opt_off[j]..opt_off[j+1]-1; maxcount (J,) int64: largest useful count [nodes]; cur_kept
+    (J,) bool: c_j is a kept breakpoint). Problem: BFTrainer arXiv 2106.12091 §3 eq. 1-9.
+    """
+    J = len(jmin)
+    cap = 2 * (2 * (ns_off[J] - ns_off[0]) + 8 * J)
+    o_kind = np.empty(cap, dtype=np.int64)
+    o_lo = np.empty(cap, dtype=np.int64)
+    o_hi = np.empty(cap, dtype=np.int64)
+    o_s = np.empty(cap, dtype=np.float64)
+    opt_off = np.zeros(J + 1, dtype=np.int64)
+    maxcount = np.zeros(J, dtype=np.int64)
+    cur_kept = np.zeros(J, dtype=np.bool_)
+    bp = np.empty(2 * (ns_off[J] - ns_off[0]) + 8 * J + 8, dtype=np.int64)
+    q = 0
+    for j in range(J):
+        o = tab_off[j]
+        lo_adm = jmin[j]
+        c = cur[j]
+        bps = _task_breakpoints(lo_adm, tab_off[j + 1] - o - 1, c, ns, ns_off[j],
+                                ns_off[j + 1], bp)
+        nu = len(bps)
+        pm = -np.inf  # max value over admissible counts already passed
+        mc = 0
+        for i in range(nu):
+            b = bps[i]
+            v = tab[o + b]
+            if v > pm or (b == c and b != 0 and v >= pm):
+                q = _push_option(o_kind, o_lo, o_hi, o_s, q, 0, b, b, 0.0)
+                mc = b
+                if b == c:
+                    cur_kept[j] = True
+            if v > pm:
+                pm = v
+            if i + 1 < nu and b >= lo_adm and b > 0:
+                e = bps[i + 1]
+                if e - b >= 2:
+                    s = (tab[o + e] - tab[o + b]) / (e - b)
+                    if s > 0.0:
+                        n = b + 1
+                        while n < e and not (tab[o + n] > pm):
+                            n += 1
+                        if n < e:
+                            q = _push_option(o_kind, o_lo, o_hi, o_s, q, 1, n, e - 1, s)
+                            mc = e - 1
+                            if tab[o + e - 1] > pm:
+                                pm = tab[o + e - 1]
+        opt_off[j + 1] = q
+        maxcount[j] = mc
+    return o_kind, o_lo, o_hi, o_s, opt_off, maxcount, cur_kept
+
+
+# ---------------------------------------------------------------- 3. forward layers
+def _max_plus_into(dst, src, add, cnt):
+    """dst[i] = max(dst[i], src[i] + add) for i = 0..cnt-1 (none if cnt <= 0), in place,
+    strict '>'.
+
+    ``dst``, ``src``: float64 slices (capacities in nodes) of length cnt, indexed from 0
+    (lets LLVM vectorise the loop); ``add``: f_j(n), objective units. The shift-and-max step
+    L_j(k) >= L_{j-1}(k - n) + f_j(n) of the knapsack DP (problem: BFTrainer
+    arXiv 2106.12091 §3).
+    """
+    for i in range(cnt):
+        v = src[i] + add
+        if v > dst[i]:
+            dst[i] = v
+
+
+def _relax_free_window(tab, o, p0, c1, lo, hi, s, lj, kj, buf_a, buf_b):
+    """c1(k) = max(c1(k), max_{n=lo..hi} L0_{j-1}(k - n) + f_j(n)) for k = max(lj, lo)..kj.
+
+    One free segment counts lo..hi [nodes] of slope ``s`` (objective units per node) of task
+    j (values ``tab[o:]``); ``p0`` = L0_{j-1}, ``c1`` = L1_j: (N+1,) float64 rows, capacity
+    in nodes. As f_j(n) = f_j(lo) + s (n - lo), the inner max is f_j(lo) + s (k - lo) +
+    max_{m = k-hi..k-lo} (L0_{j-1}(m) - s m): a sliding-window maximum of width w = hi-lo+1
+    by branch-free doubling, O(K log w) (:mod:`.dp` docstring; problem: BFTrainer
+    arXiv 2106.12091 §3). ``buf_a``, ``buf_b``: (N+1,) float64 scratch, overwritten.
+    """
+    w = hi - lo + 1
+    # outputs k = k0..kj read keys at m = k-hi..k-lo, clipped below at mb
+    k0 = max(lj, lo)
+    mb = max(0, k0 - hi)
+    L = kj - lo - mb + 1  # key index i <-> m = mb + i, i = 0..L-1
+    a = buf_a
+    bb = buf_b
+    for i in range(L):
+        a[i] = p0[mb + i] - s * (mb + i)
+    p = 1  # a[i] = max of the keys at i-p+1..i (clipped at 0)
+    while 2 * p <= w and p < L:
+        for i in range(p):
+            bb[i] = a[i]
+        cnt = L - p
+        x1 = a[p:L]
+        x2 = a[:cnt]
+        y1 = bb[p:L]
+        for i in range(cnt):
+            x = x1[i]
+            y = x2[i]
+            y1[i] = x if x >= y else y
+        a, bb = bb, a
+        p *= 2
+    d = w - p  # window i-w+1..i = (i-p+1..i) U (i-d-p+1..i-d)
+    # output k = lo + mb + i (window ends at m = k - lo = mb + i); with
+    # f_j(n) = f_j(lo) + s (n - lo): value = key + f_j(lo) + s (k - lo)
+    base = tab[o + lo]
+    i0 = k0 - lo - mb
+    for i in range(i0, min(d, L)):
+        v = a[i] + base + s * (mb + i)
+        if v > c1[lo + mb + i]:
+            c1[lo + mb + i] = v
+    st = max(d, i0)
+    if st < L:
+        cnt = L - st
+        x1 = a[st:L]
+        x2 = a[st - d:st - d + cnt]
+        y1 = c1[lo + mb + st:lo + mb + L]
+        for i in range(cnt):
+            x = x1[i]
+            y = x2[i]
+            if y > x:
+                x = y
+            v = x + base + s * (mb + st + i)
+            if v > y1[i]:
+                y1[i] = v
+
+
+def _forward_pass(tab, tab_off, options, maxcount, rest, N, m_lo, brute_width, L0, L1, K, LO,
+                  buf_a, buf_b):
+    """One forward pass of the two layers: rows j = 0..J of ``L0`` and ``L1``.
+
+    ``L0``, ``L1``: (J+1, N+1) float64 (objective units over capacity 0..N nodes, N the
+    pool); row j is valid on columns LO[j]..K[j], with K[j] = min(N, sum_{i<=j} maxcount_i)
+    (the row is saturated beyond, copied forward here) and LO[j] = max(0, m_lo - rest[j]),
+    rest[j] = sum_{i>j} maxcount_i (smaller capacities cannot reach m_lo at the end).
+    ``K``, ``LO``: (J+1,) int64, written. ``options``: the option arrays and offsets of
+    :func:`_useful_options`. A breakpoint updates both layers; a free segment moves L0_{j-1}
+    into L1_j, enumerated when at most ``brute_width`` counts wide, else by
+    :func:`_relax_free_window`. Method: :mod:`.dp` docstring (problem: BFTrainer
+    arXiv 2106.12091 §3). The task loop stays here, not in a per-task function: passing
+    arrays into a function costs reference counting per call.
+    """
+    o_kind, o_lo, o_hi, o_s, opt_off = options
+    for j in range(len(maxcount) + 1):
+        LO[j] = max(0, m_lo - rest[j])
+    L0[0, 0] = 0.0
+    L1[0, 0] = -np.inf
+    has1 = False  # does L1_{j-1} hold any finite value
+    for j in range(1, len(maxcount) + 1):
+        o = tab_off[j - 1]
+        kp = K[j - 1]
+        kj = min(N, kp + maxcount[j - 1])
+        K[j] = kj
+        lj = LO[j]
+        p0 = L0[j - 1]
+        p1 = L1[j - 1]
+        for k in range(kp + 1, kj + 1):
+            p0[k] = p0[kp]
+            p1[k] = p1[kp]
+        c0 = L0[j]
+        c1 = L1[j]
+        for k in range(lj, kj + 1):
+            c0[k] = -np.inf
+            c1[k] = -np.inf
+        any_free = False
+        for t in range(opt_off[j - 1], opt_off[j]):
+            lo = o_lo[t]
+            if lo > kj:
+                break
+            if o_kind[t] == 0:
+                fb = tab[o + lo]
+                k0 = max(lj, lo)
+                cnt = kj + 1 - k0
+                _max_plus_into(c0[k0:kj + 1], p0[k0 - lo:k0 - lo + cnt], fb, cnt)
+                if has1:
+                    _max_plus_into(c1[k0:kj + 1], p1[k0 - lo:k0 - lo + cnt], fb, cnt)
+                continue
+            any_free = True
+            hi = min(o_hi[t], kj)
+            if hi - lo + 1 <= brute_width:
+                for n in range(lo, hi + 1):
+                    k0 = max(lj, n)
+                    cnt = kj + 1 - k0
+                    _max_plus_into(c1[k0:kj + 1], p0[k0 - n:k0 - n + cnt], tab[o + n], cnt)
+                continue
+            _relax_free_window(tab, o, p0, c1, lo, hi, o_s[t], lj, kj, buf_a, buf_b)
+        if any_free:
+            has1 = True
+
+
+def _forward(tab, tab_off, options, maxcount, n_idle, tol, brute_width, work):
+    """The forward DP over capacity: one pass with m_lo = N - 1, a second with m_lo = 0 only
+    when L_J(N - 1) is within ``tol`` of the optimum (else the smallest optimal capacity is N
+    and the first pass's shorter rows suffice).
+
+    ``work``: (>= 2 J + 4, N + 1) float64 scratch (rows: L0, L1, two window buffers; first-axis
+    slices keep the C layout), overwritten; ``tol``: tie tolerance in objective units.
+    Returns (L0, L1 (J+1, N+1) views of ``work``, K (J+1,) int64 row ends, m_lo [nodes],
+    best = max(L0_J(K_J), L1_J(K_J)) [objective units], passes 1 or 2). Method: :mod:`.dp`
+    docstring (problem: BFTrainer arXiv 2106.12091 §3).
+    """
+    J = len(maxcount)
+    N = n_idle
+    L0 = work[:J + 1]  # (first-axis slices keep the C layout: vectorised loops)
+    L1 = work[J + 1:2 * J + 2]
+    buf_a = work[2 * J + 2]
+    buf_b = work[2 * J + 3]
+    K = np.zeros(J + 1, dtype=np.int64)
+    LO = np.zeros(J + 1, dtype=np.int64)
+    rest = np.zeros(J + 1, dtype=np.int64)  # rest[j] = sum_{i>j} maxcount_i
+    for j in range(J - 1, -1, -1):
+        rest[j] = rest[j + 1] + maxcount[j]
+    m_lo = max(N - 1, 0)
+    for attempt in range(2):
+        _forward_pass(tab, tab_off, options, maxcount, rest, N, m_lo, brute_width, L0, L1, K,
+                      LO, buf_a, buf_b)
+        kf = K[J]
+        best = max(L0[J, kf], L1[J, kf])
+        if m_lo == 0 or max(L0[J, m_lo], L1[J, m_lo]) < best - tol:
+            break
+        m_lo = 0
+    return L0, L1, K, m_lo, best, attempt + 1
+
+
+# ---------------------------------------------------------------- 4. backtrack
+def _backtrack_start(L0, L1, K, m_lo, best, tol):
+    """Where the backtrack starts: (m, target), m the smallest capacity >= ``m_lo`` [nodes]
+    whose value max(L0_J(m), L1_J(m)) is within ``tol`` of ``best`` (objective units), target
+    that value. ``L0``/``L1``: (J+1, N+1) float64 layers; ``K``: (J+1,) int64 row ends.
+    Tie rule "fewest total nodes" of :mod:`.dp` (problem: BFTrainer arXiv 2106.12091 §3).
+    """
+    J = len(K) - 1
+    kf = K[J]
+    m = m_lo
+    while m < kf and max(L0[J, m], L1[J, m]) < best - tol:
+        m += 1
+    return m, max(L0[J, m], L1[J, m])
+
+
+def _backtrack(tab, tab_off, cur, options, cur_kept, L0, L1, K, m_lo, best, tol, counts):
+    """Recover the optimal counts from the stored layers, into ``counts`` (J,) int64 [nodes].
+
+    From the last task backwards, each task takes its most preferred count (c_j first when it
+    is a kept breakpoint, then every option ascending) whose L_{j-1}(m - n) + f_j(n) reaches
+    the target (within ``tol``, objective units) in a layer it may come from: a breakpoint
+    continues L0 or L1, a free count moves L0_{j-1} into L1_j. ``L0``/``L1``: (J+1, N+1)
+    float64 layers; ``K``: (J+1,) int64 row ends; ``options``, ``cur_kept``: of
+    :func:`_useful_options`; ``cur``: (J,) c_j; ``m_lo``, ``best``: of :func:`_forward`.
+    Method and tie-breaking rule: :mod:`.dp` docstring (problem: BFTrainer arXiv 2106.12091
+    §3). The task loop stays here: passing arrays into a function costs reference counting.
+    """
+    o_kind, o_lo, o_hi, o_s, opt_off = options
+    m, target = _backtrack_start(L0, L1, K, m_lo, best, tol)
+    allow0 = True  # the layers of task j-1 the target may come from
+    allow1 = True
+    for j in range(len(cur), 0, -1):
+        o = tab_off[j - 1]
+        m = min(m, K[j])
+        p0 = L0[j - 1]
+        p1 = L1[j - 1]
+        chosen = -1
+        layer = 0
+        fb_v = -np.inf  # fallback: the best miss (needed for float rounding only)
+        fb_n = -1
+        fb_layer = 0
+        for ps in range(2):  # pass 0: c_j when a kept breakpoint; pass 1: the other options
+            for t in range(opt_off[j - 1], opt_off[j]):
+                kind = o_kind[t]
+                lo = o_lo[t]
+                if (kind == 0 and lo == cur[j - 1] and cur_kept[j - 1]) != (ps == 0):
+                    continue
+                if lo > m:
+                    break
+                for n in range(lo, min(o_hi[t], m) + 1):
+                    for lay in range(2):  # the layer of task j-1 the count continues
+                        if kind == 0 and (allow0 if lay == 0 else allow1):
+                            v = (p0[m - n] if lay == 0 else p1[m - n]) + tab[o + n]
+                        elif kind == 1 and lay == 0 and allow1:
+                            v = p0[m - n] + tab[o + n]
+                        else:
+                            continue
+                        if v >= target - tol:
+                            chosen = n
+                            layer = lay
+                            break
+                        if v > fb_v:
+                            fb_v, fb_n, fb_layer = v, n, lay
+                    if chosen >= 0:
+                        break
+                if chosen >= 0:
+                    break
+            if chosen >= 0:
+                break
+        if chosen < 0:  # cannot happen beyond rounding; keep the best candidate
+            chosen, layer = fb_n, fb_layer
+        counts[j - 1] = chosen
+        m -= chosen
+        if layer == 0:
+            allow0, allow1 = True, False
+            target = p0[m]
+        else:
+            allow0, allow1 = False, True
+            target = p1[m]
+
+
+# ---------------------------------------------------------------- kernel
+def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, work):
+    """Solve one instance; returns (counts (J,) int64 [nodes], forward passes: 0 = shortcut,
+    1, 2).
+
+    ``tab``/``tab_off``: the value tables f_j (n = 0..top_j; float64, objective units)
+    concatenated, with offsets (J+1,); ``ns``/``ns_off``: the curves' node counts Ns_j, same
+    layout; ``jmin``, ``cur``: (J,) int64 Jmin_j, c_j; ``n_idle``: N [nodes]; ``tie_rtol``:
+    values within tie_rtol * (1 + sum_j max|f_j|) are equal; ``brute_width``: free segments
+    up to this many counts are enumerated; ``work``: float64 scratch of shape
+    (>= 2 J + 4, N + 1), overwritten. Breakpoint DP of :mod:`.dp` for BFTrainer's problem
+    (arXiv 2106.12091 §3 eq. 1-9 at count level). Compiled by :func:`compile_kernel`; plain
+    Python otherwise (tests only).
+    """
+    counts, total, scale = _own_best_counts(tab, tab_off, jmin, cur)
+    if total <= n_idle:
+        return counts, 0
+    tol = tie_rtol * scale
+    o_kind, o_lo, o_hi, o_s, opt_off, maxcount, cur_kept = _useful_options(
+        tab, tab_off, ns, ns_off, jmin, cur)
+    options = (o_kind, o_lo, o_hi, o_s, opt_off)
+    L0, L1, K, m_lo, best, passes = _forward(tab, tab_off, options, maxcount, n_idle, tol,
+                                             brute_width, work)
+    _backtrack(tab, tab_off, cur, options, cur_kept, L0, L1, K, m_lo, best, tol, counts)
+    return counts, passes
+
+
+_COMPILED = (_own_best_counts, _task_breakpoints, _push_option, _useful_options,
+             _max_plus_into, _relax_free_window, _forward_pass, _forward, _backtrack_start,
+             _backtrack, kernel)
+
+
+def compile_kernel(njit, cache):
+    """The compiled :func:`kernel`: numba's ``njit`` (passed in: numba is imported lazily)
+    applied to every function of this module, the compiled ones calling each other.
+
+    The phases are inlined into the kernel at numba IR level (``inline="always"``), so the
+    compiled code is one function as if written in one piece (no calls in the hot loops;
+    not inlining them costs about 25% at 100 tasks x 4,734 nodes). Each function is copied
+    into one private namespace whose names are bound to the compiled versions, so the
+    module's own functions stay plain Python.
+    ``cache``: numba's on-disk cache. Only dispatchers are built here; numba compiles (or
+    loads from its cache) on the first call. Raises what ``njit`` raises (no writable cache
+    folder with ``cache=True``). Problem and method: :mod:`.dp` docstring (BFTrainer
+    arXiv 2106.12091 §3).
+    """
+    namespace = dict(globals())
+    for fn in _COMPILED:
+        copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__,
+                                  fn.__closure__)
+        copy.__qualname__ = fn.__qualname__
+        copy.__doc__ = fn.__doc__
+        inline = "never" if fn is kernel else "always"
+        namespace[fn.__name__] = njit(cache=cache, nogil=True, inline=inline)(copy)
+    return namespace["kernel"]
