@@ -131,10 +131,12 @@ class Client:
         """The :mod:`offcut.errors` exception for a failed call (UNAVAILABLE says how to
         start the daemon at this address)."""
         if err.code() == grpc.StatusCode.UNAVAILABLE:
-            return Unavailable(
+            exc = Unavailable(
                 f"cannot reach offcutd at {self.address} ({err.details()}); start it with "
                 f"`offcutd --listen {self.address}` or pass the right address (--address or "
                 f"$OFFCUT_ADDRESS)")
+            exc.code = err.code()
+            return exc
         return from_rpc_error(err)
 
     def __enter__(self) -> "Client":

@@ -40,6 +40,16 @@ def _print_summary(summary: dict, out: Path) -> None:
         if v is None and k in ("oracle_total_samples", "samples_vs_oracle"):
             continue
         typer.echo(f"  {k:18s} {v:.4g}" if isinstance(v, float) else f"  {k:18s} {v}")
+    owners = summary.get("owners") or {}
+    if len(owners) > 1:
+        for name, o in owners.items():
+            typer.echo(f"  {'owner ' + name:18s} {o['node_hours']:.4g} node-hours, {o['samples']:.4g} "
+                       f"samples, {o['task_energy_j']:.4g} J, {o['tasks_completed']}/{o['tasks']} "
+                       "tasks done")
+        fair = summary["fairness"]
+        if fair["jain"] is not None:
+            typer.echo(f"  {'fairness':18s} node-hours per owner: Jain's index {fair['jain']:.3f}, "
+                       f"min/max {fair['min_max']:.3f}")
     dm = summary["decision_ms"]
     if dm["p50"] is not None:
         typer.echo(f"  {'decision_ms':18s} p50 {dm['p50']:.2f}  p99 {dm['p99']:.2f}  max {dm['max']:.2f}")
@@ -105,8 +115,10 @@ def replay_bftrainer(
     noise: float = typer.Option(0.05, "--noise", min=0.0, help="relative throughput noise per event interval of the played tasks (seeded by --seed)"),
     report_every: float = typer.Option(60.0, "--report-every", min=1.0, help="the played tasks (--curves known|linear|hidden) report every this many seconds, and at every node event"),
     oracle: bool = typer.Option(False, "--oracle", help="with --curves linear|hidden: also run with the true curves (into OUT/oracle) and add oracle_total_samples to summary.json"),
-    objective: str = typer.Option("throughput", "--objective", help="allocation objective: throughput | energy (samples per joule) | zeus_cost"),
-    eta: float = typer.Option(0.5, "--eta", min=0.0, max=1.0, help="eta_knob of --objective zeus_cost"),
+    policy: Optional[str] = typer.Option(None, "--policy", help="allocation policy of the private daemon: throughput (default) | energy (samples per joule) | zeus_cost | fair_share (max-min fair node-hours per owner, see --owners) | an installed third-party policy's name"),
+    objective: Optional[str] = typer.Option(None, "--objective", help="the older name of --policy (same option)"),
+    eta: float = typer.Option(0.5, "--eta", min=0.0, max=1.0, help="eta_knob of --policy zeus_cost"),
+    owners: int = typer.Option(0, "--owners", min=0, help="submit the tasks as N owners user1..userN (user k has weight 1/k: a skewed split dealt in submit order by weighted round-robin) to compare per-user policies; the summary gives node-hours per owner [default: 0, every task by 'replay']"),
     out: Path = typer.Option(Path("replay-out"), "--out", help="output folder"),
     progress: bool = typer.Option(True, help="show a progress bar"),
 ) -> None:
@@ -120,7 +132,14 @@ def replay_bftrainer(
         --node-log ../shared/data/bftrainer/ndstat-10sdn6-evt.tar.gz \\
         --tasks ../shared/data/bftrainer/hps-shufflenet-Jbnd-10J.pkl \\
         --num-nodes 128 --solver cbc --out out/128
+    \b
+    The same with three task owners and the fair-share policy:
+      ... --num-nodes 128 --solver dp --owners 3 --policy fair_share --out out/fair
     """
+    if policy is not None and objective is not None and policy != objective:
+        _fail(f"--policy {policy} and --objective {objective} name one setting (--objective is "
+              "its older name) with different values: give one", 2)
+    policy = policy or objective or "throughput"
     from offcut.replay.bftrainer_data import ReplayInputError, load_node_log, load_task_set
 
     try:
@@ -135,7 +154,7 @@ def replay_bftrainer(
             record_instances=str(record_instances) if record_instances else None,
             until_log_end=until_log_end, progress=progress, curves=curves, noise=noise,
             report_every_s=report_every,
-            objective=objective, eta=eta, oracle=oracle)
+            objective=policy, eta=eta, owners=owners, oracle=oracle)
 
 
 @replay_app.command("zeus")

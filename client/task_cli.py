@@ -14,7 +14,6 @@ import uuid
 from pathlib import Path
 from typing import Iterable, List, Optional
 
-import grpc
 import hostlist
 import typer
 from google.protobuf.json_format import MessageToDict
@@ -288,7 +287,7 @@ def cancel(
                     failed += 1
                     continue
                 except OffcutError as exc:
-                    if exc.code == grpc.StatusCode.UNAVAILABLE:
+                    if exc.status == "UNAVAILABLE":
                         raise
                     typer.echo(f"offcut: {task_id}: {exc}", err=True)
                     failed += 1
@@ -348,7 +347,7 @@ def watch(
     except KeyboardInterrupt:
         return
     except OffcutError as exc:
-        if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
+        if exc.status == "DEADLINE_EXCEEDED" and timeout is not None:
             if count is not None and seen < count:
                 _fail(f"only {seen} of {count} update(s) in {time.monotonic() - started:.0f} s")
             return

@@ -1,75 +1,89 @@
-"""Errors shared by the daemon and its clients; each maps to one gRPC status code."""
+"""Errors shared by the daemon and its clients.
+
+The application raises these; each names the status the RPC edge answers with (``status``,
+a gRPC status code name such as ``INVALID_ARGUMENT``). This module imports neither grpc nor
+protobuf: the daemon's servicers map ``status`` to ``grpc.StatusCode`` (offcut.daemon.service),
+and clients turn a failed call back into one of these with :func:`from_rpc_error`.
+"""
 
 from __future__ import annotations
 
-import grpc
+from typing import Any
 
 
 class OffcutError(Exception):
-    """Base class. ``code`` is the gRPC status the daemon answers with; ``field`` names the
-    offending request field where there is one (e.g. ``spec.max_nodes``)."""
+    """Base class. ``status`` is the gRPC status name the daemon answers with; ``field`` names
+    the offending request field where there is one (e.g. ``spec.max_nodes``).
 
-    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    On an error received from the daemon (:func:`from_rpc_error`), ``code`` is the call's
+    ``grpc.StatusCode`` and ``status`` its name; on an error raised locally ``code`` is None.
+    """
+
+    status: str = "INTERNAL"
 
     def __init__(self, message: str, field: str | None = None):
         self.field = field
+        self.code: Any = None
         super().__init__(f"{field}: {message}" if field else message)
 
 
 class InvalidArgument(OffcutError):
     """The request is malformed (bad value, wrong shape); nothing was changed."""
 
-    code = grpc.StatusCode.INVALID_ARGUMENT
+    status = "INVALID_ARGUMENT"
 
 
 class NotFound(OffcutError):
     """A named object (task id, job) does not exist."""
 
-    code = grpc.StatusCode.NOT_FOUND
+    status = "NOT_FOUND"
 
 
 class FailedPrecondition(OffcutError):
     """The request is well-formed but not applicable in the current state (e.g. an event older
     than the last applied one, cancelling a completed task)."""
 
-    code = grpc.StatusCode.FAILED_PRECONDITION
+    status = "FAILED_PRECONDITION"
 
 
 class AlreadyExists(OffcutError):
     """An object with this id exists with a different definition."""
 
-    code = grpc.StatusCode.ALREADY_EXISTS
+    status = "ALREADY_EXISTS"
 
 
 class PermissionDenied(OffcutError):
     """The caller's role does not allow this call."""
 
-    code = grpc.StatusCode.PERMISSION_DENIED
+    status = "PERMISSION_DENIED"
 
 
 class Unauthenticated(OffcutError):
     """No valid bearer token was sent (client side: configure ``$OFFCUT_TOKEN`` or a token
     file)."""
 
-    code = grpc.StatusCode.UNAUTHENTICATED
+    status = "UNAUTHENTICATED"
 
 
 class Unavailable(OffcutError):
-    """The daemon cannot be reached (client side)."""
+    """The daemon cannot be reached (client side), or cannot serve now."""
 
-    code = grpc.StatusCode.UNAVAILABLE
-
-
-_BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, FailedPrecondition,
-                                      AlreadyExists, PermissionDenied, Unauthenticated,
-                                      Unavailable)}
+    status = "UNAVAILABLE"
 
 
-def from_rpc_error(err: grpc.RpcError) -> OffcutError:
-    """Turn a ``grpc.RpcError`` raised by a stub into the matching :class:`OffcutError`."""
-    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+_BY_STATUS = {cls.status: cls for cls in (InvalidArgument, NotFound, FailedPrecondition,
+                                          AlreadyExists, PermissionDenied, Unauthenticated,
+                                          Unavailable)}
+
+
+def from_rpc_error(err: Any) -> OffcutError:
+    """Turn a failed call (a ``grpc.RpcError`` raised by a stub: ``code()``, ``details()``)
+    into the matching :class:`OffcutError`; ``code`` keeps the call's ``grpc.StatusCode``."""
+    code = err.code() if hasattr(err, "code") else None
     details = err.details() if hasattr(err, "details") else str(err)
-    cls = _BY_CODE.get(code, OffcutError)
-    exc = cls(details or code.name)
+    status = getattr(code, "name", None) or "UNKNOWN"
+    cls = _BY_STATUS.get(status, OffcutError)
+    exc = cls(details or status)
     exc.code = code
+    exc.status = status
     return exc

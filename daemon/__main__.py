@@ -29,6 +29,8 @@ EPILOG = """Examples:
 
   offcutd --listen 127.0.0.1:50051 --state /var/lib/offcut/state.sqlite --solver cbc
 
+  offcutd --policy fair_share                   (max-min fair node-hours per task owner)
+
   offcutd --metrics-listen 127.0.0.1:9464       (Prometheus scrapes http://127.0.0.1:9464/metrics)
 
   offcutd --print-config toml > /etc/offcut/offcut.toml   (every option with its default)
@@ -49,6 +51,7 @@ def serve(
     tfwd_s: Optional[float] = typer.Option(None, "--tfwd", help=flag_help("tfwd_s")),
     max_running_tasks: Optional[int] = typer.Option(None, "--max-running-tasks", help=flag_help("max_running_tasks")),
     max_failed_generations: Optional[int] = typer.Option(None, "--max-failed-generations", help=flag_help("max_failed_generations")),
+    policy: Optional[str] = typer.Option(None, help=flag_help("policy")),
     objective: Optional[str] = typer.Option(None, help=flag_help("objective")),
     eta: Optional[float] = typer.Option(None, help=flag_help("eta")),
     prior_rate_per_node: Optional[float] = typer.Option(None, help=flag_help("prior_rate_per_node")),
@@ -85,6 +88,13 @@ def serve(
         cfg = load_config(config, flags)
     except ConfigError as exc:
         typer.echo(f"offcutd: {exc}", err=True)
+        raise typer.Exit(2)
+    from offcut.daemon.policies import PolicyError
+
+    try:
+        cfg.check_policy()  # an unknown or broken policy refuses the start, naming the others
+    except PolicyError as exc:
+        typer.echo(f"offcutd: policy: {exc}", err=True)
         raise typer.Exit(2)
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -7,6 +7,7 @@ Example ``offcut.toml``::
     listen = "unix:///run/offcut/offcutd.sock"   # or "127.0.0.1:50051" (TCP)
     state = "/var/lib/offcut/state.sqlite"
     solver = "auto"            # auto | gurobi | cbc | dp | greedy
+    policy = "throughput"      # throughput | energy | zeus_cost | fair_share | a plugin's name
     solver_time_limit_s = 10.0
     tfwd_s = 10.0              # BFTrainer's look-ahead Tfwd
     max_running_tasks = 10     # maxJ
@@ -142,8 +143,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-#: allocation objectives (``objective``; offcut.daemon.model.ObjectiveSettings)
-OBJECTIVES = ("throughput", "energy", "zeus_cost")
+#: the built-in allocation policies (``policy``; offcut.daemon.model.ObjectiveSettings,
+#: offcut.daemon.policies.BUILTIN_POLICIES); third-party ones come from entry points
+OBJECTIVES = ("throughput", "energy", "zeus_cost", "fair_share")
+#: what a policy name looks like (an entry-point name)
+POLICY_NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,100}$"
 
 
 class PowerConfig(BaseModel):
@@ -200,14 +204,21 @@ class DaemonConfig(BaseModel):
         "a task fails when this many runs of its current generation fail in a row (each "
         "failure restarts it on the same nodes as a new generation; a checkpointed exit or a "
         "progress report resets the count); docs/execution.md"))
-    objective: Literal[OBJECTIVES] = Field(
-        "throughput", description=(
-            "what the allocation maximises: throughput (BFTrainer's samples over the look-ahead), "
-            "energy (samples per joule of the idle pool) or zeus_cost (samples per unit of "
-            "eta * energy + (1 - eta) * MAXPOWER * time); both energy objectives are solved "
-            "exactly (Dinkelbach over the exact backends)"))
+    policy: str = Field(
+        "throughput", pattern=POLICY_NAME_PATTERN, description=(
+            "allocation policy, what the allocation maximises: throughput (BFTrainer's samples "
+            "over the look-ahead), energy (samples per joule of the idle pool), zeus_cost "
+            "(samples per unit of eta * energy + (1 - eta) * MAXPOWER * time; both energy "
+            "policies are solved exactly, Dinkelbach over the exact backends), fair_share "
+            "(max-min fair node-hours per task owner, throughput within each share) or the "
+            "name of a third-party policy (entry point of the group offcut.policies); "
+            "checked when offcutd starts"))
+    objective: str | None = Field(
+        None, pattern=POLICY_NAME_PATTERN, examples=["throughput"], description=(
+            "the older name of policy, still accepted (same setting; giving both with "
+            "different values is an error)"))
     eta: float = Field(0.5, ge=0, le=1, description=(
-        "eta_knob of objective = zeus_cost: 0 = time only (throughput), 1 = energy only"))
+        "eta_knob of policy = zeus_cost: 0 = time only (throughput), 1 = energy only"))
     prior_rate_per_node: float = Field(1.0, gt=0, description=(
         "throughput per node, samples/s, assumed for a task submitted without a curve before "
         "any task has been measured (then: the median measured per-node rate)"))
@@ -267,6 +278,18 @@ class DaemonConfig(BaseModel):
                                description="power figures of the nodes (energy objectives)")
 
     @model_validator(mode="after")
+    def _merge_policy_alias(self) -> "DaemonConfig":
+        """``objective`` is ``policy``'s older name: one setting, so two different values are
+        refused; given alone it sets ``policy``."""
+        if self.objective is not None:
+            if "policy" in self.model_fields_set and self.policy != self.objective:
+                raise ValueError(
+                    f"policy ({self.policy!r}) and objective ({self.objective!r}) name the same "
+                    "setting (objective is its older name) with different values: give one")
+            self.policy = self.objective
+        return self
+
+    @model_validator(mode="after")
     def _check_transport(self) -> "DaemonConfig":
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key go together (give both or neither)")
@@ -291,13 +314,25 @@ class DaemonConfig(BaseModel):
 
         return Limits(**{name: getattr(self, name) for name in LIMIT_FIELDS})
 
+    def check_policy(self) -> None:
+        """Check that ``policy`` names an available allocation policy (a built-in or an
+        installed entry point that loads). Raises
+        :class:`offcut.daemon.policies.PolicyError` (a RuntimeError) whose message lists the
+        available names. Done when the daemon starts, not when the file is read (the Slurm
+        launcher reads this file too, where the policy's package may be absent)."""
+        from offcut.daemon.policies import policy_class
+
+        policy_class(self.policy)
+
     def objective_settings(self):
-        """The allocation objective as the core takes it
-        (:class:`offcut.daemon.model.ObjectiveSettings`)."""
+        """The allocation policy and power figures as the core takes them
+        (:class:`offcut.daemon.model.ObjectiveSettings`; its ``objective`` is the policy's
+        name). Checks the policy first (:meth:`check_policy`)."""
         from offcut.daemon.model import ObjectiveSettings
 
+        self.check_policy()
         return ObjectiveSettings(
-            objective=self.objective, eta=self.eta, node_power_w=self.power.node_power_w,
+            objective=self.policy, eta=self.eta, node_power_w=self.power.node_power_w,
             idle_node_power_w=self.power.idle_node_power_w,
             node_max_power_w=self.power.node_max_power_w,
             prior_rate_per_node=self.prior_rate_per_node)

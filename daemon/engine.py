@@ -1,10 +1,14 @@
-"""The engine: one lock around the core, the allocator, the store and the watchers.
+"""The engine: one lock around the scheduler, the allocator, the store and the watchers.
 
 Order of every state-changing call: answer a repeated ``(source, seq)`` / ``request_id`` from
-the journal; otherwise apply the event to the core, build the reply, commit journal row (and
+the journal; otherwise apply the event to the scheduler, build the reply, commit journal row (and
 snapshot when due) in one transaction, publish placement changes, reply. A failure after the
-core changed (a store error, a bug) reloads the core from the state file, so no half-applied
+scheduler changed (a store error, a bug) reloads the scheduler from the state file, so no half-applied
 state survives.
+
+The engine speaks the application's types only (events in, :mod:`offcut.daemon.replies`
+out); it imports neither grpc nor protobuf. Everything it hands out is a copy made under its
+lock, so the gRPC edge converts replies to messages after releasing it.
 """
 
 from __future__ import annotations
@@ -16,20 +20,20 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator
 
+import dataclasses
+
 import numpy as np
 
-from google.protobuf.message import Message
-
-from offcut.errors import OffcutError
-from offcut.daemon.core import Core, Outcome, SolveRecord
-from offcut.daemon.model import (Event, Limits, NodeEvent, ObjectiveSettings, ProgressEvent,
-                                 SubmitEvent, TaskRunEvent,
+from offcut.errors import NotFound, OffcutError
+from offcut.daemon.scheduler import Outcome, Scheduler, SolveRecord
+from offcut.daemon.model import (CancelEvent, Event, Limits, NodeEvent, ObjectiveSettings,
+                                 ProgressEvent, SubmitEvent, TaskRunEvent, TaskState,
                                  event_from_dict, event_to_dict)
-from offcut.daemon.protocol import decision_to_pb
+from offcut.daemon.replies import (Decision, PlacementUpdate, Reply, SolverStatistics,
+                                   StatusView, TaskView, decision_of, task_view)
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.solvers.problem import AllocationProblem
 from offcut.daemon.store import Store
-from offcut.v1 import decision_pb2, status_pb2, tasks_pb2
 
 log = logging.getLogger("offcut.daemon")
 
@@ -51,12 +55,12 @@ class _Replayed:
 
 
 class Engine:
-    """Serialises events through the core and makes them durable.
+    """Serialises events through the scheduler and makes them durable.
 
     Args:
         store: the state file.
         allocator: solves allocation problems (``Allocator``).
-        tfwd_s, max_running_tasks: core settings; applied on top of the stored state.
+        tfwd_s, max_running_tasks: scheduler settings; applied on top of the stored state.
         objective: the allocation objective and power figures (None: keep the stored ones).
         max_failed_generations: failed runs in a row that fail a task (docs/execution.md;
             None: keep the stored setting).
@@ -75,45 +79,45 @@ class Engine:
         self.requested_solver = allocator.solver
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
-        self.updates: deque[tasks_pb2.PlacementUpdate] = deque(maxlen=RETAINED_UPDATES)
+        self.updates: deque[PlacementUpdate] = deque(maxlen=RETAINED_UPDATES)
         self.decision_ms: list[float] = []
         self.fallbacks = 0
         self.solves_by_backend: dict[str, int] = {}
         self.last_fallback_reason = ""
-        self.last_decision: decision_pb2.Decision | None = None
+        self.last_decision: Decision | None = None
         self._record = open(record_instances, "a", encoding="utf-8") if record_instances else None
         self.closed = False
-        self.core = self._recover()
+        self.scheduler = self._recover()
         self._apply_settings(tfwd_s=float(tfwd_s), max_running_tasks=int(max_running_tasks),
                              max_failed_generations=max_failed_generations,
                              objective=objective)
 
     def _apply_settings(self, **settings) -> None:
-        """Put the configured core settings on top of the stored state (a None value keeps the
+        """Put the configured scheduler settings on top of the stored state (a None value keeps the
         stored one); logs what changed and writes one snapshot when anything did."""
         changed = False
         for name, value in settings.items():
-            old = getattr(self.core, name)
+            old = getattr(self.scheduler, name)
             if value is not None and value != old:
                 log.info("setting %s: %s -> %s", name, old, value)
-                setattr(self.core, name, value)
+                setattr(self.scheduler, name, value)
                 changed = True
         if changed:
-            self.store.write_snapshot(self.core.to_dict())
+            self.store.write_snapshot(self.scheduler.to_dict())
 
     # ------------------------------------------------------------------ recovery
-    def _recover(self) -> Core:
+    def _recover(self) -> Scheduler:
         state, rows = self.store.load()
-        core = Core.from_dict(state) if state else Core()
+        scheduler = Scheduler.from_dict(state) if state else Scheduler()
         n = 0
         for event, solves in rows:
-            core.apply(event_from_dict(event), _Replayed(solves))
+            scheduler.apply(event_from_dict(event), _Replayed(solves))
             n += 1
         if state or n:
             log.info("state %s: revision %d (%d journal rows re-applied after the snapshot)",
-                     self.store.path, core.revision, n)
-        core.limits = self.limits  # new events only: the journal was checked when it was written
-        return core
+                     self.store.path, scheduler.revision, n)
+        scheduler.limits = self.limits  # new events only: the journal was checked when it was written
+        return scheduler
 
     # ------------------------------------------------------------------ allocation
     def _allocate(self, problem: AllocationProblem) -> SolveRecord:
@@ -132,13 +136,13 @@ class Engine:
         return record
 
     # ------------------------------------------------------------------ events
-    def apply(self, event: Event, build: Callable[[Outcome, decision_pb2.Decision], Message],
-              parse: Callable[[bytes], Message]) -> tuple[Message, bool]:
-        """Apply ``event``; return ``(reply, duplicate)``.
+    def apply(self, event: Event, *, stamp: bool = False) -> Reply:
+        """Apply ``event``; return its :class:`Reply` (``duplicate`` set when a repeated
+        ``(source, seq)`` / request id is answered from the journal).
 
-        ``build(outcome, decision)`` makes the reply message (stored serialized in the
-        journal); ``parse`` turns stored bytes back into a reply for a repeated request. Raises :class:`OffcutError`
-        for rejected events (state unchanged).
+        ``stamp``: the sender left the event's time unset, so it is taken as the later of its
+        time (the wall clock when it arrived) and the event clock, under the lock. Raises
+        :class:`OffcutError` for rejected events (state unchanged).
         """
         with self.lock:
             if self.closed:
@@ -149,57 +153,110 @@ class Engine:
             elif _request_key(event):
                 stored = self.store.response_for_request(_request_key(event))
             if stored is not None:
-                return parse(stored), True
-            self.core.validate(event)  # rejected events raise here, before anything changes
+                reply = Reply.from_record(stored)
+                reply.duplicate = True
+                return reply
+            if stamp and self.scheduler.clock is not None and event.time < self.scheduler.clock:
+                event = dataclasses.replace(event, time=self.scheduler.clock)
+            self.scheduler.validate(event)  # rejected events raise here, before anything changes
             started = time.perf_counter()
             try:
-                out = self.core.apply_validated(event, self._allocate)
-                decision = decision_to_pb(out, self.requested_solver)
-                reply = build(out, decision)
-                raw = reply.SerializeToString()
+                out = self.scheduler.apply_validated(event, self._allocate)
+                reply = Reply(decision=decision_of(out, self.requested_solver),
+                              tasks=[task_view(self.scheduler.tasks[i], self.scheduler)
+                                     for i in _answered_task_ids(event, out)])
+                raw = reply.to_record()
             except Exception:  # after validation, any failure may have left a partial change
                 log.exception("applying %s failed; reloading state", type(event).__name__)
-                self.core = self._recover()
+                self.scheduler = self._recover()
                 raise
-            try:
-                self.store.append(
-                    kind=out.cause, event=event_to_dict(event),
-                    solves=[s.to_dict() for s in out.solves], response=raw,
-                    source=event.source if isinstance(event, NodeEvent) else None,
-                    seq=event.seq if isinstance(event, NodeEvent) else None,
-                    request_id=_request_key(event),
-                    state=self.core.to_dict() if self.store.snapshot_due() else None)
-            except Exception:
-                log.exception("committing revision %d failed; reloading state", out.revision)
-                self.core = self._recover()
-                raise
-            if out.ignored_nodes:
-                log.warning("event %s/%s: ignored %d node(s) that were not idle or already idle: %s",
-                            out.source, out.seq, len(out.ignored_nodes),
-                            ", ".join(out.ignored_nodes[:10]))
+            self._commit(event, out, raw)
             if out.solves:
                 self.decision_ms.append((time.perf_counter() - started) * 1000.0)
-            self.last_decision = decision
+            self.last_decision = reply.decision
             if out.placements:
-                self.updates.append(tasks_pb2.PlacementUpdate(
-                    revision=out.revision, time=decision.time, cause=out.cause,
-                    placements=decision.placements))
+                self.updates.append(PlacementUpdate(
+                    revision=out.revision, time=out.time, cause=out.cause,
+                    placements=reply.decision.placements))
             self.changed.notify_all()
-            return reply, False
+            return reply
+
+    def _commit(self, event: Event, out: Outcome, raw: bytes) -> None:
+        """Journal an applied event with its stored reply (and a snapshot when due); a
+        failure reloads the scheduler from the state file and is raised."""
+        try:
+            self.store.append(
+                kind=out.cause, event=event_to_dict(event),
+                solves=[s.to_dict() for s in out.solves], response=raw,
+                source=event.source if isinstance(event, NodeEvent) else None,
+                seq=event.seq if isinstance(event, NodeEvent) else None,
+                request_id=_request_key(event),
+                state=self.scheduler.to_dict() if self.store.snapshot_due() else None)
+        except Exception:
+            log.exception("committing revision %d failed; reloading state", out.revision)
+            self.scheduler = self._recover()
+            raise
+        if out.ignored_nodes:
+            log.warning("event %s/%s: ignored %d node(s) that were not idle or already idle: %s",
+                        out.source, out.seq, len(out.ignored_nodes),
+                        ", ".join(out.ignored_nodes[:10]))
 
     # ------------------------------------------------------------------ reads
-    def solver_statistics(self) -> status_pb2.SolverStatistics:
+    def owner_of(self, task_id: str) -> str | None:
+        """The owner of task ``task_id`` (None for an unknown id)."""
+        with self.lock:
+            task = self.scheduler.tasks.get(task_id)
+            return task.owner if task is not None else None
+
+    def task(self, task_id: str) -> TaskView:
+        """One task as it is now; NotFound naming ``task_id`` for an unknown id."""
+        with self.lock:
+            task = self.scheduler.tasks.get(task_id)
+            if task is None:
+                raise NotFound(f"no task {task_id!r}", "task_id")
+            return task_view(task, self.scheduler)
+
+    def tasks(self, states: set[TaskState] | None = None, owner: str = "") -> list[TaskView]:
+        """Tasks in submit order, those in ``states`` (None or empty: all) of ``owner``
+        (empty: every owner)."""
+        with self.lock:
+            scheduler = self.scheduler
+            return [task_view(t, scheduler) for t in scheduler.tasks.values()
+                    if (not states or t.state in states) and (not owner or t.owner == owner)]
+
+    def status(self, include_idle: bool) -> StatusView:
+        """The state in figures (idle node names only when ``include_idle``)."""
+        with self.lock:
+            scheduler = self.scheduler
+            counts = {s: 0 for s in TaskState}
+            for task in scheduler.tasks.values():
+                counts[task.state] += 1
+            return StatusView(
+                clock=scheduler.clock, revision=scheduler.revision, idle_nodes=len(scheduler.pool),
+                nodes_in_use=len(scheduler.holder),
+                idle_node_names=sorted(scheduler.pool) if include_idle else [],
+                tasks_by_state=counts, solver=self.solver_statistics(),
+                last_seq=dict(scheduler.last_seq), total_samples=scheduler.total_samples,
+                idle_node_seconds=scheduler.idle_node_seconds,
+                used_node_seconds=scheduler.used_node_seconds, tfwd_s=scheduler.tfwd_s,
+                max_running_tasks=scheduler.max_running_tasks, objective=scheduler.objective.objective,
+                eta=scheduler.objective.effective_eta, task_energy_j=scheduler.task_energy_j,
+                energy_j=scheduler.energy_j, last_decision=self.last_decision)
+
+    def solver_statistics(self) -> SolverStatistics:
         """Decision-time percentiles [ms] since start, fallbacks, solves per backend."""
-        ms = np.asarray(self.decision_ms) if self.decision_ms else np.zeros(1)
-        return status_pb2.SolverStatistics(
-            configured_solver=self.requested_solver, decisions=len(self.decision_ms),
-            decision_ms_p50=float(np.percentile(ms, 50)), decision_ms_p95=float(np.percentile(ms, 95)),
-            decision_ms_p99=float(np.percentile(ms, 99)), decision_ms_max=float(ms.max()),
-            fallbacks=self.fallbacks, solves_by_backend=self.solves_by_backend,
-            last_fallback_reason=self.last_fallback_reason)
+        with self.lock:
+            ms = np.asarray(self.decision_ms) if self.decision_ms else np.zeros(1)
+            return SolverStatistics(
+                configured_solver=self.requested_solver, decisions=len(self.decision_ms),
+                decision_ms_p50=float(np.percentile(ms, 50)),
+                decision_ms_p95=float(np.percentile(ms, 95)),
+                decision_ms_p99=float(np.percentile(ms, 99)), decision_ms_max=float(ms.max()),
+                fallbacks=self.fallbacks, solves_by_backend=dict(self.solves_by_backend),
+                last_fallback_reason=self.last_fallback_reason)
 
     def watch(self, after_revision: int, task_id: str, is_active: Callable[[], bool]
-              ) -> Iterator[tasks_pb2.PlacementUpdate]:
+              ) -> Iterator[PlacementUpdate]:
         """Placement updates with revision > ``after_revision`` (retained ones first), then
         new ones as they happen, until ``is_active()`` turns false or the engine closes."""
         last = after_revision
@@ -215,8 +272,7 @@ class Engine:
                     mine = [p for p in update.placements if p.task_id == task_id]
                     if not mine:
                         continue
-                    update = tasks_pb2.PlacementUpdate(revision=update.revision, time=update.time,
-                                                       cause=update.cause, placements=mine)
+                    update = dataclasses.replace(update, placements=mine)
                 yield update
 
     def close(self) -> None:
@@ -227,7 +283,7 @@ class Engine:
             self.closed = True
             self.changed.notify_all()
             try:
-                self.store.write_snapshot(self.core.to_dict())
+                self.store.write_snapshot(self.scheduler.to_dict())
             finally:
                 self.store.close()
                 self.allocator.close()
@@ -246,6 +302,16 @@ def _request_key(event: Event) -> str | None:
     if isinstance(event, ProgressEvent) and event.request_id:
         return f"progress:{event.request_id}"
     return None
+
+
+def _answered_task_ids(event: Event, out: Outcome) -> list[str]:
+    """The tasks a reply carries: the one submitted, cancelled or reported on; every task of
+    a progress report; none for node events."""
+    if isinstance(event, ProgressEvent):
+        return [r.task_id for r in event.reports]
+    if isinstance(event, (SubmitEvent, CancelEvent, TaskRunEvent)):
+        return [out.task_id]
+    return []
 
 
 def clock_now() -> float:

@@ -25,11 +25,9 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from offcut.daemon import protocol
 from offcut.daemon.engine import Engine
 from offcut.daemon.model import TaskState
 from offcut.daemon.zeus.registry import ZeusRegistry
-from offcut.v1 import status_pb2
 
 log = logging.getLogger("offcut.daemon")
 
@@ -48,7 +46,7 @@ def _histogram_buckets(values_s: np.ndarray, bounds_s: Iterable[float]) -> list[
 
 
 class EngineCollector(Collector):
-    """Engine, core and Zeus figures read at scrape time (a custom Prometheus collector).
+    """Engine, scheduler and Zeus figures read at scrape time (a custom Prometheus collector).
 
     Args:
         engine: the daemon's engine; its lock is held while the figures are copied.
@@ -63,13 +61,11 @@ class EngineCollector(Collector):
         """Yield the metric families (see docs/metrics.md for units and meanings)."""
         engine = self.engine
         with engine.lock:  # copy only; the event path waits on this lock
-            core = engine.core
-            # the Status reply's own figures (tasks by state, node counts, accounting); its
-            # solver percentiles are not needed here (the histogram below carries them)
-            st = protocol.status_to_pb(core, None, status_pb2.SolverStatistics(),
-                                       include_idle=False)
-            clock = core.clock
-            running = [t for t in core.active.values() if t.state is TaskState.RUNNING]
+            scheduler = engine.scheduler
+            # the Status reply's own figures (tasks by state, node counts, accounting)
+            st = engine.status(include_idle=False)
+            clock = scheduler.clock
+            running = [t for t in scheduler.active.values() if t.state is TaskState.RUNNING]
             rate = float(sum(t.rate for t in running))
             power = float(sum(t.power for t in running))
             fallbacks, solves_by_backend = engine.fallbacks, dict(engine.solves_by_backend)
@@ -83,7 +79,7 @@ class EngineCollector(Collector):
                                 value=st.nodes_in_use)
         tasks = GaugeMetricFamily("offcut_tasks", "Tasks by state, tasks", labels=["state"])
         for state in TaskState:
-            tasks.add_metric([state.value], getattr(st, f"{state.value}_tasks"))
+            tasks.add_metric([state.value], st.tasks_by_state[state])
         yield tasks
         yield GaugeMetricFamily("offcut_rate_samples_per_second",
                                 "Sum of the modelled throughputs of running tasks, samples/s",

@@ -1,4 +1,4 @@
-"""Domain types of the daemon core: task specs, tasks, node events
+"""Domain types of the scheduler: task specs, tasks, node events
 (docs/architecture.md §2-3).
 
 Times are float seconds since the Unix epoch (UTC), taken from the events themselves; nothing
@@ -26,11 +26,15 @@ class ObjectiveSettings:
     allocation").
 
     Attributes:
-        objective: one of :data:`offcut.daemon.config.OBJECTIVES`: ``throughput`` (BFTrainer's: samples over the look-ahead), ``energy``
-            (samples per joule) or ``zeus_cost`` (samples per unit of Zeus's cost
-            ``eta * E + (1 - eta) * MAXPOWER * T``, NSDI '23 §3; ``energy`` is eta = 1).
-            Both energy objectives are solved exactly by Dinkelbach's method over the exact
-            backends (``offcut.daemon.solvers.fractional``).
+        objective: the allocation policy's name (the ``policy`` setting; persisted under this
+            older name): a built-in of :data:`offcut.daemon.config.OBJECTIVES`,
+            ``throughput`` (BFTrainer's: samples over the look-ahead), ``energy`` (samples
+            per joule), ``zeus_cost`` (samples per unit of Zeus's cost
+            ``eta * E + (1 - eta) * MAXPOWER * T``, NSDI '23 §3; ``energy`` is eta = 1; both
+            solved exactly by Dinkelbach's method over the exact backends,
+            ``offcut.daemon.solvers.fractional``) or ``fair_share`` (max-min fair node-hours
+            per owner), or a third-party policy's entry-point name
+            (:mod:`offcut.daemon.policies`).
         eta: the zeus_cost knob (eta_knob) in [0, 1].
         node_power_w: prior draw [W] of one node running a task, used until the task's spec
             (``power_w``) or its energy reports say otherwise.
@@ -50,8 +54,8 @@ class ObjectiveSettings:
     @property
     def effective_eta(self) -> float:
         """eta of the ratio objective: 1 for ``energy``, ``eta`` for ``zeus_cost``, 0 for
-        ``throughput``."""
-        return {"throughput": 0.0, "energy": 1.0}.get(self.objective, self.eta)
+        every other policy (no ratio objective)."""
+        return {"energy": 1.0, "zeus_cost": self.eta}.get(self.objective, 0.0)
 
 
 class TaskState(str, Enum):
@@ -75,7 +79,9 @@ class Task:
     """A submitted task and its progress as of the core's clock.
 
     ``nodes`` are the names it holds (sorted); ``work_done`` [samples] is net of rescale and
-    preemption losses; ``rate`` [samples/s] is ``spec.throughput_at(len(nodes))``.
+    preemption losses; ``rate`` [samples/s] is ``spec.throughput_at(len(nodes))``;
+    ``node_seconds`` [node-s] is ``len(nodes) * dt`` accrued over its life (snapshots written
+    before it existed load as 0).
     """
 
     task_id: str
@@ -98,6 +104,7 @@ class Task:
     generation: int = 0      # docs/execution.md: + 1 at every change of its node set and restart
     failed_runs: int = 0     # failed runs of its current generations in a row
     failure_reason: str = ""  # the last failure that restarted or failed it, in words
+    node_seconds: float = 0.0  # nodes held x seconds so far [node-s] (fair_share's usage)
     learner: Any = field(default=None, repr=False)  # offcut.daemon.learning.TaskLearner
 
     def to_dict(self) -> dict[str, Any]:

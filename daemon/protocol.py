@@ -1,6 +1,9 @@
-"""Translation between ``offcut.v1`` messages and the core's domain types.
+"""Translation between ``offcut.v1`` messages and the application's types (events in,
+:mod:`offcut.daemon.replies` out): the gRPC edge's only knowledge of the wire format.
 
-Only shapes are checked here (types, required fields); the core validates values.
+Only shapes are checked here (types, required fields); the core validates values. The
+``*_from_pb`` inverses of the reply conversions read format-1 journal replies
+(:mod:`offcut.daemon.migrations`).
 """
 
 from __future__ import annotations
@@ -10,11 +13,11 @@ import math
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from offcut.errors import InvalidArgument
-from offcut.daemon.core import Core, Outcome, PlacementChange
 from offcut.daemon.model import (CancelEvent, Limits, NodeEvent, ProgressEvent, ProgressItem,
-                                 ProgressReport,
-                                 SubmitEvent, Task, TaskRunEvent,
-                                 TaskSpec, TaskState)
+                                 ProgressReport, SubmitEvent, TaskRunEvent, TaskSpec, TaskState)
+from offcut.daemon.replies import (Decision, EventFigures, MeasuredCount, ModelView,
+                                   PlacementUpdate, PlacementView, SolverStatistics, SolveSummary,
+                                   StatusView, TaskView)
 from offcut.v1 import decision_pb2, nodes_pb2, status_pb2, tasks_pb2
 
 CHANGE_TO_PB = {
@@ -44,6 +47,7 @@ RUN_STATE_FROM_PB = {
     tasks_pb2.RUN_STATE_INTERRUPTED: "interrupted",
 }
 PB_TO_STATE = {v: k for k, v in STATE_TO_PB.items()}
+PB_TO_CHANGE = {v: k for k, v in CHANGE_TO_PB.items()}
 
 #: the last second a ``google.protobuf.Timestamp`` may hold (9999-12-31T23:59:59Z)
 MAX_TIMESTAMP_SECONDS = 253_402_300_799
@@ -184,80 +188,140 @@ def progress_from_pb(req: tasks_pb2.ReportProgressRequest, now: float) -> Progre
                          request_id=req.request_id)
 
 
-def model_to_pb(task: Task, core: Core) -> tasks_pb2.LearnedModel | None:
-    """What the task's learner knows (None for a task without reports)."""
-    if task.learner is None:
+def spec_from_stored_pb(spec: tasks_pb2.TaskSpec) -> TaskSpec:
+    """A spec from a message the daemon itself stored (a format-1 journal reply): taken as
+    it is, without validation (it was validated when it was submitted)."""
+    return TaskSpec.from_dict({
+        "name": spec.name, "min_nodes": spec.min_nodes, "max_nodes": spec.max_nodes,
+        "node_counts": list(spec.node_counts), "throughputs": list(spec.throughputs),
+        "objective_values": list(spec.objective_values), "rescale_up_s": spec.rescale_up_s,
+        "rescale_down_s": spec.rescale_down_s, "total_work_samples": spec.total_work_samples,
+        "command": list(spec.command), "reports_progress": spec.reports_progress,
+        "power_w": list(spec.power_w), "zeus_job_id": spec.zeus_job_id})
+
+
+def _stored_time(ts: Timestamp) -> float | None:
+    """Seconds since the epoch of a stored Timestamp (None when unset)."""
+    if ts.seconds == 0 and ts.nanos == 0:
         return None
-    up, down = core.rescale_costs(task)
-    msg = tasks_pb2.LearnedModel(rescale_up_s=up, rescale_down_s=down)
-    measured_up, measured_down = task.learner.measured_rescale_s()
-    if measured_up is not None:
-        msg.measured_rescale_up_s = measured_up
-    if measured_down is not None:
-        msg.measured_rescale_down_s = measured_down
-    for n, m in sorted(task.learner.measured().items()):
-        msg.measured.add(nodes=n, samples_per_s=m["rate"], seconds=m["seconds"],
-                         power_w=m["power_w"] or 0.0)
-    last = task.learner.last_report
-    if last is not None:
+    return ts.seconds + ts.nanos / 1e9
+
+
+def model_to_pb(model: ModelView | None) -> tasks_pb2.LearnedModel | None:
+    """The protocol form of a learned model (None for a task without reports)."""
+    if model is None:
+        return None
+    msg = tasks_pb2.LearnedModel(
+        rescale_up_s=model.rescale_up_s, rescale_down_s=model.rescale_down_s,
+        curve_node_counts=model.curve_node_counts, curve_throughputs=model.curve_throughputs,
+        curve_low=model.curve_low, curve_high=model.curve_high)
+    if model.measured_rescale_up_s is not None:
+        msg.measured_rescale_up_s = model.measured_rescale_up_s
+    if model.measured_rescale_down_s is not None:
+        msg.measured_rescale_down_s = model.measured_rescale_down_s
+    for m in model.measured:
+        msg.measured.add(nodes=m.nodes, samples_per_s=m.samples_per_s, seconds=m.seconds,
+                         power_w=m.power_w)
+    if model.last_report_time is not None:
         msg.has_report = True
-        msg.last_report_time.CopyFrom(time_to_pb(last[0]))
-        msg.last_samples_done = last[1]
-        if last[2] is not None:
-            msg.last_energy_j = last[2]
-    if task.spec.learned and not task.state.finished:
-        ns, ps = core.learned_curve(task)
-        msg.curve_node_counts.extend(int(n) for n in ns)
-        msg.curve_throughputs.extend(float(p) for p in ps)
-        prior = core.prior_rate()
-        bands = [task.learner.band(int(n), prior) for n in ns]
-        msg.curve_low.extend(b[0] for b in bands)
-        msg.curve_high.extend(b[2] for b in bands)
+        msg.last_report_time.CopyFrom(time_to_pb(model.last_report_time))
+        msg.last_samples_done = model.last_samples_done
+        if model.last_energy_j is not None:
+            msg.last_energy_j = model.last_energy_j
     return msg
 
 
-def task_to_pb(task: Task, core: Core) -> tasks_pb2.Task:
-    """A task with its progress projected to the core's clock."""
+def model_from_pb(msg: tasks_pb2.LearnedModel) -> ModelView:
+    """Inverse of :func:`model_to_pb` (format-1 journal replies)."""
+    return ModelView(
+        rescale_up_s=msg.rescale_up_s, rescale_down_s=msg.rescale_down_s,
+        measured_rescale_up_s=(msg.measured_rescale_up_s
+                               if msg.HasField("measured_rescale_up_s") else None),
+        measured_rescale_down_s=(msg.measured_rescale_down_s
+                                 if msg.HasField("measured_rescale_down_s") else None),
+        measured=[MeasuredCount(nodes=m.nodes, samples_per_s=m.samples_per_s,
+                                seconds=m.seconds, power_w=m.power_w) for m in msg.measured],
+        last_report_time=_stored_time(msg.last_report_time) if msg.has_report else None,
+        last_samples_done=msg.last_samples_done,
+        last_energy_j=msg.last_energy_j if msg.HasField("last_energy_j") else None,
+        curve_node_counts=list(msg.curve_node_counts),
+        curve_throughputs=list(msg.curve_throughputs), curve_low=list(msg.curve_low),
+        curve_high=list(msg.curve_high))
+
+
+def task_to_pb(task: TaskView) -> tasks_pb2.Task:
+    """The protocol form of a task view."""
     return tasks_pb2.Task(
-        energy_j=task.energy_j, power_w=task.power, model=model_to_pb(task, core),
+        energy_j=task.energy_j, power_w=task.power_w, model=model_to_pb(task.model),
         task_id=task.task_id, spec=spec_to_pb(task.spec), owner=task.owner,
         state=STATE_TO_PB[task.state], submit_time=time_to_pb(task.submit_time),
         admit_time=time_to_pb(task.admit_time), finish_time=time_to_pb(task.finish_time),
-        nodes=task.nodes, work_done_samples=task.work_done, rate_samples_per_s=task.rate,
-        rescales=task.rescales, preemptions=task.preemptions, launches=task.launches,
-        last_run=task.last_run, generation=task.generation, failed_runs=task.failed_runs,
+        nodes=task.nodes, work_done_samples=task.work_done_samples,
+        rate_samples_per_s=task.rate_samples_per_s, rescales=task.rescales,
+        preemptions=task.preemptions, launches=task.launches, last_run=task.last_run,
+        generation=task.generation, failed_runs=task.failed_runs,
         failure_reason=task.failure_reason)
 
 
-def decision_to_pb(out: Outcome, requested_solver: str) -> decision_pb2.Decision:
-    """The reply for an applied event."""
-    solve = decision_pb2.SolveStats(requested_solver=requested_solver, solves=len(out.solves),
-                                    solve_ms=sum(s.solve_ms for s in out.solves))
-    if out.solves:
-        last = out.solves[-1]
-        solve.solver, solve.objective, solve.bound = last.solver, last.objective, last.bound
-        solve.status = "fallback" if any(s.fallback_reason for s in out.solves) else last.status
-        reasons = [s.fallback_reason for s in out.solves if s.fallback_reason]
-        solve.fallback_reason = reasons[-1] if reasons else ""
-    else:
-        solve.status = "skipped"
+def task_from_pb(msg: tasks_pb2.Task) -> TaskView:
+    """Inverse of :func:`task_to_pb` (format-1 journal replies)."""
+    return TaskView(
+        task_id=msg.task_id, spec=spec_from_stored_pb(msg.spec), owner=msg.owner,
+        state=PB_TO_STATE[msg.state], submit_time=_stored_time(msg.submit_time),
+        admit_time=_stored_time(msg.admit_time), finish_time=_stored_time(msg.finish_time),
+        nodes=list(msg.nodes), work_done_samples=msg.work_done_samples,
+        rate_samples_per_s=msg.rate_samples_per_s, rescales=msg.rescales,
+        preemptions=msg.preemptions, launches=msg.launches, last_run=msg.last_run,
+        generation=msg.generation, failed_runs=msg.failed_runs,
+        failure_reason=msg.failure_reason, energy_j=msg.energy_j, power_w=msg.power_w,
+        model=model_from_pb(msg.model) if msg.HasField("model") else None)
+
+
+def decision_to_pb(d: Decision, duplicate: bool = False) -> decision_pb2.Decision:
+    """The protocol form of a decision."""
+    st, sv = d.stats, d.solve
     return decision_pb2.Decision(
-        time=time_to_pb(out.time), source=out.source, seq=out.seq, revision=out.revision,
-        placements=[placement_to_pb(p) for p in out.placements],
+        time=time_to_pb(d.time), source=d.source, seq=d.seq, revision=d.revision,
+        duplicate=duplicate, placements=[placement_to_pb(p) for p in d.placements],
         stats=decision_pb2.EventStats(
-            interval_s=out.interval_s, progress_samples=out.progress_samples,
-            rate_samples_per_s=out.rate_samples_per_s,
-            rescale_cost_samples=out.rescale_cost_samples, nodes_left=out.nodes_left,
-            tasks_preempted=out.tasks_preempted, nodes_joined=out.nodes_joined,
-            admitted_tasks=out.admitted_tasks, idle_nodes=out.idle_nodes,
-            running_tasks=out.running_tasks, nodes_in_use=out.nodes_in_use,
-            preemption_cost_samples=out.preemption_cost_samples,
-            tasks_completed=len(out.completed_task_ids)),
-        solve=solve, ignored_nodes=out.ignored_nodes,
-        completed_task_ids=out.completed_task_ids)
+            interval_s=st.interval_s, progress_samples=st.progress_samples,
+            rate_samples_per_s=st.rate_samples_per_s,
+            rescale_cost_samples=st.rescale_cost_samples, nodes_left=st.nodes_left,
+            tasks_preempted=st.tasks_preempted, nodes_joined=st.nodes_joined,
+            admitted_tasks=st.admitted_tasks, idle_nodes=st.idle_nodes,
+            running_tasks=st.running_tasks, nodes_in_use=st.nodes_in_use,
+            preemption_cost_samples=st.preemption_cost_samples,
+            tasks_completed=st.tasks_completed),
+        solve=decision_pb2.SolveStats(
+            requested_solver=sv.requested_solver, solver=sv.solver, status=sv.status,
+            objective=sv.objective, bound=sv.bound, solve_ms=sv.solve_ms,
+            fallback_reason=sv.fallback_reason, solves=sv.solves),
+        ignored_nodes=d.ignored_nodes, completed_task_ids=d.completed_task_ids)
 
 
-def placement_to_pb(p: PlacementChange) -> decision_pb2.Placement:
+def decision_from_pb(msg: decision_pb2.Decision) -> Decision:
+    """Inverse of :func:`decision_to_pb` (format-1 journal replies)."""
+    st, sv = msg.stats, msg.solve
+    return Decision(
+        time=_stored_time(msg.time) or 0.0, source=msg.source, seq=msg.seq,
+        revision=msg.revision, placements=[placement_from_pb(p) for p in msg.placements],
+        stats=EventFigures(
+            interval_s=st.interval_s, progress_samples=st.progress_samples,
+            rate_samples_per_s=st.rate_samples_per_s,
+            rescale_cost_samples=st.rescale_cost_samples, nodes_left=st.nodes_left,
+            tasks_preempted=st.tasks_preempted, nodes_joined=st.nodes_joined,
+            admitted_tasks=st.admitted_tasks, idle_nodes=st.idle_nodes,
+            running_tasks=st.running_tasks, nodes_in_use=st.nodes_in_use,
+            preemption_cost_samples=st.preemption_cost_samples,
+            tasks_completed=st.tasks_completed),
+        solve=SolveSummary(
+            requested_solver=sv.requested_solver, solver=sv.solver, status=sv.status,
+            objective=sv.objective, bound=sv.bound, solve_ms=sv.solve_ms,
+            fallback_reason=sv.fallback_reason, solves=sv.solves),
+        ignored_nodes=list(msg.ignored_nodes), completed_task_ids=list(msg.completed_task_ids))
+
+
+def placement_to_pb(p: PlacementView) -> decision_pb2.Placement:
     """The protocol form of one placement change."""
     return decision_pb2.Placement(
         task_id=p.task_id, task_name=p.task_name, change=CHANGE_TO_PB[p.change], nodes=p.nodes,
@@ -266,25 +330,46 @@ def placement_to_pb(p: PlacementChange) -> decision_pb2.Placement:
         generation=p.generation)
 
 
-def status_to_pb(core: Core, last: decision_pb2.Decision | None, solver: status_pb2.SolverStatistics,
-                 include_idle: bool) -> status_pb2.StatusResponse:
-    """The Status reply (idle node names only when ``include_idle``)."""
-    counts = {s: 0 for s in TaskState}
-    for task in core.tasks.values():
-        counts[task.state] += 1
+def placement_from_pb(msg: decision_pb2.Placement) -> PlacementView:
+    """Inverse of :func:`placement_to_pb` (format-1 journal replies)."""
+    return PlacementView(
+        task_id=msg.task_id, task_name=msg.task_name, change=PB_TO_CHANGE[msg.change],
+        nodes=list(msg.nodes), previous_count=msg.previous_node_count,
+        rate=msg.rate_samples_per_s, work_done=msg.work_done_samples,
+        total_work=msg.total_work_samples, time=_stored_time(msg.time) or 0.0,
+        generation=msg.generation)
+
+
+def update_to_pb(u: PlacementUpdate) -> tasks_pb2.PlacementUpdate:
+    """The protocol form of one revision's placement changes."""
+    return tasks_pb2.PlacementUpdate(revision=u.revision, time=time_to_pb(u.time), cause=u.cause,
+                                     placements=[placement_to_pb(p) for p in u.placements])
+
+
+def solver_statistics_to_pb(s: SolverStatistics) -> status_pb2.SolverStatistics:
+    """The protocol form of the solver statistics."""
+    return status_pb2.SolverStatistics(
+        configured_solver=s.configured_solver, decisions=s.decisions,
+        decision_ms_p50=s.decision_ms_p50, decision_ms_p95=s.decision_ms_p95,
+        decision_ms_p99=s.decision_ms_p99, decision_ms_max=s.decision_ms_max,
+        fallbacks=s.fallbacks, solves_by_backend=s.solves_by_backend,
+        last_fallback_reason=s.last_fallback_reason)
+
+
+def status_to_pb(v: StatusView) -> status_pb2.StatusResponse:
+    """The Status reply."""
+    counts = v.tasks_by_state
     resp = status_pb2.StatusResponse(
-        clock=time_to_pb(core.clock), revision=core.revision, idle_nodes=len(core.pool),
-        nodes_in_use=len(core.holder),
-        idle_node_names=sorted(core.pool) if include_idle else [],
+        clock=time_to_pb(v.clock), revision=v.revision, idle_nodes=v.idle_nodes,
+        nodes_in_use=v.nodes_in_use, idle_node_names=v.idle_node_names,
         queued_tasks=counts[TaskState.QUEUED], admitted_tasks=counts[TaskState.ADMITTED],
         running_tasks=counts[TaskState.RUNNING], completed_tasks=counts[TaskState.COMPLETED],
         cancelled_tasks=counts[TaskState.CANCELLED], failed_tasks=counts[TaskState.FAILED],
-        solver=solver,
-        last_seq=core.last_seq, total_samples=core.total_samples,
-        idle_node_seconds=core.idle_node_seconds, used_node_seconds=core.used_node_seconds,
-        tfwd_s=core.tfwd_s, max_running_tasks=core.max_running_tasks,
-        objective=core.objective.objective, eta=core.objective.effective_eta,
-        task_energy_j=core.task_energy_j, energy_j=core.energy_j)
-    if last is not None:
-        resp.last_decision.CopyFrom(last)
+        solver=solver_statistics_to_pb(v.solver), last_seq=v.last_seq,
+        total_samples=v.total_samples, idle_node_seconds=v.idle_node_seconds,
+        used_node_seconds=v.used_node_seconds, tfwd_s=v.tfwd_s,
+        max_running_tasks=v.max_running_tasks, objective=v.objective, eta=v.eta,
+        task_energy_j=v.task_energy_j, energy_j=v.energy_j)
+    if v.last_decision is not None:
+        resp.last_decision.CopyFrom(decision_to_pb(v.last_decision))
     return resp

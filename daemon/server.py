@@ -17,6 +17,7 @@ from offcut.daemon.auth import (AuthInterceptor, Authenticator, TokensFileError,
 from offcut.daemon.config import DaemonConfig, split_host_port
 from offcut.daemon.engine import Engine
 from offcut.daemon.metrics import DaemonMetrics, MetricsEndpoint
+from offcut.daemon.migrations import UPGRADES
 from offcut.daemon.service import (DecodeGuardInterceptor, NodeEventsService, StatusService,
                                    TasksService)
 from offcut.daemon.solvers.allocator import Allocator
@@ -95,7 +96,7 @@ class OffcutServer:
             log.warning("%s: the dp solver runs its numpy version (same optimum, about 50x "
                         "slower at whole-machine scale); pip install numba", missing)
         store = Store(config.state, snapshot_every=config.snapshot_every,
-                      durability=config.durability)
+                      durability=config.durability, upgrades=UPGRADES)
         allocator = Allocator(config.solver, time_limit_s=config.solver_time_limit_s,
                               isolate=config.isolate_solver)
         limits = config.limits()  # one set, shared by the engine and the Zeus registry

@@ -1,17 +1,24 @@
-"""gRPC servicers: proto <-> domain, errors -> status codes. No decisions are made here."""
+"""gRPC servicers: the edge between the wire and the application (docs/architecture.md §2).
+
+Requests become events (:mod:`offcut.daemon.protocol`) before the engine is called, and the
+engine's replies (copies in :mod:`offcut.daemon.replies` types) become messages after it
+returned, so no conversion runs under the engine's lock. Application errors become gRPC
+statuses here. No decisions are made here."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 
 import grpc
 
 from offcut.errors import InvalidArgument, NotFound, OffcutError, PermissionDenied
-from offcut.daemon.auth import LOCAL_ADMIN, Authenticator, Principal
+from offcut.daemon.auth import Authenticator, Principal
 from offcut.daemon import protocol
 from offcut.daemon.engine import Engine, clock_now
+from offcut.daemon.replies import Reply
 from offcut.v1 import (decision_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
                        tasks_pb2_grpc)
 
@@ -37,7 +44,7 @@ def _abort_on_error(name: str, context):
     try:
         yield
     except OffcutError as exc:
-        context.abort(exc.code, status_message(exc))
+        context.abort(grpc.StatusCode[exc.status], status_message(exc))
     except Exception:
         log.exception("%s failed", name)
         context.abort(grpc.StatusCode.INTERNAL, f"{name} failed; see the daemon log")
@@ -137,28 +144,19 @@ def _guarded(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandl
     return grpc.unary_stream_rpc_method_handler(stream(handler.unary_stream), **kw)
 
 
-def _decision(stored: bytes) -> decision_pb2.Decision:
-    return decision_pb2.Decision.FromString(stored)
-
-
-#: journal kind -> type of the stored reply (node events store the Decision itself)
-_STORED_REPLY = {"submit": tasks_pb2.SubmitTaskResponse, "cancel": tasks_pb2.CancelTaskResponse,
-                 "run": tasks_pb2.ReportTaskRunResponse,
-                 "progress": tasks_pb2.ReportProgressResponse}
+#: journal kinds whose stored reply answers about one task (shown as the entry's ``task``)
+_ONE_TASK_KINDS = ("submit", "cancel", "run")
 
 
 def history_entry(row_id: int, kind: str, stored: bytes) -> status_pb2.HistoryEntry:
-    """A journal row as an ``offcut.v1.HistoryEntry``: its decision (the stored reply, or the
-    ``decision`` of a stored SubmitTask/CancelTask reply, with the ``task`` it answered). A row
-    of a kind not listed here is sent with its revision and kind only."""
-    if kind in ("nodes", "snapshot"):
-        return status_pb2.HistoryEntry(revision=row_id, kind=kind, decision=_decision(stored))
-    reply_type = _STORED_REPLY.get(kind)
-    if reply_type is None:
-        return status_pb2.HistoryEntry(revision=row_id, kind=kind)
-    reply = reply_type.FromString(stored)
-    return status_pb2.HistoryEntry(revision=row_id, kind=kind, decision=reply.decision,
-                                   task=reply.task)
+    """A journal row as an ``offcut.v1.HistoryEntry``: its decision, and for a submission,
+    cancellation or run report the ``task`` it answered (as it was answered then)."""
+    reply = Reply.from_record(stored)
+    entry = status_pb2.HistoryEntry(revision=row_id, kind=kind,
+                                    decision=protocol.decision_to_pb(reply.decision))
+    if kind in _ONE_TASK_KINDS and reply.tasks:
+        entry.task.CopyFrom(protocol.task_to_pb(reply.tasks[0]))
+    return entry
 
 
 class NodeEventsService(nodes_pb2_grpc.NodeEventsServicer):
@@ -167,12 +165,9 @@ class NodeEventsService(nodes_pb2_grpc.NodeEventsServicer):
     def __init__(self, engine: Engine):
         self.engine = engine
 
-    def _apply(self, event):
-        reply, duplicate = self.engine.apply(
-            event, build=lambda out, decision: decision, parse=_decision)
-        if duplicate:
-            reply.duplicate = True
-        return reply
+    def _apply(self, event) -> decision_pb2.Decision:
+        reply = self.engine.apply(event)
+        return protocol.decision_to_pb(reply.decision, reply.duplicate)
 
     @_rpc
     def ReportNodes(self, request, context):
@@ -187,22 +182,27 @@ class NodeEventsService(nodes_pb2_grpc.NodeEventsServicer):
 
 def _visible(engine: Engine, who: Principal, task_id: str) -> bool:
     """Whether ``who`` may see task ``task_id`` (admins: all; users: their own)."""
-    if who.is_admin:
-        return True
-    task = engine.core.tasks.get(task_id)
-    return task is not None and task.owner == who.user
+    return who.is_admin or engine.owner_of(task_id) == who.user
 
 
-def _redact(engine: Engine, who: Principal, decision: decision_pb2.Decision) -> None:
-    """Drop other users' placements and completions from a decision shown to a user."""
-    if who.is_admin:
-        return
-    mine = [p for p in decision.placements if _visible(engine, who, p.task_id)]
-    done = [t for t in decision.completed_task_ids if _visible(engine, who, t)]
-    del decision.placements[:]
-    decision.placements.extend(mine)
-    del decision.completed_task_ids[:]
-    decision.completed_task_ids.extend(done)
+def _decision_for(engine: Engine, who: Principal, reply: Reply) -> decision_pb2.Decision:
+    """The reply's decision as ``who`` may see it: a user's without other users' placements
+    and completions."""
+    decision = reply.decision
+    if not who.is_admin:
+        decision = dataclasses.replace(
+            decision,
+            placements=[p for p in decision.placements if _visible(engine, who, p.task_id)],
+            completed_task_ids=[t for t in decision.completed_task_ids
+                                if _visible(engine, who, t)])
+    return protocol.decision_to_pb(decision, reply.duplicate)
+
+
+def _unset(request, name: str) -> bool:
+    """True when the time field ``name`` of ``request`` is unset or zero, so the protocol took
+    the wall clock and the engine stamps it (:meth:`Engine.apply`)."""
+    ts = getattr(request, name)
+    return ts.seconds == 0 and ts.nanos == 0
 
 
 class TasksService(tasks_pb2_grpc.TasksServicer):
@@ -214,38 +214,24 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         self.engine = engine
         self.auth = auth or Authenticator(None)
 
-    def _task_pb(self, task_id: str, who: Principal = LOCAL_ADMIN) -> tasks_pb2.Task:
-        task = self.engine.core.tasks.get(task_id)
-        if task is None or not _visible(self.engine, who, task_id):
-            raise NotFound(f"no task {task_id!r}", "task_id")
-        return protocol.task_to_pb(task, self.engine.core)
-
     @_rpc
     def SubmitTask(self, request, context):
         """Validate the spec (INVALID_ARGUMENT naming ``spec.<field>``), queue the task, re-allocate.
         A user submits as themselves (another ``owner`` is PERMISSION_DENIED)."""
         who = self.auth.of(context)
-        if self.auth.enabled and request.owner != who.user:
-            if request.owner and not who.is_admin:
+        owner = request.owner
+        if self.auth.enabled and owner != who.user:
+            if owner and not who.is_admin:
                 raise PermissionDenied(f"users submit as themselves ({who.user!r})", "owner")
-            if not request.owner:
-                request = tasks_pb2.SubmitTaskRequest.FromString(request.SerializeToString())
-                request.owner = who.user
-        with self.engine.lock:
-            event = protocol.submit_from_pb(request, self.engine.core.clock, clock_now(),
-                                            self.engine.limits)
-
-            def build(out, decision):
-                return tasks_pb2.SubmitTaskResponse(task=self._task_pb(out.task_id),
-                                                    decision=decision)
-
-            reply, duplicate = self.engine.apply(event, build, tasks_pb2.SubmitTaskResponse.FromString)
-            if reply.task.owner != who.user and not who.is_admin:  # someone else's request id
-                raise PermissionDenied("belongs to another user's submission", "request_id")
-            _redact(self.engine, who, reply.decision)
-        if duplicate:
-            reply.decision.duplicate = True
-        return reply
+            owner = owner or who.user
+        event = protocol.submit_from_pb(request, None, clock_now(), self.engine.limits)
+        if owner and owner != event.owner:
+            event = dataclasses.replace(event, owner=owner)
+        reply = self.engine.apply(event, stamp=_unset(request, "submit_time"))
+        if reply.tasks[0].owner != who.user and not who.is_admin:  # someone else's request id
+            raise PermissionDenied("belongs to another user's submission", "request_id")
+        return tasks_pb2.SubmitTaskResponse(task=protocol.task_to_pb(reply.tasks[0]),
+                                            decision=_decision_for(self.engine, who, reply))
 
     @_rpc
     def GetTask(self, request, context):
@@ -253,8 +239,9 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         if not request.task_id:
             raise InvalidArgument("is required", "task_id")
         who = self.auth.of(context)
-        with self.engine.lock:
-            return self._task_pb(request.task_id, who)
+        if not _visible(self.engine, who, request.task_id):
+            raise NotFound(f"no task {request.task_id!r}", "task_id")
+        return protocol.task_to_pb(self.engine.task(request.task_id))
 
     @_rpc
     def ListTasks(self, request, context):
@@ -270,47 +257,30 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
             if s not in protocol.PB_TO_STATE:
                 raise InvalidArgument(f"unknown state {s}", "states")
             wanted.add(protocol.PB_TO_STATE[s])
-        with self.engine.lock:
-            core = self.engine.core
-            tasks = [protocol.task_to_pb(t, core) for t in core.tasks.values()
-                     if (not wanted or t.state in wanted)
-                     and (not owner or t.owner == owner)]
-        return tasks_pb2.ListTasksResponse(tasks=tasks)
+        views = self.engine.tasks(wanted, owner)
+        return tasks_pb2.ListTasksResponse(tasks=[protocol.task_to_pb(t) for t in views])
 
     @_rpc
     def CancelTask(self, request, context):
         """Cancel a task, release its nodes, re-allocate (NOT_FOUND / FAILED_PRECONDITION)."""
         who = self.auth.of(context)
-        with self.engine.lock:
-            if request.task_id and not _visible(self.engine, who, request.task_id):
-                raise NotFound(f"no task {request.task_id!r}", "task_id")
-            event = protocol.cancel_from_pb(request, self.engine.core.clock, clock_now())
-
-            def build(out, decision):
-                return tasks_pb2.CancelTaskResponse(task=self._task_pb(out.task_id),
-                                                    decision=decision)
-
-            reply, _ = self.engine.apply(event, build, tasks_pb2.CancelTaskResponse.FromString)
-            _redact(self.engine, who, reply.decision)
-        return reply
+        if request.task_id and not _visible(self.engine, who, request.task_id):
+            raise NotFound(f"no task {request.task_id!r}", "task_id")
+        event = protocol.cancel_from_pb(request, None, clock_now())
+        reply = self.engine.apply(event, stamp=_unset(request, "time"))
+        return tasks_pb2.CancelTaskResponse(task=protocol.task_to_pb(reply.tasks[0]),
+                                            decision=_decision_for(self.engine, who, reply))
 
     @_rpc
     def ReportTaskRun(self, request, context):
         """A launcher's run report: started / preempted are recorded, finished completes the
         task, failed fails it (both re-allocate). NOT_FOUND for an unknown task,
         FAILED_PRECONDITION for a finished one; a repeated ``request_id`` gets the stored reply."""
-        with self.engine.lock:
-            event = protocol.task_run_from_pb(request, self.engine.core.clock, clock_now())
-
-            def build(out, decision):
-                return tasks_pb2.ReportTaskRunResponse(task=self._task_pb(out.task_id),
-                                                       decision=decision)
-
-            reply, duplicate = self.engine.apply(event, build,
-                                                 tasks_pb2.ReportTaskRunResponse.FromString)
-        if duplicate:
-            reply.decision.duplicate = True
-        return reply
+        event = protocol.task_run_from_pb(request, None, clock_now())
+        reply = self.engine.apply(event, stamp=_unset(request, "time"))
+        return tasks_pb2.ReportTaskRunResponse(task=protocol.task_to_pb(reply.tasks[0]),
+                                               decision=protocol.decision_to_pb(
+                                                   reply.decision, reply.duplicate))
 
     @_rpc
     def ReportProgress(self, request, context):
@@ -321,29 +291,20 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         ``reports[i].<field>``; a repeated ``request_id`` gets the stored reply."""
         who = self.auth.of(context)
         event = protocol.progress_from_pb(request, clock_now())
-        with self.engine.lock:
-            for i, r in enumerate(event.reports):
-                if not _visible(self.engine, who, r.task_id):
-                    raise NotFound(f"no task {r.task_id!r}", f"reports[{i}].task_id")
-
-            def build(out, decision):
-                return tasks_pb2.ReportProgressResponse(
-                    decision=decision,
-                    tasks=[self._task_pb(r.task_id) for r in event.reports])
-
-            reply, duplicate = self.engine.apply(event, build,
-                                                 tasks_pb2.ReportProgressResponse.FromString)
-            _redact(self.engine, who, reply.decision)
-        if duplicate:
-            reply.decision.duplicate = True
-        return reply
+        for i, r in enumerate(event.reports):
+            if not _visible(self.engine, who, r.task_id):
+                raise NotFound(f"no task {r.task_id!r}", f"reports[{i}].task_id")
+        reply = self.engine.apply(event)
+        return tasks_pb2.ReportProgressResponse(
+            decision=_decision_for(self.engine, who, reply),
+            tasks=[protocol.task_to_pb(t) for t in reply.tasks])
 
     def WatchPlacements(self, request, context):
         """Stream placement updates (retained ones after ``after_revision`` first); a user sees
         changes of their own tasks only."""
         who = self.auth.of(context)
-        if request.task_id and (request.task_id not in self.engine.core.tasks
-                                or not _visible(self.engine, who, request.task_id)):
+        if request.task_id and not (self.engine.owner_of(request.task_id) is not None
+                                    and _visible(self.engine, who, request.task_id)):
             context.abort(grpc.StatusCode.NOT_FOUND,
                           status_message(NotFound(f"no task {request.task_id!r}", "task_id")))
         for update in self.engine.watch(request.after_revision, request.task_id, context.is_active):
@@ -351,9 +312,8 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
                 mine = [p for p in update.placements if _visible(self.engine, who, p.task_id)]
                 if not mine:
                     continue
-                update = tasks_pb2.PlacementUpdate(revision=update.revision, time=update.time,
-                                                   cause=update.cause, placements=mine)
-            yield update
+                update = dataclasses.replace(update, placements=mine)
+            yield protocol.update_to_pb(update)
 
 
 class StatusService(status_pb2_grpc.StatusServicer):
@@ -369,10 +329,8 @@ class StatusService(status_pb2_grpc.StatusServicer):
         """Idle pool, tasks by state, last decision, solver statistics. A user gets the
         aggregate figures only (no node names, last decision or event sources)."""
         who = self.auth.of(context)
-        with self.engine.lock:
-            reply = protocol.status_to_pb(self.engine.core, self.engine.last_decision,
-                                          self.engine.solver_statistics(),
-                                          request.include_idle_nodes and who.is_admin)
+        reply = protocol.status_to_pb(
+            self.engine.status(request.include_idle_nodes and who.is_admin))
         if not who.is_admin:
             reply.ClearField("last_decision")
             reply.last_seq.clear()

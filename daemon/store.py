@@ -2,8 +2,9 @@
 (docs/architecture.md §6).
 
 Every applied event is one row of ``journal`` holding the event, the allocation answers used
-(so a restart re-applies it without re-solving) and the serialized reply (so a repeated
-``(source, seq)`` or submit ``request_id`` gets the same answer). A row and, when due, a
+(so a restart re-applies it without re-solving) and the stored reply
+(:meth:`offcut.daemon.replies.Reply.to_record`, so a repeated ``(source, seq)`` or request id
+gets the same answer). All of it is the application's own JSON, never a wire message. A row and, when due, a
 snapshot of the whole core are written in one transaction before the daemon replies. WAL
 mode; ``durability="full"`` (default) fsyncs every commit, so a committed reply survives
 ``kill -9`` and power loss; ``"normal"`` survives ``kill -9`` only.
@@ -12,11 +13,22 @@ mode; ``durability="full"`` (default) fsyncs every commit, so a committed reply 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
-SCHEMA_VERSION = 1
+log = logging.getLogger("offcut.daemon")
+
+#: the state-file format written by this release: 1 stored ``offcut.v1`` replies in
+#: ``journal.response`` and ``zeus_requests.response``; 2 stores the application's JSON
+#: (docs/architecture.md §6). Older files are upgraded in place when opened with the
+#: upgrades of :mod:`offcut.daemon.migrations`, after a backup copy.
+SCHEMA_VERSION = 2
+
+#: an in-place upgrade of an open state file from one format to the next (runs inside a
+#: transaction; raises to leave the file as it was)
+Upgrade = Callable[[sqlite3.Connection], None]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -65,11 +77,17 @@ class Store:
             (WAL without fsync per commit: a reply survives ``kill -9`` of the daemon, the
             last commits may be lost on power loss; ~1 ms less per event).
 
+        upgrades: format -> the upgrade of a file of that format to the next
+            (:data:`offcut.daemon.migrations.UPGRADES`); an older file is upgraded in place
+            after a copy is saved next to it as ``<name>.format<N>.bak``.
+
     Raises:
-        StoreError: the file is not a SQLite database or has another schema version.
+        StoreError: the file is not a SQLite database, is of a newer format, or of an older
+            one without an upgrade.
     """
 
-    def __init__(self, path: str | Path, snapshot_every: int = 1000, durability: str = "full"):
+    def __init__(self, path: str | Path, snapshot_every: int = 1000, durability: str = "full",
+                 upgrades: Mapping[int, Upgrade] | None = None):
         self.path = Path(path)
         self.snapshot_every = max(1, int(snapshot_every))
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,12 +101,37 @@ class Store:
             version = self._meta("schema_version")
             if version is None:
                 self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(version) != SCHEMA_VERSION:
-                raise StoreError(f"{self.path}: schema version {version}, this offcutd needs "
-                                 f"{SCHEMA_VERSION}")
+            elif int(version) > SCHEMA_VERSION:
+                raise StoreError(f"{self.path}: state-file format {version} is newer than this "
+                                 f"offcutd's ({SCHEMA_VERSION}); run the release that wrote it")
+            elif int(version) < SCHEMA_VERSION:
+                self._upgrade(int(version), upgrades or {})
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a usable Offcut state file ({exc})") from exc
         self._rows_since_snapshot = self._count_since_snapshot()
+
+    def _upgrade(self, version: int, upgrades: Mapping[int, Upgrade]) -> None:
+        """Upgrade the file from ``version`` to :data:`SCHEMA_VERSION`, one format at a time,
+        each in one transaction, after saving a copy of the file as it was."""
+        missing = [v for v in range(version, SCHEMA_VERSION) if v not in upgrades]
+        if missing:
+            raise StoreError(f"{self.path}: state-file format {version}, this offcutd writes "
+                             f"{SCHEMA_VERSION}; start offcutd on it once to upgrade it")
+        backup = self.path.with_name(f"{self.path.name}.format{version}.bak")
+        if not backup.exists():
+            copy = sqlite3.connect(str(backup))
+            try:
+                self.db.backup(copy)
+            finally:
+                copy.close()
+        for v in range(version, SCHEMA_VERSION):
+            with self.db:
+                self.db.execute("BEGIN IMMEDIATE")
+                upgrades[v](self.db)
+                self.db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                                (str(v + 1),))
+            log.info("state %s: upgraded from format %d to %d (copy of format %d: %s)",
+                     self.path, v, v + 1, version, backup)
 
     def _meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()

@@ -48,10 +48,10 @@ from tqdm import tqdm
 
 from offcut.client.api import Client
 from offcut.client.retry import RetryPolicy
-from offcut.daemon.config import OBJECTIVES
 from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.errors import OffcutError, Unavailable
 from offcut.replay.bftrainer_data import NodeLog, TaskRecord
+from offcut.replay.owners import SINGLE_OWNER, assign_owners, by_owner, fairness
 from offcut.replay.progress_sim import PowerModel, ProgressSimulator
 # steps.csv / placements.csv are written by the writer shared with ``offcut history``; the
 # names stay importable from here
@@ -69,7 +69,10 @@ class ReplayOptions:
     ``tfwd_s`` [s], ``max_tasks`` (maxJ), ``max_events`` (None = whole log), ``target``
     (None = start a private daemon), ``time_limit_s`` per MILP solve [s]. Like the original
     replayer, the replay stops once every task is submitted and finished, unless
-    ``until_log_end``.
+    ``until_log_end``. ``objective``: the private daemon's allocation policy (``offcutd
+    --policy``; a built-in or an installed entry point). ``owners``: 0 = every task is
+    submitted by ``replay``; N > 0 = by ``user1`` .. ``userN``, split as
+    :func:`offcut.replay.owners.assign_owners` says.
     """
 
     solver: str = "auto"
@@ -87,6 +90,7 @@ class ReplayOptions:
     report_every_s: float = 60.0
     objective: str = "throughput"
     eta: float = 0.5
+    owners: int = 0
 
 
 #: ``ReplayOptions.curves``: ``model`` = the daemon computes progress from the true curves (no
@@ -105,21 +109,21 @@ def to_epoch(ts: pd.Timestamp) -> float:
     return ts.value / 1e9
 
 
-#: owner of the replay's submissions
-REPLAY_OWNER = "replay"
+#: owner of the replay's submissions without ``owners``
+REPLAY_OWNER = SINGLE_OWNER
 
 
 def daemon_command(opts: ReplayOptions, address: str, state: str | Path, *,
                    durability: str = "normal", snapshot_every: int = 5000) -> list[str]:
     """The ``offcutd`` command line of a replay's daemon: ``opts``' solver, Tfwd [s], maxJ and
-    MILP time limit [s], objective and eta, listening on ``address`` with state file ``state``; ``durability``
+    MILP time limit [s], policy (``objective``) and eta, listening on ``address`` with state file ``state``; ``durability``
     ``normal`` (survives ``kill -9``) or ``full`` (fsync per commit), a snapshot every
     ``snapshot_every`` journal rows."""
     cmd = [*offcutd_argv(), "--listen", address,
            "--state", str(state), "--solver", opts.solver,
            "--tfwd", str(opts.tfwd_s), "--max-running-tasks", str(opts.max_tasks),
            "--time-limit", str(opts.time_limit_s), "--snapshot-every", str(int(snapshot_every)),
-           "--durability", durability, "--objective", opts.objective, "--eta", str(opts.eta),
+           "--durability", durability, "--policy", opts.objective, "--eta", str(opts.eta),
            "--log-level", "warning"]
     if opts.record_instances:
         cmd += ["--record-instances", str(Path(opts.record_instances).resolve())]
@@ -194,14 +198,16 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
               opts: ReplayOptions, wall_s: float, node_log: NodeLog, *,
               solves_by_backend: dict[str, int] | None = None,
               solver_fallbacks: int | None = None,
-              sim: ProgressSimulator | None = None) -> dict:
+              sim: ProgressSimulator | None = None,
+              node_seconds: dict[str, float] | None = None) -> dict:
     """``summary.json``: events, tasks, ``all_done_at``, samples, node-hours, utilisation
     (used / idle node-hours), decision time percentiles [ms] (daemon-side allocation time of
     events that needed a solve), solver statistics: ``solves_by_backend`` (allocation problems
     solved per backend) and ``solver_fallbacks`` as given (the replay counts them from its
     decisions, see :class:`Recorder`), else the daemon's counters since its last start; the
     energy figures of :func:`energy_summary` (``sim``: the played tasks' truth, which then
-    also gives ``total_samples``)."""
+    also gives ``total_samples``); per owner (:func:`owner_summary`, ``node_seconds``: per
+    task id, from the replay's placements)."""
     status = client.status()
     tasks = client.list_tasks()
     completed = [t for t in tasks if t.state == tasks_pb2.TASK_STATE_COMPLETED]
@@ -230,14 +236,34 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
         "options": {k: v for k, v in asdict(opts).items() if k != "progress"},
         "wall_s": wall_s,
         "events_per_s": events / wall_s if wall_s > 0 else None,
-        "tasks": [{"task_id": t.task_id, "name": t.spec.name,
+        "tasks": [{"task_id": t.task_id, "name": t.spec.name, "owner": t.owner,
                    "state": tasks_pb2.TaskState.Name(t.state).removeprefix("TASK_STATE_").lower(),
                    "work_done_samples": t.work_done_samples,
                    "finish_time": iso(seconds(t.finish_time)) if t.finish_time.seconds else None}
                   for t in tasks],
     }
     summary.update(energy_summary(status, sim, opts))
+    if node_seconds is not None:
+        summary.update(owner_summary(tasks, node_seconds))
     return summary
+
+
+def owner_summary(tasks: list[tasks_pb2.Task], node_seconds: dict[str, float]) -> dict:
+    """``owners``: per task owner (name order) its ``tasks``, ``tasks_completed``,
+    ``node_hours`` (from ``node_seconds`` [node-s] per task id), ``samples`` (work done) and
+    ``task_energy_j`` [J, the daemon's figures]; ``fairness``: Jain's index and min/max of the
+    owners' node-hours (:func:`offcut.replay.owners.fairness`)."""
+    owner_of = {t.task_id: t.owner for t in tasks}
+    names = sorted(set(owner_of.values()))
+    hours = by_owner({k: v / 3600.0 for k, v in node_seconds.items()}, owner_of, names)
+    samples = by_owner({t.task_id: t.work_done_samples for t in tasks}, owner_of, names)
+    energy = by_owner({t.task_id: t.energy_j for t in tasks}, owner_of, names)
+    owners = {o: {"tasks": sum(1 for t in tasks if t.owner == o),
+                  "tasks_completed": sum(1 for t in tasks if t.owner == o
+                                         and t.state == tasks_pb2.TASK_STATE_COMPLETED),
+                  "node_hours": hours[o], "samples": samples[o], "task_energy_j": energy[o]}
+              for o in names}
+    return {"owners": owners, "fairness": fairness(list(hours.values()))}
 
 
 def energy_summary(status: status_pb2.StatusResponse, sim: ProgressSimulator | None,
@@ -281,10 +307,13 @@ class Recorder:
         fallbacks: written decisions whose allocation fell back to another backend.
     """
 
-    def __init__(self, writers: HistoryWriter, source: str, task_names: Iterable[str]):
+    def __init__(self, writers: HistoryWriter, source: str, task_names: Iterable[str],
+                 owners: dict[str, str] | None = None):
         self.writers = writers
         self.source = source
         self.task_names = frozenset(task_names)
+        #: task name -> the owner the replay submits it as (default: all :data:`REPLAY_OWNER`)
+        self.owners = owners if owners is not None else {n: REPLAY_OWNER for n in self.task_names}
         self.last_revision = 0
         self.solves_by_backend: dict[str, int] = {}
         self.fallbacks = 0
@@ -327,16 +356,27 @@ class Recorder:
 
     def entry(self, e: status_pb2.HistoryEntry) -> bool:
         """A journal entry (``ExportHistory``), written if it is this replay's (a node event of
-        its source, or a submission by :data:`REPLAY_OWNER` of one of its task names) and
-        newer than the last written decision."""
+        its source, or a submission of one of its task names by the owner the replay gives
+        it) and newer than the last written decision."""
         if not e.HasField("decision"):
             return False
         if e.kind in NODE_EVENT_KINDS:
             return e.decision.source == self.source and self.node_event(e.decision)
-        if (e.kind == "submit" and e.HasField("task") and e.task.owner == REPLAY_OWNER
-                and e.task.spec.name in self.task_names):
+        if (e.kind == "submit" and e.HasField("task") and e.task.spec.name in self.task_names
+                and e.task.owner == self.owners.get(e.task.spec.name)):
             return self.submission(e.task, e.decision)
         return False
+
+
+def check_policy(name: str) -> None:
+    """Raise ``ValueError`` (naming the objective/policy option and the available policies)
+    unless ``name`` is an allocation policy this environment's ``offcutd`` can load."""
+    from offcut.daemon.policies import PolicyError, policy_class
+
+    try:
+        policy_class(name)
+    except PolicyError as exc:
+        raise ValueError(f"objective (policy): {exc}") from None
 
 
 def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
@@ -371,9 +411,9 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
                          "cannot be resumed; run it again")
     if opts.curves not in CURVE_MODES:
         raise ValueError(f"curves must be one of {', '.join(CURVE_MODES)}, got {opts.curves!r}")
-    if opts.objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got "
-                         f"{opts.objective!r}")
+    check_policy(opts.objective)
+    owners = assign_owners([t.name for t in sorted(tasks, key=lambda t: (t.submit_time, t.name))],
+                           opts.owners)
     if connect is None:
         def connect(address: str) -> Client:
             return Client(address, retry=retry)
@@ -389,14 +429,17 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
             client.wait_ready()
             drive_started = time.perf_counter()
             with HistoryWriter(out_dir) as writers:
-                rec = Recorder(writers, source, (t.name for t in tasks))
-                driver = _Driver(client, node_log, tasks, opts, rec, source, resume_wait_s)
+                rec = Recorder(writers, source, (t.name for t in tasks), owners)
+                driver = _Driver(client, node_log, tasks, opts, rec, source, resume_wait_s,
+                                 owners)
                 events, submitted, stop_reason = driver.run(resume)
             drive_s = time.perf_counter() - drive_started
             summary = summarise(client, events, submitted, writers.solve_ms, opts,
                                 time.perf_counter() - started, node_log,
                                 solves_by_backend=rec.solves_by_backend,
-                                solver_fallbacks=rec.fallbacks, sim=driver.sim)
+                                solver_fallbacks=rec.fallbacks, sim=driver.sim,
+                                node_seconds=writers.node_time.seconds(
+                                    seconds(client.status().clock)))
             summary["stop_reason"] = stop_reason
             summary["drive_s"] = drive_s  # sending events and submissions, no daemon start
             summary["daemon_peak_rss_mb"] = peak_rss_mb(daemon_pid)
@@ -431,8 +474,10 @@ class _Driver:
     """Sends the log and the tasks in order (see the module docstring for the resume rule)."""
 
     def __init__(self, client: Client, node_log: NodeLog, tasks: list[TaskRecord],
-                 opts: ReplayOptions, rec: Recorder, source: str, resume_wait_s: float):
+                 opts: ReplayOptions, rec: Recorder, source: str, resume_wait_s: float,
+                 owners: dict[str, str]):
         self.client, self.node_log, self.opts, self.rec = client, node_log, opts, rec
+        self.owners = owners  # task name -> owner it is submitted as
         self.source, self.resume_wait_s = source, float(resume_wait_s)
         self.pending = sorted(tasks, key=lambda t: (t.submit_time, t.name))
         self.next_task = 0
@@ -527,7 +572,7 @@ class _Driver:
                 self.sent_t = max(self.sent_t, to_epoch(task.submit_time))
             resp = self._call(lambda: self.client.submit(
                 task_spec(task, self.opts.curves, self.power),
-                submit_time=to_epoch(task.submit_time), owner=REPLAY_OWNER,
+                submit_time=to_epoch(task.submit_time), owner=self.owners[task.name],
                 request_id=f"{self.source}:{task.name}"))
             self.rec.submission(resp.task, resp.decision)
             if sim is not None:

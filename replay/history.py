@@ -17,6 +17,7 @@ import csv
 from datetime import datetime, timezone
 from pathlib import Path
 
+from offcut.replay.owners import NodeTime
 from offcut.v1 import decision_pb2, status_pb2, tasks_pb2
 
 __all__ = ["STEP_COLUMNS", "PLACEMENT_COLUMNS", "NODE_EVENT_KINDS", "HistoryWriter", "iso",
@@ -51,6 +52,8 @@ class HistoryWriter:
             allocation problem (node events, submissions and cancellations).
         completed: ids of the tasks reported completed so far.
         node_events: step rows written so far (the next row's ``evt``).
+        node_time: every task's node count over time (:class:`~offcut.replay.owners.NodeTime`),
+            from the placement changes written.
     """
 
     def __init__(self, out_dir: str | Path):
@@ -68,6 +71,7 @@ class HistoryWriter:
         self.solve_ms: list[float] = []
         self.completed: set[str] = set()
         self.node_events = 0
+        self.node_time = NodeTime()
 
     def __enter__(self) -> "HistoryWriter":
         return self
@@ -83,6 +87,7 @@ class HistoryWriter:
             change = decision_pb2.PlacementChange.Name(p.change).removeprefix("PLACEMENT_CHANGE_").lower()
             self.pl.writerow([iso(seconds(p.time)), p.task_id, p.task_name, change, len(p.nodes),
                               repr(p.work_done_samples), repr(p.total_work_samples)])
+            self.node_time.change(p.task_id, seconds(p.time), len(p.nodes))
         if d.solve.solves:
             self.solve_ms.append(d.solve.solve_ms)
         if index is None:

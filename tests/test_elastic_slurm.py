@@ -81,7 +81,10 @@ def test_example_trains_through_preemption_of_rank_0_and_growth(example, slurm, 
     client.sync_nodes(time.time(), "slurm-watch", 1, idle=ALL)
     spec = make_task_spec("digits", nodes="1-4", work_samples=WORK,
                           scalability=([1, 2, 3, 4], [800.0, 1500.0, 2100.0, 2600.0]),
-                          rescale_up_s=0.0, rescale_down_s=0.0, command=example_argv(),
+                          rescale_up_s=0.0, rescale_down_s=0.0,
+                          # paced (>= 0.1 s a step, >= 56 s in all): on a fast machine the
+                          # unpaced run could finish on two nodes before the regular job ends
+                          command=example_argv() + ["--min-step-s", "0.1"],
                           reports_progress=True)
     tid = client.submit(spec, owner="test").task.task_id
     states: set[int] = set()

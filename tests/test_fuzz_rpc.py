@@ -1022,7 +1022,7 @@ def test_a_time_beyond_year_9999_is_invalid_argument_and_the_daemon_keeps_answer
     assert t.client.status().clock.seconds == 253402300799
 
 
-def test_a_failure_after_the_core_changed_reloads_the_state(tmp_path):
+def test_a_failure_after_the_core_changed_reloads_the_state(tmp_path, monkeypatch):
     """Was: a failure while building the reply (after the core applied the event) left the
     half-applied change in memory, unjournaled."""
     from offcut.daemon.engine import Engine
@@ -1032,15 +1032,16 @@ def test_a_failure_after_the_core_changed_reloads_the_state(tmp_path):
 
     engine = Engine(Store(tmp_path / "s.sqlite"), Allocator("dp"))
     try:
-        before = engine.core.fingerprint()
+        before = engine.scheduler.fingerprint()
 
-        def broken(out, decision):
+        def broken(out, requested_solver):
             raise RuntimeError("reply cannot be built")
 
+        monkeypatch.setattr("offcut.daemon.engine.decision_of", broken)
         with pytest.raises(RuntimeError):
-            engine.apply(NodeEvent(T0, "w", 1, idle=("n1",)), broken, lambda b: b)
-        assert engine.core.fingerprint() == before
-        assert engine.core.limits == engine.limits  # the reloaded core keeps the limits
+            engine.apply(NodeEvent(T0, "w", 1, idle=("n1",)))
+        assert engine.scheduler.fingerprint() == before
+        assert engine.scheduler.limits == engine.limits  # the reloaded core keeps the limits
     finally:
         engine.close()
 

@@ -18,7 +18,7 @@ import json
 import secrets
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable, TypeVar
 
 from offcut.daemon.model import Limits
@@ -34,7 +34,26 @@ _PLO = "plo"
 #: prefix of the idempotency keys of ResumeTrial in the state file's ``zeus_requests`` (with
 #: the job and the trial: a request id reused for another trial or for Predict never replays
 #: an answer of the wrong kind)
-_RESUME_KEY = "ResumeTrial:"
+#: prefix of the stored-answer key of a ResumeTrial request (other keys are Predict's)
+RESUME_KEY = "ResumeTrial:"
+#: the version of a stored answer (``zeus_requests.response``) written by this release:
+#: ``{"format": 2, <the answer's fields>}``; format 1 stored the ``offcut.v1`` message
+#: (converted by :mod:`offcut.daemon.migrations`)
+ANSWER_FORMAT = 2
+
+
+def stored_answer(answer: Prediction | Resumed) -> bytes:
+    """The stored form of an answer to a request with an id (format :data:`ANSWER_FORMAT`)."""
+    return json.dumps({"format": ANSWER_FORMAT, **asdict(answer)},
+                      separators=(",", ":")).encode()
+
+
+def _stored_fields(stored: bytes) -> dict:
+    """The answer's fields of :func:`stored_answer` (ValueError for another format)."""
+    d = json.loads(bytes(stored).decode())
+    if d.pop("format", None) != ANSWER_FORMAT:
+        raise ValueError(f"stored Zeus answer is not of format {ANSWER_FORMAT}")
+    return d
 
 
 @dataclass
@@ -118,29 +137,27 @@ class ZeusRegistry:
             return entry.job, entry.power
 
     def _mutate_job(self, job_id: str, op: Callable[[BatchSizeJob], T], *,
-                    request_id: str | None = None, encode: Callable[[T], bytes] | None = None) -> T:
+                    request_id: str | None = None) -> T:
         entry = self._entry(job_id)
         copy = _Entry.from_dict(entry.to_dict())
         result = op(copy.job)  # raises before anything is written
-        response = encode(result) if (request_id and encode) else None
+        response = stored_answer(result) if request_id else None
         self.store.zeus_put(_BSO, job_id, 0, copy.to_dict(), request_id=request_id or None,
                             response=response)
         self.jobs[job_id] = copy
         return result
 
-    def predict(self, job_id: str, request_id: str, encode: Callable[[Prediction], bytes],
-                decode: Callable[[bytes], T], generation: int = 0) -> Prediction | T:
+    def predict(self, job_id: str, request_id: str, generation: int = 0) -> Prediction:
         """Open a trial (abandoning stale suspended ones first, see
-        :meth:`BatchSizeJob.predict`). A repeated ``request_id`` returns the first answer,
-        decoded."""
+        :meth:`BatchSizeJob.predict`). A repeated ``request_id`` returns the first answer."""
         with self.lock:
             if request_id:
                 stored = self.store.zeus_response(request_id)
                 if stored is not None:
-                    return decode(stored)
+                    return Prediction(**_stored_fields(stored))
             now = self.clock()
             return self._mutate_job(job_id, lambda job: job.predict(generation, now),
-                                    request_id=request_id, encode=encode)
+                                    request_id=request_id)
 
     def report(self, job_id: str, trial_number: int, epoch: int, time_s: float, energy_j: float,
                metric: float, batch_size: int = 0, generation: int = 0) -> Verdict:
@@ -158,18 +175,18 @@ class ZeusRegistry:
             return self._mutate_job(job_id, lambda job: job.end_trial(
                 trial_number, interrupted, time_s, energy_j, generation, now))
 
-    def resume(self, job_id: str, trial_number: int, request_id: str, generation: int,
-               encode: Callable[[Resumed], bytes], decode: Callable[[bytes], T]) -> Resumed | T:
+    def resume(self, job_id: str, trial_number: int, request_id: str,
+               generation: int) -> Resumed:
         """Reopen an open trial for a new process (see :meth:`BatchSizeJob.resume`). A
-        repeated ``request_id`` (for the same job and trial) returns the first answer, decoded."""
-        key = (_RESUME_KEY + json.dumps([job_id, trial_number, request_id])) if request_id else ""
+        repeated ``request_id`` (for the same job and trial) returns the first answer."""
+        key = (RESUME_KEY + json.dumps([job_id, trial_number, request_id])) if request_id else ""
         with self.lock:
             if key:
                 stored = self.store.zeus_response(key)
                 if stored is not None:
-                    return decode(stored)
+                    return Resumed(**_stored_fields(stored))
             return self._mutate_job(job_id, lambda job: job.resume(trial_number, generation),
-                                    request_id=key, encode=encode)
+                                    request_id=key)
 
     def delete(self, job_id: str) -> None:
         """Forget a job and its power profiles."""

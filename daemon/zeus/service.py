@@ -167,11 +167,9 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
         """The next run's batch size; FAILED_PRECONDITION when every batch size failed;
         INVALID_ARGUMENT for a ``generation`` of 2^63 or more (checked by
         :meth:`BatchSizeJob.predict`)."""
-        result = self.registry.predict(
+        return prediction_to_pb(self.registry.predict(
             _job_id(request.job_id), _short_id(request.request_id, "request_id"),
-            encode=lambda p: prediction_to_pb(p).SerializeToString(),
-            decode=zeus_pb2.Prediction.FromString, generation=request.generation)
-        return result if isinstance(result, zeus_pb2.Prediction) else prediction_to_pb(result)
+            generation=request.generation))
 
     @_rpc
     def ReportEpoch(self, request, context):
@@ -195,12 +193,9 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
         for an unknown job or trial, FAILED_PRECONDITION for an ended trial or one still held,
         INVALID_ARGUMENT for a ``generation`` of 2^63 or more (checked by
         :meth:`BatchSizeJob.resume`)."""
-        result = self.registry.resume(
+        return resumed_to_pb(self.registry.resume(
             _job_id(request.job_id), request.trial_number,
-            _short_id(request.request_id, "request_id"), request.generation,
-            encode=lambda r: resumed_to_pb(r).SerializeToString(),
-            decode=zeus_pb2.ResumedTrial.FromString)
-        return result if isinstance(result, zeus_pb2.ResumedTrial) else resumed_to_pb(result)
+            _short_id(request.request_id, "request_id"), request.generation))
 
     @_rpc
     def DeleteJob(self, request, context):

@@ -50,6 +50,7 @@ import logging
 import math
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -297,6 +298,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="a collective waiting this long for a silent peer fails (exit 75)")
     p.add_argument("--rendezvous-timeout-s", type=float, default=600.0,
                    help="how long the rendezvous waits for every rank")
+    p.add_argument("--min-step-s", type=float, default=0.0,
+                   help="pace: every step takes at least this long [s] (demos and tests on a "
+                        "fast machine: a run long enough to watch it rescale; 0: no pacing)")
     p.add_argument("--checkpoint-dir", default=None,
                    help="used when OFFCUT_CHECKPOINT_DIR is unset (local runs)")
     p.add_argument("--zeus-job", default=os.environ.get("OFFCUT_ZEUS_JOB_ID") or None,
@@ -390,6 +394,7 @@ def main(argv=None) -> None:
                 b = int(min(B, limit - done))     # the last global batch may be partial
                 if zeus is not None:              # ... and so may an epoch's last one
                     b = min(b, epoch_samples - done % epoch_samples)
+                step_started = time.monotonic()
                 part = rank_slice(b, world, run.rank)   # only this rank's samples
                 idx = order.indices(done + part.start, part.stop - part.start)
                 ddp.train()
@@ -397,6 +402,9 @@ def main(argv=None) -> None:
                 loss = F.cross_entropy(ddp(x_train[idx]), y_train[idx], reduction="sum")
                 (loss * (world / b)).backward()   # DDP averages: the global batch's mean gradient
                 opt.step()
+                pace = args.min_step_s - (time.monotonic() - step_started)
+                if pace > 0:
+                    time.sleep(pace)
                 done += b
                 loss_sum += loss.item() / max(1, len(idx))
                 steps += 1

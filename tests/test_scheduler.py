@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from offcut.daemon import placement
-from offcut.daemon.core import Core, SolveRecord
+from offcut.daemon.scheduler import Scheduler, SolveRecord
 from offcut.daemon.model import CancelEvent, NodeEvent, SubmitEvent, TaskSpec, TaskState
 from offcut.daemon.solvers.dp import solve_dp
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound, OffcutError
@@ -90,7 +90,7 @@ def submit(t, s, owner="alice", request_id=""):
     return SubmitEvent(time=t, spec=s, owner=owner, request_id=request_id)
 
 
-def check_invariants(core: Core) -> None:
+def check_invariants(core: Scheduler) -> None:
     held = []
     for task in core.tasks.values():
         n = len(task.nodes)
@@ -115,7 +115,7 @@ def check_invariants(core: Core) -> None:
 
 # ----------------------------------------------------------------------------- progress
 def test_progress_accrues_rate_times_interval():
-    core = Core()
+    core = Scheduler()
     feed = Feed()
     alloc = Scripted()
     core.apply(submit(T0, spec()), alloc)
@@ -140,7 +140,7 @@ def test_progress_accrues_rate_times_interval():
 
 
 def test_below_min_nodes_earns_nothing():
-    core = Core()
+    core = Scheduler()
     feed = Feed()
     s = spec(min_nodes=3, max_nodes=4)
     core.apply(submit(T0, s), Scripted())
@@ -154,7 +154,7 @@ def test_below_min_nodes_earns_nothing():
 
 
 def test_exact_completion_releases_nodes_to_next_task():
-    core = Core()
+    core = Scheduler()
     feed = Feed()
     a = spec("a", 1, 2, ns=(0, 1, 2), ps=(0.0, 10.0, 20.0), work=100.0)
     b = spec("b", 1, 2, ns=(0, 1, 2), ps=(0.0, 5.0, 8.0), up=3.0, down=3.0, work=1e6)
@@ -187,7 +187,7 @@ def test_exact_completion_releases_nodes_to_next_task():
 
 
 def test_completion_exactly_at_event_time():
-    core = Core()
+    core = Scheduler()
     feed = Feed()
     alloc = Scripted()
     core.apply(submit(T0, spec(ns=(0, 1), ps=(0.0, 4.0), max_nodes=1, work=40.0)), alloc)
@@ -200,7 +200,7 @@ def test_completion_exactly_at_event_time():
 
 # ----------------------------------------------------------------------------- rescale costs
 def test_rescale_costs_grow_shrink_and_free_start():
-    core = Core()
+    core = Scheduler()
     feed = Feed()
     s = spec(ns=(0, 1, 2, 3, 4), ps=(0.0, 10.0, 18.0, 24.0, 30.0), up=2.0, down=3.0)
     core.apply(submit(T0, s), fixed(0))
@@ -234,7 +234,7 @@ def test_rescale_costs_grow_shrink_and_free_start():
 
 
 def test_preemption_costs_once_per_task_per_event():
-    core = Core()
+    core = Scheduler()
     feed = Feed()
     s = spec(ns=(0, 1, 2, 3, 4), ps=(0.0, 10.0, 18.0, 24.0, 30.0), up=2.0, down=3.0)
     other = spec("other", ns=(0, 1, 2), ps=(0.0, 1.0, 2.0), max_nodes=2, down=5.0)
@@ -267,7 +267,7 @@ def test_preemption_costs_once_per_task_per_event():
 def test_preemption_below_min_then_stop():
     """Losing nodes below Jmin: pay Tcdw*rate, then the allocation stops the task at no extra
     cost (R = Ps(c) with c < Jmin is 0)."""
-    core = Core()
+    core = Scheduler()
     feed = Feed()
     s = spec(min_nodes=2, max_nodes=2, ns=(0, 2), ps=(0.0, 20.0), down=1.5)
     core.apply(submit(T0, s), Scripted())
@@ -283,7 +283,7 @@ def test_preemption_below_min_then_stop():
 
 # ----------------------------------------------------------------------------- admission
 def test_admission_in_submit_order_and_slot_freed_by_completion_and_cancel():
-    core = Core(max_running_tasks=2)
+    core = Scheduler(max_running_tasks=2)
     feed = Feed()
     alloc = Scripted()
     small = dict(ns=(0, 1), ps=(0.0, 10.0), max_nodes=1)
@@ -316,7 +316,7 @@ def test_admission_in_submit_order_and_slot_freed_by_completion_and_cancel():
 # ----------------------------------------------------------------------------- validation
 @pytest.fixture
 def busy_core():
-    core = Core()
+    core = Scheduler()
     feed = Feed("src")
     core.apply(submit(T0, spec()), Scripted())
     core.apply(feed(T0 + 5, idle=["c1n1", "c1n2", "c1n3"]), Scripted())
@@ -403,7 +403,7 @@ def test_unknown_preempted_node_is_ignored_not_an_error(busy_core):
 
 # ----------------------------------------------------------------------------- snapshots
 def test_snapshot_is_diffed_into_idle_and_preempt():
-    core = Core()
+    core = Scheduler()
     feed = Feed("watcher")
     s = spec(ns=(0, 1, 2, 3, 4), ps=(0.0, 10.0, 18.0, 24.0, 30.0), down=2.0)
     core.apply(submit(T0, s), Scripted())
@@ -466,12 +466,12 @@ def _outcome_key(out):
 
 
 def test_to_dict_from_dict_round_trip_continues_identically():
-    core = Core(tfwd_s=7.0, max_running_tasks=3)
+    core = Scheduler(tfwd_s=7.0, max_running_tasks=3)
     events = _events(1)
     for ev in events[:25]:
         core.apply(ev, dp_alloc)
     data = json.loads(json.dumps(core.to_dict()))
-    clone = Core.from_dict(data)
+    clone = Scheduler.from_dict(data)
     assert clone.fingerprint() == core.fingerprint()
     assert (clone.tfwd_s, clone.max_running_tasks) == (7.0, 3)
     assert clone.holder == core.holder
@@ -538,7 +538,7 @@ def test_placement_is_deterministic():
 
 
 def test_core_grow_keeps_existing_nodes_no_migration():
-    core = Core()
+    core = Scheduler()
     feed = Feed()
     s = spec(ns=(0, 1, 2, 3, 4), ps=(0.0, 10.0, 18.0, 24.0, 30.0))
     core.apply(submit(T0, s), fixed(0))
@@ -569,7 +569,7 @@ op_strategy = st.one_of(
                     max_size=25),
        max_running=st.integers(1, 4))
 def test_random_sequences_keep_invariants(ops, max_running):
-    core = Core(tfwd_s=10.0, max_running_tasks=max_running)
+    core = Scheduler(tfwd_s=10.0, max_running_tasks=max_running)
     feed = Feed("h")
     t = T0
     for (kind, arg), dt, use_dp in ops:
@@ -600,7 +600,7 @@ def test_random_sequences_keep_invariants(ops, max_running):
 def test_cancel_arriving_after_the_task_completed_changes_nothing_more():
     """A cancel stamped after the modelled completion time: the task completes first (at its
     exact time) and stays completed; the cancel releases nothing twice."""
-    core = Core(tfwd_s=10.0, max_running_tasks=2)
+    core = Scheduler(tfwd_s=10.0, max_running_tasks=2)
     alloc = Scripted()
     core.apply(NodeEvent(T0, "t", 1, idle=("c1n1", "c1n2")), alloc)
     out = core.apply(SubmitEvent(T0, spec(work=100.0), "alice"), alloc)  # 2 nodes: 18 samples/s

@@ -1,0 +1,81 @@
+"""Upgrades of state files written by earlier releases (docs/architecture.md §6).
+
+Format 1 (releases up to 3593fb3) stored each journal row's reply as the serialized
+``offcut.v1`` message (``Decision`` for node events, ``SubmitTaskResponse``,
+``CancelTaskResponse``, ``ReportTaskRunResponse``, ``ReportProgressResponse``) and each Zeus
+request's answer as its ``Prediction`` / ``ResumedTrial`` message. Format 2 stores the
+application's JSON (:meth:`offcut.daemon.replies.Reply.to_record`,
+:func:`offcut.daemon.zeus.registry.stored_answer`). This module sits at the gRPC edge: it is
+the one place after start-up that still reads old wire messages, so the application never
+does. Events, allocation answers and snapshots were already JSON and are unchanged.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from offcut.daemon import protocol
+from offcut.daemon.replies import Reply
+from offcut.daemon.zeus.bso import Prediction, Resumed
+from offcut.daemon.zeus.registry import RESUME_KEY, stored_answer
+from offcut.v1 import decision_pb2, tasks_pb2
+
+#: rows converted per query (the journal is not read at once)
+_CHUNK_ROWS = 500
+
+#: format-1 reply message of each journal kind that answered about tasks
+_V1_REPLY = {"submit": tasks_pb2.SubmitTaskResponse, "cancel": tasks_pb2.CancelTaskResponse,
+             "run": tasks_pb2.ReportTaskRunResponse,
+             "progress": tasks_pb2.ReportProgressResponse}
+
+
+def reply_from_v1(kind: str, stored: bytes) -> Reply:
+    """The :class:`Reply` of a format-1 journal row of ``kind``; ValueError for a kind that
+    format 1 did not write."""
+    if kind in ("nodes", "snapshot"):
+        return Reply(decision=protocol.decision_from_pb(decision_pb2.Decision.FromString(stored)))
+    message = _V1_REPLY.get(kind)
+    if message is None:
+        raise ValueError(f"journal row of unknown kind {kind!r}")
+    reply = message.FromString(stored)
+    tasks = list(reply.tasks) if kind == "progress" else [reply.task]
+    return Reply(decision=protocol.decision_from_pb(reply.decision),
+                 tasks=[protocol.task_from_pb(t) for t in tasks])
+
+
+def zeus_answer_from_v1(request_key: str, stored: bytes) -> bytes:
+    """The format-2 stored answer of a format-1 Zeus answer (``ResumeTrial:`` keys hold a
+    ``ResumedTrial``, the others a ``Prediction``)."""
+    from offcut.v1 import zeus_pb2
+
+    if request_key.startswith(RESUME_KEY):
+        r = zeus_pb2.ResumedTrial.FromString(stored)
+        return stored_answer(Resumed(
+            trial_number=r.trial_number, batch_size=r.batch_size, epochs=r.epochs,
+            time_s=r.time_s, energy_j=r.energy_j, cost_j=r.cost_j, cost_bound_j=r.cost_bound_j,
+            exploration=r.exploration, generation=r.generation, taken_over=r.taken_over))
+    p = zeus_pb2.Prediction.FromString(stored)
+    return stored_answer(Prediction(batch_size=p.batch_size, trial_number=p.trial_number,
+                                    cost_bound_j=p.cost_bound_j, exploration=p.exploration))
+
+
+def upgrade_1_to_2(db: sqlite3.Connection) -> None:
+    """Rewrite every stored reply and Zeus answer of a format-1 file in format 2 (inside the
+    caller's transaction)."""
+    after = 0
+    while True:
+        rows = db.execute("SELECT id, kind, response FROM journal WHERE id > ? ORDER BY id "
+                          "LIMIT ?", (after, _CHUNK_ROWS)).fetchall()
+        if not rows:
+            break
+        db.executemany("UPDATE journal SET response = ? WHERE id = ?",
+                       [(reply_from_v1(kind, bytes(raw)).to_record(), row_id)
+                        for row_id, kind, raw in rows])
+        after = rows[-1][0]
+    answers = db.execute("SELECT request_id, response FROM zeus_requests").fetchall()
+    db.executemany("UPDATE zeus_requests SET response = ? WHERE request_id = ?",
+                   [(zeus_answer_from_v1(key, bytes(raw)), key) for key, raw in answers])
+
+
+#: the upgrades offcutd applies when it opens an older state file (``Store(upgrades=...)``)
+UPGRADES = {1: upgrade_1_to_2}

@@ -1,0 +1,343 @@
+"""What the application answers, in its own types: decisions, task views, status, and the
+journal's stored form of a reply (docs/architecture.md §6).
+
+Nothing here knows the wire: :mod:`offcut.daemon.protocol` converts these to ``offcut.v1``
+messages at the gRPC edge, outside the engine's lock. The engine builds them under its lock
+(they are copies, so a servicer may convert them at leisure) and stores each applied event's
+:class:`Reply` in the journal as JSON (:meth:`Reply.to_record`), so a repeated request gets
+the answer it got the first time and ``ExportHistory`` serves the history, whatever the
+protocol's version.
+
+Journal reply format (``REPLY_FORMAT``): ``{"format": 2, "decision": {...}, "tasks":
+[...]}``, the fields of :class:`Decision` and :class:`TaskView` by name (times in s since the
+epoch, None where unset). Format 1 (releases before it) stored the serialized ``offcut.v1``
+reply; :mod:`offcut.daemon.migrations` converts a format-1 state file when it is opened.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from offcut.daemon.model import Task, TaskSpec, TaskState
+
+if TYPE_CHECKING:
+    from offcut.daemon.scheduler import Outcome, PlacementChange, Scheduler
+
+#: the version of the stored reply written by this release
+REPLY_FORMAT = 2
+
+
+@dataclass
+class MeasuredCount:
+    """One node count a learner measured: throughput [samples/s], observed time [s], power
+    [W] (0 when no energy was reported)."""
+
+    nodes: int
+    samples_per_s: float
+    seconds: float
+    power_w: float
+
+
+@dataclass
+class ModelView:
+    """What a task's learner knows (tasks that report progress; issue "Learn scalability
+    online"). Rescale costs [s] in use and measured (None until measured); the last accepted
+    report (time [s since epoch], cumulative samples, cumulative energy [J] or None); for a
+    learned task the curve the allocation uses with its uncertainty band [samples/s]."""
+
+    rescale_up_s: float
+    rescale_down_s: float
+    measured_rescale_up_s: float | None = None
+    measured_rescale_down_s: float | None = None
+    measured: list[MeasuredCount] = field(default_factory=list)
+    last_report_time: float | None = None
+    last_samples_done: float = 0.0
+    last_energy_j: float | None = None
+    curve_node_counts: list[int] = field(default_factory=list)
+    curve_throughputs: list[float] = field(default_factory=list)
+    curve_low: list[float] = field(default_factory=list)
+    curve_high: list[float] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelView":
+        """Inverse of ``dataclasses.asdict``."""
+        d = dict(d)
+        d["measured"] = [MeasuredCount(**m) for m in d.get("measured", [])]
+        return cls(**d)
+
+
+@dataclass
+class TaskView:
+    """A task as answered: its spec, owner, state, times [s since epoch; None unset], nodes,
+    progress projected to the scheduler's clock (work [samples], rate [samples/s]), counters,
+    execution (generation, failed runs, reason; docs/execution.md), energy [J], modelled
+    power [W] and learned model."""
+
+    task_id: str
+    spec: TaskSpec
+    owner: str
+    state: TaskState
+    submit_time: float | None
+    admit_time: float | None
+    finish_time: float | None
+    nodes: list[str]
+    work_done_samples: float
+    rate_samples_per_s: float
+    rescales: int
+    preemptions: int
+    launches: int
+    last_run: str
+    generation: int
+    failed_runs: int
+    failure_reason: str
+    energy_j: float
+    power_w: float
+    model: ModelView | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        d = asdict(self)
+        d["spec"] = self.spec.to_dict()
+        d["state"] = self.state.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TaskView":
+        """Inverse of :meth:`to_dict`."""
+        d = dict(d)
+        d["spec"] = TaskSpec.from_dict(d["spec"])
+        d["state"] = TaskState(d["state"])
+        d["model"] = ModelView.from_dict(d["model"]) if d.get("model") is not None else None
+        return cls(**d)
+
+
+def model_view(task: Task, scheduler: "Scheduler") -> ModelView | None:
+    """What the task's learner knows (None for a task without reports)."""
+    learner = task.learner
+    if learner is None:
+        return None
+    up, down = scheduler.rescale_costs(task)
+    measured_up, measured_down = learner.measured_rescale_s()
+    view = ModelView(rescale_up_s=up, rescale_down_s=down, measured_rescale_up_s=measured_up,
+                     measured_rescale_down_s=measured_down, measured=[
+                         MeasuredCount(nodes=n, samples_per_s=m["rate"], seconds=m["seconds"],
+                                       power_w=m["power_w"] or 0.0)
+                         for n, m in sorted(learner.measured().items())])
+    last = learner.last_report
+    if last is not None:
+        view.last_report_time, view.last_samples_done, view.last_energy_j = last
+    if task.spec.learned and not task.state.finished:
+        ns, ps = scheduler.learned_curve(task)
+        view.curve_node_counts = [int(n) for n in ns]
+        view.curve_throughputs = [float(p) for p in ps]
+        prior = scheduler.prior_rate()
+        bands = [learner.band(int(n), prior) for n in ns]
+        view.curve_low = [b[0] for b in bands]
+        view.curve_high = [b[2] for b in bands]
+    return view
+
+
+def task_view(task: Task, scheduler: "Scheduler") -> TaskView:
+    """A copy of ``task`` as answered, its progress projected to the scheduler's clock."""
+    return TaskView(
+        task_id=task.task_id, spec=task.spec, owner=task.owner, state=task.state,
+        submit_time=task.submit_time, admit_time=task.admit_time,
+        finish_time=task.finish_time, nodes=list(task.nodes),
+        work_done_samples=task.work_done, rate_samples_per_s=task.rate,
+        rescales=task.rescales, preemptions=task.preemptions, launches=task.launches,
+        last_run=task.last_run, generation=task.generation, failed_runs=task.failed_runs,
+        failure_reason=task.failure_reason, energy_j=task.energy_j, power_w=task.power,
+        model=model_view(task, scheduler))
+
+
+@dataclass
+class EventFigures:
+    """BFTrainer's step-log figures of one event (arXiv 2106.12091 §5): the interval since
+    the previous event [s], net samples earned in it, the rate after it [samples/s], rescale
+    and preemption losses [samples], nodes that left / joined the pool, tasks preempted, and
+    the pool, tasks and nodes in use after it."""
+
+    interval_s: float = 0.0
+    progress_samples: float = 0.0
+    rate_samples_per_s: float = 0.0
+    rescale_cost_samples: float = 0.0
+    nodes_left: int = 0
+    tasks_preempted: int = 0
+    nodes_joined: int = 0
+    admitted_tasks: int = 0
+    idle_nodes: int = 0
+    running_tasks: int = 0
+    nodes_in_use: int = 0
+    preemption_cost_samples: float = 0.0
+    tasks_completed: int = 0
+
+
+@dataclass
+class SolveSummary:
+    """The allocation solves of one event: the configured and the answering backend, the
+    last answer's status (``fallback`` when any solve fell back, ``skipped`` when none ran),
+    objective and bound, their total time [ms], and the last fallback reason."""
+
+    requested_solver: str
+    solver: str = ""
+    status: str = "skipped"
+    objective: float = 0.0
+    bound: float = 0.0
+    solve_ms: float = 0.0
+    fallback_reason: str = ""
+    solves: int = 0
+
+
+@dataclass
+class PlacementView:
+    """How one task's node set changed (the copy of a
+    :class:`~offcut.daemon.scheduler.PlacementChange` that replies carry)."""
+
+    task_id: str
+    task_name: str
+    change: str
+    nodes: list[str]
+    previous_count: int
+    rate: float
+    work_done: float
+    total_work: float
+    time: float
+    generation: int = 0
+
+
+@dataclass
+class Decision:
+    """The answer to one applied event (``offcut.v1.Decision`` at the edge)."""
+
+    time: float
+    source: str
+    seq: int
+    revision: int
+    placements: list[PlacementView]
+    stats: EventFigures
+    solve: SolveSummary
+    ignored_nodes: list[str] = field(default_factory=list)
+    completed_task_ids: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Decision":
+        """Inverse of ``dataclasses.asdict``."""
+        d = dict(d)
+        d["placements"] = [PlacementView(**p) for p in d["placements"]]
+        d["stats"] = EventFigures(**d["stats"])
+        d["solve"] = SolveSummary(**d["solve"])
+        return cls(**d)
+
+
+def decision_of(out: "Outcome", requested_solver: str) -> Decision:
+    """The decision of an applied event's :class:`~offcut.daemon.scheduler.Outcome`."""
+    solve = SolveSummary(requested_solver=requested_solver, solves=len(out.solves),
+                         solve_ms=sum(s.solve_ms for s in out.solves))
+    if out.solves:
+        last = out.solves[-1]
+        solve.solver, solve.objective, solve.bound = last.solver, last.objective, last.bound
+        reasons = [s.fallback_reason for s in out.solves if s.fallback_reason]
+        solve.status = "fallback" if reasons else last.status
+        solve.fallback_reason = reasons[-1] if reasons else ""
+    stats = EventFigures(
+        interval_s=out.interval_s, progress_samples=out.progress_samples,
+        rate_samples_per_s=out.rate_samples_per_s,
+        rescale_cost_samples=out.rescale_cost_samples, nodes_left=out.nodes_left,
+        tasks_preempted=out.tasks_preempted, nodes_joined=out.nodes_joined,
+        admitted_tasks=out.admitted_tasks, idle_nodes=out.idle_nodes,
+        running_tasks=out.running_tasks, nodes_in_use=out.nodes_in_use,
+        preemption_cost_samples=out.preemption_cost_samples,
+        tasks_completed=len(out.completed_task_ids))
+    return Decision(time=out.time, source=out.source, seq=out.seq, revision=out.revision,
+                    placements=[placement_view(p) for p in out.placements], stats=stats,
+                    solve=solve, ignored_nodes=list(out.ignored_nodes),
+                    completed_task_ids=list(out.completed_task_ids))
+
+
+def placement_view(p: "PlacementChange") -> PlacementView:
+    """A copy of one placement change."""
+    return PlacementView(task_id=p.task_id, task_name=p.task_name, change=p.change,
+                         nodes=list(p.nodes), previous_count=p.previous_count, rate=p.rate,
+                         work_done=p.work_done, total_work=p.total_work, time=p.time,
+                         generation=p.generation)
+
+
+@dataclass
+class Reply:
+    """The answer to one applied event: its decision, and the tasks it answers about (the
+    submitted, cancelled or reported task; every task of a progress report; none for node
+    events). ``duplicate``: a repeated request answered from the journal."""
+
+    decision: Decision
+    tasks: list[TaskView] = field(default_factory=list)
+    duplicate: bool = False
+
+    def to_record(self) -> bytes:
+        """The journal's stored form (format :data:`REPLY_FORMAT`, UTF-8 JSON)."""
+        return json.dumps({"format": REPLY_FORMAT, "decision": asdict(self.decision),
+                           "tasks": [t.to_dict() for t in self.tasks]},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def from_record(cls, stored: bytes) -> "Reply":
+        """Inverse of :meth:`to_record`; ValueError for another format or undecodable data."""
+        d = json.loads(bytes(stored).decode())
+        if not isinstance(d, dict) or d.get("format") != REPLY_FORMAT:
+            raise ValueError(f"stored reply of format {d.get('format') if isinstance(d, dict) else '?'}"
+                             f", this release reads format {REPLY_FORMAT}")
+        return cls(decision=Decision.from_dict(d["decision"]),
+                   tasks=[TaskView.from_dict(t) for t in d["tasks"]])
+
+
+@dataclass
+class PlacementUpdate:
+    """Placement changes of one revision, as streamed by ``WatchPlacements``."""
+
+    revision: int
+    time: float
+    cause: str
+    placements: list[PlacementView]
+
+
+@dataclass
+class SolverStatistics:
+    """Decision times since start [ms] (percentiles over every event that solved), fallbacks,
+    solves per backend, the last fallback reason."""
+
+    configured_solver: str
+    decisions: int
+    decision_ms_p50: float
+    decision_ms_p95: float
+    decision_ms_p99: float
+    decision_ms_max: float
+    fallbacks: int
+    solves_by_backend: dict[str, int]
+    last_fallback_reason: str
+
+
+@dataclass
+class StatusView:
+    """The daemon's state in figures: event clock [s since epoch], revision, pool, tasks per
+    state, accounting [samples, node-seconds, J], settings, the last decision and solver
+    statistics. ``idle_node_names`` only when asked for."""
+
+    clock: float | None
+    revision: int
+    idle_nodes: int
+    nodes_in_use: int
+    idle_node_names: list[str]
+    tasks_by_state: dict[TaskState, int]
+    solver: SolverStatistics
+    last_seq: dict[str, int]
+    total_samples: float
+    idle_node_seconds: float
+    used_node_seconds: float
+    tfwd_s: float
+    max_running_tasks: int
+    objective: str
+    eta: float
+    task_energy_j: float
+    energy_j: float
+    last_decision: Decision | None

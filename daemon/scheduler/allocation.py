@@ -1,0 +1,136 @@
+"""Re-allocation (docs/architecture.md §4): the admitted tasks' problem, the configured
+:class:`~offcut.daemon.policies.AllocationPolicy`'s counts (checked), and the placement of
+node names with the rescale costs."""
+
+from __future__ import annotations
+
+from offcut.daemon import placement
+from offcut.daemon.model import Task, TaskState
+from offcut.daemon.policies import (AllocationPolicy, AllocationRequest, PolicyError, PolicyTask,
+                                    check_counts, get_policy)
+from offcut.daemon.solvers.problem import AllocationProblem
+from offcut.daemon.scheduler.outcome import Allocate, Outcome, SolveRecord
+
+
+class Allocation:
+    """Builds allocation problems, asks the policy, applies its counts."""
+
+    def problem(self, tasks: list[Task]) -> AllocationProblem:
+        """The count-level allocation problem for ``tasks`` (docs/architecture.md §4)."""
+        curves = [self._curves(t) for t in tasks]
+        costs = [self.rescale_costs(t) for t in tasks]
+        return AllocationProblem(
+            idle_nodes=len(self.pool),
+            current_nodes=[len(t.nodes) for t in tasks],
+            min_nodes=[t.spec.min_nodes for t in tasks],
+            max_nodes=[t.spec.max_nodes for t in tasks],
+            node_counts=[c[0] for c in curves],
+            objective_values=[c[1] for c in curves],
+            tfwd_s=self.tfwd_s,
+            rescale_up_s=[c[0] for c in costs],
+            rescale_down_s=[c[1] for c in costs],
+            objective_tables=[c[2] for c in curves],
+            check=False,  # specs were validated at submission
+        )
+
+    def policy(self) -> AllocationPolicy:
+        """The allocation policy named by ``objective.objective`` (one instance per name,
+        made on first use). Raises :class:`PolicyError` when it is unknown or cannot load."""
+        name = self.objective.objective
+        if self._policy is None or self._policy[0] != name:
+            self._policy = (name, get_policy(name))
+        return self._policy[1]
+
+    def owner_node_seconds(self) -> dict[str, float]:
+        """Node-seconds used so far per owner, over all their tasks (finished ones included)."""
+        used: dict[str, float] = {}
+        for task in self.tasks.values():
+            used[task.owner] = used.get(task.owner, 0.0) + task.node_seconds
+        return used
+
+    def allocation_request(self, tasks: list[Task], t: float) -> AllocationRequest:
+        """The policy's view of re-allocating ``tasks`` (the admitted ones) at ``t``: their
+        problem (:meth:`problem`), ids, owners, submit times and node-seconds, the settings;
+        power values and the owners' usage on demand."""
+        problem = self.problem(tasks)
+        return AllocationRequest(
+            problem, [PolicyTask(task.task_id, task.owner, task.submit_time, task.node_seconds)
+                      for task in tasks], self.objective, t,
+            power_values=lambda: [self._power_values(task, ns)
+                                  for task, ns in zip(tasks, problem.node_counts)],
+            owner_node_seconds=self.owner_node_seconds)
+
+    def _allocation_counts(self, tasks: list[Task], t: float, out: Outcome,
+                           allocate: Allocate) -> list[int]:
+        """The configured policy's node counts for ``tasks``, checked; every answer of
+        ``allocate`` it used is appended to ``out.solves`` (journaled, in order)."""
+        policy = self.policy()
+        name = self.objective.objective
+        request = self.allocation_request(tasks, t)
+
+        failed: list[BaseException] = []  # errors of ``allocate`` itself pass unchanged
+
+        def solve(p: AllocationProblem) -> SolveRecord:
+            try:
+                record = allocate(p)
+            except BaseException as exc:
+                failed.append(exc)
+                raise
+            out.solves.append(record)
+            return record
+
+        try:
+            counts = policy.allocate(request, solve)
+        except PolicyError:
+            raise
+        except Exception as exc:
+            if any(exc is e for e in failed):
+                raise
+            raise PolicyError(f"allocation policy {name!r} failed: {type(exc).__name__}: "
+                              f"{exc}") from exc
+        return check_counts(name, counts, request.problem)
+
+    def _reallocate(self, t: float, out: Outcome, allocate: Allocate) -> None:
+        tasks = self.admitted()
+        for task in tasks:
+            if task.state is TaskState.QUEUED:
+                task.state = TaskState.ADMITTED
+                task.admit_time = t
+        if not tasks:
+            return
+        counts = self._allocation_counts(tasks, t, out, allocate)
+        # shrink first: released nodes become free for growing tasks
+        before = {task.task_id: len(task.nodes) for task in tasks}
+        for task, n in zip(tasks, counts):
+            if n < len(task.nodes):
+                kept, released = placement.shrink(task.nodes, n)
+                for node in released:
+                    del self.holder[node]
+                task.nodes = kept
+        free = [n for n in self.pool if n not in self.holder]
+        for task, n in zip(tasks, counts):
+            extra = n - len(task.nodes)
+            if extra > 0:
+                picked = placement.grow(task.nodes, extra, free, self.pool)
+                taken = set(picked)
+                free = [x for x in free if x not in taken]
+                for node in picked:
+                    self.holder[node] = task.task_id
+                task.nodes = sorted(task.nodes + picked)
+        for task in tasks:
+            c, n = before[task.task_id], len(task.nodes)
+            if n == c:
+                continue
+            lost_rate = self.rate_at(task, c)
+            up_s, down_s = self.rescale_costs(task)
+            cost = self._chargeable(task, lost_rate * (up_s if n > c else down_s))
+            task.work_done -= cost
+            out.progress_samples -= cost
+            out.rescale_cost_samples += cost
+            self.total_samples -= cost
+            task.rescales += 1
+            self._set_running_state(task)
+            kind = "start" if c == 0 else "stop" if n == 0 else "grow" if n > c else "shrink"
+            if task.learner is not None:
+                task.learner.on_allocation(t, n, kind)
+            out.placements.append(self._change(task, kind, c, t))

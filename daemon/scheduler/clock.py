@@ -1,0 +1,63 @@
+"""The event clock and BFTrainer's progress model between events (arXiv 2106.12091 §3-4;
+docs/architecture.md §3): accrual of samples, energy and node-seconds, exact completions."""
+
+from __future__ import annotations
+
+import math
+
+from offcut.daemon.model import TaskState
+from offcut.daemon.scheduler.outcome import Allocate, Outcome
+
+
+class ProgressClock:
+    """Moves the event clock forward, accruing progress and completing tasks on the way."""
+
+    def _advance(self, t: float, out: Outcome, allocate: Allocate) -> None:
+        """Accrue progress up to ``t``, completing tasks (and re-allocating) on the way."""
+        if self.clock is None:
+            self.clock = t
+            return
+        while True:
+            soonest, soonest_task = math.inf, None
+            for task in self.admitted():  # only admitted tasks can hold nodes
+                if task.rate > 0 and task.state is TaskState.RUNNING and task.learner is None:
+                    left = task.spec.total_work_samples - task.work_done
+                    at = self.clock + max(left, 0.0) / task.rate
+                    if at < soonest:
+                        soonest, soonest_task = at, task
+            if soonest_task is None or soonest > t:
+                break
+            self._accrue(soonest - self.clock, out)
+            self.clock = soonest
+            for task in self.admitted():
+                if task.state is TaskState.RUNNING and task.learner is None and (
+                        task is soonest_task or
+                        task.work_done >= task.spec.total_work_samples * (1 - 1e-12)):
+                    out.progress_samples += task.spec.total_work_samples - task.work_done
+                    self.total_samples += task.spec.total_work_samples - task.work_done
+                    task.work_done = task.spec.total_work_samples
+                    self._finish(task, TaskState.COMPLETED, soonest, out)
+                    out.completed_task_ids.append(task.task_id)
+            self._reallocate(soonest, out, allocate)
+        self._accrue(t - self.clock, out)
+        self.clock = t
+
+    def _accrue(self, dt: float, out: Outcome) -> None:
+        if dt <= 0:
+            return
+        for task in self.admitted():
+            if task.rate > 0:
+                gained = task.rate * dt
+                if task.learner is not None:  # completed only by a report: stay below the total
+                    gained = min(gained, max(0.0, task.spec.total_work_samples * (1 - 1e-9)
+                                             - task.work_done))
+                task.work_done += gained
+                out.progress_samples += gained
+                self.total_samples += gained
+            if task.power > 0:
+                task.energy_j += task.power * dt
+                self.task_energy_j += task.power * dt
+            if task.nodes:
+                task.node_seconds += len(task.nodes) * dt
+        self.idle_node_seconds += len(self.pool) * dt
+        self.used_node_seconds += len(self.holder) * dt

@@ -1,0 +1,117 @@
+"""The scheduler's state: settings, event clock, idle pool, tasks, counters; its
+persistence (snapshots, docs/architecture.md §6) and the step-log figures."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict
+from typing import Any
+
+from offcut.daemon.model import Limits, ObjectiveSettings, Task, TaskState
+from offcut.daemon.policies import AllocationPolicy
+from offcut.daemon.scheduler.outcome import Outcome
+
+
+class SchedulerState:
+    """Cluster state: idle pool, tasks, placements, accounting (owned here; the
+    concern modules of :mod:`offcut.daemon.scheduler` change it).
+
+    Args:
+        tfwd_s: BFTrainer's look-ahead Tfwd [s] used in the allocation objective.
+        max_running_tasks: maxJ, tasks admitted to the allocation at once.
+        limits: size limits checked by :meth:`validate`; None = none (re-applying the
+            journal, whose events were checked against the limits of their time). Not part
+            of the persisted state: the engine sets the configured ones.
+        objective: what the allocation maximises (the policy's name) and the power figures
+            (:class:`ObjectiveSettings`; persisted, like ``tfwd_s``).
+        max_failed_generations: a task whose current generation's run fails this many times
+            in a row (each failure restarts it as a new generation) is FAILED
+            (docs/execution.md; persisted).
+    """
+
+    def __init__(self, tfwd_s: float = 10.0, max_running_tasks: int = 10,
+                 limits: Limits | None = None, objective: ObjectiveSettings | None = None,
+                 max_failed_generations: int = 3):
+        self.tfwd_s = float(tfwd_s)
+        self.max_running_tasks = int(max_running_tasks)
+        #: failed runs of a task's current generations in a row that fail it (docs/execution.md)
+        self.max_failed_generations = int(max_failed_generations)
+        self.limits = limits
+        self.objective = objective if objective is not None else ObjectiveSettings()
+        self.task_energy_j = 0.0
+        self.clock: float | None = None
+        self.revision = 0
+        self.pool: dict[str, float] = {}        # idle node -> idle since [s]
+        self.holder: dict[str, str] = {}        # idle node -> task id holding it
+        self.tasks: dict[str, Task] = {}        # submit order
+        self.active: dict[str, Task] = {}       # unfinished tasks, submit order
+        self._objective: dict[str, tuple] = {}  # task id -> (Ns, Os, S(n)) arrays (cache)
+        self.last_seq: dict[str, int] = {}
+        self.next_task_number = 1
+        self.total_samples = 0.0
+        self.idle_node_seconds = 0.0
+        self.used_node_seconds = 0.0
+        self.requests: dict[str, str] = {}      # submit request_id -> task id
+        self._learn_version = 0                 # bumped when a learner's model changes (caches)
+        self._prior_cache: tuple[int, float] | None = None
+        self._policy: tuple[str, AllocationPolicy] | None = None  # (name, instance) in use
+
+    def admitted(self) -> list[Task]:
+        """The tasks considered by the allocation (submit order, at most maxJ)."""
+        return list(itertools.islice(self.active.values(), self.max_running_tasks))
+
+    @property
+    def energy_j(self) -> float:
+        """Energy of the idle pool while Offcut ran it [J]: the tasks' nodes plus the unused
+        idle nodes at ``idle_node_power_w``."""
+        unused = max(0.0, self.idle_node_seconds - self.used_node_seconds)
+        return self.task_energy_j + unused * self.objective.idle_node_power_w
+
+    def _fill_figures(self, out: Outcome) -> None:
+        admitted = [t for t in self.admitted() if t.state is not TaskState.QUEUED]
+        running = [t for t in admitted if t.state is TaskState.RUNNING]
+        out.rate_samples_per_s = float(sum(t.rate for t in running))
+        out.admitted_tasks = len(admitted)
+        out.idle_nodes = len(self.pool)
+        out.running_tasks = len(running)
+        out.nodes_in_use = len(self.holder)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole state as JSON-able data (for snapshots)."""
+        return {
+            "tfwd_s": self.tfwd_s, "max_running_tasks": self.max_running_tasks,
+            "clock": self.clock, "revision": self.revision, "pool": self.pool,
+            "tasks": [t.to_dict() for t in self.tasks.values()], "last_seq": self.last_seq,
+            "next_task_number": self.next_task_number, "total_samples": self.total_samples,
+            "idle_node_seconds": self.idle_node_seconds,
+            "used_node_seconds": self.used_node_seconds, "requests": self.requests,
+            "objective": asdict(self.objective), "task_energy_j": self.task_energy_j,
+            "max_failed_generations": self.max_failed_generations,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SchedulerState":
+        """Inverse of :meth:`to_dict`."""
+        core = cls(d["tfwd_s"], d["max_running_tasks"],
+                   objective=ObjectiveSettings(**d["objective"]) if "objective" in d else None,
+                   max_failed_generations=d.get("max_failed_generations", 3))
+        core.task_energy_j = d.get("task_energy_j", 0.0)
+        core.clock, core.revision = d["clock"], d["revision"]
+        core.pool = dict(d["pool"])
+        core.tasks = {t["task_id"]: Task.from_dict(t) for t in d["tasks"]}
+        core.active = {k: t for k, t in core.tasks.items() if not t.state.finished}
+        core.holder = {n: t.task_id for t in core.tasks.values() for n in t.nodes}
+        core.last_seq = dict(d["last_seq"])
+        core.next_task_number = d["next_task_number"]
+        core.total_samples = d["total_samples"]
+        core.idle_node_seconds = d["idle_node_seconds"]
+        core.used_node_seconds = d["used_node_seconds"]
+        core.requests = dict(d["requests"])
+        return core
+
+    def fingerprint(self) -> tuple:
+        """A comparable summary of the state (tests: state before == state after)."""
+        return (self.clock, self.revision, tuple(sorted(self.pool.items())),
+                tuple((t.task_id, t.state.value, tuple(t.nodes), round(t.work_done, 6))
+                      for t in self.tasks.values()),
+                tuple(sorted(self.last_seq.items())))
