@@ -9,6 +9,7 @@ Only shapes are checked here (types, required fields); the core validates values
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, fields
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -16,8 +17,9 @@ from offcut.errors import InvalidArgument
 from offcut.daemon.model import (CancelEvent, Limits, NodeEvent, ProgressEvent, ProgressItem,
                                  ProgressReport, SubmitEvent, TaskRunEvent, TaskSpec, TaskState)
 from offcut.daemon.replies import (Decision, EventFigures, MeasuredCount, ModelView,
-                                   PlacementUpdate, PlacementView, SolverStatistics, SolveSummary,
-                                   StatusView, TaskView)
+                                   PlacementUpdate, SolverStatistics, SolveSummary, StatusView,
+                                   TaskView)
+from offcut.daemon.scheduler import PlacementChange
 from offcut.v1 import decision_pb2, nodes_pb2, status_pb2, tasks_pb2
 
 CHANGE_TO_PB = {
@@ -279,49 +281,30 @@ def task_from_pb(msg: tasks_pb2.Task) -> TaskView:
 
 def decision_to_pb(d: Decision, duplicate: bool = False) -> decision_pb2.Decision:
     """The protocol form of a decision."""
-    st, sv = d.stats, d.solve
     return decision_pb2.Decision(
         time=time_to_pb(d.time), source=d.source, seq=d.seq, revision=d.revision,
         duplicate=duplicate, placements=[placement_to_pb(p) for p in d.placements],
-        stats=decision_pb2.EventStats(
-            interval_s=st.interval_s, progress_samples=st.progress_samples,
-            rate_samples_per_s=st.rate_samples_per_s,
-            rescale_cost_samples=st.rescale_cost_samples, nodes_left=st.nodes_left,
-            tasks_preempted=st.tasks_preempted, nodes_joined=st.nodes_joined,
-            admitted_tasks=st.admitted_tasks, idle_nodes=st.idle_nodes,
-            running_tasks=st.running_tasks, nodes_in_use=st.nodes_in_use,
-            preemption_cost_samples=st.preemption_cost_samples,
-            tasks_completed=st.tasks_completed),
-        solve=decision_pb2.SolveStats(
-            requested_solver=sv.requested_solver, solver=sv.solver, status=sv.status,
-            objective=sv.objective, bound=sv.bound, solve_ms=sv.solve_ms,
-            fallback_reason=sv.fallback_reason, solves=sv.solves),
+        stats=decision_pb2.EventStats(**asdict(d.stats)),
+        solve=decision_pb2.SolveStats(**asdict(d.solve)),
         ignored_nodes=d.ignored_nodes, completed_task_ids=d.completed_task_ids)
+
+
+def _fields_of(msg, cls) -> dict:
+    """The fields of dataclass ``cls`` read from the message ``msg`` of the same field names."""
+    return {f.name: getattr(msg, f.name) for f in fields(cls)}
 
 
 def decision_from_pb(msg: decision_pb2.Decision) -> Decision:
     """Inverse of :func:`decision_to_pb` (format-1 journal replies)."""
-    st, sv = msg.stats, msg.solve
     return Decision(
         time=_stored_time(msg.time) or 0.0, source=msg.source, seq=msg.seq,
         revision=msg.revision, placements=[placement_from_pb(p) for p in msg.placements],
-        stats=EventFigures(
-            interval_s=st.interval_s, progress_samples=st.progress_samples,
-            rate_samples_per_s=st.rate_samples_per_s,
-            rescale_cost_samples=st.rescale_cost_samples, nodes_left=st.nodes_left,
-            tasks_preempted=st.tasks_preempted, nodes_joined=st.nodes_joined,
-            admitted_tasks=st.admitted_tasks, idle_nodes=st.idle_nodes,
-            running_tasks=st.running_tasks, nodes_in_use=st.nodes_in_use,
-            preemption_cost_samples=st.preemption_cost_samples,
-            tasks_completed=st.tasks_completed),
-        solve=SolveSummary(
-            requested_solver=sv.requested_solver, solver=sv.solver, status=sv.status,
-            objective=sv.objective, bound=sv.bound, solve_ms=sv.solve_ms,
-            fallback_reason=sv.fallback_reason, solves=sv.solves),
+        stats=EventFigures(**_fields_of(msg.stats, EventFigures)),
+        solve=SolveSummary(**_fields_of(msg.solve, SolveSummary)),
         ignored_nodes=list(msg.ignored_nodes), completed_task_ids=list(msg.completed_task_ids))
 
 
-def placement_to_pb(p: PlacementView) -> decision_pb2.Placement:
+def placement_to_pb(p: PlacementChange) -> decision_pb2.Placement:
     """The protocol form of one placement change."""
     return decision_pb2.Placement(
         task_id=p.task_id, task_name=p.task_name, change=CHANGE_TO_PB[p.change], nodes=p.nodes,
@@ -330,9 +313,9 @@ def placement_to_pb(p: PlacementView) -> decision_pb2.Placement:
         generation=p.generation)
 
 
-def placement_from_pb(msg: decision_pb2.Placement) -> PlacementView:
+def placement_from_pb(msg: decision_pb2.Placement) -> PlacementChange:
     """Inverse of :func:`placement_to_pb` (format-1 journal replies)."""
-    return PlacementView(
+    return PlacementChange(
         task_id=msg.task_id, task_name=msg.task_name, change=PB_TO_CHANGE[msg.change],
         nodes=list(msg.nodes), previous_count=msg.previous_node_count,
         rate=msg.rate_samples_per_s, work_done=msg.work_done_samples,
@@ -347,13 +330,8 @@ def update_to_pb(u: PlacementUpdate) -> tasks_pb2.PlacementUpdate:
 
 
 def solver_statistics_to_pb(s: SolverStatistics) -> status_pb2.SolverStatistics:
-    """The protocol form of the solver statistics."""
-    return status_pb2.SolverStatistics(
-        configured_solver=s.configured_solver, decisions=s.decisions,
-        decision_ms_p50=s.decision_ms_p50, decision_ms_p95=s.decision_ms_p95,
-        decision_ms_p99=s.decision_ms_p99, decision_ms_max=s.decision_ms_max,
-        fallbacks=s.fallbacks, solves_by_backend=s.solves_by_backend,
-        last_fallback_reason=s.last_fallback_reason)
+    """The protocol form of the solver statistics (the same field names)."""
+    return status_pb2.SolverStatistics(**asdict(s))
 
 
 def status_to_pb(v: StatusView) -> status_pb2.StatusResponse:

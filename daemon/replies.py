@@ -17,13 +17,15 @@ reply; :mod:`offcut.daemon.migrations` converts a format-1 state file when it is
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from offcut.daemon.model import Task, TaskSpec, TaskState
 
+from offcut.daemon.scheduler.outcome import PlacementChange
+
 if TYPE_CHECKING:
-    from offcut.daemon.scheduler import Outcome, PlacementChange, Scheduler
+    from offcut.daemon.scheduler import Outcome, Scheduler
 
 #: the version of the stored reply written by this release
 REPLY_FORMAT = 2
@@ -191,23 +193,6 @@ class SolveSummary:
 
 
 @dataclass
-class PlacementView:
-    """How one task's node set changed (the copy of a
-    :class:`~offcut.daemon.scheduler.PlacementChange` that replies carry)."""
-
-    task_id: str
-    task_name: str
-    change: str
-    nodes: list[str]
-    previous_count: int
-    rate: float
-    work_done: float
-    total_work: float
-    time: float
-    generation: int = 0
-
-
-@dataclass
 class Decision:
     """The answer to one applied event (``offcut.v1.Decision`` at the edge)."""
 
@@ -215,7 +200,7 @@ class Decision:
     source: str
     seq: int
     revision: int
-    placements: list[PlacementView]
+    placements: list[PlacementChange]
     stats: EventFigures
     solve: SolveSummary
     ignored_nodes: list[str] = field(default_factory=list)
@@ -225,7 +210,7 @@ class Decision:
     def from_dict(cls, d: dict[str, Any]) -> "Decision":
         """Inverse of ``dataclasses.asdict``."""
         d = dict(d)
-        d["placements"] = [PlacementView(**p) for p in d["placements"]]
+        d["placements"] = [PlacementChange(**p) for p in d["placements"]]
         d["stats"] = EventFigures(**d["stats"])
         d["solve"] = SolveSummary(**d["solve"])
         return cls(**d)
@@ -241,27 +226,12 @@ def decision_of(out: "Outcome", requested_solver: str) -> Decision:
         reasons = [s.fallback_reason for s in out.solves if s.fallback_reason]
         solve.status = "fallback" if reasons else last.status
         solve.fallback_reason = reasons[-1] if reasons else ""
-    stats = EventFigures(
-        interval_s=out.interval_s, progress_samples=out.progress_samples,
-        rate_samples_per_s=out.rate_samples_per_s,
-        rescale_cost_samples=out.rescale_cost_samples, nodes_left=out.nodes_left,
-        tasks_preempted=out.tasks_preempted, nodes_joined=out.nodes_joined,
-        admitted_tasks=out.admitted_tasks, idle_nodes=out.idle_nodes,
-        running_tasks=out.running_tasks, nodes_in_use=out.nodes_in_use,
-        preemption_cost_samples=out.preemption_cost_samples,
-        tasks_completed=len(out.completed_task_ids))
+    stats = EventFigures(tasks_completed=len(out.completed_task_ids), **{
+        f.name: getattr(out, f.name) for f in fields(EventFigures) if f.name != "tasks_completed"})
     return Decision(time=out.time, source=out.source, seq=out.seq, revision=out.revision,
-                    placements=[placement_view(p) for p in out.placements], stats=stats,
+                    placements=list(out.placements), stats=stats,
                     solve=solve, ignored_nodes=list(out.ignored_nodes),
                     completed_task_ids=list(out.completed_task_ids))
-
-
-def placement_view(p: "PlacementChange") -> PlacementView:
-    """A copy of one placement change."""
-    return PlacementView(task_id=p.task_id, task_name=p.task_name, change=p.change,
-                         nodes=list(p.nodes), previous_count=p.previous_count, rate=p.rate,
-                         work_done=p.work_done, total_work=p.total_work, time=p.time,
-                         generation=p.generation)
 
 
 @dataclass
@@ -298,7 +268,7 @@ class PlacementUpdate:
     revision: int
     time: float
     cause: str
-    placements: list[PlacementView]
+    placements: list[PlacementChange]
 
 
 @dataclass
