@@ -428,6 +428,15 @@ class TooGreedy(AllocationPolicy):
         return [int(m) for m in request.problem.max_nodes]
 
 
+class Crashing(AllocationPolicy):
+    """Asks one solve, then fails (a bug in a policy)."""
+    name = "test_crashing"
+
+    def allocate(self, request, solve):
+        solve(request.problem)
+        raise ZeroDivisionError("division by zero")
+
+
 class NotAPolicy:
     pass
 '''
@@ -435,6 +444,7 @@ class NotAPolicy:
 ENTRY_POINTS = """[offcut.policies]
 test_newest_first = offcut_test_policies:NewestFirst
 test_too_greedy = offcut_test_policies:TooGreedy
+test_crashing = offcut_test_policies:Crashing
 test_not_a_policy = offcut_test_policies:NotAPolicy
 test_broken = offcut_test_broken:Policy
 throughput = offcut_test_policies:NewestFirst
@@ -475,19 +485,49 @@ def test_entry_point_policies_are_found_by_name(plugin_dir):
         policy_class("test_nope")
 
 
-def test_the_core_uses_a_plugin_and_refuses_its_bad_answer(plugin_dir):
+def test_the_scheduler_uses_a_plugin_and_falls_back_on_its_bad_answer(plugin_dir):
     core = Scheduler(objective=ObjectiveSettings(objective="test_newest_first"))
     feed = Feed()
     core.apply(feed(T0, ["n1", "n2", "n3", "n4"]), dp_record)
     core.apply(SubmitEvent(T0, spec("old", max_nodes=4), "alice"), dp_record)
     out = core.apply(SubmitEvent(T0 + 1, spec("new", max_nodes=3), "bob"), dp_record)
     assert nodes_of(core) == {"old": 1, "new": 3} and out.solves == []  # no solver used
+    # an answer the scheduler cannot apply: the event is applied with throughput's counts
     bad = Scheduler(objective=ObjectiveSettings(objective="test_too_greedy"))
-    bad.apply(Feed()(T0, ["n1", "n2"]), dp_record)
-    before = bad.fingerprint()
-    with pytest.raises(PolicyError, match="'test_too_greedy' uses 4 nodes, only 2 are idle"):
-        bad.apply(SubmitEvent(T0, spec("x", max_nodes=4), "alice"), dp_record)
-    assert before[2] == bad.fingerprint()[2]  # the pool is untouched
+    good = Scheduler()
+    for sched in (bad, good):
+        sched.apply(Feed()(T0, ["n1", "n2"]), dp_record)
+        out = sched.apply(SubmitEvent(T0, spec("x", max_nodes=4), "alice"), dp_record)
+    assert nodes_of(bad) == nodes_of(good) == {"x": 2}
+    assert len(out.solves) == 1 and out.solves[0].fallback_reason is None
+    bad_out = bad.apply(SubmitEvent(T0 + 1, spec("y", max_nodes=4), "bob"), dp_record)
+    good.apply(SubmitEvent(T0 + 1, spec("y", max_nodes=4), "bob"), dp_record)
+    assert nodes_of(bad) == nodes_of(good)
+    assert "'test_too_greedy' uses 8 nodes, only 2 are idle; this decision used 'throughput'" \
+        in bad_out.solves[-1].fallback_reason
+
+
+def test_a_crashing_policy_falls_back_and_replays_the_same(plugin_dir):
+    """A policy that raises after one solve: the event is applied with throughput's counts
+    (two solves journaled: the policy's, then throughput's), and re-applying the events with
+    the recorded answers, as the engine's recovery does, gives the same state."""
+    core = Scheduler(objective=ObjectiveSettings(objective="test_crashing"))
+    feed, events, solves = Feed(), [], []
+    events.append(feed(T0, ["n1", "n2", "n3"]))
+    events.append(SubmitEvent(T0, spec("a", max_nodes=2), "alice"))
+    events.append(SubmitEvent(T0 + 1, spec("b", max_nodes=2), "bob"))
+    for e in events:
+        out = core.apply(e, dp_record)
+        solves.append(list(out.solves))
+    assert [len(s) for s in solves] == [0, 2, 2]
+    assert "'test_crashing' failed: ZeroDivisionError: division by zero; this decision used " \
+           "'throughput'" in solves[-1][-1].fallback_reason
+    assert sum(nodes_of(core).values()) == 3
+    again = Scheduler(objective=ObjectiveSettings(objective="test_crashing"))
+    for e, recorded in zip(events, solves):
+        answers = iter(recorded)
+        again.apply(e, lambda p: next(answers))
+    assert again.fingerprint() == core.fingerprint()
 
 
 def test_a_daemon_uses_a_plugin_named_by_policy(plugin_dir, tmp_path, monkeypatch):

@@ -20,8 +20,10 @@ The contract a policy keeps (the daemon's durability rests on it):
 * **Read-only**: the request and the problem's arrays are shared with the scheduler's caches; a
   policy must not modify them (build new problems, e.g. with :func:`subproblem`).
 * The answer: a sequence of ``problem.num_tasks`` integers, each 0 or within
-  ``[min_nodes[j], max_nodes[j]]``, summing to at most ``problem.idle_nodes``; else the scheduler
-  raises :class:`PolicyError` naming the policy and the event is not applied.
+  ``[min_nodes[j], max_nodes[j]]``, summing to at most ``problem.idle_nodes``. An answer that
+  is not (a :class:`PolicyError` naming the policy), or a policy that raises, does not stop the
+  event: that decision falls back to ``throughput``, logged, with the reason in its last solve's
+  ``fallback_reason`` (the Decision, ``offcut status``).
 """
 
 from __future__ import annotations

@@ -4,12 +4,17 @@ node names with the rescale costs."""
 
 from __future__ import annotations
 
+import logging
+
 from offcut.daemon import placement
 from offcut.daemon.model import Task, TaskState
 from offcut.daemon.policies import (AllocationPolicy, AllocationRequest, PolicyError, PolicyTask,
                                     check_counts, get_policy)
 from offcut.daemon.solvers.problem import AllocationProblem
 from offcut.daemon.scheduler.outcome import Allocate, Outcome, SolveRecord
+
+
+log = logging.getLogger("offcut.daemon")
 
 
 class Allocation:
@@ -63,11 +68,18 @@ class Allocation:
     def _allocation_counts(self, tasks: list[Task], t: float, out: Outcome,
                            allocate: Allocate) -> list[int]:
         """The configured policy's node counts for ``tasks``, checked; every answer of
-        ``allocate`` it used is appended to ``out.solves`` (journaled, in order)."""
+        ``allocate`` it used is appended to ``out.solves`` (journaled, in order).
+
+        A policy that raises or answers counts that cannot be applied does not stop the event
+        (a node event from Slurm must not be lost to a policy's bug): the decision falls back
+        to ``throughput`` on the same request, logged, with the reason in the last solve's
+        ``fallback_reason`` (so in the Decision and ``offcut status``). Re-applying the journal
+        repeats it: the policy is deterministic given its answers (docs/architecture.md §4).
+        A policy that cannot be found or loaded is a :class:`PolicyError` (offcutd checks
+        the name at start)."""
         policy = self.policy()
         name = self.objective.objective
         request = self.allocation_request(tasks, t)
-
         failed: list[BaseException] = []  # errors of ``allocate`` itself pass unchanged
 
         def solve(p: AllocationProblem) -> SolveRecord:
@@ -80,15 +92,18 @@ class Allocation:
             return record
 
         try:
-            counts = policy.allocate(request, solve)
-        except PolicyError:
-            raise
+            return check_counts(name, policy.allocate(request, solve), request.problem)
         except Exception as exc:
-            if any(exc is e for e in failed):
+            if any(exc is e for e in failed) or name == "throughput":
                 raise
-            raise PolicyError(f"allocation policy {name!r} failed: {type(exc).__name__}: "
-                              f"{exc}") from exc
-        return check_counts(name, counts, request.problem)
+            reason = (str(exc) if isinstance(exc, PolicyError) else
+                      f"allocation policy {name!r} failed: {type(exc).__name__}: {exc}")
+        reason = f"{reason[:500]}; this decision used 'throughput'"
+        log.error("%s", reason)
+        record = solve(request.problem)
+        if reason not in (record.fallback_reason or ""):  # re-applied: recorded already
+            record.fallback_reason = "; ".join(filter(None, [record.fallback_reason, reason]))
+        return check_counts("throughput", record.counts, request.problem)
 
     def _reallocate(self, t: float, out: Outcome, allocate: Allocate) -> None:
         tasks = self.admitted()
