@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import grpc
@@ -27,6 +28,7 @@ from prometheus_client.utils import floatToGoString
 
 from offcut.daemon.engine import Engine
 from offcut.daemon.model import TaskState
+from offcut.daemon.replies import StatusView
 from offcut.daemon.zeus.registry import ZeusRegistry
 
 log = logging.getLogger("offcut.daemon")
@@ -45,6 +47,22 @@ def _histogram_buckets(values_s: np.ndarray, bounds_s: Iterable[float]) -> list[
         [("+Inf", float(len(ordered)))]
 
 
+@dataclass(frozen=True)
+class _EngineFigures:
+    """What :class:`EngineCollector` copies under the engine's lock: the Status reply's
+    figures (tasks by state, node counts, accounting), the event clock [s since epoch, None
+    before the first event], the modelled rate [samples/s] and power [W] of the running
+    tasks, the fallback count, solves by backend, and every decision's wall time [s]."""
+
+    status: StatusView
+    clock: float | None
+    rate: float
+    power: float
+    fallbacks: int
+    solves_by_backend: dict[str, int]
+    decision_s: np.ndarray
+
+
 class EngineCollector(Collector):
     """Engine, scheduler and Zeus figures read at scrape time (a custom Prometheus collector).
 
@@ -59,6 +77,14 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Yield the metric families (see docs/metrics.md for units and meanings)."""
+        figures = self._copy()
+        yield from _state_families(figures)
+        yield from _counter_families(figures)
+        if self.zeus is not None:
+            yield from self._zeus_families()
+
+    def _copy(self) -> _EngineFigures:
+        """The engine's figures, copied under its lock (the event path waits on it)."""
         engine = self.engine
         with engine.lock:  # copy only; the event path waits on this lock
             scheduler = engine.scheduler
@@ -71,73 +97,87 @@ class EngineCollector(Collector):
             fallbacks, solves_by_backend = engine.fallbacks, dict(engine.solves_by_backend)
             decision_ms = list(engine.decision_ms)
         decision_s = np.asarray(decision_ms, dtype=float) / 1000.0
+        return _EngineFigures(st, clock, rate, power, fallbacks, solves_by_backend, decision_s)
 
-        yield GaugeMetricFamily("offcut_idle_nodes",
-                                "Nodes in the idle pool (held by a task or free), nodes",
-                                value=st.idle_nodes)
-        yield GaugeMetricFamily("offcut_nodes_in_use", "Idle-pool nodes held by a task, nodes",
-                                value=st.nodes_in_use)
-        tasks = GaugeMetricFamily("offcut_tasks", "Tasks by state, tasks", labels=["state"])
-        for state in TaskState:
-            tasks.add_metric([state.value], st.tasks_by_state[state])
-        yield tasks
-        yield GaugeMetricFamily("offcut_rate_samples_per_second",
-                                "Sum of the modelled throughputs of running tasks, samples/s",
-                                value=rate)
-        yield GaugeMetricFamily(
-            "offcut_samples_net",
-            "Net samples earned by all tasks: progress minus rescale and preemption costs; "
-            "can decrease (preemption costs), so a gauge, samples", value=st.total_samples)
-        yield GaugeMetricFamily(
-            "offcut_energy_joules",
-            "Energy of the idle pool while Offcut ran it: tasks' nodes (reported, or modelled "
-            "between reports) plus unused idle nodes at idle_node_power_w, J",
-            value=st.energy_j)
-        yield GaugeMetricFamily("offcut_task_energy_joules",
-                                "Energy drawn by the tasks' nodes, J", value=st.task_energy_j)
-        yield GaugeMetricFamily("offcut_samples_per_joule",
-                                "offcut_samples_net / offcut_energy_joules, samples/J",
-                                value=st.total_samples / st.energy_j if st.energy_j > 0 else 0.0)
-        yield GaugeMetricFamily("offcut_power_watts",
-                                "Sum of the modelled power of running tasks, W", value=power)
-        yield GaugeMetricFamily("offcut_revision", "Revision of the cluster state (applied events)",
-                                value=st.revision)
-        clock_family = GaugeMetricFamily(
-            "offcut_event_clock_seconds",
-            "Time of the last applied event (event time, not wall time), s since the epoch; "
-            "absent before the first event")
-        if clock is not None:
-            clock_family.add_metric([], clock)
-        yield clock_family
-        yield CounterMetricFamily("offcut_idle_node_seconds_total",
-                                  "Idle-pool node time accrued between events, node-s",
-                                  value=st.idle_node_seconds)
-        yield CounterMetricFamily("offcut_used_node_seconds_total",
-                                  "Idle-pool node time held by tasks, node-s",
-                                  value=st.used_node_seconds)
-        yield CounterMetricFamily("offcut_solver_fallbacks_total",
-                                  "Allocations answered by a fallback backend since the daemon "
-                                  "started", value=fallbacks)
-        solves = CounterMetricFamily("offcut_solves_total",
-                                     "Allocation problems solved since the daemon started, by "
-                                     "the backend that answered", labels=["backend"])
-        for backend, n in sorted(solves_by_backend.items()):
-            solves.add_metric([backend], n)
-        yield solves
-        yield HistogramMetricFamily(
-            "offcut_decision_seconds",
-            "Wall time of each decision (event in, allocation solved, journal committed) since "
-            "the daemon started, s", buckets=_histogram_buckets(decision_s, LATENCY_BUCKETS_S),
-            sum_value=float(decision_s.sum()))
+    def _zeus_families(self) -> Iterator[Metric]:
+        """The ``offcut_zeus_*`` gauges (counts copied under the registry's lock)."""
+        with self.zeus.lock:
+            jobs, profiles = len(self.zeus.jobs), len(self.zeus.profiles)
+        yield GaugeMetricFamily("offcut_zeus_jobs", "Registered Zeus batch-size optimizer jobs",
+                                value=jobs)
+        yield GaugeMetricFamily("offcut_zeus_power_profiles",
+                                "Zeus power-limit profiles (one per job and batch size)",
+                                value=profiles)
 
-        if self.zeus is not None:
-            with self.zeus.lock:
-                jobs, profiles = len(self.zeus.jobs), len(self.zeus.profiles)
-            yield GaugeMetricFamily("offcut_zeus_jobs", "Registered Zeus batch-size optimizer jobs",
-                                    value=jobs)
-            yield GaugeMetricFamily("offcut_zeus_power_profiles",
-                                    "Zeus power-limit profiles (one per job and batch size)",
-                                    value=profiles)
+
+def _state_families(figures: _EngineFigures) -> Iterator[Metric]:
+    """Gauges of the current state: nodes, tasks, rate [samples/s], samples, energy [J],
+    power [W], revision, event clock [s]."""
+    st = figures.status
+    yield GaugeMetricFamily("offcut_idle_nodes",
+                            "Nodes in the idle pool (held by a task or free), nodes",
+                            value=st.idle_nodes)
+    yield GaugeMetricFamily("offcut_nodes_in_use", "Idle-pool nodes held by a task, nodes",
+                            value=st.nodes_in_use)
+    tasks = GaugeMetricFamily("offcut_tasks", "Tasks by state, tasks", labels=["state"])
+    for state in TaskState:
+        tasks.add_metric([state.value], st.tasks_by_state[state])
+    yield tasks
+    yield GaugeMetricFamily("offcut_rate_samples_per_second",
+                            "Sum of the modelled throughputs of running tasks, samples/s",
+                            value=figures.rate)
+    yield GaugeMetricFamily(
+        "offcut_samples_net",
+        "Net samples earned by all tasks: progress minus rescale and preemption costs; "
+        "can decrease (preemption costs), so a gauge, samples", value=st.total_samples)
+    yield GaugeMetricFamily(
+        "offcut_energy_joules",
+        "Energy of the idle pool while Offcut ran it: tasks' nodes (reported, or modelled "
+        "between reports) plus unused idle nodes at idle_node_power_w, J",
+        value=st.energy_j)
+    yield GaugeMetricFamily("offcut_task_energy_joules",
+                            "Energy drawn by the tasks' nodes, J", value=st.task_energy_j)
+    yield GaugeMetricFamily("offcut_samples_per_joule",
+                            "offcut_samples_net / offcut_energy_joules, samples/J",
+                            value=st.total_samples / st.energy_j if st.energy_j > 0 else 0.0)
+    yield GaugeMetricFamily("offcut_power_watts",
+                            "Sum of the modelled power of running tasks, W", value=figures.power)
+    yield GaugeMetricFamily("offcut_revision", "Revision of the cluster state (applied events)",
+                            value=st.revision)
+    clock_family = GaugeMetricFamily(
+        "offcut_event_clock_seconds",
+        "Time of the last applied event (event time, not wall time), s since the epoch; "
+        "absent before the first event")
+    if figures.clock is not None:
+        clock_family.add_metric([], figures.clock)
+    yield clock_family
+
+
+def _counter_families(figures: _EngineFigures) -> Iterator[Metric]:
+    """Counters since the start: node time [node-s], fallbacks, solves by backend, and the
+    decision-time histogram [s]."""
+    st = figures.status
+    yield CounterMetricFamily("offcut_idle_node_seconds_total",
+                              "Idle-pool node time accrued between events, node-s",
+                              value=st.idle_node_seconds)
+    yield CounterMetricFamily("offcut_used_node_seconds_total",
+                              "Idle-pool node time held by tasks, node-s",
+                              value=st.used_node_seconds)
+    yield CounterMetricFamily("offcut_solver_fallbacks_total",
+                              "Allocations answered by a fallback backend since the daemon "
+                              "started", value=figures.fallbacks)
+    solves = CounterMetricFamily("offcut_solves_total",
+                                 "Allocation problems solved since the daemon started, by "
+                                 "the backend that answered", labels=["backend"])
+    for backend, n in sorted(figures.solves_by_backend.items()):
+        solves.add_metric([backend], n)
+    yield solves
+    decision_s = figures.decision_s
+    yield HistogramMetricFamily(
+        "offcut_decision_seconds",
+        "Wall time of each decision (event in, allocation solved, journal committed) since "
+        "the daemon started, s", buckets=_histogram_buckets(decision_s, LATENCY_BUCKETS_S),
+        sum_value=float(decision_s.sum()))
 
 
 class RpcMetricsInterceptor(grpc.ServerInterceptor):

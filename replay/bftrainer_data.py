@@ -448,28 +448,65 @@ def _parse_time(text: str, path: Path, ln: int) -> pd.Timestamp:
     return _utc_naive(text, f"{path}: line {ln}")
 
 
-def _load_node_log_safe(directory: Path, first_node: int, num_nodes: int | None,
-                        skip_rows: int) -> NodeLog:
-    nodes_path = directory / NODES_CSV
-    events_path = directory / EVENTS_CSV
-    _require_file(nodes_path, "node list")
-    _require_file(events_path, "event log")
-    all_names = _read_nodes_csv(nodes_path)
-    lo, hi = _select_slice(len(all_names), first_node, num_nodes, nodes_path)
-    if not isinstance(skip_rows, (int, np.integer)) or isinstance(skip_rows, bool) or skip_rows < 0:
-        raise ReplayInputError(f"{events_path}: skip_rows must be a non-negative integer, "
-                               f"got {skip_rows!r}")
-    names = all_names[lo:hi]
-    col_of = {n: i for i, n in enumerate(all_names)}
-    known = set(all_names)
+@dataclass(frozen=True)
+class _SafeSelection:
+    """The node columns a safe-format log is read for: ``all_names`` (``nodes.csv``, log
+    column order), ``col_of`` name -> column, the selected columns ``lo`` .. ``hi`` - 1, and
+    ``events_path`` (``events.csv.gz``) for error messages."""
 
-    def member(n: str, ln: int) -> int | None:
-        c = col_of.get(n)
+    events_path: Path
+    all_names: list[str]
+    col_of: dict[str, int]
+    lo: int
+    hi: int
+
+    def member(self, n: str, ln: int) -> int | None:
+        """Column of node ``n`` (line ``ln``) if selected, None if not; ReplayInputError for a
+        node not in ``nodes.csv``."""
+        c = self.col_of.get(n)
         if c is None:
-            raise ReplayInputError(f"{events_path}: line {ln}: unknown node {n!r} (not in {NODES_CSV})")
-        return c if lo <= c < hi else None
+            raise ReplayInputError(f"{self.events_path}: line {ln}: unknown node {n!r} "
+                                   f"(not in {NODES_CSV})")
+        return c if self.lo <= c < self.hi else None
 
-    # pass 1: the state at row skip_rows
+    def columns(self, text: str, ln: int, col: str) -> list[int]:
+        """Selected columns of the hostlist ``text`` in column ``col`` of line ``ln``."""
+        return [c for n in _expand(text, self.events_path, ln, col)
+                if (c := self.member(n, ln)) is not None]
+
+
+def _apply_initial_record(sel: _SafeSelection, ln: int, row: int, idle_txt: str, busy_txt: str,
+                          idle_cols: set[int]) -> None:
+    """Apply record ``row`` (line ``ln``) of the initial state's pass to ``idle_cols``: row 0
+    lists the idle nodes (all others are busy), later rows the changes."""
+    events_path = sel.events_path
+    became_idle = _expand(idle_txt, events_path, ln, "idle")
+    became_busy = _expand(busy_txt, events_path, ln, "busy")
+    if row == 0 and became_busy:
+        unknown = [n for n in became_busy if n not in sel.col_of]
+        if unknown:
+            raise ReplayInputError(f"{events_path}: line {ln}: unknown node {unknown[0]!r}")
+        became_busy = []  # the initial record lists idle nodes; all others are busy anyway
+    for n in became_idle:
+        c = sel.member(n, ln)
+        if c is not None:
+            if row > 0 and c in idle_cols:
+                raise ReplayInputError(
+                    f"{events_path}: line {ln}: node {n} became idle but was already idle")
+            idle_cols.add(c)
+    for n in became_busy:
+        c = sel.member(n, ln)
+        if c is not None:
+            if c not in idle_cols:
+                raise ReplayInputError(
+                    f"{events_path}: line {ln}: node {n} became busy but was already busy")
+            idle_cols.discard(c)
+
+
+def _safe_initial_state(sel: _SafeSelection, skip_rows: int) -> tuple[pd.Timestamp, set[int]]:
+    """(time of log row ``skip_rows``, the selected columns idle then): the records up to that
+    row applied in order. ReplayInputError for an empty log or one ending before the row."""
+    events_path = sel.events_path
     idle_cols: set[int] = set()
     initial_time = None
     initial_row = None
@@ -477,27 +514,7 @@ def _load_node_log_safe(directory: Path, first_node: int, num_nodes: int | None,
     for ln, row, t, idle_txt, busy_txt in lines:
         if row > skip_rows:
             break
-        became_idle = _expand(idle_txt, events_path, ln, "idle")
-        became_busy = _expand(busy_txt, events_path, ln, "busy")
-        if row == 0 and became_busy:
-            unknown = [n for n in became_busy if n not in known]
-            if unknown:
-                raise ReplayInputError(f"{events_path}: line {ln}: unknown node {unknown[0]!r}")
-            became_busy = []  # the initial record lists idle nodes; all others are busy anyway
-        for n in became_idle:
-            c = member(n, ln)
-            if c is not None:
-                if row > 0 and c in idle_cols:
-                    raise ReplayInputError(
-                        f"{events_path}: line {ln}: node {n} became idle but was already idle")
-                idle_cols.add(c)
-        for n in became_busy:
-            c = member(n, ln)
-            if c is not None:
-                if c not in idle_cols:
-                    raise ReplayInputError(
-                        f"{events_path}: line {ln}: node {n} became busy but was already busy")
-                idle_cols.discard(c)
+        _apply_initial_record(sel, ln, row, idle_txt, busy_txt, idle_cols)
         initial_time = _parse_time(t, events_path, ln)
         initial_row = row
     else:
@@ -510,37 +527,64 @@ def _load_node_log_safe(directory: Path, first_node: int, num_nodes: int | None,
     lines.close()
     if initial_time is None:
         raise ReplayInputError(f"{events_path}: event log has no records")
+    return initial_time, idle_cols
+
+
+def _iter_safe_changes(sel: _SafeSelection, skip_rows: int,
+                       start_idle: frozenset[int]) -> Iterator[NodeChange]:
+    """The changes of the selected nodes after row ``skip_rows`` (``start_idle``: the columns
+    idle at that row), re-reading ``events.csv.gz``; records without a selected change are
+    skipped. ReplayInputError for a node that becomes idle (busy) while it is idle (busy)."""
+    events_path, all_names = sel.events_path, sel.all_names
+    state = set(start_idle)
+    for ln, row, t, idle_txt, busy_txt in _iter_events_csv(events_path):
+        if row <= skip_rows:
+            continue
+        if not idle_txt and not busy_txt:
+            continue
+        up = sel.columns(idle_txt, ln, "idle")
+        down = sel.columns(busy_txt, ln, "busy")
+        if not up and not down:
+            continue
+        for c in up:
+            if c in state:
+                raise ReplayInputError(f"{events_path}: line {ln}: node {all_names[c]} "
+                                       "became idle but was already idle")
+            state.add(c)
+        for c in down:
+            if c not in state:
+                raise ReplayInputError(f"{events_path}: line {ln}: node {all_names[c]} "
+                                       "became busy but was already busy")
+            state.discard(c)
+        yield NodeChange(_parse_time(t, events_path, ln), [all_names[c] for c in sorted(up)],
+                         [all_names[c] for c in sorted(down)], row)
+
+
+def _load_node_log_safe(directory: Path, first_node: int, num_nodes: int | None,
+                        skip_rows: int) -> NodeLog:
+    """The safe-format log in ``directory`` (``nodes.csv`` + ``events.csv.gz``), nodes
+    ``first_node`` .. ``first_node + num_nodes - 1`` from row ``skip_rows`` on (see
+    :func:`load_node_log`): the state at that row is read now, the later changes lazily."""
+    nodes_path = directory / NODES_CSV
+    events_path = directory / EVENTS_CSV
+    _require_file(nodes_path, "node list")
+    _require_file(events_path, "event log")
+    all_names = _read_nodes_csv(nodes_path)
+    lo, hi = _select_slice(len(all_names), first_node, num_nodes, nodes_path)
+    if not isinstance(skip_rows, (int, np.integer)) or isinstance(skip_rows, bool) or skip_rows < 0:
+        raise ReplayInputError(f"{events_path}: skip_rows must be a non-negative integer, "
+                               f"got {skip_rows!r}")
+    sel = _SafeSelection(events_path, all_names, {n: i for i, n in enumerate(all_names)}, lo, hi)
+    initial_time, idle_cols = _safe_initial_state(sel, skip_rows)
     initial_idle = [all_names[c] for c in sorted(idle_cols)]
     start_idle = frozenset(idle_cols)
 
     def factory() -> Iterator[NodeChange]:
-        state = set(start_idle)
-        for ln, row, t, idle_txt, busy_txt in _iter_events_csv(events_path):
-            if row <= skip_rows:
-                continue
-            if not idle_txt and not busy_txt:
-                continue
-            up = [c for n in _expand(idle_txt, events_path, ln, "idle")
-                  if (c := member(n, ln)) is not None]
-            down = [c for n in _expand(busy_txt, events_path, ln, "busy")
-                    if (c := member(n, ln)) is not None]
-            if not up and not down:
-                continue
-            for c in up:
-                if c in state:
-                    raise ReplayInputError(f"{events_path}: line {ln}: node {all_names[c]} "
-                                           "became idle but was already idle")
-                state.add(c)
-            for c in down:
-                if c not in state:
-                    raise ReplayInputError(f"{events_path}: line {ln}: node {all_names[c]} "
-                                           "became busy but was already busy")
-                state.discard(c)
-            yield NodeChange(_parse_time(t, events_path, ln), [all_names[c] for c in sorted(up)],
-                             [all_names[c] for c in sorted(down)], row)
+        return _iter_safe_changes(sel, skip_rows, start_idle)
 
-    return NodeLog(node_names=names, initial_time=initial_time, initial_idle=initial_idle,
-                   num_events=None, source=str(directory), _events_factory=factory)
+    return NodeLog(node_names=all_names[lo:hi], initial_time=initial_time,
+                   initial_idle=initial_idle, num_events=None, source=str(directory),
+                   _events_factory=factory)
 
 
 def load_node_log(path: str | Path, *, first_node: int = 0, num_nodes: int | None = None,

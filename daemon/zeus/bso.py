@@ -44,6 +44,11 @@ interruption is neither, so it is not an outcome:
   generation not older than its holder, a running one only by a *later* generation (its
   holder's generation was replaced without suspending: a kill without grace; what it did not
   report is lost), so two processes can never resume the same trial at once.
+
+Parts: :mod:`offcut.daemon.zeus.bso_trials` keeps the trials (records, reports, suspension,
+resumption, fencing, abandonment), :mod:`offcut.daemon.zeus.bso_policy` chooses batch sizes
+and stops runs early (pruning, Thompson sampling, the cost bound); :class:`BatchSizeJob`
+composes them behind one API and one persisted form.
 """
 
 from __future__ import annotations
@@ -56,31 +61,23 @@ from typing import Any
 import numpy as np
 
 from offcut.daemon.model import check_finite
+from offcut.daemon.zeus.bso_policy import EXHAUSTED, MAB, PRUNING, BatchSizePolicy
+from offcut.daemon.zeus.bso_trials import (ABANDONED, CONVERGED, FAILED, MAX_COST_J,
+                                           MAX_GENERATION, OPEN, RUNNING, SUSPENDED, Resumed,
+                                           TrialLedger, Verdict, check_generation)
 from offcut.daemon.zeus.cost import zeus_cost
-from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
+from offcut.errors import InvalidArgument
 
-RUNNING, CONVERGED, FAILED, ABANDONED = "running", "converged", "failed", "abandoned"
-SUSPENDED = "suspended"
-#: statuses of a trial that has no final verdict yet
-OPEN = (RUNNING, SUSPENDED)
-PRUNING, MAB, EXHAUSTED = "pruning", "mab", "exhausted"
-#: largest zeus_cost [J] a report may reach: Thompson sampling squares rewards (-cost), so
-#: costs beyond ~1e154 J overflow its variance to inf and its posterior to NaN
-MAX_COST_J = 1e100
-#: generations are uint64 on the wire; above this they are refused (they are SQLite/JSON keys)
-MAX_GENERATION = 2**63 - 1
+# the optimizer's API, and the names this module has always offered (statuses, phases and
+# limits live with the part that applies them)
+__all__ = ["BatchSizeJob", "BatchSizeJobSpec", "Prediction", "Resumed", "Verdict",
+           "check_generation", "RUNNING", "CONVERGED", "FAILED", "ABANDONED", "SUSPENDED", "OPEN",
+           "PRUNING", "MAB", "EXHAUSTED", "MAX_COST_J", "MAX_GENERATION",
+           "DEFAULT_SUSPENDED_TRIAL_TIMEOUT_S", "MAX_SUSPENDED_TRIAL_TIMEOUT_S"]
+
 #: default and largest ``suspended_trial_timeout_s`` [s]
 DEFAULT_SUSPENDED_TRIAL_TIMEOUT_S = 86400.0
 MAX_SUSPENDED_TRIAL_TIMEOUT_S = 1e9
-
-
-def check_generation(generation: int, field: str = "generation") -> int:
-    """``generation`` as an int in [0, :data:`MAX_GENERATION`] (0 = not given); else
-    InvalidArgument naming ``field``."""
-    generation = int(generation)
-    if not 0 <= generation <= MAX_GENERATION:
-        raise InvalidArgument(f"must be in [0, 2^63), got {generation}", field)
-    return generation
 
 
 @dataclass(frozen=True)
@@ -205,41 +202,20 @@ class Prediction:
     exploration: bool
 
 
-@dataclass(frozen=True)
-class Resumed:
-    """The answer to resume: the trial, its totals so far (``epochs``, ``time_s`` [s],
-    ``energy_j`` [J], ``cost_j`` [J]) that the resumed process adds its own figures to, the
-    current cost bound [J], ``generation`` now holding it, and ``taken_over`` (the trial was
-    running, its holder's generation replaced)."""
-
-    trial_number: int
-    batch_size: int
-    epochs: int
-    time_s: float
-    energy_j: float
-    cost_j: float
-    cost_bound_j: float
-    exploration: bool
-    generation: int
-    taken_over: bool
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The answer to a report: ``stop`` training; ``converged`` (only meaningful once
-    ``finished``); the run's cost [J] so far; a human-readable ``message``; ``suspended``:
-    the trial stays open for :meth:`BatchSizeJob.resume` (an interruption)."""
-
-    stop: bool
-    converged: bool
-    cost_j: float
-    message: str
-    finished: bool
-    suspended: bool = False
+def _part(part: str, name: str, doc: str) -> property:
+    """A read-only property of :class:`BatchSizeJob` that reads ``name`` of its ``part``
+    (``ledger`` or ``policy``): the object itself, not a copy."""
+    return property(lambda job: getattr(getattr(job, part), name), doc=doc)
 
 
 class BatchSizeJob:
     """The batch-size optimizer of one recurring job (see the module docstring).
+
+    Composes a :class:`~offcut.daemon.zeus.bso_trials.TrialLedger` (the trials: records,
+    reports, suspension, resumption, fencing) and a
+    :class:`~offcut.daemon.zeus.bso_policy.BatchSizePolicy` (pruning, Thompson sampling, the
+    early-stopping bound); ``spec``, ``trials``, ``rng``, ``observations``, ``min_cost``,
+    ``best_batch_size``, ``phase``, ``arms`` and ``pruning`` read their state.
 
     Every method either raises before changing anything or completes its change, so the
     registry can run it on a copy and persist that copy.
@@ -249,24 +225,30 @@ class BatchSizeJob:
         if spec.seed is None:
             raise ValueError("a BatchSizeJob needs a seeded spec")
         self.spec = spec
-        self.rng = np.random.default_rng(spec.seed)
-        self.trials: list[dict[str, Any]] = []
-        # (batch size, reward = -cost) of every finished run that was observed, in order
-        self.observations: list[tuple[int, float]] = []
-        self.min_cost: float | None = None
-        self.best_batch_size = spec.default_batch_size
-        self.phase = PRUNING
-        self.arms: list[int] = []
-        self.pruning: dict[str, Any] = {}
-        self._start_round(0, list(spec.batch_sizes), spec.default_batch_size)
+        self.ledger = TrialLedger(spec)
+        self.policy = BatchSizePolicy(spec)
+
+    # ------------------------------------------------------------------ state (read-only)
+    trials = _part("ledger", "trials",
+                   "Every trial's record (list of dicts), ``trials[i]`` being trial number i + 1.")
+    rng = _part("policy", "rng", "The seeded RNG of Thompson sampling (numpy Generator).")
+    observations = _part("policy", "observations", "(batch size, reward = -cost [J]) of every "
+                         "finished run that was observed, in order.")
+    min_cost = _part("policy", "min_cost", "The lowest cost [J] of a converged run; None "
+                     "before one.")
+    best_batch_size = _part("policy", "best_batch_size", "The batch size of ``min_cost`` (the "
+                            "default before a run converged).")
+    phase = _part("policy", "phase", "``pruning``, ``mab`` or ``exhausted``.")
+    arms = _part("policy", "arms", "The batch sizes that survived pruning (Thompson sampling's "
+                 "arms).")
+    pruning = _part("policy", "pruning", "Pruning's current round (a dict, see "
+                    ":class:`~offcut.daemon.zeus.bso_policy.BatchSizePolicy`).")
 
     # ------------------------------------------------------------------ persistence
     def to_dict(self) -> dict[str, Any]:
         """The whole state, JSON-ready (the RNG's state included)."""
         return {"spec": self.spec.to_dict(), "rng": self.rng.bit_generator.state,
-                "trials": self.trials, "observations": self.observations,
-                "min_cost": self.min_cost, "best_batch_size": self.best_batch_size,
-                "phase": self.phase, "arms": self.arms, "pruning": self.pruning}
+                "trials": self.trials, **self.policy.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BatchSizeJob":
@@ -274,16 +256,8 @@ class BatchSizeJob:
         job = cls(BatchSizeJobSpec.from_dict(d["spec"]))
         job.rng.bit_generator.state = d["rng"]
         # (trials stored before generations existed lack the last three keys)
-        job.trials = [{"generation": 0, "interruptions": 0, "suspended_at": None, **t}
-                      for t in d["trials"]]
-        job.observations = [(int(b), float(r)) for b, r in d["observations"]]
-        job.min_cost = d["min_cost"]
-        job.best_batch_size = d["best_batch_size"]
-        job.phase = d["phase"]
-        job.arms = list(d["arms"])
-        p = d["pruning"]
-        job.pruning = {**p, "sizes": list(p["sizes"]), "plan": [list(x) for x in p["plan"]],
-                       "good": list(p["good"])}
+        job.ledger.trials = TrialLedger.restore(d["trials"])
+        job.policy.restore(d)
         return job
 
     def state(self) -> dict[str, Any]:
@@ -293,94 +267,16 @@ class BatchSizeJob:
                 "min_cost_j": self.min_cost, "arms": self.arms,
                 "pruning_round": self.pruning["round"], "trials": self.trials}
 
-    # ------------------------------------------------------------------ pruning
-    def _start_round(self, number: int, sizes: list[int], default: int) -> None:
-        i = sizes.index(default)
-        down, up = sizes[: i + 1][::-1], sizes[i + 1:]
-        self.pruning = {"round": number, "sizes": sizes, "default": default,
-                        "plan": [d for d in (down, up) if d], "good": [],
-                        "best_cost": None, "trial": None}
-
-    def _expected_size(self) -> int:
-        return self.pruning["plan"][0][0]
-
-    def _advance_pruning(self, batch_size: int, cost: float, converged: bool) -> None:
-        p = self.pruning
-        direction = p["plan"][0]
-        if converged:
-            p["good"].append(batch_size)
-            if p["best_cost"] is None or cost < p["best_cost"]:
-                p["best_cost"], p["default"] = cost, batch_size
-            direction.pop(0)
-        else:
-            direction.clear()  # a size that does not converge ends this direction
-        p["plan"] = [d for d in p["plan"] if d]
-        p["trial"] = None
-        if p["plan"]:
-            return
-        survivors = sorted(p["good"])
-        if survivors and p["round"] + 1 < self.spec.num_pruning_rounds:
-            self._start_round(p["round"] + 1, survivors, p["default"])
-        else:
-            self.phase = MAB if survivors else EXHAUSTED
-            self.arms = survivors
-
-    # ------------------------------------------------------------------ Thompson sampling
-    def _arm_rewards(self, arm: int) -> np.ndarray:
-        rewards = [r for b, r in self.observations if b == arm]
-        if self.spec.window_size:
-            rewards = rewards[-self.spec.window_size:]
-        return np.asarray(rewards, dtype=float)
-
-    def _posterior(self, rewards: np.ndarray) -> tuple[float, float]:
-        """(mean, precision) of an arm's expected reward: the conjugate Gaussian update with
-        known reward precision 1/var(rewards) (infinite for zero variance)."""
-        s = self.spec
-        variance = float(np.var(rewards))
-        if variance == 0.0:
-            return float(rewards.mean()), math.inf
-        reward_precision = 1.0 / variance
-        precision = s.mab_prior_precision + len(rewards) * reward_precision
-        mean = (s.mab_prior_precision * s.mab_prior_mean
-                + reward_precision * float(rewards.sum())) / precision
-        return mean, precision
-
-    def _thompson_sample(self) -> int:
-        rewards = {arm: self._arm_rewards(arm) for arm in self.arms}
-        runs = {arm: sum(1 for b, _ in self.observations if b == arm) for arm in self.arms}
-        # Exploration counts every run of the arm, not only those in the window (Zeus counts
-        # the window, so a window smaller than mab_num_explorations would explore forever).
-        for arm in self.rng.choice(np.asarray(self.arms), len(self.arms), replace=False):
-            if runs[int(arm)] < self.spec.mab_num_explorations:
-                return int(arm)
-        best, best_sample = self.arms[0], -math.inf
-        for arm in self.arms:
-            mean, precision = self._posterior(rewards[arm])
-            sample = float(self.rng.normal(mean, math.sqrt(1.0 / precision)))
-            if sample > best_sample:
-                best, best_sample = arm, sample
-        return best
-
     # ------------------------------------------------------------------ API
     def cost_bound(self) -> float:
         """``beta_knob * min_cost`` [J]; +inf without early stopping or a converged run."""
-        if self.spec.beta_knob is None or self.min_cost is None:
-            return math.inf
-        return self.spec.beta_knob * self.min_cost
+        return self.policy.cost_bound()
 
-    def _abandon_stale(self, now: float) -> None:
-        """End every trial suspended for at least ``suspended_trial_timeout_s`` before ``now``
-        [s] as abandoned, without a verdict on its batch size (module docstring)."""
-        for trial in self.trials:
-            if (trial["status"] == SUSPENDED and trial["suspended_at"] is not None
-                    and now - trial["suspended_at"] >= self.spec.suspended_trial_timeout_s):
-                self._abandon(trial)
+    def _arm_rewards(self, arm: int) -> np.ndarray:
+        """Rewards (-cost [J]) of ``arm``'s runs in Thompson sampling's window."""
+        return self.policy.arm_rewards(arm)
 
-    def _abandon(self, trial: dict[str, Any]) -> None:
-        """End ``trial`` without a verdict on its batch size; pruning's step is planned again."""
-        trial["status"], trial["suspended_at"] = ABANDONED, None
-        if self.phase == PRUNING and self.pruning["trial"] == trial["trial_number"]:
-            self.pruning["trial"] = None  # planned again
+    _stored_verdict = staticmethod(TrialLedger.stored_verdict)
 
     def predict(self, generation: int = 0, now: float = 0.0) -> Prediction:
         """Open a trial and say its batch size. First, trials suspended for at least
@@ -396,52 +292,12 @@ class BatchSizeJob:
                 pruning, so there is nothing left to try.
         """
         generation = check_generation(generation)
-        self._abandon_stale(now)
-        exploration = True
-        if self.phase == EXHAUSTED:
-            raise FailedPrecondition(
-                f"every batch size of job {self.spec.job_id!r} failed to reach the target "
-                f"metric during pruning ({list(self.spec.batch_sizes)}); check target_metric and "
-                "max_epochs, then delete and register the job again", "job_id")
-        if self.phase == PRUNING:
-            in_flight = self.pruning["trial"] is not None
-            batch_size = self.best_batch_size if in_flight else self._expected_size()
-            exploration = not in_flight
-        else:
-            batch_size = self._thompson_sample()
-        number = len(self.trials) + 1
-        if self.phase == PRUNING and exploration:
-            self.pruning["trial"] = number
-        self.trials.append({"trial_number": number, "batch_size": batch_size, "status": RUNNING,
-                            "exploration": exploration, "epochs": 0, "time_s": 0.0,
-                            "energy_j": 0.0, "cost_j": 0.0, "metric": None,
-                            "generation": generation, "interruptions": 0, "suspended_at": None})
+        for trial in self.ledger.stale(now):
+            self._abandon(trial)
+        batch_size, exploration = self.policy.choose()
+        number = self.ledger.open(batch_size, exploration, generation)
+        self.policy.claim(number, exploration)
         return Prediction(batch_size, number, self.cost_bound(), exploration)
-
-    def _trial(self, trial_number: int) -> dict[str, Any]:
-        if not 1 <= trial_number <= len(self.trials):
-            raise NotFound(f"job {self.spec.job_id!r} has no trial {trial_number}", "trial_number")
-        return self.trials[trial_number - 1]
-
-    @staticmethod
-    def _stored_verdict(trial: dict[str, Any]) -> Verdict:
-        return Verdict(True, trial["status"] == CONVERGED, trial["cost_j"],
-                       f"trial {trial['trial_number']} already ended ({trial['status']})", True)
-
-    @staticmethod
-    def _check_holder(trial: dict[str, Any], generation: int) -> None:
-        """A call from ``generation`` (0 = not checked) on a trial held by another one is
-        refused (FailedPrecondition naming ``generation``)."""
-        holder = trial["generation"]
-        if not generation or not holder or generation == holder:
-            return
-        if generation < holder:
-            raise FailedPrecondition(
-                f"trial {trial['trial_number']} is held by generation {holder}; generation "
-                f"{generation} was replaced and may no longer report on it", "generation")
-        raise FailedPrecondition(
-            f"trial {trial['trial_number']} is held by generation {holder}, not {generation}: "
-            "resume it first (ResumeTrial)", "generation")
 
     def report(self, trial_number: int, epoch: int, time_s: float, energy_j: float,
                metric: float, batch_size: int = 0, generation: int = 0) -> Verdict:
@@ -463,47 +319,16 @@ class BatchSizeJob:
                 other than the trial's holder.
         """
         generation = check_generation(generation)
-        trial = self._trial(trial_number)
-        if batch_size and batch_size != trial["batch_size"]:
-            raise FailedPrecondition(f"trial {trial_number} was predicted with batch size "
-                                     f"{trial['batch_size']}, not {batch_size}", "batch_size")
-        if epoch < 1:
-            raise InvalidArgument(f"must be >= 1, got {epoch}", "epoch")
-        check_finite(time_s, "time_s", non_negative=True)
-        check_finite(energy_j, "energy_j", non_negative=True)
-        check_finite(metric, "metric")
-        if trial["status"] not in OPEN:
-            return self._stored_verdict(trial)
-        if trial["status"] == SUSPENDED:
-            raise FailedPrecondition(f"trial {trial_number} is suspended (its run was "
-                                     "interrupted); resume it first (ResumeTrial)",
-                                     "trial_number")
-        self._check_holder(trial, generation)
-        if epoch <= trial["epochs"]:
-            raise FailedPrecondition(f"{epoch} is not after the last reported epoch "
-                                     f"{trial['epochs']} of trial {trial_number}", "epoch")
-        for name, value in (("time_s", time_s), ("energy_j", energy_j)):
-            if value < trial[name]:
-                raise FailedPrecondition(f"cumulative {name} went backwards: {value} < "
-                                         f"{trial[name]}", name)
-        cost = self.spec.cost(energy_j, time_s)
-        if not cost <= MAX_COST_J:  # the bandit's variances would overflow (inf, then NaN)
-            raise InvalidArgument(f"with energy_j {energy_j} the run's zeus_cost is {cost:.6g} J,"
-                                  f" above {MAX_COST_J:g} J", "time_s")
-        trial.update(epochs=epoch, time_s=time_s, energy_j=energy_j, cost_j=cost, metric=metric)
-        reached = self.spec.converged(metric)
-        bound = self.cost_bound()
-        within = cost <= bound
-        if within and not reached and epoch < self.spec.max_epochs:
-            return Verdict(False, False, cost, "keep training", False)
-        if reached and within:
-            message = "reached the target metric"
-        elif not within:
-            message = (f"cost {cost:.6g} J exceeded beta_knob x min_cost = {bound:.6g} J; "
-                       "stopped early")
-        else:
-            message = f"did not reach the target metric in max_epochs = {self.spec.max_epochs}"
-        return self._finish(trial, reached and within, message)
+        trial = self.ledger.get(trial_number)
+        stored = self.ledger.record_epoch(trial, epoch, time_s, energy_j, metric, batch_size,
+                                          generation)
+        if stored is not None:
+            return stored
+        cost = trial["cost_j"]
+        stop, converged, message = self.policy.judge(cost, self.spec.converged(metric), epoch)
+        if not stop:
+            return Verdict(False, False, cost, message, False)
+        return self._finish(trial, converged, message)
 
     def end_trial(self, trial_number: int, interrupted: bool = False,
                   time_s: float | None = None, energy_j: float | None = None,
@@ -534,47 +359,18 @@ class BatchSizeJob:
                 figures may not shrink), or a ``generation`` other than the trial's holder.
         """
         generation = check_generation(generation)
-        for name, value in (("time_s", time_s), ("energy_j", energy_j)):
-            if value is None:
-                continue
-            if not interrupted:
-                raise InvalidArgument("is only accepted with interrupted (the trial's totals "
-                                      "when an interrupted process stopped)", name)
-            check_finite(value, name, non_negative=True)
-        trial = self._trial(trial_number)
+        self.ledger.check_end_figures(interrupted, time_s, energy_j)
+        trial = self.ledger.get(trial_number)
         if trial["status"] not in OPEN:
-            return self._stored_verdict(trial)
-        self._check_holder(trial, generation)
+            return self.ledger.stored_verdict(trial)
+        self.ledger.check_holder(trial, generation)
         if interrupted:
-            return self._suspend(trial, time_s, energy_j, now)
+            return self.ledger.suspend(trial, time_s, energy_j, now)
         if trial["epochs"] == 0:
             self._abandon(trial)
             return Verdict(True, False, 0.0, "abandoned before any epoch was reported", True)
         trial["suspended_at"] = None
         return self._finish(trial, False, "ended before reaching the target metric")
-
-    def _suspend(self, trial: dict[str, Any], time_s: float | None, energy_j: float | None,
-                 now: float) -> Verdict:
-        """Suspend an open ``trial`` (see :meth:`end_trial`): ``time_s`` [s] / ``energy_j`` [J]
-        (None = stored) replace its totals; ``now`` [s] stamps a first suspension."""
-        totals = {"time_s": trial["time_s"] if time_s is None else float(time_s),
-                  "energy_j": trial["energy_j"] if energy_j is None else float(energy_j)}
-        for name, value in totals.items():
-            if value < trial[name]:
-                raise FailedPrecondition(f"cumulative {name} went backwards: {value} < "
-                                         f"{trial[name]} stored for trial "
-                                         f"{trial['trial_number']}", name)
-        cost = self.spec.cost(totals["energy_j"], totals["time_s"])
-        if not cost <= MAX_COST_J:
-            raise InvalidArgument(f"with energy_j {totals['energy_j']} the run's zeus_cost is "
-                                  f"{cost:.6g} J, above {MAX_COST_J:g} J", "time_s")
-        if trial["status"] == RUNNING:
-            trial["interruptions"] += 1
-            trial["suspended_at"] = float(now)
-        trial.update(status=SUSPENDED, cost_j=cost, **totals)
-        return Verdict(True, False, cost, f"trial {trial['trial_number']} suspended after epoch "
-                       f"{trial['epochs']} (interrupted); the next generation resumes it "
-                       "(ResumeTrial)", False, suspended=True)
 
     def resume(self, trial_number: int, generation: int = 0) -> Resumed:
         """Reopen an open trial for a new process (the next generation of a placed task).
@@ -595,35 +391,16 @@ class BatchSizeJob:
                 generation (``trial_number``); ``generation`` older than its holder.
         """
         generation = check_generation(generation)
-        trial = self._trial(trial_number)
-        if trial["status"] not in OPEN:
-            raise FailedPrecondition(f"trial {trial_number} of job {self.spec.job_id!r} already "
-                                     f"ended ({trial['status']}); only an open trial can be "
-                                     "resumed: Predict a new one", "trial_number")
-        holder = trial["generation"]
-        if generation and holder and generation < holder:
-            raise FailedPrecondition(f"trial {trial_number} is held by generation {holder}; "
-                                     f"generation {generation} is older", "generation")
-        taken_over = trial["status"] == RUNNING
-        if taken_over and not (generation and generation > holder):
-            held = f"generation {holder}" if holder else "a process that gave no generation"
-            raise FailedPrecondition(
-                f"trial {trial_number} is running, held by {held}: a trial is resumed after "
-                "EndTrial with interrupted, or by a later generation than its holder",
-                "trial_number")
-        if taken_over:
-            trial["interruptions"] += 1
-        trial.update(status=RUNNING, suspended_at=None, generation=generation or holder)
-        return Resumed(trial_number, trial["batch_size"], trial["epochs"], trial["time_s"],
-                       trial["energy_j"], trial["cost_j"], self.cost_bound(),
-                       trial["exploration"], trial["generation"], taken_over)
+        return self.ledger.resume(trial_number, generation, self.cost_bound())
+
+    def _abandon(self, trial: dict[str, Any]) -> None:
+        """End ``trial`` without a verdict on its batch size; pruning's step is planned again."""
+        self.ledger.abandon(trial)
+        self.policy.release(trial["trial_number"])
 
     def _finish(self, trial: dict[str, Any], converged: bool, message: str) -> Verdict:
-        trial["status"] = CONVERGED if converged else FAILED
-        cost, batch_size = trial["cost_j"], trial["batch_size"]
-        self.observations.append((batch_size, -cost))
-        if converged and (self.min_cost is None or cost < self.min_cost):
-            self.min_cost, self.best_batch_size = cost, batch_size
-        if self.phase == PRUNING and self.pruning["trial"] == trial["trial_number"]:
-            self._advance_pruning(batch_size, cost, converged)
+        """Give ``trial`` its verdict and let the policy observe its cost."""
+        self.ledger.conclude(trial, converged)
+        cost = trial["cost_j"]
+        self.policy.observe(trial["trial_number"], trial["batch_size"], cost, converged)
         return Verdict(True, converged, cost, message, True)

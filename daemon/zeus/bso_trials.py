@@ -1,0 +1,245 @@
+"""The trials of one recurring Zeus job: their records, epoch reports, suspension across
+generations, resumption, fencing and abandonment (Zeus, NSDI '23, §3.1 and §4; the rules are
+in the docstring of :mod:`offcut.daemon.zeus.bso`, "Generations").
+
+:class:`TrialLedger` keeps every trial as a JSON-ready dict (the persisted form, see
+:meth:`TrialLedger.open`) and checks every call on a trial before it changes anything. It
+decides nothing about batch sizes: what a finished trial means for pruning, Thompson sampling
+and the cost bound is :class:`offcut.daemon.zeus.bso_policy.BatchSizePolicy`'s.
+
+Units: time [s], energy [J], zeus_cost [J] (``BatchSizeJobSpec.cost``), wall-clock [s].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from offcut.daemon.model import check_finite
+from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
+
+if TYPE_CHECKING:  # (bso imports this module)
+    from offcut.daemon.zeus.bso import BatchSizeJobSpec
+
+RUNNING, CONVERGED, FAILED, ABANDONED = "running", "converged", "failed", "abandoned"
+SUSPENDED = "suspended"
+#: statuses of a trial that has no final verdict yet
+OPEN = (RUNNING, SUSPENDED)
+#: largest zeus_cost [J] a report may reach: Thompson sampling squares rewards (-cost), so
+#: costs beyond ~1e154 J overflow its variance to inf and its posterior to NaN
+MAX_COST_J = 1e100
+#: generations are uint64 on the wire; above this they are refused (they are SQLite/JSON keys)
+MAX_GENERATION = 2**63 - 1
+
+
+def check_generation(generation: int, field: str = "generation") -> int:
+    """``generation`` as an int in [0, :data:`MAX_GENERATION`] (0 = not given); else
+    InvalidArgument naming ``field``."""
+    generation = int(generation)
+    if not 0 <= generation <= MAX_GENERATION:
+        raise InvalidArgument(f"must be in [0, 2^63), got {generation}", field)
+    return generation
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The answer to resume: the trial, its totals so far (``epochs``, ``time_s`` [s],
+    ``energy_j`` [J], ``cost_j`` [J]) that the resumed process adds its own figures to, the
+    current cost bound [J], ``generation`` now holding it, and ``taken_over`` (the trial was
+    running, its holder's generation replaced)."""
+
+    trial_number: int
+    batch_size: int
+    epochs: int
+    time_s: float
+    energy_j: float
+    cost_j: float
+    cost_bound_j: float
+    exploration: bool
+    generation: int
+    taken_over: bool
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer to a report: ``stop`` training; ``converged`` (only meaningful once
+    ``finished``); the run's cost [J] so far; a human-readable ``message``; ``suspended``:
+    the trial stays open for :meth:`offcut.daemon.zeus.bso.BatchSizeJob.resume` (an
+    interruption)."""
+
+    stop: bool
+    converged: bool
+    cost_j: float
+    message: str
+    finished: bool
+    suspended: bool = False
+
+
+class TrialLedger:
+    """The trials of one job (``trials[i]`` is trial number i + 1), as persisted dicts."""
+
+    def __init__(self, spec: "BatchSizeJobSpec"):
+        self.spec = spec
+        self.trials: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ records
+    def open(self, batch_size: int, exploration: bool, generation: int) -> int:
+        """Append a running trial of ``batch_size`` held by ``generation``; its number."""
+        number = len(self.trials) + 1
+        self.trials.append({"trial_number": number, "batch_size": batch_size, "status": RUNNING,
+                            "exploration": exploration, "epochs": 0, "time_s": 0.0,
+                            "energy_j": 0.0, "cost_j": 0.0, "metric": None,
+                            "generation": generation, "interruptions": 0, "suspended_at": None})
+        return number
+
+    def get(self, trial_number: int) -> dict[str, Any]:
+        """The trial's record; NotFound (field ``trial_number``) for an unknown number."""
+        if not 1 <= trial_number <= len(self.trials):
+            raise NotFound(f"job {self.spec.job_id!r} has no trial {trial_number}", "trial_number")
+        return self.trials[trial_number - 1]
+
+    @staticmethod
+    def stored_verdict(trial: dict[str, Any]) -> Verdict:
+        """The verdict an ended ``trial`` answers every later call with."""
+        return Verdict(True, trial["status"] == CONVERGED, trial["cost_j"],
+                       f"trial {trial['trial_number']} already ended ({trial['status']})", True)
+
+    @staticmethod
+    def check_holder(trial: dict[str, Any], generation: int) -> None:
+        """A call from ``generation`` (0 = not checked) on a trial held by another one is
+        refused (FailedPrecondition naming ``generation``)."""
+        holder = trial["generation"]
+        if not generation or not holder or generation == holder:
+            return
+        if generation < holder:
+            raise FailedPrecondition(
+                f"trial {trial['trial_number']} is held by generation {holder}; generation "
+                f"{generation} was replaced and may no longer report on it", "generation")
+        raise FailedPrecondition(
+            f"trial {trial['trial_number']} is held by generation {holder}, not {generation}: "
+            "resume it first (ResumeTrial)", "generation")
+
+    def _cost(self, energy_j: float, time_s: float) -> float:
+        """zeus_cost [J] of the totals; InvalidArgument (field ``time_s``) above
+        :data:`MAX_COST_J` (the bandit's variances would overflow: inf, then NaN)."""
+        cost = self.spec.cost(energy_j, time_s)
+        if not cost <= MAX_COST_J:
+            raise InvalidArgument(f"with energy_j {energy_j} the run's zeus_cost is {cost:.6g} J,"
+                                  f" above {MAX_COST_J:g} J", "time_s")
+        return cost
+
+    # ------------------------------------------------------------------ calls on a trial
+    def record_epoch(self, trial: dict[str, Any], epoch: int, time_s: float, energy_j: float,
+                     metric: float, batch_size: int, generation: int) -> Verdict | None:
+        """Check and store an epoch report (cumulative ``time_s`` [s], ``energy_j`` [J]) on
+        ``trial`` (see :meth:`offcut.daemon.zeus.bso.BatchSizeJob.report` for the errors);
+        the stored verdict of an ended trial, else None (its ``cost_j`` is updated)."""
+        number = trial["trial_number"]
+        if batch_size and batch_size != trial["batch_size"]:
+            raise FailedPrecondition(f"trial {number} was predicted with batch size "
+                                     f"{trial['batch_size']}, not {batch_size}", "batch_size")
+        if epoch < 1:
+            raise InvalidArgument(f"must be >= 1, got {epoch}", "epoch")
+        check_finite(time_s, "time_s", non_negative=True)
+        check_finite(energy_j, "energy_j", non_negative=True)
+        check_finite(metric, "metric")
+        if trial["status"] not in OPEN:
+            return self.stored_verdict(trial)
+        if trial["status"] == SUSPENDED:
+            raise FailedPrecondition(f"trial {number} is suspended (its run was "
+                                     "interrupted); resume it first (ResumeTrial)",
+                                     "trial_number")
+        self.check_holder(trial, generation)
+        if epoch <= trial["epochs"]:
+            raise FailedPrecondition(f"{epoch} is not after the last reported epoch "
+                                     f"{trial['epochs']} of trial {number}", "epoch")
+        for name, value in (("time_s", time_s), ("energy_j", energy_j)):
+            if value < trial[name]:
+                raise FailedPrecondition(f"cumulative {name} went backwards: {value} < "
+                                         f"{trial[name]}", name)
+        cost = self._cost(energy_j, time_s)
+        trial.update(epochs=epoch, time_s=time_s, energy_j=energy_j, cost_j=cost, metric=metric)
+        return None
+
+    @staticmethod
+    def check_end_figures(interrupted: bool, time_s: float | None,
+                          energy_j: float | None) -> None:
+        """The totals an end call may carry: only with ``interrupted``, finite, >= 0."""
+        for name, value in (("time_s", time_s), ("energy_j", energy_j)):
+            if value is None:
+                continue
+            if not interrupted:
+                raise InvalidArgument("is only accepted with interrupted (the trial's totals "
+                                      "when an interrupted process stopped)", name)
+            check_finite(value, name, non_negative=True)
+
+    def suspend(self, trial: dict[str, Any], time_s: float | None, energy_j: float | None,
+                now: float) -> Verdict:
+        """Suspend an open ``trial``: ``time_s`` [s] / ``energy_j`` [J] (None = stored) replace
+        its totals; ``now`` [s] stamps a first suspension."""
+        totals = {"time_s": trial["time_s"] if time_s is None else float(time_s),
+                  "energy_j": trial["energy_j"] if energy_j is None else float(energy_j)}
+        for name, value in totals.items():
+            if value < trial[name]:
+                raise FailedPrecondition(f"cumulative {name} went backwards: {value} < "
+                                         f"{trial[name]} stored for trial "
+                                         f"{trial['trial_number']}", name)
+        cost = self._cost(totals["energy_j"], totals["time_s"])
+        if trial["status"] == RUNNING:
+            trial["interruptions"] += 1
+            trial["suspended_at"] = float(now)
+        trial.update(status=SUSPENDED, cost_j=cost, **totals)
+        return Verdict(True, False, cost, f"trial {trial['trial_number']} suspended after epoch "
+                       f"{trial['epochs']} (interrupted); the next generation resumes it "
+                       "(ResumeTrial)", False, suspended=True)
+
+    def resume(self, trial_number: int, generation: int, cost_bound_j: float) -> Resumed:
+        """Reopen an open trial for ``generation`` (see
+        :meth:`offcut.daemon.zeus.bso.BatchSizeJob.resume` for the rules and errors);
+        ``cost_bound_j`` [J] is passed through to the answer."""
+        trial = self.get(trial_number)
+        if trial["status"] not in OPEN:
+            raise FailedPrecondition(f"trial {trial_number} of job {self.spec.job_id!r} already "
+                                     f"ended ({trial['status']}); only an open trial can be "
+                                     "resumed: Predict a new one", "trial_number")
+        holder = trial["generation"]
+        if generation and holder and generation < holder:
+            raise FailedPrecondition(f"trial {trial_number} is held by generation {holder}; "
+                                     f"generation {generation} is older", "generation")
+        taken_over = trial["status"] == RUNNING
+        if taken_over and not (generation and generation > holder):
+            held = f"generation {holder}" if holder else "a process that gave no generation"
+            raise FailedPrecondition(
+                f"trial {trial_number} is running, held by {held}: a trial is resumed after "
+                "EndTrial with interrupted, or by a later generation than its holder",
+                "trial_number")
+        if taken_over:
+            trial["interruptions"] += 1
+        trial.update(status=RUNNING, suspended_at=None, generation=generation or holder)
+        return Resumed(trial_number, trial["batch_size"], trial["epochs"], trial["time_s"],
+                       trial["energy_j"], trial["cost_j"], cost_bound_j,
+                       trial["exploration"], trial["generation"], taken_over)
+
+    # ------------------------------------------------------------------ endings
+    @staticmethod
+    def conclude(trial: dict[str, Any], converged: bool) -> None:
+        """Give ``trial`` its final verdict (converged or failed)."""
+        trial["status"] = CONVERGED if converged else FAILED
+
+    @staticmethod
+    def abandon(trial: dict[str, Any]) -> None:
+        """End ``trial`` without a verdict on its batch size."""
+        trial["status"], trial["suspended_at"] = ABANDONED, None
+
+    def stale(self, now: float) -> list[dict[str, Any]]:
+        """The trials suspended for at least ``suspended_trial_timeout_s`` before ``now`` [s]."""
+        return [trial for trial in self.trials
+                if trial["status"] == SUSPENDED and trial["suspended_at"] is not None
+                and now - trial["suspended_at"] >= self.spec.suspended_trial_timeout_s]
+
+    # ------------------------------------------------------------------ persistence
+    @staticmethod
+    def restore(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Fresh copies of stored trial records; records stored before generations existed
+        get the three keys they lack."""
+        return [{"generation": 0, "interruptions": 0, "suspended_at": None, **t} for t in trials]
