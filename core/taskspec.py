@@ -20,6 +20,18 @@ from offcut.errors import InvalidArgument
 MAX_NAME_LEN = 200
 #: longest single argument of a task's command, characters (fixed; the total is a setting)
 MAX_COMMAND_ARG_LEN = 65536
+#: Value bounds of a new spec (checked with the size :class:`Limits`, so a journal written
+#: before them still loads). They keep every product the allocation forms (throughput x
+#: rescale seconds, power x seconds, sums over tasks) far inside float range: a spec with
+#: ``rescale_down_s = 1e308`` made every later decision overflow.
+#: largest throughput / objective value at any node count [samples/s]
+MAX_THROUGHPUT = 1e12
+#: largest Tcup / Tcdw [s] (one day)
+MAX_RESCALE_S = 86_400.0
+#: largest total work [samples]
+MAX_WORK_SAMPLES = 1e18
+#: largest power draw of a task at any node count [W]
+MAX_TASK_POWER_W = 1e9
 
 
 @dataclass(frozen=True)
@@ -75,16 +87,19 @@ class TaskSpec:
         name: human-readable name (1-200 characters).
         min_nodes, max_nodes: Jmin >= 1 and Jmax >= Jmin; the task runs on 0 or Jmin..Jmax nodes.
         node_counts: Ns, strictly increasing, starting at 0, last >= max_nodes.
-        throughputs: Ps [samples/s] at each count, finite and >= 0.
-        objective_values: Os at each count (what the allocation maximises); empty = Ps.
-        rescale_up_s, rescale_down_s: Tcup, Tcdw [s]: seconds of progress lost per grow/shrink.
-        total_work_samples: Pmax [samples] > 0.
+        throughputs: Ps [samples/s] at each count, 0 to :data:`MAX_THROUGHPUT`.
+        objective_values: Os at each count (what the allocation maximises), 0 to
+            :data:`MAX_THROUGHPUT`; empty = Ps.
+        rescale_up_s, rescale_down_s: Tcup, Tcdw [s]: seconds of progress lost per grow/shrink,
+            0 to :data:`MAX_RESCALE_S`.
+        total_work_samples: Pmax [samples], > 0 and at most :data:`MAX_WORK_SAMPLES`.
         command: argv of the task for live runs (may be empty in replays).
         reports_progress: the task reports its own progress (``Tasks.ReportProgress``): the
             reports replace the model's progress and only a report (or a ``finished`` run
             report) completes it. Implied when no curve is given.
         power_w: optional power draw [W] of the task's nodes at each ``node_counts`` point
-            (the energy objectives' power model; learned from energy reports when empty).
+            (the energy objectives' power model; learned from energy reports when empty), at
+            most :data:`MAX_TASK_POWER_W`.
         zeus_job_id: the Zeus batch-size job whose batch size the task's runs use (the
             launcher passes it as ``OFFCUT_ZEUS_JOB_ID``; docs/execution.md); empty: none.
             At most :data:`MAX_NAME_LEN` printable characters.
@@ -155,6 +170,7 @@ class TaskSpec:
         if limits is not None:
             check_spec_sizes(limits, max_nodes=self.max_nodes, node_counts=self.node_counts,
                              command=self.command)
+            self._check_bounds()
         if not self.name or len(self.name) > MAX_NAME_LEN or not self.name.isprintable():
             raise InvalidArgument(f"must be 1-{MAX_NAME_LEN} printable characters", "spec.name")
         for fname in ("min_nodes", "max_nodes"):
@@ -208,6 +224,22 @@ class TaskSpec:
                     raise InvalidArgument(f"value {i} is {w}; must be finite, >= 0, and > 0 "
                                           "at a positive node count", "spec.power_w")
         self._validate_scalars()
+
+    def _check_bounds(self) -> None:
+        """INVALID_ARGUMENT naming the field for a value above its bound (:data:`MAX_THROUGHPUT`,
+        :data:`MAX_RESCALE_S`, :data:`MAX_WORK_SAMPLES`, :data:`MAX_TASK_POWER_W`); the other
+        rules (finite, signs, shapes) are checked by :meth:`validate`."""
+        for fname, bound in (("throughputs", MAX_THROUGHPUT), ("objective_values", MAX_THROUGHPUT),
+                             ("power_w", MAX_TASK_POWER_W)):
+            for i, v in enumerate(getattr(self, fname)):
+                if v > bound:
+                    raise InvalidArgument(f"value {i} is {v}; must be at most {bound:g}",
+                                          f"spec.{fname}")
+        for fname, bound in (("rescale_up_s", MAX_RESCALE_S), ("rescale_down_s", MAX_RESCALE_S),
+                             ("total_work_samples", MAX_WORK_SAMPLES)):
+            v = getattr(self, fname)
+            if v > bound:
+                raise InvalidArgument(f"must be at most {bound:g}, got {v}", f"spec.{fname}")
 
     def _validate_scalars(self) -> None:
         if len(self.zeus_job_id) > MAX_NAME_LEN or not self.zeus_job_id.isprintable():

@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Any
 
 from offcut.errors import InvalidArgument
-from offcut.nodes import NODE_NAME_RE
+from offcut.nodes import is_node_name
 # the task spec, its limits and its validator live in the shared core (one validator for
 # every part: the daemon, the client, the replay); re-exported for the daemon's modules
 from offcut.taskspec import (MAX_COMMAND_ARG_LEN, MAX_NAME_LEN, Limits, TaskSpec,  # noqa: F401
@@ -136,7 +136,7 @@ def check_node_names(names: list[str], field_name: str) -> None:
     """Raise :class:`InvalidArgument` naming ``field_name`` if any name is malformed or repeated."""
     seen: set[str] = set()
     for i, name in enumerate(names):
-        if not isinstance(name, str) or not NODE_NAME_RE.match(name):
+        if not is_node_name(name):
             shown = repr(name)[:60]
             raise InvalidArgument(f"entry {i} ({shown}) is not a valid node name", field_name)
         if name in seen:

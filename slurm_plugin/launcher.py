@@ -79,7 +79,7 @@ CLOCK_SLACK_S = 5.0
 #: it before the peers that lost it (and exited 75)
 _REPORT_ORDER = {"failed": 0, "preempted": 1, "interrupted": 2}
 
-_TASK_GEN = re.compile(r"^(?P<task>[^.\-]+)(?:\.(?P<gen>[0-9]{1,18}))?$")
+_TASK_GEN = re.compile(r"(?P<task>[^.\-]+)(?:\.(?P<gen>[0-9]{1,18}))?")
 
 
 class JobName(NamedTuple):
@@ -104,7 +104,7 @@ def parse_job_name(cfg: SlurmConfig, name: str) -> JobName | None:
     if not name.startswith(prefix):
         return None
     head, sep, node = name[len(prefix):].partition("-")
-    m = _TASK_GEN.match(head)
+    m = _TASK_GEN.fullmatch(head)
     if not (sep and node and m):
         return None
     return JobName(m["task"], int(m["gen"] or 0), node)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from offcut.nodes import NODE_NAME_RE
+from offcut.nodes import is_node_name
 
 # A name outside the daemon's node-name rule (NODE_NAME_RE) would make it reject the whole
 # event, so callers drop such names (with a warning) and send the rest.
@@ -86,7 +86,7 @@ def split_valid(names: list[str]) -> tuple[list[str], list[str]]:
     """``(valid, invalid)`` under :data:`NODE_NAME_RE` (order kept)."""
     good, bad = [], []
     for n in names:
-        (good if isinstance(n, str) and NODE_NAME_RE.match(n) else bad).append(n)
+        (good if is_node_name(n) else bad).append(n)
     return good, bad
 
 

@@ -1,0 +1,85 @@
+"""Issue "Security": each finding reproduced through the public gRPC interface, as an ordinary
+user of a daemon with tokens, on a real daemon; each attack is refused (or harmless) and the
+other users' tasks and the Slurm hook's node events are unaffected. docs/architecture.md §8."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from offcut.client import Client
+from offcut.daemon.auth import add_token
+from offcut.errors import InvalidArgument
+from offcut.taskspec import MAX_RESCALE_S, MAX_THROUGHPUT, MAX_WORK_SAMPLES
+from offcut.v1 import tasks_pb2
+
+from daemon_helpers import make_spec
+
+ALL = ["n1", "n2", "n3", "n4"]
+
+
+@pytest.fixture
+def site(daemons, tmp_path):
+    """A daemon with tokens: ``admin`` (the Slurm hook's role today), users ``alice`` and
+    ``mallory``; the four nodes idle. Yields ``(server, clients by name)``."""
+    path = tmp_path / "tokens.toml"
+    made = {"admin": add_token(path, "root-ops", "admin"), "alice": add_token(path, "alice", "user"),
+            "mallory": add_token(path, "mallory", "user")}
+    srv, _ = daemons.start("sec", tokens_file=str(path))
+    clients = {who: Client(srv.address, timeout_s=10, token=tok) for who, tok in made.items()}
+    clients["admin"].sync_nodes(time.time(), "slurm-watch", 1, idle=ALL)
+    yield srv, clients
+    for c in clients.values():
+        c.close()
+
+
+def _tasks_of(client: Client) -> list[tuple[str, int, str]]:
+    return [(t.task_id, len(t.nodes), tasks_pb2.TaskState.Name(t.state))
+            for t in client.list_tasks()]
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("rescale_down_s", 1e308, f"at most {MAX_RESCALE_S:g}"),
+    ("rescale_up_s", MAX_RESCALE_S * 2, f"at most {MAX_RESCALE_S:g}"),
+    ("total_work_samples", 1e300, f"at most {MAX_WORK_SAMPLES:g}"),
+    ("throughputs", [0.0, 1e300], f"at most {MAX_THROUGHPUT:g}"),
+])
+def test_a_huge_spec_value_is_refused_and_harms_no_one(site, field, value, needle):
+    """Was: ``rescale_down_s = 1e308`` was accepted; from then on every other user's
+    SubmitTask and Slurm's preemption of the nodes that task held failed with INTERNAL (the
+    allocation's products overflowed), also after a restart. Now every numeric field has a
+    documented bound (offcut.taskspec), checked at the edge: INVALID_ARGUMENT naming it."""
+    _, c = site
+    alice_task = c["alice"].submit(make_spec("alice-job"), owner="alice").task.task_id
+    before = _tasks_of(c["admin"])
+    spec = make_spec("evil")
+    if isinstance(value, list):
+        del spec.node_counts[:], spec.throughputs[:]
+        spec.node_counts.extend([0, 4])
+        spec.throughputs.extend(value)
+        spec.max_nodes = 4
+    else:
+        setattr(spec, field, value)
+    with pytest.raises(InvalidArgument, match=f"spec.{field}: .*{re.escape(needle)}"):
+        c["mallory"].submit(spec, owner="mallory")
+    assert _tasks_of(c["admin"]) == before  # nothing changed
+    # the others go on: a submission, and Slurm taking back a node the task holds
+    assert c["alice"].submit(make_spec("alice-2"), owner="alice").task.task_id
+    held = c["admin"].get_task(alice_task).nodes[0]
+    d = c["admin"].report_nodes(time.time(), "slurm-hook", 1, preempted=[held])
+    assert d.stats.nodes_left == 1 and held not in c["admin"].get_task(alice_task).nodes
+
+
+@pytest.mark.parametrize("name", ["n1\n", "n1\r", "n1\n\n", "\nn1"])
+def test_a_node_name_with_a_trailing_newline_is_refused(site, name):
+    """Was: node names were checked with a regex ending in ``$``, which also matches before a
+    final newline, so ``"n1\\n"`` joined the pool as a node Slurm has never heard of. Names
+    now match as a whole (offcut.nodes.is_node_name)."""
+    _, c = site
+    before = c["admin"].status()
+    with pytest.raises(InvalidArgument, match=r"idle: entry 0 .* is not a valid node name"):
+        c["admin"].report_nodes(time.time(), "slurm-hook", 1, idle=[name])
+    after = c["admin"].status()
+    assert (after.revision, after.idle_nodes) == (before.revision, before.idle_nodes)
