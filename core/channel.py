@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 
+from offcut.addresses import unix_socket_path, untrusted_socket
 from offcut.errors import InvalidArgument
 
 
@@ -97,8 +98,14 @@ def open_channel(address: str, *, token: str | None = None, tls_ca: str | None =
     ``$OFFCUT_TLS_CA``), with the bearer token when one is given.
 
     Raises:
-        InvalidArgument: the CA file cannot be read (``tls_ca``).
+        InvalidArgument: the CA file cannot be read (``tls_ca``); a unix socket whose folder
+            another user could have planted (``address``; :func:`offcut.addresses.untrusted_socket`).
     """
+    socket = unix_socket_path(address)
+    if socket is not None:
+        reason = untrusted_socket(socket)
+        if reason:
+            raise InvalidArgument(f"refusing to connect to {socket}: {reason}", "address")
     options = list(options or [])
     tls_ca = tls_ca or os.environ.get("OFFCUT_TLS_CA")
     server_name = tls_server_name or os.environ.get("OFFCUT_TLS_SERVER_NAME")

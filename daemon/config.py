@@ -268,6 +268,10 @@ class DaemonConfig(BaseModel):
         None, examples=["/etc/offcut/tokens.toml"],
         description="bearer tokens -> user and role (admin | user), mode 0600 (offcut token new "
                     "adds one); unset = no authentication: whoever can open the socket is admin")
+    insecure_local: bool = Field(
+        False, description="accept TCP without tokens_file (loopback only): every local user "
+                           "who can reach the port is then admin; refused unless set, and logged "
+                           "as a warning at start")
     tls_cert: str | None = Field(None, examples=["/etc/offcut/tls/cert.pem"],
                                  description="PEM certificate (chain) for TCP with TLS; with tls_key")
     tls_key: str | None = Field(None, examples=["/etc/offcut/tls/key.pem"],
@@ -305,6 +309,11 @@ class DaemonConfig(BaseModel):
         if self.tls_cert is None and not is_loopback(host):
             raise ValueError(f"listen {self.listen} is reachable from other hosts: set tls_cert "
                              "and tls_key (TCP needs TLS), or listen on 127.0.0.1 or a unix socket")
+        if self.tokens_file is None and not self.insecure_local:
+            raise ValueError(f"listen {self.listen} is TCP without tokens_file: every local user "
+                             "could connect as admin. Set tokens_file (offcut token new), listen "
+                             "on a unix socket (mode 0600), or set insecure_local = true "
+                             "(--insecure-local) to accept it")
         return self
 
     def limits(self):

@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from offcut.addresses import make_socket_dir, untrusted_socket_dir
 from offcut.daemon.auth import (AuthInterceptor, Authenticator, TokensFileError, check_private,
                                 load_tokens)
 from offcut.daemon.config import DaemonConfig, split_host_port
@@ -39,8 +40,15 @@ SERVICE_NAMES = (
 
 
 def _prepare_unix_socket(address: str) -> Path:
+    """The socket's path, its missing folders made 0700, a stale socket of a previous run
+    removed. Raises RuntimeError when the folder could be another user's (another process
+    could then put its own socket in the daemon's place: docs/security.md) or the path is
+    taken by something else."""
     path = Path(address[len("unix://"):] if address.startswith("unix://") else address[len("unix:"):])
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_socket_dir(str(path))
+    reason = untrusted_socket_dir(str(path), os.getuid())
+    if reason:
+        raise RuntimeError(f"refusing to listen on {path}: {reason}")
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
@@ -136,10 +144,10 @@ class OffcutServer:
                              reflection.SERVICE_NAME), self.server)
         self.socket_path: Path | None = None
         address = config.listen
-        if address.startswith("unix:"):
-            self.socket_path = _prepare_unix_socket(address)
-            address = f"unix://{self.socket_path}"
         try:
+            if address.startswith("unix:"):
+                self.socket_path = _prepare_unix_socket(address)
+                address = f"unix://{self.socket_path}"
             if credentials is not None:
                 self.port = self.server.add_secure_port(address, credentials)
             else:
@@ -175,6 +183,9 @@ class OffcutServer:
             os.chmod(self.socket_path, 0o600)  # only the service user may connect
         for name in SERVICE_NAMES + ("",):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.config.insecure_local and not self.auth.enabled and self.socket_path is None:
+            log.warning("INSECURE: %s is TCP without tokens_file (insecure_local): every local "
+                        "user who can reach the port is admin", self.address)
         log.info("offcutd serving on %s (solver %s, state %s)", self.address, self.config.solver,
                  self.config.state)
 

@@ -346,7 +346,8 @@ def test_bad_config_exits_with_one_line(tmp_path, body, key):
 
 def test_tcp_loopback_listener(tmp_path):
     """``listen = HOST:PORT`` serves the same protocol over TCP (port 0 = any free port)."""
-    cfg = DaemonConfig(listen="127.0.0.1:0", state=str(tmp_path / "tcp.sqlite"), solver="dp")
+    cfg = DaemonConfig(listen="127.0.0.1:0", state=str(tmp_path / "tcp.sqlite"), solver="dp",
+                       insecure_local=True)
     srv = OffcutServer(cfg)
     srv.start()
     try:

@@ -26,7 +26,7 @@ def test_64_clients_mixed_load_without_errors_and_consistent_state(tmp_path):
     cfg = load.LoadConfig(clients=64, rounds=5, duration_s=None, ops_per_round=4,
                           burst_max=761, big_burst_p=0.1, nodes_per_client=1000, seed=5)
     srv = OffcutServer(DaemonConfig(listen="127.0.0.1:0", state=str(tmp_path / "state.sqlite"),
-                                    solver="dp"))
+                                    solver="dp", insecure_local=True))
     srv.start()
     try:
         address = f"127.0.0.1:{srv.port}"

@@ -4,13 +4,21 @@ other users' tasks and the Slurm hook's node events are unaffected. docs/archite
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import shutil
+import socket
 import time
+from pathlib import Path
 
 import pytest
 
+from offcut.addresses import untrusted_socket_dir
 from offcut.client import Client
 from offcut.daemon.auth import add_token
+from offcut.daemon.config import DaemonConfig
+from offcut.daemon.server import OffcutServer
 from offcut.errors import InvalidArgument
 from offcut.taskspec import MAX_RESCALE_S, MAX_THROUGHPUT, MAX_WORK_SAMPLES
 from offcut.v1 import tasks_pb2
@@ -83,3 +91,72 @@ def test_a_node_name_with_a_trailing_newline_is_refused(site, name):
         c["admin"].report_nodes(time.time(), "slurm-hook", 1, idle=[name])
     after = c["admin"].status()
     assert (after.revision, after.idle_nodes) == (before.revision, before.idle_nodes)
+
+
+# ----------------------------------------------------------------------------- socket folders
+def test_a_planted_default_socket_folder_is_refused(tmp_path):
+    """Was: the default socket folder ``/tmp/offcut-<uid>`` has a predictable name in a
+    world-writable folder: another local user could create it first, put a socket of their
+    own in it and collect the tokens clients send. A folder under it must be owned by the user
+    with mode 0700 (like ssh with ``~/.ssh``), checked by the daemon and the client
+    (offcut.addresses.untrusted_socket_dir). Here user 4242's folder made by someone else."""
+    uid = 4242
+    base = Path(f"/tmp/offcut-{uid}")
+    shutil.rmtree(base, ignore_errors=True)
+    sock = base / "offcut" / "offcutd.sock"
+    try:
+        (base / "offcut").mkdir(parents=True)
+        os.chmod(base, 0o777)
+        assert "must be owned by uid 4242 with mode 0700" in untrusted_socket_dir(str(sock), uid)
+        os.chown(base, uid, -1)
+        os.chown(base / "offcut", uid, -1)
+        assert "mode 0777" in untrusted_socket_dir(str(sock), uid)
+        os.chmod(base, 0o700)
+        os.chmod(base / "offcut", 0o700)
+        assert untrusted_socket_dir(str(sock), uid) is None  # the user's own, private
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_daemon_and_client_refuse_a_socket_in_a_folder_others_can_write(tmp_path):
+    """A socket folder writable by others: the daemon refuses to listen there, and a client
+    refuses to connect (and so to send its token) to a socket found there."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(RuntimeError, match="writable by its owner only"):
+        OffcutServer(DaemonConfig(listen=f"unix://{shared}/s.sock", solver="dp",
+                                  state=str(tmp_path / "x.sqlite")))
+    planted = socket.socket(socket.AF_UNIX)
+    planted.bind(str(shared / "s.sock"))
+    try:
+        with pytest.raises(InvalidArgument, match="address: refusing to connect .*writable by "
+                                                  "its owner only"):
+            Client(f"unix://{shared}/s.sock", token="secret-token")
+    finally:
+        planted.close()
+    fresh = tmp_path / "a" / "b" / "s.sock"  # missing folders are made 0700
+    srv = OffcutServer(DaemonConfig(listen=f"unix://{fresh}", solver="dp",
+                                    state=str(tmp_path / "y.sqlite")))
+    try:
+        assert oct(fresh.parent.stat().st_mode & 0o777) == "0o700"
+        assert oct((tmp_path / "a").stat().st_mode & 0o777) == "0o700"
+    finally:
+        srv.stop(0)
+
+
+def test_tcp_without_tokens_is_refused_unless_insecure_local(tmp_path, caplog):
+    """Was: loopback TCP without a tokens file made every local user an admin, silently. Now
+    it is refused unless ``insecure_local`` says so, and then logged as a warning."""
+    with pytest.raises(ValueError, match="TCP without tokens_file.*insecure_local"):
+        DaemonConfig(listen="127.0.0.1:0", state=str(tmp_path / "s.sqlite"))
+    cfg = DaemonConfig(listen="127.0.0.1:0", state=str(tmp_path / "s.sqlite"), solver="dp",
+                       insecure_local=True)
+    srv = OffcutServer(cfg)
+    caplog.set_level(logging.WARNING, logger="offcut.daemon")
+    srv.start()
+    try:
+        assert any("INSECURE" in r.getMessage() and "every local user" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        srv.stop(0)
