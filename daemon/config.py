@@ -309,6 +309,10 @@ class DaemonConfig(BaseModel):
         if self.tls_cert is None and not is_loopback(host):
             raise ValueError(f"listen {self.listen} is reachable from other hosts: set tls_cert "
                              "and tls_key (TCP needs TLS), or listen on 127.0.0.1 or a unix socket")
+        if self.tokens_file is None and not is_loopback(host):
+            raise ValueError(f"listen {self.listen} is reachable from other hosts without "
+                             "tokens_file: anyone could connect as admin; set tokens_file "
+                             "(offcut token new)")
         if self.tokens_file is None and not self.insecure_local:
             raise ValueError(f"listen {self.listen} is TCP without tokens_file: every local user "
                              "could connect as admin. Set tokens_file (offcut token new), listen "
