@@ -470,14 +470,17 @@ app.add_typer(token_app, name="token")
 @token_app.command("new")
 def token_new(
     user: str = typer.Option(..., "--user", help="user name the token stands for (task owner)"),
-    role: str = typer.Option("user", "--role", help="admin (node events, all tasks) | user (own tasks)"),
+    role: str = typer.Option("user", "--role", help="admin (everything) | slurm (the Slurm hooks, watcher and launcher: node events, run reports, reading all tasks) | user (own tasks, Zeus)"),
     tokens_file: Path = typer.Option(..., "--tokens-file", help="the daemon's tokens file (created with mode 0600)"),
 ) -> None:
     """Create a token for USER with ROLE, store its SHA-256 in the tokens file and print the
     token once (give it to the user: `export OFFCUT_TOKEN=...` or a 0600 token file). The
-    daemon reads the file at start: restart it to apply.
+    daemon reads the file at start: restart it to apply. The Slurm hooks, the watcher and the
+    launcher get a `slurm` token, never an admin one.
 
-    Example: offcut token new --user alice --role user --tokens-file /etc/offcut/tokens.toml
+    Examples:
+      offcut token new --user alice --role user --tokens-file /etc/offcut/tokens.toml
+      offcut token new --user slurm --role slurm --tokens-file /etc/offcut/tokens.toml
     """
     from offcut.daemon.auth import TokensFileError, add_token
 

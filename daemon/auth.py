@@ -3,8 +3,14 @@
 Bearer tokens in the ``authorization`` metadata (``Bearer TOKEN``) map to a user and a role:
 
 * ``admin``: everything (node events, every task, run reports, history export);
+* ``slurm``: Slurm's side (the prolog/epilog hooks, the watcher, the launcher): node events,
+  run reports, and reading every user's tasks, placements and the status; nothing else (no
+  submissions, cancellations, progress reports, history export or Zeus calls);
 * ``user``: submit tasks as themselves, see, watch and cancel only their own tasks, the
   Zeus optimizers, and an aggregate status (no node names, no other users' placements).
+
+Which role may call which method is the explicit allow-list :data:`METHOD_ROLES`: a method
+not listed there (a new RPC) is refused to ``slurm`` and ``user`` until it is listed.
 
 The tokens file (``tokens_file`` in offcut.toml) is TOML with one ``[[tokens]]`` table per
 token, storing only its SHA-256, never the token::
@@ -15,9 +21,9 @@ token, storing only its SHA-256, never the token::
     sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 
 ``offcut token new --user alice --role user --tokens-file FILE`` adds one and prints the
-token once. The file must be readable by its owner only (mode 0600 or stricter), else the
-daemon refuses to start. Without a tokens file every caller is ``admin``: the unix socket's
-0600 mode is then the only guard.
+token once (``--role slurm`` for the hooks, the watcher and the launcher). The file must be
+readable by its owner only (mode 0600 or stricter), else the daemon refuses to start. Without
+a tokens file every caller is ``admin``: the unix socket's 0600 mode is then the only guard.
 
 Unauthenticated calls get ``UNAUTHENTICATED``; a role that may not make a call gets
 ``PERMISSION_DENIED``; another user's task is ``NOT_FOUND`` (its existence is not leaked).
@@ -37,15 +43,46 @@ from pathlib import Path
 
 import grpc
 
-ROLES = ("admin", "user")
+ADMIN, SLURM, USER = "admin", "slurm", "user"
+ROLES = (ADMIN, SLURM, USER)
 
-#: methods only admins may call (full gRPC method names)
-ADMIN_ONLY = frozenset({
-    "/offcut.v1.NodeEvents/ReportNodes",
-    "/offcut.v1.NodeEvents/SyncNodes",
-    "/offcut.v1.Tasks/ReportTaskRun",
-    "/offcut.v1.Status/ExportHistory",
-})
+_ADMIN = frozenset({ADMIN})
+_NODE_SIDE = frozenset({ADMIN, SLURM})   # Slurm's reports
+_USERS = frozenset({ADMIN, USER})        # acting on tasks and Zeus jobs
+_READERS = frozenset(ROLES)              # reads (service.py limits what a user sees)
+
+#: The allow-list: full gRPC method name -> the roles that may call it (docs/architecture.md
+#: §8). ``admin`` may call everything, listed or not; a method missing here is refused to every
+#: other role (tests/test_auth.py checks that every offcut.v1 method is listed). ``slurm`` gets
+#: what slurm_plugin/ calls: ReportNodes/SyncNodes (hooks, watcher), ReportTaskRun, ListTasks,
+#: WatchPlacements and GetStatus (its revision) (launcher), plus GetTask (one task: a subset of
+#: ListTasks, for an operator's checks with the same token).
+METHOD_ROLES: dict[str, frozenset[str]] = {
+    "/offcut.v1.NodeEvents/ReportNodes": _NODE_SIDE,
+    "/offcut.v1.NodeEvents/SyncNodes": _NODE_SIDE,
+    "/offcut.v1.Tasks/SubmitTask": _USERS,
+    "/offcut.v1.Tasks/GetTask": _READERS,
+    "/offcut.v1.Tasks/ListTasks": _READERS,
+    "/offcut.v1.Tasks/CancelTask": _USERS,
+    "/offcut.v1.Tasks/WatchPlacements": _READERS,
+    "/offcut.v1.Tasks/ReportTaskRun": _NODE_SIDE,
+    "/offcut.v1.Tasks/ReportProgress": _USERS,
+    "/offcut.v1.Status/GetStatus": _READERS,
+    "/offcut.v1.Status/ExportHistory": _ADMIN,
+    "/offcut.v1.BatchSizeOptimizer/RegisterJob": _USERS,
+    "/offcut.v1.BatchSizeOptimizer/Predict": _USERS,
+    "/offcut.v1.BatchSizeOptimizer/ReportEpoch": _USERS,
+    "/offcut.v1.BatchSizeOptimizer/EndTrial": _USERS,
+    "/offcut.v1.BatchSizeOptimizer/ResumeTrial": _USERS,
+    "/offcut.v1.BatchSizeOptimizer/DeleteJob": _USERS,
+    "/offcut.v1.BatchSizeOptimizer/GetJob": _USERS,
+    "/offcut.v1.PowerLimitOptimizer/GetPowerPlan": _USERS,
+    "/offcut.v1.PowerLimitOptimizer/ReportWindow": _USERS,
+    "/offcut.v1.PowerLimitOptimizer/InterruptWindow": _USERS,
+    "/offcut.v1.PowerLimitOptimizer/GetProfile": _USERS,
+    # server reflection (grpcurl): the schema only; Slurm's side does not use it
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": _USERS,
+}
 #: services that need no token at all
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 
@@ -56,7 +93,7 @@ class TokensFileError(ValueError):
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: ``user`` name and ``role`` (``admin`` | ``user``)."""
+    """Who is calling: ``user`` name and ``role`` (``admin`` | ``slurm`` | ``user``)."""
 
     user: str
     role: str
@@ -64,11 +101,22 @@ class Principal:
     @property
     def is_admin(self) -> bool:
         """True for the admin role."""
-        return self.role == "admin"
+        return self.role == ADMIN
+
+    @property
+    def sees_all_tasks(self) -> bool:
+        """True for the roles whose reads show every user's tasks and placements and the full
+        status (admin, and slurm: the launcher runs every user's tasks)."""
+        return self.role in (ADMIN, SLURM)
+
+    def may_call(self, method: str) -> bool:
+        """Whether this role may call the full gRPC method name ``method``
+        (:data:`METHOD_ROLES`; admins everything)."""
+        return self.role == ADMIN or self.role in METHOD_ROLES.get(method, ())
 
 
 #: the caller when the daemon has no tokens file
-LOCAL_ADMIN = Principal("local", "admin")
+LOCAL_ADMIN = Principal("local", ADMIN)
 
 #: ``(authenticator, the call's metadata object, Principal)`` as :class:`AuthInterceptor`
 #: resolved them for the running call. gRPC Python runs a call's interceptors and its handler
@@ -227,9 +275,9 @@ class Authenticator:
 
 
 class AuthInterceptor(grpc.ServerInterceptor):
-    """Refuses calls without a valid token (UNAUTHENTICATED) and admin-only methods for other
-    roles (PERMISSION_DENIED) before any handler runs. Object-level rules (own tasks) are
-    checked by the services with :meth:`Authenticator.of`."""
+    """Refuses calls without a valid token (UNAUTHENTICATED) and methods the caller's role is
+    not listed for in :data:`METHOD_ROLES` (PERMISSION_DENIED) before any handler runs.
+    Object-level rules (own tasks) are checked by the services with :meth:`Authenticator.of`."""
 
     def __init__(self, auth: Authenticator):
         self.auth = auth
@@ -244,9 +292,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return _refusal(grpc.StatusCode.UNAUTHENTICATED,
                             "a valid bearer token is required (authorization: Bearer TOKEN)",
                             continuation(handler_call_details))
-        if method in ADMIN_ONLY and not who.is_admin:
+        if not who.may_call(method):
+            allowed = [r for r in ROLES if r != ADMIN and r in METHOD_ROLES.get(method, ())]
             return _refusal(grpc.StatusCode.PERMISSION_DENIED,
-                            f"{method.rsplit('/', 1)[-1]} needs the admin role",
+                            f"{method.rsplit('/', 1)[-1]} needs "
+                            + " or ".join(f"the {r} role" for r in allowed + [ADMIN]),
                             continuation(handler_call_details))
         return continuation(handler_call_details)
 

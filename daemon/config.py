@@ -266,7 +266,7 @@ class DaemonConfig(BaseModel):
                           "authentication; port 0 = any free port); unset = no endpoint")
     tokens_file: str | None = Field(
         None, examples=["/etc/offcut/tokens.toml"],
-        description="bearer tokens -> user and role (admin | user), mode 0600 (offcut token new "
+        description="bearer tokens -> user and role (admin | slurm | user), mode 0600 (offcut token new "
                     "adds one); unset = no authentication: whoever can open the socket is admin")
     insecure_local: bool = Field(
         False, description="accept TCP without tokens_file (loopback only): every local user "

@@ -13,14 +13,14 @@ lock, so the gRPC edge converts replies to messages after releasing it.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import threading
 import time
 from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator
-
-import dataclasses
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from offcut.daemon.solvers.problem import AllocationProblem
 from offcut.daemon.store import Store
 
 log = logging.getLogger("offcut.daemon")
+
+#: the caller of requests that name none (a daemon without tokens: every caller is this one)
+LOCAL_CALLER = "local"
 
 #: placement updates kept for ``WatchPlacements(after_revision=...)``
 RETAINED_UPDATES = 4096
@@ -136,25 +139,24 @@ class Engine:
         return record
 
     # ------------------------------------------------------------------ events
-    def apply(self, event: Event, *, stamp: bool = False) -> Reply:
+    def apply(self, event: Event, *, stamp: bool = False, caller: str = LOCAL_CALLER,
+              sees_all: bool = True) -> Reply:
         """Apply ``event``; return its :class:`Reply` (``duplicate`` set when a repeated
-        ``(source, seq)`` / request id is answered from the journal).
+        ``(source, seq)``, or a request id ``caller`` sent before for this kind of event, is
+        answered from the journal).
 
         ``stamp``: the sender left the event's time unset, so it is taken as the later of its
-        time (the wall clock when it arrived) and the event clock, under the lock. Raises
+        time (the wall clock when it arrived) and the event clock, under the lock.
+        ``caller``: who sends it (the idempotency namespace of its request id); ``sees_all``:
+        the caller may see every task (a reply stored by an earlier release, whose request ids
+        shared one namespace, answers only a caller who may see all its tasks). Raises
         :class:`OffcutError` for rejected events (state unchanged).
         """
         with self.lock:
             if self.closed:
                 raise OffcutError("the daemon is shutting down")
-            stored = None
-            if isinstance(event, NodeEvent):
-                stored = self.store.response_for_seq(event.source, event.seq)
-            elif _request_key(event):
-                stored = self.store.response_for_request(_request_key(event))
-            if stored is not None:
-                reply = Reply.from_record(stored)
-                reply.duplicate = True
+            reply = self._stored_reply(event, caller, sees_all)
+            if reply is not None:
                 return reply
             if stamp and self.scheduler.clock is not None and event.time < self.scheduler.clock:
                 event = dataclasses.replace(event, time=self.scheduler.clock)
@@ -170,7 +172,7 @@ class Engine:
                 log.exception("applying %s failed; reloading state", type(event).__name__)
                 self.scheduler = self._recover()
                 raise
-            self._commit(event, out, raw)
+            self._commit(event, out, raw, caller)
             if out.solves:
                 self.decision_ms.append((time.perf_counter() - started) * 1000.0)
             self.last_decision = reply.decision
@@ -181,7 +183,26 @@ class Engine:
             self.changed.notify_all()
             return reply
 
-    def _commit(self, event: Event, out: Outcome, raw: bytes) -> None:
+    def _stored_reply(self, event: Event, caller: str, sees_all: bool) -> Reply | None:
+        """The journal's reply to a repeated event (flagged duplicate), else None."""
+        if isinstance(event, NodeEvent):
+            stored = self.store.response_for_seq(event.source, event.seq)
+            return _duplicate(stored) if stored is not None else None
+        key = _request_key(event, caller)
+        if key is None:
+            return None
+        stored = self.store.response_for_request(key)
+        if stored is not None:
+            return _duplicate(stored)
+        stored = self.store.response_for_request(_legacy_request_key(event))
+        if stored is None:
+            return None
+        reply = _duplicate(stored)
+        if sees_all or all(t.owner == caller for t in reply.tasks):
+            return reply
+        return None  # another caller's id in the old shared namespace: a new request
+
+    def _commit(self, event: Event, out: Outcome, raw: bytes, caller: str) -> None:
         """Journal an applied event with its stored reply (and a snapshot when due); a
         failure reloads the scheduler from the state file and is raised."""
         try:
@@ -190,7 +211,7 @@ class Engine:
                 solves=[s.to_dict() for s in out.solves], response=raw,
                 source=event.source if isinstance(event, NodeEvent) else None,
                 seq=event.seq if isinstance(event, NodeEvent) else None,
-                request_id=_request_key(event),
+                request_id=_request_key(event, caller),
                 state=self.scheduler.to_dict() if self.store.snapshot_due() else None)
         except Exception:
             log.exception("committing revision %d failed; reloading state", out.revision)
@@ -291,17 +312,34 @@ class Engine:
                     self._record.close()
 
 
-def _request_key(event: Event) -> str | None:
-    """The journal's idempotency key of an event with a ``request_id``: submissions use it
-    as given, run reports in their own ``run:`` namespace (so ids of different kinds never
-    answer each other)."""
-    if isinstance(event, SubmitEvent) and event.request_id:
-        return event.request_id
-    if isinstance(event, TaskRunEvent) and event.request_id:
-        return f"run:{event.request_id}"
-    if isinstance(event, ProgressEvent) and event.request_id:
-        return f"progress:{event.request_id}"
+#: the kind of each event that may carry a ``request_id`` (its idempotency namespace)
+_REQUEST_KINDS = ((SubmitEvent, "submit"), (TaskRunEvent, "run"), (ProgressEvent, "progress"))
+
+
+def _request_key(event: Event, caller: str) -> str | None:
+    """The journal's idempotency key of an event with a ``request_id``: per caller and per
+    kind (``["submit", caller, id]`` as JSON), so one caller's ids can never answer, block or
+    reveal another's, and ids of different kinds never answer each other. None without one."""
+    for cls, kind in _REQUEST_KINDS:
+        if isinstance(event, cls) and event.request_id:
+            return json.dumps([kind, caller, event.request_id], separators=(",", ":"))
     return None
+
+
+def _legacy_request_key(event: Event) -> str | None:
+    """The key state files of earlier releases stored (one namespace for every caller:
+    submissions as given, ``run:<id>``, ``progress:<id>``)."""
+    for cls, kind in _REQUEST_KINDS:
+        if isinstance(event, cls) and event.request_id:
+            return event.request_id if kind == "submit" else f"{kind}:{event.request_id}"
+    return None
+
+
+def _duplicate(stored: bytes) -> Reply:
+    """A stored reply, flagged as the answer to a repeated request."""
+    reply = Reply.from_record(stored)
+    reply.duplicate = True
+    return reply
 
 
 def _answered_task_ids(event: Event, out: Outcome) -> list[str]:

@@ -181,21 +181,26 @@ class NodeEventsService(nodes_pb2_grpc.NodeEventsServicer):
 
 
 def _visible(engine: Engine, who: Principal, task_id: str) -> bool:
-    """Whether ``who`` may see task ``task_id`` (admins: all; users: their own)."""
-    return who.is_admin or engine.owner_of(task_id) == who.user
+    """Whether ``who`` may see task ``task_id`` (admin and slurm: all; users: their own)."""
+    return who.sees_all_tasks or engine.owner_of(task_id) == who.user
 
 
 def _decision_for(engine: Engine, who: Principal, reply: Reply) -> decision_pb2.Decision:
     """The reply's decision as ``who`` may see it: a user's without other users' placements
     and completions."""
     decision = reply.decision
-    if not who.is_admin:
+    if not who.sees_all_tasks:
         decision = dataclasses.replace(
             decision,
             placements=[p for p in decision.placements if _visible(engine, who, p.task_id)],
             completed_task_ids=[t for t in decision.completed_task_ids
                                 if _visible(engine, who, t)])
     return protocol.decision_to_pb(decision, reply.duplicate)
+
+
+def _caller(who: Principal) -> dict:
+    """The engine's idempotency namespace of ``who``'s request ids (docs/security.md)."""
+    return {"caller": who.user, "sees_all": who.sees_all_tasks}
 
 
 def _unset(request, name: str) -> bool:
@@ -207,8 +212,9 @@ def _unset(request, name: str) -> bool:
 
 class TasksService(tasks_pb2_grpc.TasksServicer):
     """``offcut.v1.Tasks``: submit, get, list, cancel, watch placements. With tokens, users
-    see and act on their own tasks only (another user's task is NOT_FOUND;
-    docs/architecture.md §8)."""
+    see and act on their own tasks only (another user's task is NOT_FOUND); admin and slurm
+    see all (which role may call which method: ``auth.METHOD_ROLES``, docs/architecture.md
+    §8)."""
 
     def __init__(self, engine: Engine, auth: Authenticator | None = None):
         self.engine = engine
@@ -227,7 +233,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         event = protocol.submit_from_pb(request, None, clock_now(), self.engine.limits)
         if owner and owner != event.owner:
             event = dataclasses.replace(event, owner=owner)
-        reply = self.engine.apply(event, stamp=_unset(request, "submit_time"))
+        reply = self.engine.apply(event, stamp=_unset(request, "submit_time"), **_caller(who))
         if reply.tasks[0].owner != who.user and not who.is_admin:  # someone else's request id
             raise PermissionDenied("belongs to another user's submission", "request_id")
         return tasks_pb2.SubmitTaskResponse(task=protocol.task_to_pb(reply.tasks[0]),
@@ -248,7 +254,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         """Tasks filtered by state and owner, in submit order (a user: their own only)."""
         who = self.auth.of(context)
         owner = request.owner
-        if not who.is_admin:
+        if not who.sees_all_tasks:
             if owner and owner != who.user:
                 raise PermissionDenied("users list their own tasks only", "owner")
             owner = who.user
@@ -276,8 +282,9 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         """A launcher's run report: started / preempted are recorded, finished completes the
         task, failed fails it (both re-allocate). NOT_FOUND for an unknown task,
         FAILED_PRECONDITION for a finished one; a repeated ``request_id`` gets the stored reply."""
+        who = self.auth.of(context)
         event = protocol.task_run_from_pb(request, None, clock_now())
-        reply = self.engine.apply(event, stamp=_unset(request, "time"))
+        reply = self.engine.apply(event, stamp=_unset(request, "time"), **_caller(who))
         return tasks_pb2.ReportTaskRunResponse(task=protocol.task_to_pb(reply.tasks[0]),
                                                decision=protocol.decision_to_pb(
                                                    reply.decision, reply.duplicate))
@@ -294,7 +301,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         for i, r in enumerate(event.reports):
             if not _visible(self.engine, who, r.task_id):
                 raise NotFound(f"no task {r.task_id!r}", f"reports[{i}].task_id")
-        reply = self.engine.apply(event)
+        reply = self.engine.apply(event, **_caller(who))
         return tasks_pb2.ReportProgressResponse(
             decision=_decision_for(self.engine, who, reply),
             tasks=[protocol.task_to_pb(t) for t in reply.tasks])
@@ -308,7 +315,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
             context.abort(grpc.StatusCode.NOT_FOUND,
                           status_message(NotFound(f"no task {request.task_id!r}", "task_id")))
         for update in self.engine.watch(request.after_revision, request.task_id, context.is_active):
-            if not who.is_admin:
+            if not who.sees_all_tasks:
                 mine = [p for p in update.placements if _visible(self.engine, who, p.task_id)]
                 if not mine:
                     continue
@@ -327,11 +334,12 @@ class StatusService(status_pb2_grpc.StatusServicer):
     @_rpc
     def GetStatus(self, request: status_pb2.GetStatusRequest, context):
         """Idle pool, tasks by state, last decision, solver statistics. A user gets the
-        aggregate figures only (no node names, last decision or event sources)."""
+        aggregate figures only (no node names, last decision or event sources); admin and
+        slurm get all."""
         who = self.auth.of(context)
         reply = protocol.status_to_pb(
-            self.engine.status(request.include_idle_nodes and who.is_admin))
-        if not who.is_admin:
+            self.engine.status(request.include_idle_nodes and who.sees_all_tasks))
+        if not who.sees_all_tasks:
             reply.ClearField("last_decision")
             reply.last_seq.clear()
         return reply

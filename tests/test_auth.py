@@ -192,7 +192,8 @@ def test_non_loopback_tcp_needs_tls():
         DaemonConfig(listen="0.0.0.0:50051")
     with pytest.raises(ValueError, match="go together"):
         DaemonConfig(listen="0.0.0.0:50051", tls_cert="/x.pem")
-    assert DaemonConfig(listen="0.0.0.0:50051", tls_cert="/c.pem", tls_key="/k.pem").tls_key
+    assert DaemonConfig(listen="0.0.0.0:50051", tls_cert="/c.pem", tls_key="/k.pem",
+                        tokens_file="/t.toml").tls_key  # (TCP needs tokens too: test_security)
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
@@ -242,3 +243,283 @@ def test_tls_with_a_self_signed_certificate(tmp_path, tokens):
                 wrong.status()
     finally:
         srv.stop(0.2)
+
+
+# ----------------------------------------------------------------------------- the slurm role
+@pytest.fixture
+def slurm_secured(tokens, request):
+    """:func:`secured` with a ``slurm`` token too (``clients["slurm"]``)."""
+    path, made = tokens
+    made["slurm"] = add_token(path, "slurm", "slurm")
+    return request.getfixturevalue("secured")
+
+
+def offcut_v1_methods() -> dict[str, object]:
+    """Full gRPC method name -> MethodDescriptor of every service in the generated offcut.v1
+    descriptors (core/v1/*_pb2.py)."""
+    import importlib
+    import pkgutil
+
+    import offcut.v1
+
+    out = {}
+    for info in pkgutil.iter_modules(offcut.v1.__path__):
+        if not info.name.endswith("_pb2"):
+            continue
+        module = importlib.import_module(f"offcut.v1.{info.name}")
+        for service in module.DESCRIPTOR.services_by_name.values():
+            for method in service.methods:
+                out[f"/{service.full_name}/{method.name}"] = method
+    return out
+
+
+def unclassified(methods, table) -> list[str]:
+    """The methods ``table`` (method -> roles) does not list."""
+    return sorted(set(methods) - set(table))
+
+
+def raw_call(client: Client, name: str):
+    """Call the full method ``name`` with an empty request through ``client``'s channel (token
+    included) and return the status code: PERMISSION_DENIED means the interceptor refused it,
+    since an empty request reaching a handler is answered otherwise (INVALID_ARGUMENT,
+    NOT_FOUND, OK)."""
+    import grpc
+    from google.protobuf import descriptor_pool
+
+    service, _, method_name = name[1:].rpartition("/")
+    method = descriptor_pool.Default().FindServiceByName(service).methods_by_name[method_name]
+    streams_in, streams_out = method.client_streaming, method.server_streaming
+    kind = {(False, False): client.channel.unary_unary, (False, True): client.channel.unary_stream,
+            (True, False): client.channel.stream_unary,
+            (True, True): client.channel.stream_stream}[(streams_in, streams_out)]
+    call = kind(name)
+    request = iter([b""]) if streams_in else b""
+    try:
+        reply = call(request, timeout=5)
+        if streams_out:
+            list(reply)
+    except grpc.RpcError as err:
+        return err.code()
+    return grpc.StatusCode.OK
+
+
+def refused_by_interceptor(method: str, role: str) -> bool:
+    """Whether :class:`AuthInterceptor` answers a call of a registered ``method`` by a
+    ``role`` token with PERMISSION_DENIED (the handler never runs)."""
+    import grpc
+
+    from offcut.daemon.auth import AuthInterceptor, Authenticator, Principal, token_digest
+
+    ran = []
+    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: ran.append(1))
+    details = type("Details", (), {"method": method,
+                                   "invocation_metadata": (("authorization", "Bearer t"),)})()
+    auth = Authenticator({token_digest("t"): Principal("someone", role)})
+    chosen = AuthInterceptor(auth).intercept_service(lambda _: handler, details)
+
+    class Context:
+        def abort(self, code, message):
+            self.code = code
+            raise RuntimeError(message)
+
+    context = Context()
+    try:
+        chosen.unary_unary(b"", context)
+    except RuntimeError:
+        pass
+    return getattr(context, "code", None) == grpc.StatusCode.PERMISSION_DENIED and not ran
+
+
+def test_every_offcut_v1_method_is_classified():
+    from offcut.daemon.auth import ADMIN, METHOD_ROLES, ROLES, Principal
+
+    methods = offcut_v1_methods()
+    assert len(methods) >= 22 and "/offcut.v1.Tasks/ReportTaskRun" in methods
+    missing = unclassified(methods, METHOD_ROLES)
+    assert not missing, f"not in auth.METHOD_ROLES (who may call them?): {missing}"
+    # the check does fail for an unlisted method
+    table = {m: r for m, r in METHOD_ROLES.items() if m != "/offcut.v1.Tasks/GetTask"}
+    assert unclassified(methods, table) == ["/offcut.v1.Tasks/GetTask"]
+    # no stale entries: every listed method exists (offcut.v1, or the reflection service)
+    stale = {m for m in set(METHOD_ROLES) - set(methods) if not m.startswith("/grpc.reflection.")}
+    assert not stale, f"listed but not served: {sorted(stale)}"
+    for method, roles in METHOD_ROLES.items():
+        assert ADMIN in roles and roles <= set(ROLES), method
+    # an unlisted (new) method: admins only, refused to the others by the interceptor
+    new = "/offcut.v1.Tasks/SomeNewRpc"
+    assert Principal("root-ops", "admin").may_call(new)
+    assert not Principal("slurm", "slurm").may_call(new)
+    assert not Principal("alice", "user").may_call(new)
+    assert refused_by_interceptor(new, "slurm") and refused_by_interceptor(new, "user")
+    assert not refused_by_interceptor(new, "admin")
+    assert not refused_by_interceptor("/offcut.v1.Tasks/ReportTaskRun", "slurm")
+
+
+def test_every_served_method_is_classified_or_open(slurm_secured):
+    # what the running daemon serves (reflection), not only offcut.v1: nothing is left to a
+    # default
+    from google.protobuf import descriptor_pool
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    from offcut.daemon.auth import METHOD_ROLES, OPEN_PREFIXES
+
+    _, c, _ = slurm_secured
+    refl = reflection_pb2_grpc.ServerReflectionStub(c["admin"].channel)
+    [resp] = list(refl.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
+    services = [s.name for s in resp.list_services_response.service]
+    assert "offcut.v1.Tasks" in services and "grpc.health.v1.Health" in services
+    pool = descriptor_pool.Default()
+    for name in services:
+        for method in pool.FindServiceByName(name).methods:
+            full = f"/{name}/{method.name}"
+            assert full in METHOD_ROLES or full.startswith(OPEN_PREFIXES), full
+
+
+def test_slurm_role_reports_nodes_and_runs_and_reads_every_task(slurm_secured, tmp_path):
+    from offcut.slurm_plugin.rpc import NodeEventSender
+
+    srv, c, made = slurm_secured
+    alice, bob, admin, slurm = c["alice"], c["bob"], c["admin"], c["slurm"]
+    ta = alice.submit(make_spec("a", work=1e9, max_nodes=2)).task
+    tb = bob.submit(make_spec("b", work=1e9, max_nodes=2)).task
+    # node events: the prolog hook's ReportNodes (the real hook, with a slurm token file) ...
+    token_file = tmp_path / "slurm.token"
+    token_file.write_text(made["slurm"] + "\n")
+    token_file.chmod(0o600)
+    log = tmp_path / "hooks.log"
+    hook = [sys.executable, "-I", "-m", "offcut.slurm_plugin.hooks", "prolog", "--address",
+            srv.address, "--timeout-s", "10", "--log-file", str(log), "--token-file",
+            str(token_file)]
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_PARTITION": "batch", "SLURM_JOB_NODELIST": "n4"}
+    assert subprocess.run(hook, env=env, timeout=60).returncode == 0
+    assert "done (sent)" in log.read_text() and made["slurm"] not in log.read_text()
+    assert admin.status().idle_nodes == 3
+    # ... and the watcher's SyncNodes (its sender), and the Python API's
+    with NodeEventSender(srv.address, timeout_s=10, token=made["slurm"]) as watcher:
+        assert watcher.sync(time_ns=time.time_ns(), source="slurm-watch", seq=2,
+                            idle=ALL).idle_nodes == 4
+    slurm.report_nodes(time.time(), "slurm-epilog", 1, idle=["n4"])
+    assert admin.status().idle_nodes == 4
+    # reads of every user's tasks
+    assert {t.task_id for t in slurm.list_tasks()} == {ta.task_id, tb.task_id}
+    assert [t.task_id for t in slurm.list_tasks(owner="bob")] == [tb.task_id]
+    assert slurm.get_task(ta.task_id).owner == "alice" and slurm.get_task(tb.task_id).nodes
+    seen = set()
+    try:
+        for update in slurm.watch(after_revision=0, timeout_s=2):
+            seen.update(p.task_id for p in update.placements)
+    except Exception:  # noqa: BLE001 - the deadline ends the stream
+        pass
+    assert seen == {ta.task_id, tb.task_id}
+    assert next(iter(slurm.watch(tb.task_id, timeout_s=2))).placements
+    st = slurm.status(include_idle_nodes=True)  # the launcher's revision; the full view
+    assert st.revision == admin.status().revision and st.idle_node_names and st.last_seq
+    # run reports of any user's task
+    node = slurm.get_task(tb.task_id).nodes[0]
+    r = slurm.report_task_run(tb.task_id, "started", node=node, job_id="41",
+                              request_id="41:started")
+    assert r.task.task_id == tb.task_id and admin.get_task(tb.task_id).launches == 1
+
+
+def test_the_launcher_runs_with_a_slurm_token(slurm_secured, tmp_path):
+    # every call the launcher makes (ListTasks, ReportTaskRun, GetStatus, WatchPlacements)
+    # passes with the slurm role, on a fake Slurm (tests/test_slurm_launcher.py)
+    import threading
+
+    from test_slurm_launcher import FakeSlurm
+
+    from offcut.daemon.config import SlurmConfig
+    from offcut.slurm_plugin.launcher import Launcher
+
+    _, c, _ = slurm_secured
+    ta = c["alice"].submit(make_spec("a", work=1e9, max_nodes=2, command=["true"])).task
+    tb = c["bob"].submit(make_spec("b", work=1e9, max_nodes=2, command=["true"])).task
+    fake = FakeSlurm()
+    launcher = Launcher(c["slurm"], SlurmConfig(checkpoint_root=str(tmp_path / "ckpt")), fake)
+    r = launcher.reconcile()
+    assert {t for t, _, _ in r.submitted} == {ta.task_id, tb.task_id} and len(r.submitted) == 4
+    r = launcher.reconcile()  # the starts are reported
+    assert len(r.reported) == 4
+    assert {c["admin"].get_task(t).launches for t in (ta.task_id, tb.task_id)} == {2}
+    revision = c["admin"].status().revision
+    woken = threading.Thread(target=lambda: (time.sleep(0.5),
+                                             c["alice"].cancel(ta.task_id)))
+    woken.start()
+    assert launcher._wait(0, 10, threading.Event()) > revision  # woken by the placement update
+    woken.join()
+
+
+def test_slurm_role_may_do_nothing_else(slurm_secured):
+    from offcut.daemon.auth import METHOD_ROLES
+    import grpc
+
+    from test_zeus_daemon import job_spec
+
+    _, c, _ = slurm_secured
+    alice, admin, slurm = c["alice"], c["admin"], c["slurm"]
+    ta = alice.submit(make_spec("a", work=1e9)).task
+    zeus = alice.register_zeus_job(job_spec("zj")).spec.job_id
+    assert zeus == "zj"
+
+    def state():
+        return status_key(admin), admin.get_zeus_job(zeus).SerializeToString(deterministic=True)
+
+    before = state()
+    for call in (lambda: slurm.submit(make_spec("x")),
+                 lambda: slurm.submit(make_spec("x"), owner="alice"),
+                 lambda: slurm.cancel(ta.task_id),
+                 lambda: slurm.report_progress([{"task_id": ta.task_id, "time": time.time(),
+                                                 "samples_done": 5.0, "nodes": 4}]),
+                 lambda: next(iter(slurm.export_history())),
+                 lambda: slurm.register_zeus_job(job_spec("mine")),
+                 lambda: slurm.predict_batch_size(zeus),
+                 lambda: slurm.get_zeus_job(zeus),
+                 lambda: slurm.delete_zeus_job(zeus),
+                 lambda: slurm.power_plan(zeus, 64)):
+        with pytest.raises(PermissionDenied, match="needs the (user role or the )?admin role"):
+            call()
+        assert state() == before
+    # every method not listed for the role, whatever it is: refused before any handler runs
+    refused = {m for m, roles in METHOD_ROLES.items() if "slurm" not in roles}
+    zeus_methods = {m for m in offcut_v1_methods()
+                    if m.startswith(("/offcut.v1.BatchSizeOptimizer/",
+                                     "/offcut.v1.PowerLimitOptimizer/"))}
+    assert len(zeus_methods) == 11 and zeus_methods <= refused
+    assert {"/offcut.v1.Tasks/SubmitTask", "/offcut.v1.Tasks/CancelTask",
+            "/offcut.v1.Tasks/ReportProgress", "/offcut.v1.Status/ExportHistory"} <= refused
+    for name in sorted(refused):
+        assert raw_call(slurm, name) == grpc.StatusCode.PERMISSION_DENIED, name
+        assert state() == before
+
+
+def test_users_may_not_send_node_events_or_run_reports(slurm_secured):
+    from offcut.daemon.auth import METHOD_ROLES
+    import grpc
+
+    _, c, _ = slurm_secured
+    alice, admin = c["alice"], c["admin"]
+    ta = alice.submit(make_spec("a", work=1e9)).task
+    key = status_key(admin)
+    for call in (lambda: alice.report_nodes(time.time(), "slurm-prolog", 1, preempted=["n1"]),
+                 lambda: alice.sync_nodes(time.time(), "slurm-watch", 9, idle=[]),
+                 lambda: alice.report_task_run(ta.task_id, "finished", node="n1")):
+        with pytest.raises(PermissionDenied, match="needs the slurm role or the admin role"):
+            call()
+    refused = {m for m, roles in METHOD_ROLES.items() if "user" not in roles}
+    assert refused == {"/offcut.v1.NodeEvents/ReportNodes", "/offcut.v1.NodeEvents/SyncNodes",
+                            "/offcut.v1.Tasks/ReportTaskRun", "/offcut.v1.Status/ExportHistory"}
+    for name in sorted(refused):
+        assert raw_call(alice, name) == grpc.StatusCode.PERMISSION_DENIED, name
+    assert status_key(admin) == key
+    assert admin.get_task(ta.task_id).state == tasks_pb2.TASK_STATE_RUNNING
+
+
+def test_token_new_mints_a_slurm_token(tmp_path):
+    path = tmp_path / "tokens.toml"
+    res = CliRunner().invoke(app, ["token", "new", "--user", "slurm", "--role", "slurm",
+                                   "--tokens-file", str(path)])
+    assert res.exit_code == 0, res.output
+    [who] = load_tokens(path).values()
+    assert (who.user, who.role) == ("slurm", "slurm")
+    assert who.sees_all_tasks and not who.is_admin

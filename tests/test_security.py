@@ -30,14 +30,14 @@ ALL = ["n1", "n2", "n3", "n4"]
 
 @pytest.fixture
 def site(daemons, tmp_path):
-    """A daemon with tokens: ``admin`` (the Slurm hook's role today), users ``alice`` and
-    ``mallory``; the four nodes idle. Yields ``(server, clients by name)``."""
+    """A daemon with tokens: ``admin`` (as the launcher here), ``slurm`` (the hooks' role),
+    users ``alice`` and ``mallory``; the four nodes idle. Yields ``(server, clients by name)``."""
     path = tmp_path / "tokens.toml"
     made = {"admin": add_token(path, "root-ops", "admin"), "alice": add_token(path, "alice", "user"),
-            "mallory": add_token(path, "mallory", "user")}
+            "mallory": add_token(path, "mallory", "user"), "slurm": add_token(path, "slurm", "slurm")}
     srv, _ = daemons.start("sec", tokens_file=str(path))
     clients = {who: Client(srv.address, timeout_s=10, token=tok) for who, tok in made.items()}
-    clients["admin"].sync_nodes(time.time(), "slurm-watch", 1, idle=ALL)
+    clients["slurm"].sync_nodes(time.time(), "slurm-watch", 1, idle=ALL)
     yield srv, clients
     for c in clients.values():
         c.close()
@@ -76,7 +76,7 @@ def test_a_huge_spec_value_is_refused_and_harms_no_one(site, field, value, needl
     # the others go on: a submission, and Slurm taking back a node the task holds
     assert c["alice"].submit(make_spec("alice-2"), owner="alice").task.task_id
     held = c["admin"].get_task(alice_task).nodes[0]
-    d = c["admin"].report_nodes(time.time(), "slurm-hook", 1, preempted=[held])
+    d = c["slurm"].report_nodes(time.time(), "slurm-hook", 1, preempted=[held])
     assert d.stats.nodes_left == 1 and held not in c["admin"].get_task(alice_task).nodes
 
 
@@ -88,7 +88,7 @@ def test_a_node_name_with_a_trailing_newline_is_refused(site, name):
     _, c = site
     before = c["admin"].status()
     with pytest.raises(InvalidArgument, match=r"idle: entry 0 .* is not a valid node name"):
-        c["admin"].report_nodes(time.time(), "slurm-hook", 1, idle=[name])
+        c["slurm"].report_nodes(time.time(), "slurm-hook", 1, idle=[name])
     after = c["admin"].status()
     assert (after.revision, after.idle_nodes) == (before.revision, before.idle_nodes)
 
@@ -160,3 +160,43 @@ def test_tcp_without_tokens_is_refused_unless_insecure_local(tmp_path, caplog):
                    for r in caplog.records)
     finally:
         srv.stop(0)
+
+
+# ----------------------------------------------------------------------------- request ids
+def test_request_ids_are_per_caller_and_per_kind(site):
+    """Was: request ids shared one namespace. A user who submitted with request id
+    ``run:<JOBID>:finished`` made the launcher's real completion of another user's task a
+    no-op; a ReportProgress with another user's request id returned that user's task; a
+    SubmitTask with another user's request id was refused, so ids could be squatted. Now the
+    key is (caller, kind, id): each caller's ids answer that caller only."""
+    _, c = site
+    alice, mallory, launcher = c["alice"], c["mallory"], c["slurm"]
+    spec = make_spec("alice-job", max_nodes=2, reports_progress=True)
+    mine = alice.submit(spec, owner="alice", request_id="r1").task
+    # the same id from another user is a new submission of theirs, not refused, not alice's
+    theirs = mallory.submit(make_spec("mallory-job", max_nodes=2, reports_progress=True),
+                            owner="mallory", request_id="r1")
+    assert theirs.task.task_id != mine.task_id and theirs.task.owner == "mallory"
+    assert not theirs.decision.duplicate
+    again = alice.submit(spec, owner="alice", request_id="r1")
+    assert again.decision.duplicate and again.task.task_id == mine.task_id
+    # progress: the same request id answers each user with their own task
+    t = time.time()
+
+    def report(who, task_id):
+        n = len(c["admin"].get_task(task_id).nodes)
+        assert n > 0
+        return who.report_progress([{"task_id": task_id, "time": t, "samples_done": 10.0,
+                                     "nodes": n}], request_id="p1")
+
+    a = report(alice, mine.task_id)
+    m = report(mallory, theirs.task.task_id)
+    assert [x.task_id for x in m.tasks] == [theirs.task.task_id] and not m.decision.duplicate
+    assert [x.task_id for x in a.tasks] == [mine.task_id]
+    assert report(alice, mine.task_id).decision.duplicate
+    # squatting the launcher's run-report id with a submission changes nothing for it
+    mallory.submit(make_spec("squat", max_nodes=1), owner="mallory",
+                   request_id="run:job7:finished")
+    done = launcher.report_task_run(mine.task_id, "finished", request_id="job7:finished")
+    assert not done.decision.duplicate
+    assert done.task.state == tasks_pb2.TASK_STATE_COMPLETED
