@@ -270,10 +270,14 @@ class Client:
 
     # ------------------------------------------------------------------ Zeus optimizers
     @_translate
-    def register_zeus_job(self, spec: zeus_pb2.BatchSizeJobSpec) -> zeus_pb2.ZeusJob:
+    def register_zeus_job(self, spec: zeus_pb2.BatchSizeJobSpec, owner: str = ""
+                          ) -> zeus_pb2.ZeusJob:
         """Register a recurring job with the batch-size optimizer (idempotent for the same
-        spec; AlreadyExists for a different one). Returns the stored job."""
-        return self.bso.RegisterJob(zeus_pb2.RegisterJobRequest(spec=spec), timeout=self.timeout_s)
+        spec; AlreadyExists for a different one, or a job id another user's job holds). It
+        belongs to ``owner``, "" = the caller (only admins may name another user). Returns
+        the stored job."""
+        return self.bso.RegisterJob(zeus_pb2.RegisterJobRequest(spec=spec, owner=owner),
+                                    timeout=self.timeout_s)
 
     @_translate
     def predict_batch_size(self, job_id: str, request_id: str = "") -> zeus_pb2.Prediction:
@@ -300,7 +304,7 @@ class Client:
 
     @_translate
     def get_zeus_job(self, job_id: str) -> zeus_pb2.ZeusJob:
-        """The job's spec and optimizer state; NotFound if unknown."""
+        """The job's spec, owner and optimizer state; NotFound if unknown or another user's."""
         return self.bso.GetJob(zeus_pb2.GetJobRequest(job_id=job_id), timeout=self.timeout_s)
 
     @_translate

@@ -134,9 +134,9 @@ class OffcutServer:
         status_pb2_grpc.add_StatusServicer_to_server(StatusService(self.engine, self.auth),
                                                      self.server)
         zeus_pb2_grpc.add_BatchSizeOptimizerServicer_to_server(
-            BatchSizeOptimizerService(self.zeus), self.server)
+            BatchSizeOptimizerService(self.zeus, self.auth), self.server)
         zeus_pb2_grpc.add_PowerLimitOptimizerServicer_to_server(
-            PowerLimitOptimizerService(self.zeus), self.server)
+            PowerLimitOptimizerService(self.zeus, self.auth), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(

@@ -250,21 +250,28 @@ class Store:
         return [(kind, job_id, bs, json.loads(state)) for kind, job_id, bs, state in
                 self.db.execute("SELECT kind, job_id, batch_size, state FROM zeus_state")]
 
-    def zeus_response(self, request_id: str) -> bytes | None:
-        """The stored reply to the Zeus call with ``request_id``, or None."""
-        row = self.db.execute("SELECT response FROM zeus_requests WHERE request_id = ?",
-                              (request_id,)).fetchone()
+    def zeus_response(self, request_id: str, job_id: str | None = None) -> bytes | None:
+        """The stored reply to the Zeus call with ``request_id`` (a key of
+        :mod:`offcut.daemon.zeus.registry`), or None; with ``job_id``, only a reply about
+        that job."""
+        sql, args = "SELECT response FROM zeus_requests WHERE request_id = ?", (request_id,)
+        if job_id is not None:
+            sql, args = sql + " AND job_id = ?", args + (job_id,)
+        row = self.db.execute(sql, args).fetchone()
         return row[0] if row else None
 
     def zeus_put(self, kind: str, job_id: str, batch_size: int, state: dict[str, Any], *,
                  request_id: str | None = None, response: bytes | None = None) -> None:
-        """Replace one object's state (and remember the reply to ``request_id``) atomically."""
+        """Replace one object's state (and remember the reply to ``request_id``) atomically.
+        The registry stores a reply only after finding none for ``(request_id, job_id)``, so a
+        row it replaces is one of an earlier release's keys about another job that happens to
+        spell ``request_id`` (registry, ``request_key``)."""
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
             self.db.execute("INSERT OR REPLACE INTO zeus_state VALUES (?, ?, ?, ?)",
                             (kind, job_id, batch_size, json.dumps(state, separators=(",", ":"))))
             if request_id:
-                self.db.execute("INSERT INTO zeus_requests VALUES (?, ?, ?)",
+                self.db.execute("INSERT OR REPLACE INTO zeus_requests VALUES (?, ?, ?)",
                                 (request_id, job_id, response))
 
     def zeus_delete_job(self, job_id: str) -> None:

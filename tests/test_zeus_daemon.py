@@ -1,12 +1,13 @@
 """The Zeus optimizers hosted in the daemon, over real gRPC (docs/architecture.md §5):
 registration rules, bad input leaving state unchanged, durability across restarts (the
-batch-size sequence continues exactly), the power-limit optimizer, and the trace-driven
-simulation ``offcut replay zeus`` on the recorded traces."""
+batch-size sequence continues exactly), the power-limit optimizer, the trace-driven
+simulation ``offcut replay zeus`` on the recorded traces, and, with tokens, jobs' owners."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 import threading
 from pathlib import Path
 
@@ -16,10 +17,12 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from offcut.client import Client
 from offcut.client.cli import app
+from offcut.daemon.auth import add_token
 from offcut.daemon.zeus.cost import zeus_cost
 from offcut.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound,
-                           from_rpc_error)
+                           PermissionDenied, from_rpc_error)
 from offcut.v1 import zeus_pb2
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "zeus-nsdi23"
@@ -494,3 +497,215 @@ def test_a_bad_suspended_trial_timeout_is_refused(daemon, value):
         client.register_zeus_job(prune_spec(suspended_trial_timeout_s=value))
     with pytest.raises(NotFound):
         client.get_zeus_job("gen")
+
+
+# ----------------------------------------------------------------------------- owners
+# With tokens a Zeus job belongs to the user who registered it (docs/architecture.md §5,
+# "Owners"): another user's job is NOT_FOUND, admins act on all, request ids are bound to their
+# caller, method and job. The tokens are made as tests/test_auth.py makes them.
+STATE_V1 = Path(__file__).resolve().parent / "fixtures" / "state_v1"
+
+
+@pytest.fixture
+def zeus_tokens(tmp_path):
+    """A private tokens file with an admin, alice and mallory; returns (path, tokens)."""
+    path = tmp_path / "tokens.toml"
+    made = {"admin": add_token(path, "root-ops", "admin"), "alice": add_token(path, "alice", "user"),
+            "mallory": add_token(path, "mallory", "user")}
+    return path, made
+
+
+def start_secured(daemons, zeus_tokens, name="sec", **kw):
+    """A daemon with the tokens file and one client per token: ``(server, clients)``."""
+    path, made = zeus_tokens
+    srv, _ = daemons.start(name, tokens_file=str(path), **kw)
+    clients = {who: Client(srv.address, timeout_s=10, token=tok) for who, tok in made.items()}
+    daemons.clients.extend(clients.values())  # closed with the daemons
+    return srv, clients
+
+
+@pytest.fixture
+def secured(daemons, zeus_tokens):
+    return start_secured(daemons, zeus_tokens)
+
+
+def job_view(job: zeus_pb2.ZeusJob):
+    """A ZeusJob with its ``state_json`` parsed (a restart may order its keys otherwise)."""
+    return job.owner, job.spec, job.phase, list(job.trials), json.loads(job.state_json)
+
+
+def power_calls(client, job_id, batch_size):
+    """Every PowerLimitOptimizer call on ``(job_id, batch_size)``, each a thunk."""
+    return [lambda: client.power_plan(job_id, batch_size),
+            lambda: client.report_power_window(job_id, batch_size, 250.0, 10.0, 2500.0),
+            lambda: client.interrupt_power_window(job_id, batch_size, 250.0),
+            lambda: client.power_profile(job_id, batch_size)]
+
+
+def test_a_user_cannot_touch_another_users_job_and_it_keeps_working(secured):
+    _, c = secured
+    alice, mallory = c["alice"], c["mallory"]
+    assert alice.register_zeus_job(prune_spec(job_id="a-job")).owner == "alice"
+    assert mallory.register_zeus_job(prune_spec(job_id="m-job")).owner == "mallory"
+    first = alice.predict_batch_size("a-job", request_id="r1")
+    alice.report_epoch("a-job", first.trial_number, 1, 10.0, 2000.0, 0.1)
+    bso(alice)("EndTrial", job_id="a-job", trial_number=first.trial_number, interrupted=True)
+    alice.report_power_window("a-job", first.batch_size, 250.0, 10.0, 2500.0)
+    before = alice.get_zeus_job("a-job")
+    profile_before = alice.power_profile("a-job", first.batch_size)
+
+    call = bso(mallory)
+    attempts = [
+        lambda: mallory.get_zeus_job("a-job"),
+        lambda: mallory.predict_batch_size("a-job"),
+        lambda: mallory.predict_batch_size("a-job", request_id="r1"),  # alice's request id
+        lambda: call("ReportEpoch", job_id="a-job", trial_number=first.trial_number, epoch=2,
+                     time_s=1.0, energy_j=1.0, metric=0.99),
+        lambda: call("EndTrial", job_id="a-job", trial_number=first.trial_number),
+        lambda: call("ResumeTrial", job_id="a-job", trial_number=first.trial_number,
+                     generation=9),
+        lambda: call("ResumeTrial", job_id="a-job", trial_number=first.trial_number,
+                     request_id="r1"),
+        lambda: mallory.delete_zeus_job("a-job"),
+        *power_calls(mallory, "a-job", first.batch_size),
+    ]
+    for attempt in attempts:
+        with pytest.raises(NotFound, match="^job_id: no Zeus job 'a-job'$"):  # as if unknown
+            attempt()
+    # her job id and her request id get mallory nothing of alice's
+    with pytest.raises(AlreadyExists, match="^spec.job_id: .*another user") as info:
+        mallory.register_zeus_job(prune_spec(job_id="a-job"))
+    assert "alice" not in str(info.value)
+    with pytest.raises(PermissionDenied, match="^owner: "):
+        mallory.register_zeus_job(prune_spec(job_id="a-job"), owner="alice")
+    own = mallory.predict_batch_size("m-job", request_id="r1")
+    assert own.trial_number == 1 and len(mallory.get_zeus_job("m-job").trials) == 1
+
+    after = alice.get_zeus_job("a-job")
+    assert after == before  # spec, owner, trials, state_json: unchanged
+    assert alice.power_profile("a-job", first.batch_size) == profile_before
+    # alice's job goes on: her retry gets her answer, her trial resumes, a new one opens
+    again = alice.predict_batch_size("a-job", request_id="r1")
+    assert (again.trial_number, again.batch_size) == (first.trial_number, first.batch_size)
+    resumed = bso(alice)("ResumeTrial", job_id="a-job", trial_number=first.trial_number,
+                         request_id="r1")
+    assert (resumed.epochs, resumed.time_s) == (1, 10.0)
+    assert alice.report_epoch("a-job", first.trial_number, 2, 20.0, 4000.0, 0.8).converged
+    assert alice.predict_batch_size("a-job").trial_number == first.trial_number + 1
+    alice.delete_zeus_job("a-job")
+    with pytest.raises(NotFound):
+        alice.get_zeus_job("a-job")
+
+
+def test_a_request_id_is_bound_to_its_caller_and_job(secured):
+    """The same request id from another caller (an admin) or for another job is a new
+    request: it never gets the first answer; for the same caller, job and method it does."""
+    _, c = secured
+    alice, admin = c["alice"], c["admin"]
+    for job_id in ("a-one", "a-two"):
+        alice.register_zeus_job(prune_spec(job_id=job_id))
+    first = alice.predict_batch_size("a-one", request_id="shared")
+    other_job = alice.predict_batch_size("a-two", request_id="shared")
+    by_admin = admin.predict_batch_size("a-one", request_id="shared")
+    assert (first.trial_number, other_job.trial_number, by_admin.trial_number) == (1, 1, 2)
+    assert [len(alice.get_zeus_job(j).trials) for j in ("a-one", "a-two")] == [2, 1]
+    assert alice.predict_batch_size("a-one", request_id="shared") == first
+    assert admin.predict_batch_size("a-one", request_id="shared") == by_admin
+    # ResumeTrial: the same id for another trial, or from another caller, resumes afresh
+    call, admin_call = bso(alice), bso(admin)
+    for t in (1, 2):
+        call("EndTrial", job_id="a-one", trial_number=t, interrupted=True)
+    one = call("ResumeTrial", job_id="a-one", trial_number=1, request_id="res", generation=2)
+    two = call("ResumeTrial", job_id="a-one", trial_number=2, request_id="res", generation=2)
+    assert (one.trial_number, two.trial_number) == (1, 2)
+    assert call("ResumeTrial", job_id="a-one", trial_number=1, request_id="res",
+                generation=2) == one
+    taken = admin_call("ResumeTrial", job_id="a-one", trial_number=1, request_id="res",
+                       generation=3)
+    assert taken.taken_over and taken.generation == 3
+
+
+def test_admins_see_and_act_on_every_job_and_owners_survive_a_restart(daemons, zeus_tokens):
+    srv, c = start_secured(daemons, zeus_tokens)
+    c["alice"].register_zeus_job(prune_spec(job_id="a-job"))
+    c["mallory"].register_zeus_job(prune_spec(job_id="m-job"))
+    c["admin"].register_zeus_job(prune_spec(job_id="for-alice"), owner="alice")
+    pred = c["alice"].predict_batch_size("a-job", request_id="r1")
+    admin = c["admin"]
+    assert {j: admin.get_zeus_job(j).owner for j in ("a-job", "m-job", "for-alice")} == \
+        {"a-job": "alice", "m-job": "mallory", "for-alice": "alice"}
+    admin.report_epoch("a-job", pred.trial_number, 1, 10.0, 2000.0, 0.1)
+    assert admin.power_plan("a-job", pred.batch_size).action == "profile"
+    admin.predict_batch_size("m-job")
+    with pytest.raises(AlreadyExists, match="^owner: .*'alice'"):  # owned: not handed over
+        admin.register_zeus_job(prune_spec(job_id="a-job"), owner="mallory")
+    assert c["alice"].get_zeus_job("for-alice").owner == "alice"
+    before = {j: job_view(admin.get_zeus_job(j)) for j in ("a-job", "m-job", "for-alice")}
+
+    daemons.stop(srv)
+    srv, c = start_secured(daemons, zeus_tokens)
+    assert {j: job_view(c["admin"].get_zeus_job(j)) for j in before} == before
+    for job_id in ("a-job", "for-alice"):
+        with pytest.raises(NotFound):
+            c["mallory"].get_zeus_job(job_id)
+    with pytest.raises(NotFound):
+        c["alice"].get_zeus_job("m-job")
+    assert c["alice"].predict_batch_size("a-job", request_id="r1") == pred  # still bound
+    assert c["mallory"].get_zeus_job("m-job").owner == "mallory"
+    c["admin"].delete_zeus_job("m-job")
+    with pytest.raises(NotFound):
+        c["mallory"].get_zeus_job("m-job")
+
+
+def test_jobs_without_an_owner_are_admin_only_until_handed_to_a_user(daemons, zeus_tokens):
+    """A job registered on a daemon without tokens has no owner; once tokens are on, it is
+    admin-only, and an admin gives it to its user by registering its identical spec with
+    ``owner``, its trials kept."""
+    srv, local = daemons.start("sec")
+    assert local.register_zeus_job(prune_spec()).owner == ""
+    local.predict_batch_size("gen", request_id="r1")
+    daemons.stop(srv)
+    srv, c = start_secured(daemons, zeus_tokens)
+    for user in ("alice", "mallory"):
+        with pytest.raises(NotFound):
+            c[user].predict_batch_size("gen")
+        with pytest.raises(AlreadyExists, match="^spec.job_id: "):
+            c[user].register_zeus_job(prune_spec())
+    assert c["admin"].register_zeus_job(prune_spec()).owner == ""  # idempotent, unchanged
+    with pytest.raises(AlreadyExists, match="^spec.job_id: .*different spec"):
+        c["admin"].register_zeus_job(prune_spec(max_epochs=5), owner="alice")
+    handed = c["admin"].register_zeus_job(prune_spec(), owner="alice")
+    assert handed.owner == "alice" and len(handed.trials) == 1
+    assert c["alice"].get_zeus_job("gen") == handed
+    assert c["alice"].predict_batch_size("gen").trial_number == 2
+    with pytest.raises(NotFound):
+        c["mallory"].get_zeus_job("gen")
+
+
+def test_answers_stored_before_owners_replay_for_their_job_only(daemons, zeus_tokens, tmp_path):
+    """The state file of release 3593fb3 (tests/test_state_migration.py), loaded with tokens:
+    its jobs have no owner (admin-only); their stored Predict answers, keyed by request id
+    alone, are replayed to an admin for the job they answered, never for another job."""
+    expected = json.loads((STATE_V1 / "expected.json").read_text())
+    (tmp_path / "sec").mkdir()
+    shutil.copyfile(STATE_V1 / "state.sqlite", tmp_path / "sec" / "state.sqlite")
+    settings = {k: v for k, v in expected["daemon_config"].items() if k != "solver"}
+    _, c = start_secured(daemons, zeus_tokens, **settings)
+    stored = {r["request"]["request_id"]: r for r in expected["repeats"]
+              if r["method"] == "Predict"}
+    assert {r["request"]["job_id"] for r in stored.values()} == {"zeus-bso-1", "zeus-bso-2"}
+    with pytest.raises(NotFound):
+        c["alice"].get_zeus_job("zeus-bso-1")
+    with pytest.raises(NotFound):
+        c["alice"].predict_batch_size("zeus-bso-1", request_id="zeus-predict-2")
+    admin = c["admin"]
+    assert admin.get_zeus_job("zeus-bso-1").owner == ""
+    trials = {j: len(admin.get_zeus_job(j).trials) for j in ("zeus-bso-1", "zeus-bso-2")}
+    for request_id, r in stored.items():
+        again = admin.predict_batch_size(r["request"]["job_id"], request_id=request_id)
+        assert (again.trial_number, again.batch_size) == (r["reply"]["trial_number"],
+                                                          r["reply"]["batch_size"])
+    assert {j: len(admin.get_zeus_job(j).trials) for j in trials} == trials  # replayed
+    # zeus-predict-1 answered about zeus-bso-1: for zeus-bso-2 it is a new request
+    fresh = admin.predict_batch_size("zeus-bso-2", request_id="zeus-predict-1")
+    assert fresh.trial_number == trials["zeus-bso-2"] + 1

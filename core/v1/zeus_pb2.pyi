@@ -65,10 +65,12 @@ class BatchSizeJobSpec(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., default_batch_size: _Optional[int] = ..., eta_knob: _Optional[float] = ..., beta_knob: _Optional[float] = ..., max_epochs: _Optional[int] = ..., target_metric: _Optional[float] = ..., higher_is_better: _Optional[bool] = ..., max_power_w: _Optional[float] = ..., num_pruning_rounds: _Optional[int] = ..., window_size: _Optional[int] = ..., mab_prior_mean: _Optional[float] = ..., mab_prior_precision: _Optional[float] = ..., mab_num_explorations: _Optional[int] = ..., seed: _Optional[int] = ..., power: _Optional[_Union[PowerLimitSpec, _Mapping]] = ..., suspended_trial_timeout_s: _Optional[float] = ...) -> None: ...
 
 class RegisterJobRequest(_message.Message):
-    __slots__ = ("spec",)
+    __slots__ = ("spec", "owner")
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     spec: BatchSizeJobSpec
-    def __init__(self, spec: _Optional[_Union[BatchSizeJobSpec, _Mapping]] = ...) -> None: ...
+    owner: str
+    def __init__(self, spec: _Optional[_Union[BatchSizeJobSpec, _Mapping]] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class ZeusTrial(_message.Message):
     __slots__ = ("trial_number", "batch_size", "status", "epochs", "time_s", "energy_j", "cost_j", "generation", "interruptions")
@@ -93,20 +95,22 @@ class ZeusTrial(_message.Message):
     def __init__(self, trial_number: _Optional[int] = ..., batch_size: _Optional[int] = ..., status: _Optional[str] = ..., epochs: _Optional[int] = ..., time_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., cost_j: _Optional[float] = ..., generation: _Optional[int] = ..., interruptions: _Optional[int] = ...) -> None: ...
 
 class ZeusJob(_message.Message):
-    __slots__ = ("spec", "phase", "best_batch_size", "min_cost_j", "trials", "state_json")
+    __slots__ = ("spec", "phase", "best_batch_size", "min_cost_j", "trials", "state_json", "owner")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     BEST_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MIN_COST_J_FIELD_NUMBER: _ClassVar[int]
     TRIALS_FIELD_NUMBER: _ClassVar[int]
     STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     spec: BatchSizeJobSpec
     phase: str
     best_batch_size: int
     min_cost_j: float
     trials: _containers.RepeatedCompositeFieldContainer[ZeusTrial]
     state_json: str
-    def __init__(self, spec: _Optional[_Union[BatchSizeJobSpec, _Mapping]] = ..., phase: _Optional[str] = ..., best_batch_size: _Optional[int] = ..., min_cost_j: _Optional[float] = ..., trials: _Optional[_Iterable[_Union[ZeusTrial, _Mapping]]] = ..., state_json: _Optional[str] = ...) -> None: ...
+    owner: str
+    def __init__(self, spec: _Optional[_Union[BatchSizeJobSpec, _Mapping]] = ..., phase: _Optional[str] = ..., best_batch_size: _Optional[int] = ..., min_cost_j: _Optional[float] = ..., trials: _Optional[_Iterable[_Union[ZeusTrial, _Mapping]]] = ..., state_json: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class PredictRequest(_message.Message):
     __slots__ = ("job_id", "request_id", "generation")

@@ -76,7 +76,8 @@ class BatchSizeOptimizerServicer:
 
     def RegisterJob(self, request, context):
         """Register a recurring job. The identical spec again is accepted (idempotent); a
-        different spec under the same job_id is ALREADY_EXISTS.
+        different spec under the same job_id, or a job_id held by a job the caller may not act
+        on, is ALREADY_EXISTS.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

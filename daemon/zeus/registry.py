@@ -10,6 +10,18 @@ job's batch-size sequence exactly.
 The registry's ``clock`` (wall-clock seconds, :func:`time.time` by default; it must survive a
 restart) stamps suspended trials and decides, at each Predict, which of them are stale
 (:mod:`offcut.daemon.zeus.bso`, abandoned trials).
+
+Owners (docs/architecture.md §5, "Owners"): every job has an ``owner``, the user who registered
+it, stored with its state; ``""`` = none (registered before jobs had owners, or on a daemon
+without tokens). Every method takes the caller (a :class:`Caller`): a caller acts on the jobs
+it owns, an admin on all; any other job, and its power profiles, is NOT_FOUND, checked before
+anything is read or written. The stored answer to a request id of Predict / ResumeTrial is
+bound to (method, caller, job[, trial], request id): see :func:`request_key`.
+
+Not checked here: a task's ``zeus_job_id`` (a task spec field, offcut.v1.TaskSpec) names a
+job by id only. The binding holds where the job is used, since the task's training process
+calls these methods as its own caller; a check at submission (a user's task naming another
+user's job) belongs to ``SubmitTask`` (offcut.daemon.service), which has no registry.
 """
 
 from __future__ import annotations
@@ -19,7 +31,7 @@ import secrets
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, TypeVar
+from typing import Callable, Protocol, TypeVar
 
 from offcut.daemon.model import Limits
 from offcut.daemon.store import Store
@@ -31,10 +43,9 @@ T = TypeVar("T")
 
 _BSO = "bso"
 _PLO = "plo"
-#: prefix of the idempotency keys of ResumeTrial in the state file's ``zeus_requests`` (with
-#: the job and the trial: a request id reused for another trial or for Predict never replays
-#: an answer of the wrong kind)
-#: prefix of the stored-answer key of a ResumeTrial request (other keys are Predict's)
+#: prefix of the stored-answer keys of ResumeTrial written before owners (``RESUME_KEY`` +
+#: JSON ``[job, trial, request id]``; Predict's were the bare request id); still read for the
+#: answers stored then (:meth:`ZeusRegistry._replay`), never written (:func:`request_key`)
 RESUME_KEY = "ResumeTrial:"
 #: the version of a stored answer (``zeus_requests.response``) written by this release:
 #: ``{"format": 2, <the answer's fields>}``; format 1 stored the ``offcut.v1`` message
@@ -56,28 +67,51 @@ def _stored_fields(stored: bytes) -> dict:
     return d
 
 
+class Caller(Protocol):
+    """Who calls the registry (:class:`offcut.daemon.auth.Principal` is one)."""
+
+    @property
+    def user(self) -> str: ...
+
+    @property
+    def is_admin(self) -> bool: ...
+
+
+def request_key(method: str, who: Caller, job_id: str, *parts) -> str:
+    """The key of a stored answer: JSON ``[method, caller's user, job, *parts]`` (``parts``:
+    ResumeTrial's trial number, then the request id). So the same request id from another
+    caller, for another method, job or trial is another request, never the first answer."""
+    return json.dumps([method, who.user, job_id, *parts], separators=(",", ":"))
+
+
 @dataclass
 class _Entry:
     job: BatchSizeJob
     power: PowerLimitSpec | None
     seed_given: bool
+    owner: str = ""  # "" = none (stored before owners, or registered without tokens)
 
     def to_dict(self) -> dict:
         return {"job": self.job.to_dict(), "power": self.power.to_dict() if self.power else None,
-                "seed_given": self.seed_given}
+                "seed_given": self.seed_given, "owner": self.owner}
 
     @classmethod
     def from_dict(cls, d: dict) -> "_Entry":
         return cls(BatchSizeJob.from_dict(d["job"]),
                    PowerLimitSpec.from_dict(d["power"]) if d["power"] else None,
-                   bool(d["seed_given"]))
+                   bool(d["seed_given"]), str(d.get("owner", "")))
+
+    def acted_on_by(self, who: Caller) -> bool:
+        """Whether ``who`` may see and act on this job (admins: every job; users: their own)."""
+        return who.is_admin or (bool(self.owner) and self.owner == who.user)
 
 
 class ZeusRegistry:
     """Registered jobs and power profiles, durable in ``store`` (thread-safe).
 
-    Raises (from its methods): :class:`offcut.errors.NotFound` for unknown jobs,
-    :class:`AlreadyExists` for a second, different spec under a job id,
+    Raises (from its methods): :class:`offcut.errors.NotFound` for unknown jobs and for jobs
+    the caller may not act on (module docstring, owners), :class:`AlreadyExists` for a
+    second, different spec under a job id or an id held by another user's job,
     :class:`FailedPrecondition` for power calls on a job registered without a power spec,
     and whatever the optimizers raise for bad values (``InvalidArgument``), all before any
     state changes. ``limits`` (default: :class:`Limits`'s defaults) bound what the service
@@ -100,106 +134,142 @@ class ZeusRegistry:
                 self.profiles[(job_id, batch_size)] = PowerLimitProfile.from_dict(state)
 
     # ------------------------------------------------------------------ batch size
-    def register(self, spec: BatchSizeJobSpec, power: PowerLimitSpec | None
-                 ) -> tuple[BatchSizeJob, PowerLimitSpec | None]:
-        """Register a validated job (``spec.seed`` None = draw one and store it). The
-        identical spec again returns the stored job (idempotent).
+    def register(self, spec: BatchSizeJobSpec, power: PowerLimitSpec | None, who: Caller,
+                 owner: str, *, assign: bool = False
+                 ) -> tuple[BatchSizeJob, PowerLimitSpec | None, str]:
+        """Register a validated job owned by ``owner`` (``spec.seed`` None = draw one and
+        store it); returns the job, its power spec and its owner. The identical spec again
+        returns the stored job (idempotent), its owner unchanged, except that with ``assign``
+        (the request named ``owner``) a job without an owner is given to ``owner``. Who may
+        name which owner is the caller's business (the service: users only themselves).
 
         Raises:
-            AlreadyExists: ``spec.job_id`` is registered with a different spec.
+            AlreadyExists: ``spec.job_id`` is registered with a different spec, is held by a
+                job ``who`` may not act on (its spec and owner are not told), or (``assign``)
+                is owned by another user than ``owner``.
         """
         seed_given = spec.seed is not None
         with self.lock:
             existing = self.jobs.get(spec.job_id)
+            if existing is not None and not existing.acted_on_by(who):
+                raise AlreadyExists(f"job id {spec.job_id!r} is taken by a job of another user "
+                                    "(job ids are shared by all users); choose another",
+                                    "spec.job_id")
             if not seed_given:
                 spec = spec.with_seed(existing.job.spec.seed if existing else secrets.randbits(63))
             if existing is not None:
-                if (existing.job.spec == spec and existing.power == power
+                if not (existing.job.spec == spec and existing.power == power
                         and existing.seed_given == seed_given):
-                    return existing.job, existing.power
-                raise AlreadyExists(f"job {spec.job_id!r} is registered with a different spec "
-                                    "(delete it first to change it)", "spec.job_id")
-            entry = _Entry(BatchSizeJob(spec), power, seed_given)
+                    raise AlreadyExists(f"job {spec.job_id!r} is registered with a different "
+                                        "spec (delete it first to change it)", "spec.job_id")
+                if not assign or existing.owner == owner:
+                    return existing.job, existing.power, existing.owner
+                if existing.owner:
+                    raise AlreadyExists(f"job {spec.job_id!r} is registered for "
+                                        f"{existing.owner!r}, not {owner!r}", "owner")
+                entry = _Entry.from_dict(existing.to_dict())
+                entry.owner = owner  # an admin hands a job without an owner to its user
+            else:
+                entry = _Entry(BatchSizeJob(spec), power, seed_given, owner)
             self.store.zeus_put(_BSO, spec.job_id, 0, entry.to_dict())
             self.jobs[spec.job_id] = entry
-            return entry.job, entry.power
+            return entry.job, entry.power, entry.owner
 
-    def _entry(self, job_id: str) -> _Entry:
+    def _entry(self, job_id: str, who: Caller) -> _Entry:
+        """The job, if ``who`` may act on it; else NOT_FOUND (as for an unknown id)."""
         entry = self.jobs.get(job_id)
-        if entry is None:
+        if entry is None or not entry.acted_on_by(who):
             raise NotFound(f"no Zeus job {job_id!r}", "job_id")
         return entry
 
-    def job(self, job_id: str) -> tuple[BatchSizeJob, PowerLimitSpec | None]:
-        """The job's optimizer and power spec (NOT_FOUND if unknown)."""
+    def job(self, job_id: str, who: Caller) -> tuple[BatchSizeJob, PowerLimitSpec | None, str]:
+        """The job's optimizer, power spec and owner (NOT_FOUND if unknown or not ``who``'s)."""
         with self.lock:
-            entry = self._entry(job_id)
-            return entry.job, entry.power
+            entry = self._entry(job_id, who)
+            return entry.job, entry.power, entry.owner
 
-    def _mutate_job(self, job_id: str, op: Callable[[BatchSizeJob], T], *,
-                    request_id: str | None = None) -> T:
-        entry = self._entry(job_id)
+    def _mutate_job(self, job_id: str, who: Caller, op: Callable[[BatchSizeJob], T], *,
+                    request_key: str = "") -> T:
+        entry = self._entry(job_id, who)
         copy = _Entry.from_dict(entry.to_dict())
         result = op(copy.job)  # raises before anything is written
-        response = stored_answer(result) if request_id else None
-        self.store.zeus_put(_BSO, job_id, 0, copy.to_dict(), request_id=request_id or None,
+        response = stored_answer(result) if request_key else None
+        self.store.zeus_put(_BSO, job_id, 0, copy.to_dict(), request_id=request_key or None,
                             response=response)
         self.jobs[job_id] = copy
         return result
 
-    def predict(self, job_id: str, request_id: str, generation: int = 0) -> Prediction:
+    def _replay(self, job_id: str, key: str, legacy_key: str) -> dict | None:
+        """The stored answer's fields under ``key`` (:func:`request_key`), else under the key
+        an earlier release wrote (``legacy_key``) while the job has no owner (all jobs of that
+        release have none); answers stored for another job are never returned. Call under the
+        lock, after :meth:`_entry` allowed the caller on the job."""
+        stored = self.store.zeus_response(key, job_id)
+        if stored is None and not self.jobs[job_id].owner:
+            stored = self.store.zeus_response(legacy_key, job_id)
+        return None if stored is None else _stored_fields(stored)
+
+    def predict(self, job_id: str, request_id: str, who: Caller, generation: int = 0
+                ) -> Prediction:
         """Open a trial (abandoning stale suspended ones first, see
-        :meth:`BatchSizeJob.predict`). A repeated ``request_id`` returns the first answer."""
+        :meth:`BatchSizeJob.predict`). A repeated ``request_id`` of the same caller for the
+        same job returns the first answer."""
         with self.lock:
-            if request_id:
-                stored = self.store.zeus_response(request_id)
+            self._entry(job_id, who)
+            key = request_key("Predict", who, job_id, request_id) if request_id else ""
+            if key:
+                stored = self._replay(job_id, key, request_id)
                 if stored is not None:
-                    return Prediction(**_stored_fields(stored))
+                    return Prediction(**stored)
             now = self.clock()
-            return self._mutate_job(job_id, lambda job: job.predict(generation, now),
-                                    request_id=request_id)
+            return self._mutate_job(job_id, who, lambda job: job.predict(generation, now),
+                                    request_key=key)
 
     def report(self, job_id: str, trial_number: int, epoch: int, time_s: float, energy_j: float,
-               metric: float, batch_size: int = 0, generation: int = 0) -> Verdict:
+               metric: float, who: Caller, batch_size: int = 0, generation: int = 0) -> Verdict:
         """Record an epoch of a trial (see :meth:`BatchSizeJob.report`)."""
         with self.lock:
-            return self._mutate_job(job_id, lambda job: job.report(
+            return self._mutate_job(job_id, who, lambda job: job.report(
                 trial_number, epoch, time_s, energy_j, metric, batch_size, generation))
 
-    def end_trial(self, job_id: str, trial_number: int, interrupted: bool = False,
+    def end_trial(self, job_id: str, trial_number: int, who: Caller, interrupted: bool = False,
                   time_s: float | None = None, energy_j: float | None = None,
                   generation: int = 0) -> Verdict:
         """Close a trial, or suspend an interrupted one (see :meth:`BatchSizeJob.end_trial`)."""
         with self.lock:
             now = self.clock()
-            return self._mutate_job(job_id, lambda job: job.end_trial(
+            return self._mutate_job(job_id, who, lambda job: job.end_trial(
                 trial_number, interrupted, time_s, energy_j, generation, now))
 
-    def resume(self, job_id: str, trial_number: int, request_id: str,
+    def resume(self, job_id: str, trial_number: int, request_id: str, who: Caller,
                generation: int) -> Resumed:
         """Reopen an open trial for a new process (see :meth:`BatchSizeJob.resume`). A
-        repeated ``request_id`` (for the same job and trial) returns the first answer."""
-        key = (RESUME_KEY + json.dumps([job_id, trial_number, request_id])) if request_id else ""
+        repeated ``request_id`` of the same caller for the same job and trial returns the
+        first answer."""
         with self.lock:
+            self._entry(job_id, who)
+            key = (request_key("ResumeTrial", who, job_id, trial_number, request_id)
+                   if request_id else "")
             if key:
-                stored = self.store.zeus_response(key)
+                stored = self._replay(job_id, key, RESUME_KEY + json.dumps(
+                    [job_id, trial_number, request_id]))
                 if stored is not None:
-                    return Resumed(**_stored_fields(stored))
-            return self._mutate_job(job_id, lambda job: job.resume(trial_number, generation),
-                                    request_id=key)
+                    return Resumed(**stored)
+            return self._mutate_job(job_id, who, lambda job: job.resume(trial_number, generation),
+                                    request_key=key)
 
-    def delete(self, job_id: str) -> None:
-        """Forget a job and its power profiles."""
+    def delete(self, job_id: str, who: Caller) -> None:
+        """Forget a job, its power profiles and the answers stored for it."""
         with self.lock:
-            self._entry(job_id)
+            self._entry(job_id, who)
             self.store.zeus_delete_job(job_id)
             del self.jobs[job_id]
             for key in [k for k in self.profiles if k[0] == job_id]:
                 del self.profiles[key]
 
     # ------------------------------------------------------------------ power limit
-    def _profile(self, job_id: str, batch_size: int) -> PowerLimitProfile:
-        entry = self._entry(job_id)
+    def _profile(self, job_id: str, batch_size: int, who: Caller) -> PowerLimitProfile:
+        entry = self._entry(job_id, who)  # a job's profiles are its owner's
         if entry.power is None:
             raise FailedPrecondition(f"job {job_id!r} was registered without a power spec",
                                      "job_id")
@@ -212,32 +282,34 @@ class ZeusRegistry:
         return (self.profiles.get((job_id, batch_size))
                 or PowerLimitProfile(entry.power, entry.job.spec.max_power_w))
 
-    def _mutate_profile(self, job_id: str, batch_size: int,
+    def _mutate_profile(self, job_id: str, batch_size: int, who: Caller,
                         op: Callable[[PowerLimitProfile], PowerPlan]) -> PowerPlan:
-        copy = PowerLimitProfile.from_dict(self._profile(job_id, batch_size).to_dict())
+        copy = PowerLimitProfile.from_dict(self._profile(job_id, batch_size, who).to_dict())
         plan = op(copy)
         self.store.zeus_put(_PLO, job_id, batch_size, copy.to_dict())
         self.profiles[(job_id, batch_size)] = copy
         return plan
 
-    def power_plan(self, job_id: str, batch_size: int) -> PowerPlan:
+    def power_plan(self, job_id: str, batch_size: int, who: Caller) -> PowerPlan:
         """What to run next at this batch size: a window to profile, or the chosen limit."""
         with self.lock:
-            return self._profile(job_id, batch_size).plan()
+            return self._profile(job_id, batch_size, who).plan()
 
     def report_window(self, job_id: str, batch_size: int, power_limit_w: float, time_s: float,
-                      energy_j: float) -> PowerPlan:
+                      energy_j: float, who: Caller) -> PowerPlan:
         """Record a measured profiling window; returns the next plan."""
         with self.lock:
-            return self._mutate_profile(job_id, batch_size, lambda p: p.report_window(
+            return self._mutate_profile(job_id, batch_size, who, lambda p: p.report_window(
                 power_limit_w, time_s, energy_j))
 
-    def interrupt_window(self, job_id: str, batch_size: int, power_limit_w: float) -> PowerPlan:
+    def interrupt_window(self, job_id: str, batch_size: int, power_limit_w: float,
+                         who: Caller) -> PowerPlan:
         """The window at ``power_limit_w`` was cut short: plan it again."""
         with self.lock:
-            return self._mutate_profile(job_id, batch_size, lambda p: p.interrupt(power_limit_w))
+            return self._mutate_profile(job_id, batch_size, who,
+                                        lambda p: p.interrupt(power_limit_w))
 
-    def profile(self, job_id: str, batch_size: int) -> PowerLimitProfile:
+    def profile(self, job_id: str, batch_size: int, who: Caller) -> PowerLimitProfile:
         """The (possibly unfinished) profile of a job's batch size."""
         with self.lock:
-            return self._profile(job_id, batch_size)
+            return self._profile(job_id, batch_size, who)

@@ -1,17 +1,20 @@
 """gRPC servicers of ``offcut.v1.BatchSizeOptimizer`` and ``offcut.v1.PowerLimitOptimizer``:
-proto <-> the registry's domain types. The optimizers decide; nothing is decided here."""
+proto <-> the registry's domain types. The optimizers decide; nothing is decided here. Each
+call passes its caller (:meth:`Authenticator.of`) to the registry, which keeps a user to their
+own jobs (docs/architecture.md §5, owners)."""
 
 from __future__ import annotations
 
 import json
 import math
 
+from offcut.daemon.auth import Authenticator
 from offcut.daemon.service import _rpc
 from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Resumed, Verdict
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
 from offcut.daemon.zeus.registry import ZeusRegistry
 from offcut.daemon.model import Limits
-from offcut.errors import InvalidArgument
+from offcut.errors import InvalidArgument, PermissionDenied
 from offcut.v1 import zeus_pb2, zeus_pb2_grpc
 
 #: longest job id and request id, characters (they are keys of the state file)
@@ -77,8 +80,9 @@ def job_spec_from_pb(pb: zeus_pb2.BatchSizeJobSpec, limits: Limits | None = None
     return BatchSizeJobSpec.create(**fields)
 
 
-def job_to_pb(job: BatchSizeJob, power: PowerLimitSpec | None) -> zeus_pb2.ZeusJob:
-    """The stored spec (defaults filled in) and a view of the optimizer's state."""
+def job_to_pb(job: BatchSizeJob, power: PowerLimitSpec | None, owner: str = ""
+              ) -> zeus_pb2.ZeusJob:
+    """The stored spec (defaults filled in), the owner and a view of the optimizer's state."""
     spec = job.spec
     pb_spec = zeus_pb2.BatchSizeJobSpec(
         job_id=spec.job_id, batch_sizes=list(spec.batch_sizes),
@@ -107,7 +111,7 @@ def job_to_pb(job: BatchSizeJob, power: PowerLimitSpec | None) -> zeus_pb2.ZeusJ
     return zeus_pb2.ZeusJob(spec=pb_spec, phase=state["phase"],
                             best_batch_size=state["best_batch_size"],
                             min_cost_j=math.inf if min_cost is None else min_cost,
-                            trials=trials, state_json=json.dumps(state))
+                            trials=trials, state_json=json.dumps(state), owner=owner)
 
 
 def prediction_to_pb(p: Prediction) -> zeus_pb2.Prediction:
@@ -147,20 +151,31 @@ def profile_to_pb(job_id: str, batch_size: int, p: PowerLimitProfile) -> zeus_pb
 
 
 class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
-    """``offcut.v1.BatchSizeOptimizer`` over a :class:`ZeusRegistry`."""
+    """``offcut.v1.BatchSizeOptimizer`` over a :class:`ZeusRegistry`; ``auth`` resolves the
+    callers (default: no tokens, every caller the local admin)."""
 
-    def __init__(self, registry: ZeusRegistry):
+    def __init__(self, registry: ZeusRegistry, auth: Authenticator | None = None):
         self.registry = registry
+        self.auth = auth or Authenticator(None)
 
     @_rpc
     def RegisterJob(self, request, context):
-        """Validate (INVALID_ARGUMENT naming ``spec.<field>``) and register; ALREADY_EXISTS
-        for a different spec under the same id."""
+        """Validate (INVALID_ARGUMENT naming ``spec.<field>``) and register, owned by
+        ``owner`` or else the caller (without tokens: no owner); a user may name only
+        themselves (PERMISSION_DENIED). ALREADY_EXISTS for a different spec under the same
+        id, or an id held by a job the caller may not act on."""
+        who = self.auth.of(context)
+        if request.owner and request.owner != who.user and not who.is_admin:
+            raise PermissionDenied(f"users register jobs as themselves ({who.user!r})", "owner")
+        if not _short_id(request.owner, "owner").isprintable():
+            raise InvalidArgument("must be printable", "owner")
         limits = self.registry.limits
         spec = job_spec_from_pb(request.spec, limits)
         power = (power_spec_from_pb(request.spec.power, spec.eta_knob, limits)
                  if request.spec.HasField("power") else None)
-        return job_to_pb(*self.registry.register(spec, power))
+        owner = request.owner or (who.user if self.auth.enabled else "")
+        return job_to_pb(*self.registry.register(spec, power, who, owner,
+                                                 assign=bool(request.owner)))
 
     @_rpc
     def Predict(self, request, context):
@@ -169,21 +184,23 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
         :meth:`BatchSizeJob.predict`)."""
         return prediction_to_pb(self.registry.predict(
             _job_id(request.job_id), _short_id(request.request_id, "request_id"),
-            generation=request.generation))
+            self.auth.of(context), generation=request.generation))
 
     @_rpc
     def ReportEpoch(self, request, context):
         """Cumulative time/energy and the metric after an epoch -> stop / converged."""
         return verdict_to_pb(self.registry.report(
             _job_id(request.job_id), request.trial_number, request.epoch, request.time_s,
-            request.energy_j, request.metric, request.batch_size, request.generation))
+            request.energy_j, request.metric, self.auth.of(context), request.batch_size,
+            request.generation))
 
     @_rpc
     def EndTrial(self, request, context):
         """Close a trial (a failure), or suspend it (``interrupted``: the trial's
         cumulative ``time_s`` [s] and ``energy_j`` [J] when the process stopped, optional)."""
         return verdict_to_pb(self.registry.end_trial(
-            _job_id(request.job_id), request.trial_number, request.interrupted,
+            _job_id(request.job_id), request.trial_number, self.auth.of(context),
+            request.interrupted,
             request.time_s if request.HasField("time_s") else None,
             request.energy_j if request.HasField("energy_j") else None, request.generation))
 
@@ -195,30 +212,35 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
         :meth:`BatchSizeJob.resume`)."""
         return resumed_to_pb(self.registry.resume(
             _job_id(request.job_id), request.trial_number,
-            _short_id(request.request_id, "request_id"), request.generation))
+            _short_id(request.request_id, "request_id"), self.auth.of(context),
+            request.generation))
 
     @_rpc
     def DeleteJob(self, request, context):
         """Forget the job, its power profiles and its remembered replies; NOT_FOUND if unknown."""
-        self.registry.delete(_job_id(request.job_id))
+        self.registry.delete(_job_id(request.job_id), self.auth.of(context))
         return zeus_pb2.DeleteJobResponse()
 
     @_rpc
     def GetJob(self, request, context):
-        """The job's spec, phase and trials; NOT_FOUND if unknown."""
-        return job_to_pb(*self.registry.job(_job_id(request.job_id)))
+        """The job's spec, owner, phase and trials; NOT_FOUND if unknown."""
+        return job_to_pb(*self.registry.job(_job_id(request.job_id), self.auth.of(context)))
 
 
 class PowerLimitOptimizerService(zeus_pb2_grpc.PowerLimitOptimizerServicer):
-    """``offcut.v1.PowerLimitOptimizer`` over a :class:`ZeusRegistry`."""
+    """``offcut.v1.PowerLimitOptimizer`` over a :class:`ZeusRegistry` (a job's profiles are its
+    owner's: another user's job is NOT_FOUND); ``auth`` as for
+    :class:`BatchSizeOptimizerService`."""
 
-    def __init__(self, registry: ZeusRegistry):
+    def __init__(self, registry: ZeusRegistry, auth: Authenticator | None = None):
         self.registry = registry
+        self.auth = auth or Authenticator(None)
 
     @_rpc
     def GetPowerPlan(self, request, context):
         """What the training loop does next for ``(job_id, batch_size)`` (limit [W])."""
-        return plan_to_pb(self.registry.power_plan(_job_id(request.job_id), request.batch_size))
+        return plan_to_pb(self.registry.power_plan(_job_id(request.job_id), request.batch_size,
+                                                   self.auth.of(context)))
 
     @_rpc
     def ReportWindow(self, request, context):
@@ -226,17 +248,18 @@ class PowerLimitOptimizerService(zeus_pb2_grpc.PowerLimitOptimizerServicer):
         -> the next plan."""
         return plan_to_pb(self.registry.report_window(
             _job_id(request.job_id), request.batch_size, request.power_limit_w, request.time_s,
-            request.energy_j))
+            request.energy_j, self.auth.of(context)))
 
     @_rpc
     def InterruptWindow(self, request, context):
         """A profiling window at ``power_limit_w`` [W] was cut short -> the next plan."""
         return plan_to_pb(self.registry.interrupt_window(
-            _job_id(request.job_id), request.batch_size, request.power_limit_w))
+            _job_id(request.job_id), request.batch_size, request.power_limit_w,
+            self.auth.of(context)))
 
     @_rpc
     def GetProfile(self, request, context):
         """The power profile of ``(job_id, batch_size)``."""
         job_id = _job_id(request.job_id)
-        return profile_to_pb(job_id, request.batch_size,
-                             self.registry.profile(job_id, request.batch_size))
+        return profile_to_pb(job_id, request.batch_size, self.registry.profile(
+            job_id, request.batch_size, self.auth.of(context)))
