@@ -17,6 +17,7 @@ Example ``offcut.toml``::
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -63,6 +64,14 @@ COMMAND_PLACEHOLDERS = ("command", "task_id", "task_name", "node", "rank", "node
                         "checkpoint_dir")
 
 
+#: the launcher's variables a task's jobs get by default (``[slurm] export_env``)
+DEFAULT_EXPORT_ENV = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR")
+#: variables never exported to a task's jobs: the launcher's credentials
+SECRET_ENV_PREFIXES = ("OFFCUT_TOKEN", "OFFCUT_TLS", "MUNGE", "SLURM_JWT", "AWS_", "GOOGLE_")
+SECRET_ENV_NAMES = frozenset({"SSH_AUTH_SOCK", "KRB5CCNAME"})
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 class SlurmConfig(BaseModel):
     """Site settings of the Slurm launcher (``[slurm]`` in offcut.toml; read by
     ``offcut-slurm launch --config``). docs/architecture.md §7."""
@@ -101,9 +110,27 @@ class SlurmConfig(BaseModel):
         "docs/execution.md"))
     sbatch_args: list[str] = Field(default_factory=list, examples=[["--qos=scavenger"]],
                                    description="extra sbatch arguments of every job")
+    export_env: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_EXPORT_ENV), examples=[["PATH", "LANG"]],
+        description=(
+            "the launcher's environment variables a task's jobs get (sbatch runs with these "
+            "only, and the job inherits them), besides the OFFCUT_*, MASTER_*, RANK ... of "
+            "docs/execution.md; an allow-list, so no secret of the launcher (OFFCUT_TOKEN, "
+            "OFFCUT_TOKEN_FILE, credentials) reaches user code: those names are refused"))
     output: str = Field("offcut-%x-%j.out", description="sbatch --output of the jobs (Slurm patterns)")
     workdir: str | None = Field(None, examples=["/scratch/offcut"],
                                 description="sbatch --chdir of the jobs; unset = the launcher's")
+
+    @field_validator("export_env")
+    @classmethod
+    def _check_export_env(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not ENV_NAME_RE.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+            if name.startswith(SECRET_ENV_PREFIXES) or name in SECRET_ENV_NAMES:
+                raise ValueError(f"{name} may hold a secret of the launcher; a task's jobs "
+                                 "never get it")
+        return value
 
     @field_validator("master_ports")
     @classmethod

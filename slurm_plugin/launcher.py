@@ -53,7 +53,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 import hostlist
 
@@ -179,6 +179,15 @@ def batch_script(cfg: SlurmConfig, gen: Generation, node: str, *, address: str,
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
     return (f"#!/bin/bash\n# Offcut task {gen.task_id}, generation {gen.generation}, on {node} "
             f"(rank {rank} of {world})\n{exports}\nexec {line}\n")
+
+
+def job_environment(cfg: SlurmConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment ``sbatch`` runs in, which a task's job inherits (Slurm's default
+    ``--export=ALL``): the launcher's variables named in ``[slurm] export_env`` only, so no
+    secret of the launcher (``OFFCUT_TOKEN``, ``OFFCUT_TOKEN_FILE``, credentials) reaches user
+    code. The job's own variables (docs/execution.md) are set by its batch script."""
+    environ = os.environ if environ is None else environ
+    return {k: environ[k] for k in cfg.export_env if k in environ}
 
 
 def sbatch_options(cfg: SlurmConfig, name: str, node: str) -> list[str]:
@@ -460,7 +469,8 @@ class Launcher:
         if node == gen.nodes[0]:
             checkpoint_dir(self.cfg, gen.task_id).mkdir(parents=True, exist_ok=True, mode=0o700)
         name = job_name(self.cfg, gen.task_id, gen.generation, node)
-        job_id = self.cli.submit(sbatch_options(self.cfg, name, node), script=script)
+        job_id = self.cli.submit(sbatch_options(self.cfg, name, node), script=script,
+                                 env=job_environment(self.cfg))
         self.submitted.add((gen.task_id, gen.generation, node))
         result.submitted.append((gen.task_id, node, job_id))
         log.info("task %s generation %d: submitted job %s on %s (rank %d of %d)", gen.task_id,

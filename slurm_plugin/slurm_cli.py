@@ -16,7 +16,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from offcut.slurm_plugin.slurm_json import SlurmCommandError, SlurmDataError
 
@@ -55,9 +55,10 @@ class SlurmCLI:
     extra_env: dict[str, str] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ plumbing
-    def env(self) -> dict[str, str]:
-        """The environment of the commands."""
-        env = dict(os.environ)
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment of the commands: ``base`` (default: this process's) with a default
+        ``PATH``, ``SLURM_CONF`` and ``extra_env``."""
+        env = dict(os.environ if base is None else base)
         env.setdefault("PATH", DEFAULT_PATH)
         if self.slurm_conf:
             env["SLURM_CONF"] = self.slurm_conf
@@ -77,14 +78,16 @@ class SlurmCLI:
         return found
 
     def run(self, argv: Sequence[str], *, timeout_s: float | None = None,
-            input_text: str | None = None) -> str:
-        """Run ``argv`` (``argv[0]`` resolved by :meth:`resolve`); returns stdout.
+            input_text: str | None = None, env: Mapping[str, str] | None = None) -> str:
+        """Run ``argv`` (``argv[0]`` resolved by :meth:`resolve`) in :meth:`env`, or in
+        ``env`` (plus ``SLURM_CONF``, ``extra_env`` and a default ``PATH``) when given;
+        returns stdout.
 
         Raises:
             SlurmCommandError: not found, not startable, timed out or non-zero exit (the
                 message carries the end of stderr).
         """
-        env = self.env()
+        env = self.env(env)
         exe = self.resolve(argv[0], env["PATH"])
         limit = self.timeout_s if timeout_s is None else timeout_s
         name = os.path.basename(argv[0])
@@ -140,14 +143,15 @@ class SlurmCLI:
 
     # ------------------------------------------------------------------ actions
     def submit(self, options: Sequence[str] = (), *, wrap: str | None = None,
-               script: str | None = None) -> str:
-        """``sbatch --parsable OPTIONS`` with ``--wrap`` or a script on stdin; returns the job id."""
+               script: str | None = None, env: Mapping[str, str] | None = None) -> str:
+        """``sbatch --parsable OPTIONS`` with ``--wrap`` or a script on stdin, in ``env``
+        (:meth:`run`; the job inherits it); returns the job id."""
         if (wrap is None) == (script is None):
             raise ValueError("give exactly one of wrap= and script=")
         argv = [self.sbatch, "--parsable", *options]
         if wrap is not None:
             argv += ["--wrap", wrap]
-        out = self.run(argv, input_text=script)
+        out = self.run(argv, input_text=script, env=env)
         job_id = out.strip().split(";")[0]  # "123" or "123;cluster"
         if not job_id.isdigit():
             raise SlurmDataError(f"sbatch printed {out.strip()[:60]!r}, not a job id")

@@ -200,3 +200,30 @@ def test_request_ids_are_per_caller_and_per_kind(site):
     done = launcher.report_task_run(mine.task_id, "finished", request_id="job7:finished")
     assert not done.decision.duplicate
     assert done.task.state == tasks_pb2.TASK_STATE_COMPLETED
+
+
+# ----------------------------------------------------------------------------- the launcher
+@pytest.mark.slow
+def test_no_secret_of_the_launcher_reaches_a_task(slurm, cluster_daemon, tmp_path, monkeypatch):
+    """Was: ``sbatch`` exported the launcher's whole environment (Slurm's default), so a
+    task's command could read the launcher's ``$OFFCUT_TOKEN`` and act with its role. The
+    jobs now get an allow-list (``[slurm] export_env``) besides docs/execution.md's variables.
+    On the real Slurm test cluster: a task prints its environment."""
+    srv, client = cluster_daemon
+    tmp_path.chmod(0o755)
+    monkeypatch.setenv("OFFCUT_TOKEN", "launcher-secret-token")
+    monkeypatch.setenv("OFFCUT_TOKEN_FILE", "/etc/offcut/launcher.token")
+    monkeypatch.setenv("SOME_LAUNCHER_SETTING", "not-for-tasks")
+    client.sync_nodes(time.time(), "slurm-watch", 1, idle=["n1"])
+    tid = client.submit(make_spec("env", max_nodes=1, ns=(0, 1), ps=(0.0, 1.0),
+                                  command=["bash", "-c", "env; sleep 600"]),
+                        owner="test").task.task_id
+    with slurm.launcher(client.address, tmp_path) as out:
+        env = slurm.wait_for(lambda: next((p.read_text() for p in out.glob("*.out")
+                                           if "OFFCUT_TASK_ID=" in p.read_text()), None),
+                             timeout=60, what="the task's job to print its environment")
+        client.cancel(tid)
+    names = {line.split("=", 1)[0] for line in env.splitlines() if "=" in line}
+    assert f"OFFCUT_TASK_ID={tid}" in env and "PATH" in names
+    assert "launcher-secret-token" not in env and "/etc/offcut/launcher.token" not in env
+    assert not {"OFFCUT_TOKEN", "OFFCUT_TOKEN_FILE", "SOME_LAUNCHER_SETTING"} & names

@@ -140,7 +140,7 @@ class FakeSlurm(SlurmCLI):
         return {"nodes": [{"name": n, "state": "IDLE", "address": f"10.0.0.{n[1:]}"}
                           for n in ALL]}
 
-    def submit(self, options=(), *, wrap=None, script=None) -> str:
+    def submit(self, options=(), *, wrap=None, script=None, env=None) -> str:
         opts = list(options)
         self.next_id += 1
         jid = str(self.next_id)
