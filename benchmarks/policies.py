@@ -61,13 +61,17 @@ def node_hours_until(out: Path, summary: dict, until: float) -> dict[str, float]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
-    ap.add_argument("--num-nodes", type=int, default=128)
-    ap.add_argument("--owners", type=int, default=3)
-    ap.add_argument("--policies", default="throughput,energy,fair_share")
-    ap.add_argument("--solver", default="dp")
-    ap.add_argument("--tfwd", type=float, default=10.0)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA,
+                    help="the BFTrainer data folder (node log and job sets; ../shared/data)")
+    ap.add_argument("--num-nodes", type=int, default=128, help="nodes of the log replayed")
+    ap.add_argument("--owners", type=int, default=3,
+                    help="task owners user1..userN (skewed split: user k has weight 1/k)")
+    ap.add_argument("--policies", default="throughput,energy,fair_share",
+                    help="comma-separated policy names (built-in or installed plugins)")
+    ap.add_argument("--solver", default="dp", help="allocation backend of every daemon")
+    ap.add_argument("--tfwd", type=float, default=10.0, help="look-ahead Tfwd [s]")
     ap.add_argument("--out", type=Path, default=None, help="default: a temporary folder")
     args = ap.parse_args()
 
