@@ -48,6 +48,8 @@ def serve(
     solver: Optional[str] = typer.Option(None, help=flag_help("solver")),
     solver_time_limit_s: Optional[float] = typer.Option(None, "--time-limit", help=flag_help("solver_time_limit_s")),
     isolate_solver: Optional[bool] = typer.Option(None, "--isolate-solver/--in-process-solver", help=flag_help("isolate_solver")),
+    solver_trip_after: Optional[int] = typer.Option(None, "--solver-trip-after", help=flag_help("solver_trip_after")),
+    solver_cooldown_s: Optional[float] = typer.Option(None, "--solver-cooldown", help=flag_help("solver_cooldown_s")),
     tfwd_s: Optional[float] = typer.Option(None, "--tfwd", help=flag_help("tfwd_s")),
     max_running_tasks: Optional[int] = typer.Option(None, "--max-running-tasks", help=flag_help("max_running_tasks")),
     max_failed_generations: Optional[int] = typer.Option(None, "--max-failed-generations", help=flag_help("max_failed_generations")),

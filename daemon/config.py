@@ -223,6 +223,15 @@ class DaemonConfig(BaseModel):
                                          "is hit (flag --time-limit)")
     isolate_solver: bool = Field(True, description="run MILP backends in a guarded child process "
                                                    "(flag --isolate-solver/--in-process-solver)")
+    solver_trip_after: int = Field(
+        5, ge=1, le=1000, description="a backend that failed (timed out, crashed, answered "
+                                      "wrong) this many solves in a row is tripped: exact dp "
+                                      "answers at once until it is tried again (health service "
+                                      "offcut.solver NOT_SERVING meanwhile)")
+    solver_cooldown_s: float = Field(
+        60.0, gt=0, le=900, description="how long a tripped backend is skipped before it is "
+                                        "tried again, s; doubled at each trip in a row (at most "
+                                        "900 s)")
     tfwd_s: float = Field(10.0, gt=0, le=86400,
                           description="BFTrainer look-ahead Tfwd, s (flag --tfwd)")
     max_running_tasks: int = Field(10, ge=1, le=100000,

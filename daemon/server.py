@@ -39,6 +39,11 @@ SERVICE_NAMES = (
 )
 
 
+#: health-service name of the configured allocation backend: NOT_SERVING while its circuit
+#: breaker is tripped (the daemon answers with dp meanwhile; the overall "" stays SERVING)
+SOLVER_HEALTH = "offcut.solver"
+
+
 def _prepare_unix_socket(address: str) -> Path:
     """The socket's path, its missing folders made 0700, a stale socket of a previous run
     removed. Raises RuntimeError when the folder could be another user's (another process
@@ -106,7 +111,8 @@ class OffcutServer:
         store = Store(config.state, snapshot_every=config.snapshot_every,
                       durability=config.durability, upgrades=UPGRADES)
         allocator = Allocator(config.solver, time_limit_s=config.solver_time_limit_s,
-                              isolate=config.isolate_solver)
+                              isolate=config.isolate_solver, trip_after=config.solver_trip_after,
+                              cooldown_s=config.solver_cooldown_s, on_trip=self._solver_tripped)
         limits = config.limits()  # one set, shared by the engine and the Zeus registry
         self.engine = Engine(store, allocator, tfwd_s=config.tfwd_s,
                              max_running_tasks=config.max_running_tasks,
@@ -160,6 +166,20 @@ class OffcutServer:
         if self.socket_path is not None and self.socket_path.exists():
             os.chmod(self.socket_path, 0o600)  # only the service user may connect
 
+    def _solver_tripped(self, backend: str, tripped: bool, reason: str) -> None:
+        """The allocator's circuit breaker of ``backend`` tripped or closed: say so in the log
+        and in the health service (``offcut.solver``; the daemon itself keeps serving, exact
+        ``dp`` answers meanwhile)."""
+        if tripped:
+            log.error("solver %s tripped (%s); dp answers until it is tried again", backend,
+                      reason)
+        else:
+            log.warning("solver %s answers again", backend)
+        status = (health_pb2.HealthCheckResponse.NOT_SERVING if tripped
+                  else health_pb2.HealthCheckResponse.SERVING)
+        if getattr(self, "health", None) is not None:
+            self.health.set(SOLVER_HEALTH, status)
+
     def start(self) -> None:
         """Start serving (and the metrics endpoint when configured); marks every service
         SERVING in the health service.
@@ -181,7 +201,7 @@ class OffcutServer:
         self.server.start()
         if self.socket_path is not None:
             os.chmod(self.socket_path, 0o600)  # only the service user may connect
-        for name in SERVICE_NAMES + ("",):
+        for name in SERVICE_NAMES + ("", SOLVER_HEALTH):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.config.insecure_local and not self.auth.enabled and self.socket_path is None:
             log.warning("INSECURE: %s is TCP without tokens_file (insecure_local): every local "

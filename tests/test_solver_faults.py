@@ -356,6 +356,41 @@ def test_a_hanging_backend_is_killed_at_its_hard_limit_and_the_daemon_keeps_serv
     assert run.check_objectives() == 4
 
 
+def test_a_hanging_backend_trips_its_breaker_and_health_says_so(cbc_fault):
+    """Issue "Security" (a solver backend that hangs stalls every event): after
+    ``solver_trip_after`` failed solves in a row the backend is skipped, exact dp answers at
+    once with the reason, and the health service ``offcut.solver`` is NOT_SERVING (the daemon
+    itself stays SERVING); after ``solver_cooldown_s`` it is tried again and, answering,
+    closes the breaker."""
+    run = cbc_fault("hang")
+    allocator = run.srv.engine.allocator
+    allocator.trip_after, allocator.cooldown_s = 2, 1.0
+    _submit_sos2_tasks(run)
+    hung = r"^cbc gave no answer within 1\.5 s; worker killed$"
+
+    def health(service: str) -> int:
+        return run.client.health.Check(health_pb2.HealthCheckRequest(service=service),
+                                       timeout=5).status
+
+    assert health("offcut.solver") == health_pb2.HealthCheckResponse.SERVING
+    for d in (run.event(1, idle=NODES[:16]), run.event(20, preempted=NODES[:3])):
+        run.check_fallback(d, hung)
+    assert health("offcut.solver") == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert health("") == health_pb2.HealthCheckResponse.SERVING
+    skipped = run.event(40, idle=NODES[16:22])  # no third wait on the hanging child
+    run.check_fallback(skipped, r"^cbc is tripped after 2 failed solves in a row \(last: cbc "
+                                r"gave no answer .*\); dp answers until it is tried again")
+    run.fault_file.write_text("none")
+    deadline, t, d = time.monotonic() + 30, 40, skipped
+    while d.solve.solver != "cbc":  # tried again once the cool-down has passed
+        assert time.monotonic() < deadline, d.solve
+        t += 1
+        d = run.event(t, idle=[NODES[22 + t % 2]] if NODES[22 + t % 2] not in run.pool else [],
+                      preempted=[NODES[22 + t % 2]] if NODES[22 + t % 2] in run.pool else [])
+    assert (d.solve.status, d.solve.fallback_reason) == ("optimal", "")
+    assert health("offcut.solver") == health_pb2.HealthCheckResponse.SERVING
+
+
 # gurobi: 140 tasks with 13-point curves on 761 nodes: the SOS2 form needs 2,100 variables,
 # the knapsack form 9,100 (the pip licence allows 2,000)
 BIG_NS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -15,6 +17,24 @@ from .greedy import solve_greedy
 from .problem import AllocationProblem, Solution
 
 _MILP = ("gurobi", "cbc")
+#: longest time a tripped backend is skipped before it is tried again [s]
+MAX_COOLDOWN_S = 900.0
+
+
+@dataclass
+class Breaker:
+    """The circuit breaker of one backend: ``failures`` in a row (timeouts, crashes, bad
+    answers), the last ``reason``, and while tripped the monotonic time [s] it is skipped
+    until (``open_until``) and the cool-down of the current trip [s]."""
+
+    failures: int = 0
+    reason: str = ""
+    open_until: float = 0.0
+    cooldown_s: float = 0.0
+
+    def is_open(self, now: float) -> bool:
+        """True while the backend is skipped (it is tried again once ``now`` passes)."""
+        return now < self.open_until
 
 
 class Allocator:
@@ -27,6 +47,14 @@ class Allocator:
             wall-clock limit (+2 s margin) by killing the worker.
         isolate: run MILP backends in a :class:`~.guard.GuardedWorker` child process so
             that a native crash or hang cannot take this process down.
+        trip_after: a backend that failed this many solves in a row is *tripped*: skipped
+            (exact ``dp`` answers at once, the reason says so) for ``cooldown_s`` [s], then
+            tried again; a success closes it, another failure trips it for twice as long (at
+            most :data:`MAX_COOLDOWN_S`). A hanging solver then costs ``trip_after`` time limits,
+            not one per event.
+        on_trip: called as ``on_trip(backend, tripped, reason)`` when a breaker trips or
+            closes (the daemon's health service shows it).
+        clock: monotonic seconds (tests pass their own).
 
     Attributes:
         solves_by_backend: {backend name: number of answers it produced}.
@@ -36,7 +64,9 @@ class Allocator:
     """
 
     def __init__(self, solver: str = "auto", time_limit_s: float = 10.0, isolate: bool = True,
-                 margin_s: float = 2.0):
+                 margin_s: float = 2.0, *, trip_after: int = 5, cooldown_s: float = 60.0,
+                 on_trip: Callable[[str, bool, str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         if solver not in SOLVER_NAMES:
             raise InvalidArgument(f"unknown solver {solver!r}; choose one of {', '.join(SOLVER_NAMES)}",
                                   "solver")
@@ -50,6 +80,12 @@ class Allocator:
         self._worker = None
         self.solves_by_backend: dict[str, int] = {}
         self.fallbacks = 0
+        self.trip_after = max(1, int(trip_after))
+        self.cooldown_s = float(cooldown_s)
+        self.on_trip = on_trip
+        self.clock = clock
+        #: backend -> its circuit breaker (MILP backends that have failed)
+        self.breakers: dict[str, Breaker] = {}
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:
@@ -93,12 +129,51 @@ class Allocator:
         reason = None
         try:
             backend = self.backend_for(problem)
+        except SolverFailed as exc:
+            self.fallbacks += 1
+            return self._done(solve_dp(problem), t0), str(exc) or type(exc).__name__
+        breaker = self.breakers.get(backend)
+        now = self.clock()
+        if breaker is not None and breaker.is_open(now):
+            self.fallbacks += 1
+            reason = (f"{backend} is tripped after {breaker.failures} failed solves in a row "
+                      f"(last: {breaker.reason}); dp answers until it is tried again in "
+                      f"{breaker.open_until - now:.0f} s")
+            return self._done(solve_dp(problem), t0), reason
+        try:
             sol = self._run(backend, problem)
         except SolverFailed as exc:  # SolverUnavailable included
             reason = str(exc) or type(exc).__name__
             self.fallbacks += 1
+            self._failed(backend, reason)
             sol = solve_dp(problem)
+        else:
+            if breaker is not None:
+                self._succeeded(backend, breaker)
         return self._done(sol, t0), reason
+
+    def _failed(self, backend: str, reason: str) -> None:
+        """Count a failure of ``backend``; trip its breaker at ``trip_after`` in a row."""
+        breaker = self.breakers.setdefault(backend, Breaker())
+        breaker.failures += 1
+        breaker.reason = reason[:300]
+        if breaker.failures >= self.trip_after:
+            breaker.cooldown_s = min(MAX_COOLDOWN_S, breaker.cooldown_s * 2 or self.cooldown_s)
+            breaker.open_until = self.clock() + breaker.cooldown_s  # from the failure's end
+            if self.on_trip is not None:
+                self.on_trip(backend, True, f"{breaker.failures} failed solves in a row, the "
+                                            f"last: {breaker.reason}")
+
+    def _succeeded(self, backend: str, breaker: Breaker) -> None:
+        """``backend`` answered: its breaker closes (announced when it had tripped)."""
+        tripped = breaker.failures >= self.trip_after
+        del self.breakers[backend]
+        if tripped and self.on_trip is not None:
+            self.on_trip(backend, False, "")
+
+    def tripped(self) -> dict[str, Breaker]:
+        """The backends whose breaker has tripped (skipped now, or to be tried again)."""
+        return {b: br for b, br in self.breakers.items() if br.failures >= self.trip_after}
 
     def _done(self, sol: Solution, t0: float) -> Solution:
         sol.solve_ms = (time.perf_counter() - t0) * 1e3
