@@ -65,6 +65,12 @@ class Unauthenticated(OffcutError):
     status = "UNAUTHENTICATED"
 
 
+class ResourceExhausted(OffcutError):
+    """The caller holds as much of a shared resource as it may (e.g. open streams)."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+
 class Unavailable(OffcutError):
     """The daemon cannot be reached (client side), or cannot serve now."""
 
@@ -73,7 +79,7 @@ class Unavailable(OffcutError):
 
 _BY_STATUS = {cls.status: cls for cls in (InvalidArgument, NotFound, FailedPrecondition,
                                           AlreadyExists, PermissionDenied, Unauthenticated,
-                                          Unavailable)}
+                                          ResourceExhausted, Unavailable)}
 
 
 def from_rpc_error(err: Any) -> OffcutError:

@@ -60,6 +60,8 @@ def serve(
     snapshot_every: Optional[int] = typer.Option(None, help=flag_help("snapshot_every")),
     durability: Optional[str] = typer.Option(None, help=flag_help("durability")),
     record_instances: Optional[str] = typer.Option(None, "--record-instances", help=flag_help("record_instances")),
+    max_streams: Optional[int] = typer.Option(None, "--max-streams", help=flag_help("max_streams")),
+    max_streams_per_caller: Optional[int] = typer.Option(None, "--max-streams-per-caller", help=flag_help("max_streams_per_caller")),
     max_message_mb: Optional[int] = typer.Option(None, "--max-message-mb", help=flag_help("max_message_mb")),
     max_event_nodes: Optional[int] = typer.Option(None, help=flag_help("max_event_nodes")),
     max_idle_nodes: Optional[int] = typer.Option(None, help=flag_help("max_idle_nodes")),

@@ -64,6 +64,9 @@ COMMAND_PLACEHOLDERS = ("command", "task_id", "task_name", "node", "rank", "node
                         "checkpoint_dir")
 
 
+#: gRPC worker threads of the daemon (every call, a stream included, holds one while it runs)
+RPC_WORKERS = 32
+
 #: the launcher's variables a task's jobs get by default (``[slurm] export_env``)
 DEFAULT_EXPORT_ENV = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR")
 #: variables never exported to a task's jobs: the launcher's credentials
@@ -266,6 +269,13 @@ class DaemonConfig(BaseModel):
         None, examples=["/var/lib/offcut/instances.jsonl"],
         description="append every allocation problem to this JSONL file (offcut solve "
                           "re-solves it); unset = not recorded")
+    max_streams: int = Field(16, ge=1, le=RPC_WORKERS - 4, description=(
+        f"open server streams (WatchPlacements, health Watch) in all; kept below the "
+        f"{RPC_WORKERS} gRPC workers so node events and other calls always find one; a "
+        "stream over it is RESOURCE_EXHAUSTED"))
+    max_streams_per_caller: int = Field(4, ge=1, le=RPC_WORKERS - 4, description=(
+        "open streams of one caller (a user; all unauthenticated health watchers together); "
+        "one more is RESOURCE_EXHAUSTED"))
     max_message_mb: int = Field(64, ge=1, le=1024, description=(
         "largest gRPC message accepted (and sent), MiB; a larger request is answered "
         "RESOURCE_EXHAUSTED"))

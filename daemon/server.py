@@ -9,13 +9,13 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from offcut.addresses import make_socket_dir, untrusted_socket_dir
 from offcut.daemon.auth import (AuthInterceptor, Authenticator, TokensFileError, check_private,
                                 load_tokens)
-from offcut.daemon.config import DaemonConfig, split_host_port
+from offcut.daemon.config import RPC_WORKERS, DaemonConfig, split_host_port
 from offcut.daemon.engine import Engine
 from offcut.daemon.metrics import DaemonMetrics, MetricsEndpoint
 from offcut.daemon.migrations import UPGRADES
@@ -23,6 +23,7 @@ from offcut.daemon.service import (DecodeGuardInterceptor, NodeEventsService, St
                                    TasksService)
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.store import Store
+from offcut.daemon.streams import BoundedHealthServicer, StreamSlots
 from offcut.daemon.zeus.registry import ZeusRegistry
 from offcut.daemon.zeus.service import BatchSizeOptimizerService, PowerLimitOptimizerService
 from offcut.v1 import (nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
@@ -129,21 +130,24 @@ class OffcutServer:
         self.metrics_port: int | None = None
         limit = config.max_message_mb * 1024 * 1024
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="offcut-rpc"),
+            futures.ThreadPoolExecutor(max_workers=RPC_WORKERS, thread_name_prefix="offcut-rpc"),
             # metrics outermost, so that refused calls are counted with their code
             interceptors=[self.metrics.interceptor, AuthInterceptor(self.auth),
                           DecodeGuardInterceptor()],  # undecodable requests: INVALID_ARGUMENT
             options=[("grpc.max_receive_message_length", limit),
                      ("grpc.max_send_message_length", limit)])
         nodes_pb2_grpc.add_NodeEventsServicer_to_server(NodeEventsService(self.engine), self.server)
-        tasks_pb2_grpc.add_TasksServicer_to_server(TasksService(self.engine, self.auth), self.server)
+        # streams stay below the workers, so unary calls (node events) always find one
+        self.streams = StreamSlots(config.max_streams, config.max_streams_per_caller)
+        tasks_pb2_grpc.add_TasksServicer_to_server(
+            TasksService(self.engine, self.auth, self.streams), self.server)
         status_pb2_grpc.add_StatusServicer_to_server(StatusService(self.engine, self.auth),
                                                      self.server)
         zeus_pb2_grpc.add_BatchSizeOptimizerServicer_to_server(
             BatchSizeOptimizerService(self.zeus, self.auth), self.server)
         zeus_pb2_grpc.add_PowerLimitOptimizerServicer_to_server(
             PowerLimitOptimizerService(self.zeus, self.auth), self.server)
-        self.health = health.HealthServicer()
+        self.health = BoundedHealthServicer(self.streams)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

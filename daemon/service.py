@@ -19,10 +19,14 @@ from offcut.daemon.auth import Authenticator, Principal
 from offcut.daemon import protocol
 from offcut.daemon.engine import Engine, clock_now
 from offcut.daemon.replies import Reply
+from offcut.daemon.streams import StreamSlots
 from offcut.v1 import (decision_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
                        tasks_pb2_grpc)
 
 log = logging.getLogger("offcut.daemon")
+
+#: open streams without a configured bound (tests that build servicers directly)
+DEFAULT_MAX_STREAMS = 16
 
 #: longest status message sent, characters: messages quote request values, and gRPC clients
 #: refuse trailing metadata over 8 KiB (the caller would see RESOURCE_EXHAUSTED instead)
@@ -216,9 +220,11 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
     see all (which role may call which method: ``auth.METHOD_ROLES``, docs/architecture.md
     §8)."""
 
-    def __init__(self, engine: Engine, auth: Authenticator | None = None):
+    def __init__(self, engine: Engine, auth: Authenticator | None = None,
+                 streams: StreamSlots | None = None):
         self.engine = engine
         self.auth = auth or Authenticator(None)
+        self.streams = streams or StreamSlots(DEFAULT_MAX_STREAMS, DEFAULT_MAX_STREAMS)
 
     @_rpc
     def SubmitTask(self, request, context):
@@ -306,21 +312,24 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
             decision=_decision_for(self.engine, who, reply),
             tasks=[protocol.task_to_pb(t) for t in reply.tasks])
 
+    @_rpc_stream
     def WatchPlacements(self, request, context):
         """Stream placement updates (retained ones after ``after_revision`` first); a user sees
-        changes of their own tasks only."""
+        changes of their own tasks only. RESOURCE_EXHAUSTED when the caller, or the daemon,
+        has as many streams open as allowed (``max_streams_per_caller``, ``max_streams``)."""
         who = self.auth.of(context)
         if request.task_id and not (self.engine.owner_of(request.task_id) is not None
                                     and _visible(self.engine, who, request.task_id)):
-            context.abort(grpc.StatusCode.NOT_FOUND,
-                          status_message(NotFound(f"no task {request.task_id!r}", "task_id")))
-        for update in self.engine.watch(request.after_revision, request.task_id, context.is_active):
-            if not who.sees_all_tasks:
-                mine = [p for p in update.placements if _visible(self.engine, who, p.task_id)]
-                if not mine:
-                    continue
-                update = dataclasses.replace(update, placements=mine)
-            yield protocol.update_to_pb(update)
+            raise NotFound(f"no task {request.task_id!r}", "task_id")
+        with self.streams.hold(who.user, "WatchPlacements"):
+            for update in self.engine.watch(request.after_revision, request.task_id,
+                                            context.is_active):
+                if not who.sees_all_tasks:
+                    mine = [p for p in update.placements if _visible(self.engine, who, p.task_id)]
+                    if not mine:
+                        continue
+                    update = dataclasses.replace(update, placements=mine)
+                yield protocol.update_to_pb(update)
 
 
 class StatusService(status_pb2_grpc.StatusServicer):

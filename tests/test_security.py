@@ -12,7 +12,9 @@ import socket
 import time
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
 from offcut.addresses import untrusted_socket_dir
 from offcut.client import Client
@@ -37,6 +39,7 @@ def site(daemons, tmp_path):
             "mallory": add_token(path, "mallory", "user"), "slurm": add_token(path, "slurm", "slurm")}
     srv, _ = daemons.start("sec", tokens_file=str(path))
     clients = {who: Client(srv.address, timeout_s=10, token=tok) for who, tok in made.items()}
+    clients["anonymous"] = Client(srv.address, timeout_s=10)
     clients["slurm"].sync_nodes(time.time(), "slurm-watch", 1, idle=ALL)
     yield srv, clients
     for c in clients.values():
@@ -227,3 +230,53 @@ def test_no_secret_of_the_launcher_reaches_a_task(slurm, cluster_daemon, tmp_pat
     assert f"OFFCUT_TASK_ID={tid}" in env and "PATH" in names
     assert "launcher-secret-token" not in env and "/etc/offcut/launcher.token" not in env
     assert not {"OFFCUT_TOKEN", "OFFCUT_TOKEN_FILE", "SOME_LAUNCHER_SETTING"} & names
+
+
+# ----------------------------------------------------------------------------- starvation
+def test_streams_cannot_take_the_workers_node_events_need(site):
+    """Was: 32 WatchPlacements streams from one user (or 32 unauthenticated health Watch
+    streams) took all 32 gRPC workers, and the Slurm hook's node events then waited forever.
+    Open streams are now capped per caller (``max_streams_per_caller``) and in all
+    (``max_streams``, below the worker count): one more is RESOURCE_EXHAUSTED at once, and node
+    events are answered while the streams stay open."""
+    srv, c = site
+    mallory = c["mallory"]
+    mallory.submit(make_spec("m"), owner="mallory")  # so each stream has an update to send
+    per_caller = srv.config.max_streams_per_caller
+    calls = []
+    try:
+        for _ in range(per_caller):
+            call = mallory.tasks.WatchPlacements(tasks_pb2.WatchPlacementsRequest(), timeout=60)
+            next(call)  # the stream is open on the daemon (its retained update arrived)
+            calls.append(call)
+        extra = mallory.tasks.WatchPlacements(tasks_pb2.WatchPlacementsRequest(), timeout=10)
+        with pytest.raises(grpc.RpcError) as err:
+            next(extra)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_streams_per_caller" in err.value.details()
+        # unauthenticated health watchers share one budget
+        watchers = []
+        for _ in range(per_caller):
+            w = c["anonymous"].health.Watch(health_pb2.HealthCheckRequest(), timeout=60)
+            next(w)
+            watchers.append(w)
+        with pytest.raises(grpc.RpcError) as err:
+            next(c["anonymous"].health.Watch(health_pb2.HealthCheckRequest(), timeout=10))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        calls += watchers
+        # the Slurm hook's events still get workers while all those streams stay open
+        for seq in range(2, 12):
+            d = c["slurm"].report_nodes(time.time(), "slurm-hook", seq,
+                                        idle=[f"x{seq}"])
+            assert d.stats.nodes_joined == 1
+        # alice's own stream is not blocked by mallory's
+        mine = c["alice"].tasks.WatchPlacements(tasks_pb2.WatchPlacementsRequest(), timeout=10)
+        calls.append(mine)
+    finally:
+        for call in calls:
+            call.cancel()
+    # the slots come back when the streams end
+    deadline = time.monotonic() + 10
+    while srv.streams.open_streams():
+        assert time.monotonic() < deadline, srv.streams.open_streams()
+        time.sleep(0.05)
