@@ -296,6 +296,11 @@ class Engine:
                     update = dataclasses.replace(update, placements=mine)
                 yield update
 
+    def wake(self) -> None:
+        """Wake every waiting :meth:`watch` (one whose caller went away then ends at once)."""
+        with self.lock:
+            self.changed.notify_all()
+
     def close(self) -> None:
         """Snapshot, stop watchers, close the allocator and the state file."""
         with self.lock:

@@ -321,7 +321,9 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         if request.task_id and not (self.engine.owner_of(request.task_id) is not None
                                     and _visible(self.engine, who, request.task_id)):
             raise NotFound(f"no task {request.task_id!r}", "task_id")
-        with self.streams.hold(who.user, "WatchPlacements"):
+        context.add_callback(self.engine.wake)  # a cancelled stream frees its slot at once
+        caller = who.user if self.auth.enabled else None  # without tokens: one caller, all
+        with self.streams.hold(caller, "WatchPlacements"):
             for update in self.engine.watch(request.after_revision, request.task_id,
                                             context.is_active):
                 if not who.sees_all_tasks:

@@ -10,6 +10,7 @@ stream over a cap is answered ``RESOURCE_EXHAUSTED`` at once.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections import Counter
 from typing import Iterator
@@ -32,15 +33,18 @@ class StreamSlots:
         self.total, self.per_caller = int(total), int(per_caller)
         self._lock = threading.Lock()
         self._open: Counter[str] = Counter()
+        self._unnamed = itertools.count()  # a key of its own for each stream of no caller
 
     @contextlib.contextmanager
-    def hold(self, caller: str, method: str) -> Iterator[None]:
+    def hold(self, caller: str | None, method: str) -> Iterator[None]:
         """A slot for one stream of ``caller`` while the block runs; ResourceExhausted
-        (naming ``method`` and the limit) when a cap is reached."""
+        (naming ``method`` and the limit) when a cap is reached. ``caller`` None: only the
+        total cap applies (a daemon without tokens cannot tell its callers apart)."""
         with self._lock:
             if sum(self._open.values()) >= self.total:
                 raise ResourceExhausted(f"the daemon has {self.total} streams open, its limit "
                                         "(max_streams); try again later", method)
+            caller = caller if caller is not None else f"(unnamed {next(self._unnamed)})"
             if self._open[caller] >= self.per_caller:
                 raise ResourceExhausted(f"{caller!r} has {self.per_caller} streams open, the "
                                         "limit per caller (max_streams_per_caller)", method)
