@@ -245,8 +245,10 @@ class Engine:
             return [task_view(t, scheduler) for t in scheduler.tasks.values()
                     if (not states or t.state in states) and (not owner or t.owner == owner)]
 
-    def status(self, include_idle: bool) -> StatusView:
-        """The state in figures (idle node names only when ``include_idle``)."""
+    def status(self, include_idle: bool, with_solver: bool = True) -> StatusView:
+        """The state in figures (idle node names only when ``include_idle``; the solver
+        statistics, percentiles over every decision time, unless ``with_solver`` is False:
+        the metrics scrape, which has its own histogram, skips them)."""
         with self.lock:
             scheduler = self.scheduler
             counts = {s: 0 for s in TaskState}
@@ -256,7 +258,8 @@ class Engine:
                 clock=scheduler.clock, revision=scheduler.revision, idle_nodes=len(scheduler.pool),
                 nodes_in_use=len(scheduler.holder),
                 idle_node_names=sorted(scheduler.pool) if include_idle else [],
-                tasks_by_state=counts, solver=self.solver_statistics(),
+                tasks_by_state=counts,
+                solver=self.solver_statistics() if with_solver else None,
                 last_seq=dict(scheduler.last_seq), total_samples=scheduler.total_samples,
                 idle_node_seconds=scheduler.idle_node_seconds,
                 used_node_seconds=scheduler.used_node_seconds, tfwd_s=scheduler.tfwd_s,

@@ -89,7 +89,7 @@ class EngineCollector(Collector):
         with engine.lock:  # copy only; the event path waits on this lock
             scheduler = engine.scheduler
             # the Status reply's own figures (tasks by state, node counts, accounting)
-            st = engine.status(include_idle=False)
+            st = engine.status(include_idle=False, with_solver=False)
             clock = scheduler.clock
             running = [t for t in scheduler.active.values() if t.state is TaskState.RUNNING]
             rate = float(sum(t.rate for t in running))

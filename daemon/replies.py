@@ -291,7 +291,7 @@ class SolverStatistics:
 class StatusView:
     """The daemon's state in figures: event clock [s since epoch], revision, pool, tasks per
     state, accounting [samples, node-seconds, J], settings, the last decision and solver
-    statistics. ``idle_node_names`` only when asked for."""
+    statistics (None when not asked for). ``idle_node_names`` only when asked for."""
 
     clock: float | None
     revision: int
@@ -299,7 +299,7 @@ class StatusView:
     nodes_in_use: int
     idle_node_names: list[str]
     tasks_by_state: dict[TaskState, int]
-    solver: SolverStatistics
+    solver: SolverStatistics | None
     last_seq: dict[str, int]
     total_samples: float
     idle_node_seconds: float
