@@ -15,6 +15,7 @@ import threading
 from collections import Counter
 from typing import Iterator
 
+import grpc
 from grpc_health.v1 import health
 
 from offcut.errors import ResourceExhausted
@@ -35,27 +36,37 @@ class StreamSlots:
         self._open: Counter[str] = Counter()
         self._unnamed = itertools.count()  # a key of its own for each stream of no caller
 
-    @contextlib.contextmanager
-    def hold(self, caller: str | None, method: str) -> Iterator[None]:
-        """A slot for one stream of ``caller`` while the block runs; ResourceExhausted
-        (naming ``method`` and the limit) when a cap is reached. ``caller`` None: only the
-        total cap applies (a daemon without tokens cannot tell its callers apart)."""
+    def acquire(self, caller: str | None, method: str) -> str:
+        """Take a slot for one stream of ``caller``; returns the key to :meth:`release` it
+        with. ResourceExhausted (naming ``method`` and the limit) when a cap is reached.
+        ``caller`` None: only the total cap applies (a daemon without tokens cannot tell its
+        callers apart)."""
         with self._lock:
             if sum(self._open.values()) >= self.total:
                 raise ResourceExhausted(f"the daemon has {self.total} streams open, its limit "
                                         "(max_streams); try again later", method)
-            caller = caller if caller is not None else f"(unnamed {next(self._unnamed)})"
-            if self._open[caller] >= self.per_caller:
-                raise ResourceExhausted(f"{caller!r} has {self.per_caller} streams open, the "
+            key = caller if caller is not None else f"(unnamed {next(self._unnamed)})"
+            if self._open[key] >= self.per_caller:
+                raise ResourceExhausted(f"{key!r} has {self.per_caller} streams open, the "
                                         "limit per caller (max_streams_per_caller)", method)
-            self._open[caller] += 1
+            self._open[key] += 1
+            return key
+
+    def release(self, key: str) -> None:
+        """Give back a slot taken by :meth:`acquire`."""
+        with self._lock:
+            self._open[key] -= 1
+            if not self._open[key]:
+                del self._open[key]
+
+    @contextlib.contextmanager
+    def hold(self, caller: str | None, method: str) -> Iterator[None]:
+        """A slot (:meth:`acquire`) while the block runs."""
+        key = self.acquire(caller, method)
         try:
             yield
         finally:
-            with self._lock:
-                self._open[caller] -= 1
-                if not self._open[caller]:
-                    del self._open[caller]
+            self.release(key)
 
     def open_streams(self) -> int:
         """Streams open now."""
@@ -77,11 +88,8 @@ class BoundedHealthServicer(health.HealthServicer):
 
     def Watch(self, request, context, send_response_callback=None):
         """``Watch`` of the health service, or RESOURCE_EXHAUSTED over the cap."""
-        import grpc
-
         try:
-            slot = self._slots.hold(HEALTH_WATCHERS, "Watch")
-            slot.__enter__()
+            key = self._slots.acquire(HEALTH_WATCHERS, "Watch")
         except ResourceExhausted as exc:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         try:
@@ -89,4 +97,4 @@ class BoundedHealthServicer(health.HealthServicer):
             if watcher is not None:  # (None only in gRPC's non-blocking mode, not used here)
                 yield from watcher
         finally:
-            slot.__exit__(None, None, None)
+            self._slots.release(key)
