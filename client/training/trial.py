@@ -58,6 +58,7 @@ class _Calls:
     @staticmethod
     def predict_batch_size(client: Client, job_id: str, request_id: str = "",
                            generation: int = 0) -> zeus_pb2.Prediction:
+        """``Predict``: the next trial's batch size (``request_id`` makes a retry safe)."""
         return client.bso.Predict(zeus_pb2.PredictRequest(
             job_id=job_id, request_id=request_id, generation=generation),
             timeout=client.timeout_s)
@@ -66,6 +67,8 @@ class _Calls:
     def report_epoch(client: Client, job_id: str, trial_number: int, epoch: int, time_s: float,
                      energy_j: float, metric: float, batch_size: int = 0,
                      generation: int = 0) -> zeus_pb2.TrialVerdict:
+        """``ReportEpoch``: cumulative ``time_s`` [s] and ``energy_j`` [J] and the metric
+        after ``epoch``; the verdict (stop, converged)."""
         return client.bso.ReportEpoch(zeus_pb2.ReportEpochRequest(
             job_id=job_id, trial_number=trial_number, epoch=epoch, time_s=time_s,
             energy_j=energy_j, metric=metric, batch_size=batch_size, generation=generation),
@@ -75,6 +78,8 @@ class _Calls:
     def end_trial(client: Client, job_id: str, trial_number: int, interrupted: bool = False,
                   time_s: float | None = None, energy_j: float | None = None,
                   generation: int = 0) -> zeus_pb2.TrialVerdict:
+        """``EndTrial``: close the trial, or suspend it (``interrupted``, with its cumulative
+        ``time_s`` [s] and ``energy_j`` [J] when known)."""
         request = zeus_pb2.EndTrialRequest(job_id=job_id, trial_number=trial_number,
                                            interrupted=interrupted, generation=generation)
         if time_s is not None:
@@ -86,6 +91,7 @@ class _Calls:
     @staticmethod
     def resume_trial(client: Client, job_id: str, trial_number: int, request_id: str = "",
                      generation: int = 0) -> zeus_pb2.ResumedTrial:
+        """``ResumeTrial``: reopen a suspended trial for ``generation``; its totals so far."""
         return client.bso.ResumeTrial(zeus_pb2.ResumeTrialRequest(
             job_id=job_id, trial_number=trial_number, request_id=request_id,
             generation=generation), timeout=client.timeout_s)

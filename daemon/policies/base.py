@@ -107,18 +107,22 @@ class AllocationRequest:
 
     @property
     def problem(self) -> AllocationProblem:
+        """The throughput problem of the admitted tasks (row j = ``tasks[j]``; read-only)."""
         return self._problem
 
     @property
     def tasks(self) -> tuple[PolicyTask, ...]:
+        """Per problem row, what the policy may know of the task (:class:`PolicyTask`)."""
         return self._tasks
 
     @property
     def settings(self) -> ObjectiveSettings:
+        """The objective settings: policy name, eta_knob, power figures [W]."""
         return self._settings
 
     @property
     def time(self) -> float:
+        """When the re-allocation happens [s since epoch]: event time, never the wall clock."""
         return self._time
 
     def power_values(self) -> tuple[np.ndarray, ...]:

@@ -25,6 +25,8 @@ class EnergyPolicy(AllocationPolicy):
         return 1.0
 
     def allocate(self, request: AllocationRequest, solve: Solve) -> list[int]:
+        """The counts that maximise samples per unit of Zeus's cost (NSDI '23 §3), solved
+        exactly by Dinkelbach's method over ``solve`` (:func:`solve_ratio`); one per task."""
         s = request.settings
         terms = EnergyTerms(eta=self.eta(s), idle_node_power_w=s.idle_node_power_w,
                             node_max_power_w=s.node_max_power_w,

@@ -121,6 +121,9 @@ class FairSharePolicy(AllocationPolicy):
     name = "fair_share"
 
     def allocate(self, request: AllocationRequest, solve: Solve) -> list[int]:
+        """One count per task: the owners' water-filled shares of the idle nodes, each filled
+        with its own throughput optimum, nodes an owner cannot use handed on (module
+        docstring, steps 1-4)."""
         p = request.problem
         rows: dict[str, list[int]] = {}
         for j, task in enumerate(request.tasks):

@@ -12,4 +12,6 @@ class ThroughputPolicy(AllocationPolicy):
     name = "throughput"
 
     def allocate(self, request: AllocationRequest, solve: Solve) -> list[int]:
+        """BFTrainer's counts (arXiv 2106.12091 §4): the answer of one solve of the request's
+        problem, one count per task."""
         return [int(c) for c in solve(request.problem).counts]
