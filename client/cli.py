@@ -351,7 +351,7 @@ def status(
         return
     s, last = st.solver, st.last_decision
     typer.echo(f"clock        {st.clock.ToJsonString() if has_clock else '-'} (revision {st.revision}; "
-               f"event lag {task_cli.format_duration(lag_s)})")
+               f"event lag {task_cli.format_duration(lag_s)}; {st.clock_mode or 'live'})")
     typer.echo(f"nodes        {st.idle_nodes} in the idle pool, {st.nodes_in_use} of them in use by tasks")
     typer.echo(f"tasks        {st.queued_tasks} queued, {st.admitted_tasks} admitted, "
                f"{st.running_tasks} running, {st.completed_tasks} completed, {st.cancelled_tasks} cancelled, "

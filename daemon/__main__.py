@@ -76,6 +76,7 @@ def serve(
     metrics_listen: Optional[str] = typer.Option(None, "--metrics-listen", help=flag_help("metrics_listen")),
     tokens_file: Optional[str] = typer.Option(None, "--tokens-file", help=flag_help("tokens_file")),
     insecure_local: Optional[bool] = typer.Option(None, "--insecure-local", help=flag_help("insecure_local")),
+    clock: Optional[str] = typer.Option(None, help=flag_help("clock")),
     tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help=flag_help("tls_cert")),
     tls_key: Optional[str] = typer.Option(None, "--tls-key", help=flag_help("tls_key")),
     print_config: Optional[str] = typer.Option(None, "--print-config", help="print every option with its default and exit: toml (a commented offcut.toml to start from) | markdown (docs/configuration.md)"),

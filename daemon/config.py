@@ -314,6 +314,11 @@ class DaemonConfig(BaseModel):
         None, examples=["/etc/offcut/tokens.toml"],
         description="bearer tokens -> user and role (admin | slurm | user), mode 0600 (offcut token new "
                     "adds one); unset = no authentication: whoever can open the socket is admin")
+    clock: Literal["live", "replay"] = Field(
+        "live", description=(
+            "live: every event is applied at the daemon's own receive time, and times in "
+            "requests are data (docs/security.md); replay: an admin's event times drive the "
+            "clock, for replays of recorded logs (offcut replay starts its daemon so)"))
     insecure_local: bool = Field(
         False, description="accept TCP without tokens_file (loopback only): every local user "
                            "who can reach the port is then admin; refused unless set, and logged "

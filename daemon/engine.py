@@ -145,8 +145,9 @@ class Engine:
         ``(source, seq)``, or a request id ``caller`` sent before for this kind of event, is
         answered from the journal).
 
-        ``stamp``: the sender left the event's time unset, so it is taken as the later of its
-        time (the wall clock when it arrived) and the event clock, under the lock.
+        ``stamp``: apply it no earlier than the event clock (at the later of its time and the
+        clock, taken under the lock): events at the daemon's receive time
+        (:mod:`offcut.daemon.event_times`) stay in the order they are applied.
         ``caller``: who sends it (the idempotency namespace of its request id); ``sees_all``:
         the caller may see every task (a reply stored by an earlier release, whose request ids
         shared one namespace, answers only a caller who may see all its tasks). Raises
@@ -164,7 +165,8 @@ class Engine:
             started = time.perf_counter()
             try:
                 out = self.scheduler.apply_validated(event, self._allocate)
-                reply = Reply(decision=decision_of(out, self.requested_solver),
+                reply = Reply(decision=decision_of(out, self.requested_solver,
+                                                   getattr(event, "sent_time", None)),
                               tasks=[task_view(self.scheduler.tasks[i], self.scheduler)
                                      for i in _answered_task_ids(event, out)])
                 raw = reply.to_record()

@@ -147,7 +147,9 @@ def check_node_names(names: list[str], field_name: str) -> None:
 # ----------------------------------------------------------------------------- events
 @dataclass(frozen=True)
 class NodeEvent:
-    """Nodes that became idle and idle nodes taken back, at ``time`` [s since epoch]."""
+    """Nodes that became idle and idle nodes taken back, at ``time`` [s since epoch] (the
+    event clock's time: the daemon's receive time on a live daemon); ``sent_time`` [s since
+    epoch] is the time the sender stamped on it, kept as data (None: it gave none)."""
 
     time: float
     source: str
@@ -155,22 +157,32 @@ class NodeEvent:
     idle: tuple[str, ...] = ()
     preempted: tuple[str, ...] = ()
     snapshot: bool = False  # True: ``idle`` is the full idle set (SyncNodes)
+    sent_time: float | None = None
+
+    @property
+    def observed_time(self) -> float:
+        """When Slurm's side observed it [s since epoch]: ``sent_time``, else ``time``."""
+        return self.time if self.sent_time is None else self.sent_time
 
 
 @dataclass(frozen=True)
 class SubmitEvent:
-    """A task submission at ``time`` [s since epoch] by ``owner``; ``request_id`` makes retries idempotent."""
+    """A task submission at ``time`` [s since epoch] by ``owner``; ``request_id`` makes
+    retries idempotent; ``sent_time``: the sender's ``submit_time`` (data; None: unset)."""
     time: float
     spec: TaskSpec
     owner: str
     request_id: str = ""
+    sent_time: float | None = None
 
 
 @dataclass(frozen=True)
 class CancelEvent:
-    """Cancellation of task ``task_id`` at ``time`` [s since epoch]."""
+    """Cancellation of task ``task_id`` at ``time`` [s since epoch]; ``sent_time``: the
+    sender's time (data; None: unset)."""
     time: float
     task_id: str
+    sent_time: float | None = None
 
 
 #: run states a launcher reports (TaskRunEvent.state; docs/execution.md)
@@ -185,7 +197,8 @@ class TaskRunEvent:
     with it, ``failed`` and ``interrupted`` of the current generation restart the task on the
     same nodes (``failed`` fails it after ``max_failed_generations`` in a row) and reports of
     earlier generations are only recorded; without it (None), ``failed`` fails the task at
-    once. ``request_id`` makes retries idempotent."""
+    once. ``request_id`` makes retries idempotent; ``sent_time``: the sender's time (data;
+    None: unset)."""
     time: float
     task_id: str
     state: str
@@ -195,6 +208,7 @@ class TaskRunEvent:
     message: str = ""
     request_id: str = ""
     generation: int | None = None
+    sent_time: float | None = None
 
     def describe(self) -> str:
         """The report in words (``Task.last_run``)."""
@@ -255,32 +269,40 @@ Event = NodeEvent | SubmitEvent | CancelEvent | TaskRunEvent | ProgressEvent
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
-    """JSON-able form of an event for the journal."""
+    """JSON-able form of an event for the journal (``sent_time`` only when set, so rows of
+    events without one are as an earlier release wrote them)."""
     if isinstance(event, NodeEvent):
-        return {"kind": "nodes", "time": event.time, "source": event.source, "seq": event.seq,
-                "idle": list(event.idle), "preempted": list(event.preempted),
-                "snapshot": event.snapshot}
-    if isinstance(event, SubmitEvent):
-        return {"kind": "submit", "time": event.time, "spec": event.spec.to_dict(),
-                "owner": event.owner, "request_id": event.request_id}
-    if isinstance(event, TaskRunEvent):
-        return {"kind": "run", **asdict(event)}
-    if isinstance(event, ProgressEvent):
+        d = {"kind": "nodes", "time": event.time, "source": event.source, "seq": event.seq,
+             "idle": list(event.idle), "preempted": list(event.preempted),
+             "snapshot": event.snapshot}
+    elif isinstance(event, SubmitEvent):
+        d = {"kind": "submit", "time": event.time, "spec": event.spec.to_dict(),
+             "owner": event.owner, "request_id": event.request_id}
+    elif isinstance(event, TaskRunEvent):
+        d = {"kind": "run", **asdict(event)}
+        del d["sent_time"]
+    elif isinstance(event, ProgressEvent):
         return {"kind": "progress", "time": event.time, "request_id": event.request_id,
                 "reports": [{"task_id": r.task_id, **asdict(r.report)} for r in event.reports]}
-    return {"kind": "cancel", "time": event.time, "task_id": event.task_id}
+    else:
+        d = {"kind": "cancel", "time": event.time, "task_id": event.task_id}
+    if event.sent_time is not None:
+        d["sent_time"] = event.sent_time
+    return d
 
 
 def event_from_dict(d: dict[str, Any]) -> Event:
     """Inverse of :func:`event_to_dict`."""
     kind = d["kind"]
+    sent = d.get("sent_time")
     if kind == "nodes":
         return NodeEvent(d["time"], d["source"], d["seq"], tuple(d["idle"]),
-                         tuple(d["preempted"]), d.get("snapshot", False))
+                         tuple(d["preempted"]), d.get("snapshot", False), sent)
     if kind == "submit":
-        return SubmitEvent(d["time"], TaskSpec.from_dict(d["spec"]), d["owner"], d["request_id"])
+        return SubmitEvent(d["time"], TaskSpec.from_dict(d["spec"]), d["owner"], d["request_id"],
+                           sent)
     if kind == "cancel":
-        return CancelEvent(d["time"], d["task_id"])
+        return CancelEvent(d["time"], d["task_id"], sent)
     if kind == "run":
         return TaskRunEvent(**{k: v for k, v in d.items() if k != "kind"})
     if kind == "progress":

@@ -80,15 +80,26 @@ def time_to_pb(t: float | None) -> Timestamp:
     return ts
 
 
-def node_event_from_pb(msg: nodes_pb2.NodeEvent | nodes_pb2.NodeSnapshot, *, snapshot: bool) -> NodeEvent:
-    """A core NodeEvent from ReportNodes / SyncNodes; InvalidArgument when ``time`` is unset
-    or ``seq`` does not fit a signed 64-bit integer."""
+def sent_time_from_pb(ts: Timestamp, field: str) -> float | None:
+    """The time [s since epoch] a sender stamped in ``field``; None when unset. Outside
+    Timestamp's range (before 1970, after 9999) is InvalidArgument naming ``field``."""
+    if ts.seconds == 0 and ts.nanos == 0:
+        return None
+    return time_from_pb(ts, field, required=True)
+
+
+def node_event_from_pb(msg: nodes_pb2.NodeEvent | nodes_pb2.NodeSnapshot, now: float, *,
+                       snapshot: bool) -> NodeEvent:
+    """A core NodeEvent from ReportNodes / SyncNodes at the sender's ``time`` (``now`` [s
+    since epoch] when unset; which time is applied is :mod:`offcut.daemon.event_times`'
+    choice); InvalidArgument when ``seq`` does not fit a signed 64-bit integer."""
     if msg.seq > MAX_SEQ:
         raise InvalidArgument(f"must be at most 2^63 - 1, got {msg.seq}", "seq")
+    sent = sent_time_from_pb(msg.time, "time")
     return NodeEvent(
-        time=time_from_pb(msg.time, "time", required=True),
-        source=msg.source, seq=msg.seq, idle=tuple(msg.idle),
-        preempted=() if snapshot else tuple(msg.preempted), snapshot=snapshot)
+        time=now if sent is None else sent, source=msg.source, seq=msg.seq,
+        idle=tuple(msg.idle), preempted=() if snapshot else tuple(msg.preempted),
+        snapshot=snapshot, sent_time=sent)
 
 
 def spec_from_pb(spec: tasks_pb2.TaskSpec, limits: Limits | None = None) -> TaskSpec:
@@ -114,25 +125,24 @@ def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
         zeus_job_id=spec.zeus_job_id)
 
 
-def submit_from_pb(req: tasks_pb2.SubmitTaskRequest, clock: float | None, now: float,
+def submit_from_pb(req: tasks_pb2.SubmitTaskRequest, now: float,
                    limits: Limits | None = None) -> SubmitEvent:
-    """A SubmitEvent; an unset submit_time means max(now, clock) [s since epoch]; the spec
-    is checked against ``limits`` when given."""
+    """A SubmitEvent at the sender's ``submit_time`` (``now`` [s since epoch] when unset);
+    the spec is checked against ``limits`` when given."""
     if not req.HasField("spec"):
         raise InvalidArgument("is required", "spec")
-    t = time_from_pb(req.submit_time, "submit_time", required=False,
-                     default=now if clock is None else max(now, clock))
-    return SubmitEvent(time=t, spec=spec_from_pb(req.spec, limits), owner=req.owner or "anonymous",
-                       request_id=req.request_id)
+    sent = sent_time_from_pb(req.submit_time, "submit_time")
+    return SubmitEvent(time=now if sent is None else sent, spec=spec_from_pb(req.spec, limits),
+                       owner=req.owner or "anonymous", request_id=req.request_id,
+                       sent_time=sent)
 
 
-def cancel_from_pb(req: tasks_pb2.CancelTaskRequest, clock: float | None, now: float) -> CancelEvent:
-    """A CancelEvent; an unset time means max(now, clock) [s since epoch]."""
+def cancel_from_pb(req: tasks_pb2.CancelTaskRequest, now: float) -> CancelEvent:
+    """A CancelEvent at the sender's ``time`` (``now`` [s since epoch] when unset)."""
     if not req.task_id:
         raise InvalidArgument("is required", "task_id")
-    t = time_from_pb(req.time, "time", required=False,
-                     default=now if clock is None else max(now, clock))
-    return CancelEvent(time=t, task_id=req.task_id)
+    sent = sent_time_from_pb(req.time, "time")
+    return CancelEvent(time=now if sent is None else sent, task_id=req.task_id, sent_time=sent)
 
 
 #: how far [s] a report's time may lie ahead of the daemon's wall clock (clock skew)
@@ -149,23 +159,23 @@ def _not_ahead(t: float, now: float, field: str) -> float:
     return t
 
 
-def task_run_from_pb(req: tasks_pb2.TaskRunReport, clock: float | None, now: float) -> TaskRunEvent:
-    """A TaskRunEvent; an unset time means max(now, clock) [s since epoch]; a time before
-    the clock is moved to the clock (run reports are not ordered with node events)."""
+def task_run_from_pb(req: tasks_pb2.TaskRunReport, now: float) -> TaskRunEvent:
+    """A TaskRunEvent at the sender's ``time`` (``now`` [s since epoch] when unset; one more
+    than :data:`MAX_REPORT_SKEW_S` after ``now`` is InvalidArgument)."""
     if not req.task_id:
         raise InvalidArgument("is required", "task_id")
     if req.state not in RUN_STATE_FROM_PB:
         raise InvalidArgument(f"must be one of {', '.join(RUN_STATE_FROM_PB.values())}", "state")
-    default = now if clock is None else max(now, clock)
-    t = time_from_pb(req.time, "time", required=False, default=default)
-    if req.HasField("time"):
-        _not_ahead(t, now, "time")
+    sent = sent_time_from_pb(req.time, "time")
+    if sent is not None:
+        _not_ahead(sent, now, "time")
     generation = req.generation if req.HasField("generation") else None
     if generation is not None and generation > MAX_SEQ:
         raise InvalidArgument(f"must be at most 2^63 - 1, got {generation}", "generation")
-    return TaskRunEvent(time=t, task_id=req.task_id, state=RUN_STATE_FROM_PB[req.state],
-                        node=req.node, job_id=req.job_id, exit_code=req.exit_code,
-                        message=req.message, request_id=req.request_id, generation=generation)
+    return TaskRunEvent(time=now if sent is None else sent, task_id=req.task_id,
+                        state=RUN_STATE_FROM_PB[req.state], node=req.node, job_id=req.job_id,
+                        exit_code=req.exit_code, message=req.message,
+                        request_id=req.request_id, generation=generation, sent_time=sent)
 
 
 def progress_from_pb(req: tasks_pb2.ReportProgressRequest, now: float) -> ProgressEvent:
@@ -280,13 +290,16 @@ def task_from_pb(msg: tasks_pb2.Task) -> TaskView:
 
 
 def decision_to_pb(d: Decision, duplicate: bool = False) -> decision_pb2.Decision:
-    """The protocol form of a decision."""
-    return decision_pb2.Decision(
+    """The protocol form of a decision (``sent_time`` absent when the sender gave none)."""
+    msg = decision_pb2.Decision(
         time=time_to_pb(d.time), source=d.source, seq=d.seq, revision=d.revision,
         duplicate=duplicate, placements=[placement_to_pb(p) for p in d.placements],
         stats=decision_pb2.EventStats(**asdict(d.stats)),
         solve=decision_pb2.SolveStats(**asdict(d.solve)),
         ignored_nodes=d.ignored_nodes, completed_task_ids=d.completed_task_ids)
+    if d.sent_time is not None:
+        msg.sent_time.CopyFrom(time_to_pb(d.sent_time))
+    return msg
 
 
 def _fields_of(msg, cls) -> dict:

@@ -205,6 +205,9 @@ class Decision:
     solve: SolveSummary
     ignored_nodes: list[str] = field(default_factory=list)
     completed_task_ids: list[str] = field(default_factory=list)
+    #: [s since epoch] the time the sender stamped on the event: data, not the clock
+    #: (docs/security.md); None when it gave none
+    sent_time: float | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Decision":
@@ -216,8 +219,10 @@ class Decision:
         return cls(**d)
 
 
-def decision_of(out: "Outcome", requested_solver: str) -> Decision:
-    """The decision of an applied event's :class:`~offcut.daemon.scheduler.Outcome`."""
+def decision_of(out: "Outcome", requested_solver: str,
+                sent_time: float | None = None) -> Decision:
+    """The decision of an applied event's :class:`~offcut.daemon.scheduler.Outcome`;
+    ``sent_time`` [s since epoch]: the event's time as its sender stamped it (None: none)."""
     solve = SolveSummary(requested_solver=requested_solver, solves=len(out.solves),
                          solve_ms=sum(s.solve_ms for s in out.solves))
     if out.solves:
@@ -231,7 +236,7 @@ def decision_of(out: "Outcome", requested_solver: str) -> Decision:
     return Decision(time=out.time, source=out.source, seq=out.seq, revision=out.revision,
                     placements=list(out.placements), stats=stats,
                     solve=solve, ignored_nodes=list(out.ignored_nodes),
-                    completed_task_ids=list(out.completed_task_ids))
+                    completed_task_ids=list(out.completed_task_ids), sent_time=sent_time)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from offcut.daemon.auth import (AuthInterceptor, Authenticator, TokensFileError,
                                 load_tokens)
 from offcut.daemon.config import RPC_WORKERS, DaemonConfig, split_host_port
 from offcut.daemon.engine import Engine
+from offcut.daemon.event_times import EventTimes
 from offcut.daemon.metrics import DaemonMetrics, MetricsEndpoint
 from offcut.daemon.migrations import UPGRADES
 from offcut.daemon.service import (DecodeGuardInterceptor, NodeEventsService, StatusService,
@@ -136,12 +137,14 @@ class OffcutServer:
                           DecodeGuardInterceptor()],  # undecodable requests: INVALID_ARGUMENT
             options=[("grpc.max_receive_message_length", limit),
                      ("grpc.max_send_message_length", limit)])
-        nodes_pb2_grpc.add_NodeEventsServicer_to_server(NodeEventsService(self.engine), self.server)
+        times = EventTimes(config.clock, auth_enabled=self.auth.enabled)
+        nodes_pb2_grpc.add_NodeEventsServicer_to_server(
+            NodeEventsService(self.engine, self.auth, times), self.server)
         # streams stay below the workers, so unary calls (node events) always find one
         self.streams = StreamSlots(config.max_streams, config.max_streams_per_caller)
         tasks_pb2_grpc.add_TasksServicer_to_server(
-            TasksService(self.engine, self.auth, self.streams), self.server)
-        status_pb2_grpc.add_StatusServicer_to_server(StatusService(self.engine, self.auth),
+            TasksService(self.engine, self.auth, self.streams, times, self.zeus), self.server)
+        status_pb2_grpc.add_StatusServicer_to_server(StatusService(self.engine, self.auth, times),
                                                      self.server)
         zeus_pb2_grpc.add_BatchSizeOptimizerServicer_to_server(
             BatchSizeOptimizerService(self.zeus, self.auth), self.server)
@@ -210,8 +213,8 @@ class OffcutServer:
         if self.config.insecure_local and not self.auth.enabled and self.socket_path is None:
             log.warning("INSECURE: %s is TCP without tokens_file (insecure_local): every local "
                         "user who can reach the port is admin", self.address)
-        log.info("offcutd serving on %s (solver %s, state %s)", self.address, self.config.solver,
-                 self.config.state)
+        log.info("offcutd serving on %s (solver %s, state %s, clock %s)", self.address,
+                 self.config.solver, self.config.state, self.config.clock)
 
     def stop(self, grace_s: float = 2.0) -> None:
         """Stop accepting calls, finish in-flight ones, snapshot and close the state file."""

@@ -15,11 +15,13 @@ import logging
 import grpc
 
 from offcut.errors import InvalidArgument, NotFound, OffcutError, PermissionDenied
-from offcut.daemon.auth import Authenticator, Principal
+from offcut.daemon.auth import LOCAL_ADMIN, USER, Authenticator, Principal
 from offcut.daemon import protocol
 from offcut.daemon.engine import Engine, clock_now
+from offcut.daemon.event_times import EventTimes
 from offcut.daemon.replies import Reply
 from offcut.daemon.streams import StreamSlots
+from offcut.daemon.zeus.registry import ZeusRegistry
 from offcut.v1 import (decision_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
                        tasks_pb2_grpc)
 
@@ -164,24 +166,31 @@ def history_entry(row_id: int, kind: str, stored: bytes) -> status_pb2.HistoryEn
 
 
 class NodeEventsService(nodes_pb2_grpc.NodeEventsServicer):
-    """``offcut.v1.NodeEvents``: idle / preempt reports and idle-set snapshots."""
+    """``offcut.v1.NodeEvents``: idle / preempt reports and idle-set snapshots, applied at
+    the daemon's receive time on a live daemon (``times``; the sender's ``time`` is data)."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, auth: Authenticator | None = None,
+                 times: EventTimes | None = None):
         self.engine = engine
+        self.auth = auth or Authenticator(None)
+        self.times = times or EventTimes()
 
-    def _apply(self, event) -> decision_pb2.Decision:
-        reply = self.engine.apply(event)
+    def _apply(self, request, context, snapshot: bool) -> decision_pb2.Decision:
+        now = clock_now()
+        event = protocol.node_event_from_pb(request, now, snapshot=snapshot)
+        event, stamp = self.times.place(event, now, self.auth.of(context))
+        reply = self.engine.apply(event, stamp=stamp)
         return protocol.decision_to_pb(reply.decision, reply.duplicate)
 
     @_rpc
     def ReportNodes(self, request, context):
         """Idle / preempted nodes -> Decision (INVALID_ARGUMENT, FAILED_PRECONDITION on bad events)."""
-        return self._apply(protocol.node_event_from_pb(request, snapshot=False))
+        return self._apply(request, context, snapshot=False)
 
     @_rpc
     def SyncNodes(self, request, context):
         """The full idle set -> diffed into joins and preemptions -> Decision."""
-        return self._apply(protocol.node_event_from_pb(request, snapshot=True))
+        return self._apply(request, context, snapshot=True)
 
 
 def _visible(engine: Engine, who: Principal, task_id: str) -> bool:
@@ -207,13 +216,6 @@ def _caller(who: Principal) -> dict:
     return {"caller": who.user, "sees_all": who.sees_all_tasks}
 
 
-def _unset(request, name: str) -> bool:
-    """True when the time field ``name`` of ``request`` is unset or zero, so the protocol took
-    the wall clock and the engine stamps it (:meth:`Engine.apply`)."""
-    ts = getattr(request, name)
-    return ts.seconds == 0 and ts.nanos == 0
-
-
 class TasksService(tasks_pb2_grpc.TasksServicer):
     """``offcut.v1.Tasks``: submit, get, list, cancel, watch placements. With tokens, users
     see and act on their own tasks only (another user's task is NOT_FOUND); admin and slurm
@@ -221,25 +223,45 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
     §8)."""
 
     def __init__(self, engine: Engine, auth: Authenticator | None = None,
-                 streams: StreamSlots | None = None):
+                 streams: StreamSlots | None = None, times: EventTimes | None = None,
+                 zeus: ZeusRegistry | None = None):
         self.engine = engine
         self.auth = auth or Authenticator(None)
         self.streams = streams or StreamSlots(DEFAULT_MAX_STREAMS, DEFAULT_MAX_STREAMS)
+        self.times = times or EventTimes()
+        self.zeus = zeus
+
+    def _check_zeus_job(self, job_id: str, owner: str) -> None:
+        """NOT_FOUND naming ``spec.zeus_job_id`` unless the Zeus job exists and (with tokens)
+        the task's ``owner`` may act on it: a task's runs use its job as their owner
+        (docs/security.md). Without a registry (servicers built alone) nothing is checked."""
+        if not job_id or self.zeus is None:
+            return
+        runner = Principal(owner, USER) if self.auth.enabled else LOCAL_ADMIN
+        try:
+            self.zeus.job(job_id, runner)
+        except NotFound:
+            raise NotFound(f"no Zeus job {job_id!r} of {owner!r} (register it first: offcut "
+                           "recur, or BatchSizeOptimizer.RegisterJob)", "spec.zeus_job_id") from None
 
     @_rpc
     def SubmitTask(self, request, context):
         """Validate the spec (INVALID_ARGUMENT naming ``spec.<field>``), queue the task, re-allocate.
-        A user submits as themselves (another ``owner`` is PERMISSION_DENIED)."""
+        A user submits as themselves (another ``owner`` is PERMISSION_DENIED); a
+        ``spec.zeus_job_id`` must name a Zeus job the task's owner may act on (NOT_FOUND)."""
         who = self.auth.of(context)
         owner = request.owner
         if self.auth.enabled and owner != who.user:
             if owner and not who.is_admin:
                 raise PermissionDenied(f"users submit as themselves ({who.user!r})", "owner")
             owner = owner or who.user
-        event = protocol.submit_from_pb(request, None, clock_now(), self.engine.limits)
+        now = clock_now()
+        event = protocol.submit_from_pb(request, now, self.engine.limits)
         if owner and owner != event.owner:
             event = dataclasses.replace(event, owner=owner)
-        reply = self.engine.apply(event, stamp=_unset(request, "submit_time"), **_caller(who))
+        self._check_zeus_job(event.spec.zeus_job_id, event.owner)
+        event, stamp = self.times.place(event, now, who)
+        reply = self.engine.apply(event, stamp=stamp, **_caller(who))
         if reply.tasks[0].owner != who.user and not who.is_admin:  # someone else's request id
             raise PermissionDenied("belongs to another user's submission", "request_id")
         return tasks_pb2.SubmitTaskResponse(task=protocol.task_to_pb(reply.tasks[0]),
@@ -278,8 +300,9 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         who = self.auth.of(context)
         if request.task_id and not _visible(self.engine, who, request.task_id):
             raise NotFound(f"no task {request.task_id!r}", "task_id")
-        event = protocol.cancel_from_pb(request, None, clock_now())
-        reply = self.engine.apply(event, stamp=_unset(request, "time"))
+        now = clock_now()
+        event, stamp = self.times.place(protocol.cancel_from_pb(request, now), now, who)
+        reply = self.engine.apply(event, stamp=stamp)
         return tasks_pb2.CancelTaskResponse(task=protocol.task_to_pb(reply.tasks[0]),
                                             decision=_decision_for(self.engine, who, reply))
 
@@ -289,8 +312,9 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         task, failed fails it (both re-allocate). NOT_FOUND for an unknown task,
         FAILED_PRECONDITION for a finished one; a repeated ``request_id`` gets the stored reply."""
         who = self.auth.of(context)
-        event = protocol.task_run_from_pb(request, None, clock_now())
-        reply = self.engine.apply(event, stamp=_unset(request, "time"), **_caller(who))
+        now = clock_now()
+        event, stamp = self.times.place(protocol.task_run_from_pb(request, now), now, who)
+        reply = self.engine.apply(event, stamp=stamp, **_caller(who))
         return tasks_pb2.ReportTaskRunResponse(task=protocol.task_to_pb(reply.tasks[0]),
                                                decision=protocol.decision_to_pb(
                                                    reply.decision, reply.duplicate))
@@ -303,11 +327,13 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         only (another user's task is NOT_FOUND); INVALID_ARGUMENT / FAILED_PRECONDITION name
         ``reports[i].<field>``; a repeated ``request_id`` gets the stored reply."""
         who = self.auth.of(context)
-        event = protocol.progress_from_pb(request, clock_now())
+        now = clock_now()
+        event = protocol.progress_from_pb(request, now)
         for i, r in enumerate(event.reports):
             if not _visible(self.engine, who, r.task_id):
                 raise NotFound(f"no task {r.task_id!r}", f"reports[{i}].task_id")
-        reply = self.engine.apply(event, **_caller(who))
+        event, stamp = self.times.place(event, now, who)
+        reply = self.engine.apply(event, stamp=stamp, **_caller(who))
         return tasks_pb2.ReportProgressResponse(
             decision=_decision_for(self.engine, who, reply),
             tasks=[protocol.task_to_pb(t) for t in reply.tasks])
@@ -338,9 +364,11 @@ class StatusService(status_pb2_grpc.StatusServicer):
     """``offcut.v1.Status``: idle pool, tasks, last decision, solver statistics; the export
     of the journal (``ExportHistory``)."""
 
-    def __init__(self, engine: Engine, auth: Authenticator | None = None):
+    def __init__(self, engine: Engine, auth: Authenticator | None = None,
+                 times: EventTimes | None = None):
         self.engine = engine
         self.auth = auth or Authenticator(None)
+        self.times = times or EventTimes()
 
     @_rpc
     def GetStatus(self, request: status_pb2.GetStatusRequest, context):
@@ -350,6 +378,7 @@ class StatusService(status_pb2_grpc.StatusServicer):
         who = self.auth.of(context)
         reply = protocol.status_to_pb(
             self.engine.status(request.include_idle_nodes and who.sees_all_tasks))
+        reply.clock_mode = self.times.mode
         if not who.sees_all_tasks:
             reply.ClearField("last_decision")
             reply.last_seq.clear()

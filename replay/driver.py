@@ -116,7 +116,8 @@ REPLAY_OWNER = SINGLE_OWNER
 def daemon_command(opts: ReplayOptions, address: str, state: str | Path, *,
                    durability: str = "normal", snapshot_every: int = 5000) -> list[str]:
     """The ``offcutd`` command line of a replay's daemon: ``opts``' solver, Tfwd [s], maxJ and
-    MILP time limit [s], policy (``objective``) and eta, listening on ``address`` with state file ``state``; ``durability``
+    MILP time limit [s], policy (``objective``) and eta, on the log's clock (``--clock
+    replay``), listening on ``address`` with state file ``state``; ``durability``
     ``normal`` (survives ``kill -9``) or ``full`` (fsync per commit), a snapshot every
     ``snapshot_every`` journal rows."""
     cmd = [*offcutd_argv(), "--listen", address,
@@ -124,7 +125,7 @@ def daemon_command(opts: ReplayOptions, address: str, state: str | Path, *,
            "--tfwd", str(opts.tfwd_s), "--max-running-tasks", str(opts.max_tasks),
            "--time-limit", str(opts.time_limit_s), "--snapshot-every", str(int(snapshot_every)),
            "--durability", durability, "--policy", opts.objective, "--eta", str(opts.eta),
-           "--log-level", "warning"]
+           "--clock", "replay", "--log-level", "warning"]
     if opts.record_instances:
         cmd += ["--record-instances", str(Path(opts.record_instances).resolve())]
     return cmd
@@ -427,6 +428,10 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
             source = source or "replay"
         with ctx as (address, daemon_pid), connect(address) as client:
             client.wait_ready()
+            mode = client.status().clock_mode
+            if mode != "replay":
+                raise ValueError(f"{opts.target} runs the {mode or 'live'} clock: a replay needs a "
+                                 "daemon started with --clock replay (its times are the log's)")
             drive_started = time.perf_counter()
             with HistoryWriter(out_dir) as writers:
                 rec = Recorder(writers, source, (t.name for t in tasks), owners)

@@ -13,14 +13,19 @@ from slurm_cluster import cluster_daemon, slurm, slurm_cluster  # noqa: F401 - f
 
 
 class Daemons:
-    def __init__(self, root: Path):
+    """Daemons of one test; ``clock``: their clock mode (``replay`` in tests marked
+    ``replay_clock``, which drive the event clock with explicit times; else ``live``)."""
+
+    def __init__(self, root: Path, clock: str = "live"):
         self.root = root
+        self.clock = clock
         self.servers: list[OffcutServer] = []
         self.clients: list[Client] = []
 
     def config(self, name: str = "a", **kw) -> DaemonConfig:
         d = self.root / name
         d.mkdir(exist_ok=True)
+        kw.setdefault("clock", self.clock)
         return DaemonConfig(listen=f"unix://{d}/s.sock", state=str(d / "state.sqlite"),
                             solver="dp", **kw)
 
@@ -46,8 +51,8 @@ class Daemons:
 
 
 @pytest.fixture
-def daemons(tmp_path):
-    d = Daemons(tmp_path)
+def daemons(tmp_path, request):
+    d = Daemons(tmp_path, "replay" if request.node.get_closest_marker("replay_clock") else "live")
     yield d
     d.close()
 

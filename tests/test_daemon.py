@@ -29,6 +29,9 @@ from offcut.v1 import decision_pb2, tasks_pb2
 
 from daemon_helpers import T0, decision_key, make_spec, status_key
 
+#: these tests drive the event clock with explicit times (a replay daemon: docs/security.md)
+pytestmark = pytest.mark.replay_clock
+
 STATES = tasks_pb2
 
 
@@ -218,7 +221,8 @@ def _spawn(cfg: DaemonConfig, log: Path) -> subprocess.Popen:
     with open(log, "ab") as fh:
         return subprocess.Popen(
             [sys.executable, "-m", "offcut.daemon", "--listen", cfg.listen, "--state", cfg.state,
-             "--solver", "dp", "--snapshot-every", "3", "--log-level", "warning"],
+             "--solver", "dp", "--snapshot-every", "3", "--clock", cfg.clock,
+             "--log-level", "warning"],
             stdout=fh, stderr=subprocess.STDOUT)
 
 

@@ -44,6 +44,9 @@ from offcut.v1 import nodes_pb2, status_pb2, tasks_pb2, zeus_pb2
 
 from daemon_helpers import T0, make_spec, status_key
 
+#: these tests drive the event clock with explicit times (a replay daemon: docs/security.md)
+pytestmark = pytest.mark.replay_clock
+
 # ----------------------------------------------------------------------------- settings
 _COMMON = dict(deadline=None, print_blob=True,
                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
@@ -90,6 +93,7 @@ class Target:
 
     def __init__(self, root: Path, **config):
         root.mkdir(parents=True, exist_ok=True)
+        config.setdefault("clock", "replay")  # the fuzz drives the clock with explicit times
         self.config = DaemonConfig(listen=f"unix://{root}/s.sock", state=str(root / "state.sqlite"),
                                    solver="dp", **config)
         self.server = OffcutServer(self.config)
@@ -1034,7 +1038,7 @@ def test_a_failure_after_the_core_changed_reloads_the_state(tmp_path, monkeypatc
     try:
         before = engine.scheduler.fingerprint()
 
-        def broken(out, requested_solver):
+        def broken(out, requested_solver, sent_time=None):
             raise RuntimeError("reply cannot be built")
 
         monkeypatch.setattr("offcut.daemon.engine.decision_of", broken)

@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 from offcut.daemon.learning import ProgressReport, TaskLearner
 from offcut.errors import FailedPrecondition, InvalidArgument
 
+#: these tests drive the event clock with explicit times (a replay daemon: docs/security.md)
+pytestmark = pytest.mark.replay_clock
+
 T0 = 1.7e9
 
 

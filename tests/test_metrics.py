@@ -23,6 +23,9 @@ from offcut.v1 import tasks_pb2
 
 from daemon_helpers import T0, make_spec
 
+#: these tests drive the event clock with explicit times (a replay daemon: docs/security.md)
+pytestmark = pytest.mark.replay_clock
+
 TASKS = "/offcut.v1.Tasks/"
 
 

@@ -36,6 +36,9 @@ from offcut.replay.owners import NodeTime, assign_owners, fairness
 
 from daemon_helpers import T0, decision_key, make_spec, status_key
 
+#: these tests drive the event clock with explicit times (a replay daemon: docs/security.md)
+pytestmark = pytest.mark.replay_clock
+
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
@@ -533,7 +536,8 @@ def test_a_crashing_policy_falls_back_and_replays_the_same(plugin_dir):
 def test_a_daemon_uses_a_plugin_named_by_policy(plugin_dir, tmp_path, monkeypatch):
     address = f"unix://{tmp_path}/d.sock"
     cmd = [*offcutd_argv(), "--listen", address, "--state", str(tmp_path / "state.sqlite"),
-           "--solver", "dp", "--policy", "test_newest_first", "--log-level", "warning"]
+           "--solver", "dp", "--policy", "test_newest_first", "--clock", "replay",
+           "--log-level", "warning"]
     without = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(plugin_dir), *filter(None, [os.environ.get("PYTHONPATH")])]))
@@ -615,7 +619,7 @@ def test_a_fair_share_daemon_killed_re_applies_its_journal_to_the_same_state(
     address = f"unix://{tmp_path}/crash.sock"
     cmd = [*offcutd_argv(), "--listen", address, "--state", str(tmp_path / "crash.sqlite"),
            "--solver", "dp", "--policy", "fair_share", "--snapshot-every", str(snapshot_every),
-           "--log-level", "warning"]
+           "--clock", "replay", "--log-level", "warning"]
     log = tmp_path / "crash.log"
     acked = 8
     proc = start_offcutd(cmd, address, log)

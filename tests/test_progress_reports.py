@@ -12,6 +12,9 @@ from offcut.v1 import tasks_pb2
 
 from daemon_helpers import T0, make_spec, status_key
 
+#: these tests drive the event clock with explicit times (a replay daemon: docs/security.md)
+pytestmark = pytest.mark.replay_clock
+
 
 def learned_spec(name="learn", max_nodes=4, work=1e6, **kw) -> tasks_pb2.TaskSpec:
     """A task without a curve: the daemon learns it."""

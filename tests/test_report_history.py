@@ -23,6 +23,9 @@ from offcut.v1 import decision_pb2, tasks_pb2
 from daemon_helpers import T0
 from daemon_helpers import make_spec as _make_spec
 
+#: these tests drive the event clock with explicit times (a replay daemon: docs/security.md)
+pytestmark = pytest.mark.replay_clock
+
 PNG = b"\x89PNG\r\n\x1a\n"
 runner = CliRunner()
 

@@ -21,9 +21,9 @@ from offcut.client import Client
 from offcut.daemon.auth import add_token
 from offcut.daemon.config import DaemonConfig
 from offcut.daemon.server import OffcutServer
-from offcut.errors import InvalidArgument
+from offcut.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from offcut.taskspec import MAX_RESCALE_S, MAX_THROUGHPUT, MAX_WORK_SAMPLES
-from offcut.v1 import tasks_pb2
+from offcut.v1 import nodes_pb2, tasks_pb2, zeus_pb2
 
 from daemon_helpers import make_spec
 
@@ -165,6 +165,106 @@ def test_tcp_without_tokens_is_refused_unless_insecure_local(tmp_path, caplog):
         srv.stop(0)
 
 
+# ----------------------------------------------------------------------------- time
+#: the last second a protobuf Timestamp holds (9999-12-31T23:59:59Z)
+YEAR_9999 = 253_402_300_799.0
+
+
+def _clock(client: Client) -> float:
+    st = client.status()
+    return st.clock.seconds + st.clock.nanos / 1e9
+
+
+def _sent(decision) -> float:
+    return decision.sent_time.seconds + decision.sent_time.nanos / 1e9
+
+
+def test_no_users_time_moves_the_daemons_clock(site, daemons):
+    """Was: SubmitTask with submit_time in year 9999, CancelTask with a future time or
+    ReportProgress stamped +299 s moved the daemon's clock for everyone: from then on every
+    node event of the Slurm hook was refused as out of order, other users' tasks were
+    reported complete by extrapolation, and it survived a restart. Now a live daemon applies
+    every event at its own receive time; the sender's time is data (``Decision.sent_time``)."""
+    srv, c = site
+    mallory, alice, slurm = c["mallory"], c["alice"], c["slurm"]
+    assert mallory.status().clock_mode == "live"
+    hers = alice.submit(make_spec("alice-job", max_nodes=2, work=1e9), owner="alice").task
+    far = mallory.submit(make_spec("far", max_nodes=2, reports_progress=True),
+                         owner="mallory", submit_time=YEAR_9999)
+    assert _sent(far.decision) == YEAR_9999  # recorded and shown, as data
+    assert far.task.submit_time.seconds <= time.time() + 5
+    assert _clock(slurm) <= time.time() + 5
+    gone = mallory.submit(make_spec("gone", max_nodes=1), owner="mallory").task
+    assert _sent(mallory.cancel(gone.task_id, time=YEAR_9999 - 1).decision) == YEAR_9999 - 1
+    # a progress report stamped 299 s ahead (within the clock skew the protocol allows)
+    n = len(c["admin"].get_task(far.task.task_id).nodes)
+    assert n > 0
+    mallory.report_progress([{"task_id": far.task.task_id, "time": time.time() + 299,
+                              "samples_done": 10.0, "nodes": n}])
+    assert _clock(slurm) <= time.time() + 5
+    # the Slurm hook's events, stamped by its host's own clock, all apply
+    for seq in range(2, 6):
+        d = slurm.report_nodes(time.time(), "slurm-hook", seq, idle=[f"h{seq}"])
+        assert d.stats.nodes_joined == 1
+    mine = alice.get_task(hers.task_id)
+    assert mine.state == tasks_pb2.TASK_STATE_RUNNING and mine.work_done_samples < 1e9
+    # and after a restart (the journal holds receive times)
+    clock = _clock(slurm)
+    daemons.stop(srv)
+    daemons.start("sec", tokens_file=srv.config.tokens_file)  # same socket: clients reconnect
+    assert _clock(slurm) == pytest.approx(clock)
+    assert slurm.report_nodes(time.time(), "slurm-hook", 6, idle=["h6"]).stats.nodes_joined == 1
+
+
+def test_node_events_are_never_refused_as_older_than_a_submission(daemons):
+    """Was: node events stamped by the sending host lost to submissions stamped by the
+    daemon (10-97 % refused under submit load). Now a node event is applied at the daemon's
+    receive time, whatever the event clock: here Slurm's hosts run an hour behind the
+    daemon's clock. Node events stay ordered among themselves by when they were observed: a
+    snapshot observed before a newer preemption is stale (the watcher observes again), so it
+    cannot undo it; one stamped from the future (past the allowed skew) is refused."""
+    _, c = daemons.start("lag")
+    lag = time.time() - 3600.0
+    c.sync_nodes(lag, "slurm-watch", 1, idle=ALL)
+    c.submit(make_spec("a", max_nodes=1), owner="alice")
+    before = _clock(c)
+    d = c.report_nodes(lag + 1, "slurm-prolog", 1, preempted=["n1"])
+    assert d.stats.nodes_left == 1
+    assert _sent(d) == pytest.approx(lag + 1) and d.time.seconds >= int(before)
+    with pytest.raises(FailedPrecondition, match="observe the nodes again"):
+        c.sync_nodes(lag + 0.5, "slurm-watch", 2, idle=ALL)  # observed before the preemption
+    assert "n1" not in c.status(include_idle_nodes=True).idle_node_names
+    assert c.sync_nodes(lag + 2, "slurm-watch", 2, idle=ALL[1:]).time.seconds >= int(before)
+    with pytest.raises(InvalidArgument, match="synchronised"):
+        c.report_nodes(time.time() + 3600, "slurm-prolog", 2, preempted=["n2"])
+
+
+def test_only_an_admin_drives_a_replay_daemons_clock(daemons, tmp_path):
+    """A replay daemon (``clock = replay``) takes event times from its senders, as a
+    recorded log has them; with tokens only admins may send it events."""
+    path = tmp_path / "replay-tokens.toml"
+    admin, user = add_token(path, "ops", "admin"), add_token(path, "mallory", "user")
+    srv, _ = daemons.start("replay", tokens_file=str(path), clock="replay")
+    with Client(srv.address, timeout_s=10, token=admin) as ops, \
+            Client(srv.address, timeout_s=10, token=user) as mallory:
+        assert ops.status().clock_mode == "replay"
+        ops.report_nodes(1_600_000_000.0, "log", 1, idle=ALL)
+        assert _clock(ops) == 1_600_000_000.0  # the log's time is the clock
+        for call, field in ((lambda: mallory.submit(make_spec("m"), owner="mallory",
+                                                    submit_time=YEAR_9999), "submit_time"),
+                            (lambda: mallory.submit(make_spec("m"), owner="mallory"),
+                             "submit_time")):
+            with pytest.raises(PermissionDenied) as err:
+                call()
+            assert str(err.value).startswith(field)
+        assert _clock(ops) == 1_600_000_000.0 and not ops.list_tasks()
+        with pytest.raises(grpc.RpcError) as err:  # a replay's node event needs its time
+            ops.nodes.ReportNodes(nodes_pb2.NodeEvent(source="log", seq=2, idle=["n9"]))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(FailedPrecondition, match="older"):  # older than the clock
+            ops.report_nodes(1_600_000_000.0 - 1, "log", 3, idle=["n9"])
+
+
 # ----------------------------------------------------------------------------- request ids
 def test_request_ids_are_per_caller_and_per_kind(site):
     """Was: request ids shared one namespace. A user who submitted with request id
@@ -203,6 +303,27 @@ def test_request_ids_are_per_caller_and_per_kind(site):
     done = launcher.report_task_run(mine.task_id, "finished", request_id="job7:finished")
     assert not done.decision.duplicate
     assert done.task.state == tasks_pb2.TASK_STATE_COMPLETED
+
+
+def test_a_task_may_name_only_its_owners_zeus_job(site):
+    """A task's runs use its ``spec.zeus_job_id`` as the task's owner: a task naming another
+    user's Zeus job (which its runs would read and report into) or no job at all is
+    NOT_FOUND at submission, naming the field, and nothing is queued."""
+    _, c = site
+    alice, mallory = c["alice"], c["mallory"]
+    alice.register_zeus_job(zeus_pb2.BatchSizeJobSpec(
+        job_id="alice-bs", batch_sizes=[32, 64], default_batch_size=32, eta_knob=0.5,
+        beta_knob=2.0, max_epochs=5, target_metric=0.7, higher_is_better=True, seed=1,
+        max_power_w=250.0))
+    before = len(c["admin"].list_tasks())
+    for job in ("alice-bs", "nobody-registered-this"):
+        spec = make_spec("steal", max_nodes=1, zeus_job_id=job)
+        with pytest.raises(NotFound) as err:
+            mallory.submit(spec, owner="mallory")
+        assert str(err.value).startswith("spec.zeus_job_id")
+    assert len(c["admin"].list_tasks()) == before
+    ok = alice.submit(make_spec("mine", max_nodes=1, zeus_job_id="alice-bs"), owner="alice")
+    assert ok.task.spec.zeus_job_id == "alice-bs"
 
 
 # ----------------------------------------------------------------------------- the launcher

@@ -21,6 +21,7 @@ import pytest
 from offcut.slurm_plugin import hooks
 from offcut.slurm_plugin.install import HookConfig, hook_command, write_hooks
 from offcut.addresses import unreachable_reason
+from daemon_helpers import make_spec
 from slurm_cluster import fake_command, idle_set
 
 DATA = Path(__file__).resolve().parent / "data" / "slurm"
@@ -160,9 +161,32 @@ def test_prolog_hanging_daemon_is_cut_at_the_timeout(tmp_path):
     assert "not delivered" in text and ("DEADLINE_EXCEEDED" in text or "UNAVAILABLE" in text)
 
 
-def test_prolog_retries_with_a_fresh_time_when_a_newer_event_got_in_first(pool, tmp_path, monkeypatch):
+def test_prolog_stamped_behind_the_daemons_clock_is_applied_at_once(daemon, tmp_path,
+                                                                     monkeypatch):
+    """Was: a node event stamped before the daemon's event clock (moved on by a submission the
+    daemon stamped itself) was refused as older (FAILED_PRECONDITION). A live daemon applies
+    node events at its own receive time: hooks on a host whose clock is a minute behind the
+    daemon's are applied on their first send."""
+    srv, client = daemon
+    real = time.time_ns
+    behind = lambda: real() - 60_000_000_000  # noqa: E731 - the Slurm host's clock
+    client.report_nodes(behind() / 1e9, "test-setup", 1, idle=NODES)
+    client.submit(make_spec("moves-the-clock"), owner="alice")  # the clock: the daemon's now
+    monkeypatch.setattr(hooks.time, "time_ns", behind)
+    log = tmp_path / "hooks.log"
+    assert hooks.main(["prolog", "--address", client.address, "--log-file", str(log)],
+                      env=job_env("n3")) == 0
+    monkeypatch.undo()
+    text = log.read_text()
+    assert "preempted n3" in text and "refused" not in text
+    assert "n3" not in idle_set(client)
+
+
+def test_prolog_observed_before_a_newer_node_event_observes_again(pool, tmp_path, monkeypatch):
+    """Node events are ordered among themselves by when Slurm's side observed them: a hook
+    event observed before one another source got in first is refused (FAILED_PRECONDITION)
+    and the hook observes again with a fresh time."""
     srv, client = pool
-    # the daemon has applied an event 50 ms in the future of the hook's first stamp
     real = time.time_ns
     first = real()
     client.report_nodes((first + 50_000_000) / 1e9, "other", 1, idle=["n9"])

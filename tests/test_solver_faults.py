@@ -58,6 +58,9 @@ from offcut.v1 import tasks_pb2, zeus_pb2
 
 from daemon_helpers import T0, make_spec
 
+#: these tests drive the event clock with explicit times (a replay daemon: docs/security.md)
+pytestmark = pytest.mark.replay_clock
+
 FAULT_ENV = "OFFCUT_TEST_CBC_FAULT_FILE"
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 needs_gurobi = pytest.mark.skipif(not gurobi_importable(), reason="gurobipy is not importable")

@@ -26,6 +26,10 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from offcut.errors import FailedPrecondition
 from offcut.v1 import nodes_pb2, status_pb2, tasks_pb2, zeus_pb2
 
+#: the release took senders' times as the clock, as a replay daemon does (docs/security.md):
+#: its answers to the recorded requests are comparable on a replay daemon only
+pytestmark = pytest.mark.replay_clock
+
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "state_v1"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
 RELEASE = EXPECTED["made_by"]["release"]  # 3593fb3

@@ -12,6 +12,9 @@ from offcut.v1 import decision_pb2, tasks_pb2
 
 from daemon_helpers import T0, make_spec, status_key
 
+#: these tests drive the event clock with explicit times (a replay daemon: docs/security.md)
+pytestmark = pytest.mark.replay_clock
+
 
 def two_tasks(client):
     """Two tasks of 2 nodes each on 4 idle nodes (a superlinear curve), a third waiting."""

@@ -108,7 +108,7 @@ class SolveStats(_message.Message):
     def __init__(self, requested_solver: _Optional[str] = ..., solver: _Optional[str] = ..., status: _Optional[str] = ..., objective: _Optional[float] = ..., bound: _Optional[float] = ..., solve_ms: _Optional[float] = ..., fallback_reason: _Optional[str] = ..., solves: _Optional[int] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("time", "source", "seq", "revision", "duplicate", "placements", "stats", "solve", "ignored_nodes", "completed_task_ids")
+    __slots__ = ("time", "source", "seq", "revision", "duplicate", "placements", "stats", "solve", "ignored_nodes", "completed_task_ids", "sent_time")
     TIME_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,7 @@ class Decision(_message.Message):
     SOLVE_FIELD_NUMBER: _ClassVar[int]
     IGNORED_NODES_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    SENT_TIME_FIELD_NUMBER: _ClassVar[int]
     time: _timestamp_pb2.Timestamp
     source: str
     seq: int
@@ -129,4 +130,5 @@ class Decision(_message.Message):
     solve: SolveStats
     ignored_nodes: _containers.RepeatedScalarFieldContainer[str]
     completed_task_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., seq: _Optional[int] = ..., revision: _Optional[int] = ..., duplicate: _Optional[bool] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., stats: _Optional[_Union[EventStats, _Mapping]] = ..., solve: _Optional[_Union[SolveStats, _Mapping]] = ..., ignored_nodes: _Optional[_Iterable[str]] = ..., completed_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    sent_time: _timestamp_pb2.Timestamp
+    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., seq: _Optional[int] = ..., revision: _Optional[int] = ..., duplicate: _Optional[bool] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., stats: _Optional[_Union[EventStats, _Mapping]] = ..., solve: _Optional[_Union[SolveStats, _Mapping]] = ..., ignored_nodes: _Optional[_Iterable[str]] = ..., completed_task_ids: _Optional[_Iterable[str]] = ..., sent_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -47,7 +47,7 @@ class SolverStatistics(_message.Message):
     def __init__(self, configured_solver: _Optional[str] = ..., decisions: _Optional[int] = ..., decision_ms_p50: _Optional[float] = ..., decision_ms_p95: _Optional[float] = ..., decision_ms_p99: _Optional[float] = ..., decision_ms_max: _Optional[float] = ..., fallbacks: _Optional[int] = ..., solves_by_backend: _Optional[_Mapping[str, int]] = ..., last_fallback_reason: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("clock", "revision", "idle_nodes", "nodes_in_use", "idle_node_names", "queued_tasks", "admitted_tasks", "running_tasks", "completed_tasks", "cancelled_tasks", "last_decision", "solver", "last_seq", "total_samples", "idle_node_seconds", "used_node_seconds", "tfwd_s", "max_running_tasks", "failed_tasks", "objective", "eta", "task_energy_j", "energy_j")
+    __slots__ = ("clock", "revision", "idle_nodes", "nodes_in_use", "idle_node_names", "queued_tasks", "admitted_tasks", "running_tasks", "completed_tasks", "cancelled_tasks", "last_decision", "solver", "last_seq", "total_samples", "idle_node_seconds", "used_node_seconds", "tfwd_s", "max_running_tasks", "failed_tasks", "objective", "eta", "task_energy_j", "energy_j", "clock_mode")
     class LastSeqEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class StatusResponse(_message.Message):
     ETA_FIELD_NUMBER: _ClassVar[int]
     TASK_ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_MODE_FIELD_NUMBER: _ClassVar[int]
     clock: _timestamp_pb2.Timestamp
     revision: int
     idle_nodes: int
@@ -101,7 +102,8 @@ class StatusResponse(_message.Message):
     eta: float
     task_energy_j: float
     energy_j: float
-    def __init__(self, clock: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revision: _Optional[int] = ..., idle_nodes: _Optional[int] = ..., nodes_in_use: _Optional[int] = ..., idle_node_names: _Optional[_Iterable[str]] = ..., queued_tasks: _Optional[int] = ..., admitted_tasks: _Optional[int] = ..., running_tasks: _Optional[int] = ..., completed_tasks: _Optional[int] = ..., cancelled_tasks: _Optional[int] = ..., last_decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ..., solver: _Optional[_Union[SolverStatistics, _Mapping]] = ..., last_seq: _Optional[_Mapping[str, int]] = ..., total_samples: _Optional[float] = ..., idle_node_seconds: _Optional[float] = ..., used_node_seconds: _Optional[float] = ..., tfwd_s: _Optional[float] = ..., max_running_tasks: _Optional[int] = ..., failed_tasks: _Optional[int] = ..., objective: _Optional[str] = ..., eta: _Optional[float] = ..., task_energy_j: _Optional[float] = ..., energy_j: _Optional[float] = ...) -> None: ...
+    clock_mode: str
+    def __init__(self, clock: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revision: _Optional[int] = ..., idle_nodes: _Optional[int] = ..., nodes_in_use: _Optional[int] = ..., idle_node_names: _Optional[_Iterable[str]] = ..., queued_tasks: _Optional[int] = ..., admitted_tasks: _Optional[int] = ..., running_tasks: _Optional[int] = ..., completed_tasks: _Optional[int] = ..., cancelled_tasks: _Optional[int] = ..., last_decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ..., solver: _Optional[_Union[SolverStatistics, _Mapping]] = ..., last_seq: _Optional[_Mapping[str, int]] = ..., total_samples: _Optional[float] = ..., idle_node_seconds: _Optional[float] = ..., used_node_seconds: _Optional[float] = ..., tfwd_s: _Optional[float] = ..., max_running_tasks: _Optional[int] = ..., failed_tasks: _Optional[int] = ..., objective: _Optional[str] = ..., eta: _Optional[float] = ..., task_energy_j: _Optional[float] = ..., energy_j: _Optional[float] = ..., clock_mode: _Optional[str] = ...) -> None: ...
 
 class ExportHistoryRequest(_message.Message):
     __slots__ = ("after_revision", "limit")

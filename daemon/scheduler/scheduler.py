@@ -77,6 +77,9 @@ class Scheduler(EventValidation, ProgressClock, NodeEvents, TaskLifecycle, Progr
             out.source, out.seq = event.source, event.seq
             out.cause = "snapshot" if event.snapshot else "nodes"
             self.last_seq[event.source] = event.seq
+            observed = event.observed_time
+            self.node_clock = observed if self.node_clock is None else max(self.node_clock,
+                                                                           observed)
             changed = self._apply_nodes(event, t, out)
         else:
             out.cause, handler = self._HANDLERS[type(event)]

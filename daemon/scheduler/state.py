@@ -40,6 +40,9 @@ class SchedulerState:
         self.objective = objective if objective is not None else ObjectiveSettings()
         self.task_energy_j = 0.0
         self.clock: float | None = None
+        #: the newest observation time of an applied node event [s since epoch, as Slurm's
+        #: side stamped it]: a node event observed before it is stale (validation)
+        self.node_clock: float | None = None
         self.revision = 0
         self.pool: dict[str, float] = {}        # idle node -> idle since [s]
         self.holder: dict[str, str] = {}        # idle node -> task id holding it
@@ -80,7 +83,8 @@ class SchedulerState:
         """The whole state as JSON-able data (for snapshots)."""
         return {
             "tfwd_s": self.tfwd_s, "max_running_tasks": self.max_running_tasks,
-            "clock": self.clock, "revision": self.revision, "pool": self.pool,
+            "clock": self.clock, "node_clock": self.node_clock, "revision": self.revision,
+            "pool": self.pool,
             "tasks": [t.to_dict() for t in self.tasks.values()], "last_seq": self.last_seq,
             "next_task_number": self.next_task_number, "total_samples": self.total_samples,
             "idle_node_seconds": self.idle_node_seconds,
@@ -97,6 +101,7 @@ class SchedulerState:
                    max_failed_generations=d.get("max_failed_generations", 3))
         core.task_energy_j = d.get("task_energy_j", 0.0)
         core.clock, core.revision = d["clock"], d["revision"]
+        core.node_clock = d.get("node_clock")  # absent in snapshots of earlier releases
         core.pool = dict(d["pool"])
         core.tasks = {t["task_id"]: Task.from_dict(t) for t in d["tasks"]}
         core.active = {k: t for k, t in core.tasks.items() if not t.state.finished}
@@ -111,7 +116,7 @@ class SchedulerState:
 
     def fingerprint(self) -> tuple:
         """A comparable summary of the state (tests: state before == state after)."""
-        return (self.clock, self.revision, tuple(sorted(self.pool.items())),
+        return (self.clock, self.node_clock, self.revision, tuple(sorted(self.pool.items())),
                 tuple((t.task_id, t.state.value, tuple(t.nodes), round(t.work_done, 6))
                       for t in self.tasks.values()),
                 tuple(sorted(self.last_seq.items())))

@@ -36,6 +36,10 @@ class EventValidation:
                 raise FailedPrecondition(
                     f"event at {event.time:.3f} is older than the last applied event at "
                     f"{self.clock:.3f}", "time")
+            if self.node_clock is not None and event.observed_time < self.node_clock:
+                raise FailedPrecondition(
+                    f"observed at {event.observed_time:.3f}, before the newest applied node "
+                    f"observation at {self.node_clock:.3f}: observe the nodes again", "time")
             if self.limits is not None:
                 self._check_event_size(event, self.limits.max_event_nodes)
             check_node_names(list(event.idle), "idle")
