@@ -33,6 +33,7 @@ Tokens never appear in logs or error messages. The health service stays open.
 from __future__ import annotations
 
 import contextvars
+import functools
 import hashlib
 import os
 import secrets
@@ -42,6 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+
+from offcut.daemon.handlers import SYNC, behavior_of, kind_of, rebuild, refusal
+from offcut.errors import Unauthenticated
 
 ADMIN, SLURM, USER = "admin", "slurm", "user"
 ROLES = (ADMIN, SLURM, USER)
@@ -118,12 +122,14 @@ class Principal:
 #: the caller when the daemon has no tokens file
 LOCAL_ADMIN = Principal("local", ADMIN)
 
-#: ``(authenticator, the call's metadata object, Principal)`` as :class:`AuthInterceptor`
-#: resolved them for the running call. gRPC Python runs a call's interceptors and its handler
-#: in one ``contextvars.Context`` of that call's own (grpc/grpc#34291), so the handler's
-#: :meth:`Authenticator.of` takes the caller from here instead of hashing the token again;
-#: where the identities do not match (no interceptor ran), it resolves the metadata itself.
-_RESOLVED: contextvars.ContextVar[tuple["Authenticator", object, Principal]] = \
+#: ``(authenticator, Principal)`` as :class:`AuthInterceptor` resolved them for the running
+#: call, so that the handler's :meth:`Authenticator.of` takes the caller from here instead of
+#: hashing the token again. ``grpc.aio`` runs a call's interceptors and its asyncio behaviour
+#: in the call's own task, whose context holds the value; a plain behaviour runs on a worker
+#: thread, which gets a copy of that context (:func:`_in_call_context`). Nothing else sets it,
+#: so a value found is always the running call's; without one (no interceptor ran), ``of``
+#: resolves the metadata itself.
+_RESOLVED: contextvars.ContextVar[tuple["Authenticator", Principal]] = \
     contextvars.ContextVar("offcut_auth_resolved")
 
 
@@ -252,72 +258,65 @@ class Authenticator:
             return None
         return self.tokens.get(token_digest(token))
 
-    def resolve(self, metadata) -> Principal | None:
-        """:meth:`principal`, remembered for the running call's :meth:`of` (see
-        :data:`_RESOLVED`); what :class:`AuthInterceptor` calls once per call."""
-        who = self.principal(metadata)
-        if who is not None:
-            _RESOLVED.set((self, metadata, who))
-        return who
-
     def of(self, context) -> Principal:
         """The caller of a running call (the interceptor has already refused anonymous ones):
         the one the interceptor resolved for this very call, else resolved from the call's
-        metadata. Aborts the call with UNAUTHENTICATED when there is none."""
-        metadata = context.invocation_metadata()
+        metadata.
+
+        Raises:
+            offcut.errors.Unauthenticated: there is no valid token (cannot happen behind the
+                interceptor; refused rather than assumed).
+        """
         resolved = _RESOLVED.get(None)
-        if resolved is not None and resolved[0] is self and resolved[1] is metadata:
-            return resolved[2]
-        who = self.principal(metadata)
-        if who is None:  # cannot happen behind the interceptor; refuse rather than assume
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required")
+        if resolved is not None and resolved[0] is self:
+            return resolved[1]
+        who = self.principal(context.invocation_metadata())
+        if who is None:
+            raise Unauthenticated("a valid bearer token is required")
         return who
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
+class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Refuses calls without a valid token (UNAUTHENTICATED) and methods the caller's role is
-    not listed for in :data:`METHOD_ROLES` (PERMISSION_DENIED) before any handler runs.
-    Object-level rules (own tasks) are checked by the services with :meth:`Authenticator.of`."""
+    not listed for in :data:`METHOD_ROLES` (PERMISSION_DENIED) before any handler runs, and
+    before the request is read (:func:`offcut.daemon.handlers.refusal`: an unauthenticated
+    caller cannot make the daemon receive its message). Object-level rules (own tasks) are
+    checked by the services with :meth:`Authenticator.of`."""
 
     def __init__(self, auth: Authenticator):
         self.auth = auth
 
-    def intercept_service(self, continuation, handler_call_details):
-        """Pass the call on, or answer it with the refusal."""
+    async def intercept_service(self, continuation, handler_call_details):
+        """Pass the call on (its caller resolved for :meth:`Authenticator.of`), or answer it
+        with the refusal."""
+        handler = await continuation(handler_call_details)
         method = handler_call_details.method
-        if not self.auth.enabled or method.startswith(OPEN_PREFIXES):
-            return continuation(handler_call_details)
-        who = self.auth.resolve(handler_call_details.invocation_metadata)
+        if handler is None or not self.auth.enabled or method.startswith(OPEN_PREFIXES):
+            return handler
+        who = self.auth.principal(handler_call_details.invocation_metadata)
         if who is None:
-            return _refusal(grpc.StatusCode.UNAUTHENTICATED,
-                            "a valid bearer token is required (authorization: Bearer TOKEN)",
-                            continuation(handler_call_details))
+            return refusal(handler, grpc.StatusCode.UNAUTHENTICATED,
+                           "a valid bearer token is required (authorization: Bearer TOKEN)")
         if not who.may_call(method):
             allowed = [r for r in ROLES if r != ADMIN and r in METHOD_ROLES.get(method, ())]
-            return _refusal(grpc.StatusCode.PERMISSION_DENIED,
-                            f"{method.rsplit('/', 1)[-1]} needs "
-                            + " or ".join(f"the {r} role" for r in allowed + [ADMIN]),
-                            continuation(handler_call_details))
-        return continuation(handler_call_details)
+            return refusal(handler, grpc.StatusCode.PERMISSION_DENIED,
+                           f"{method.rsplit('/', 1)[-1]} needs "
+                           + " or ".join(f"the {r} role" for r in allowed + [ADMIN]))
+        _RESOLVED.set((self.auth, who))  # this call's task: its asyncio behaviour sees it
+        return _in_call_context(handler)
 
 
-def _refusal(code: grpc.StatusCode, message: str, handler):
-    """A handler of the same arity as ``handler`` that aborts with ``code``."""
-    def abort(request, context):
-        context.abort(code, message)
+def _in_call_context(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """``handler`` whose plain (worker-thread) behaviour runs in a copy of the running call's
+    context, as asyncio's ``to_thread`` would do (``grpc.aio`` hands a worker none); asyncio
+    behaviours run in the call's task already and stay as they are."""
+    behavior = behavior_of(handler)
+    if kind_of(behavior) != SYNC:
+        return handler
+    call_context = contextvars.copy_context()
 
-    def abort_stream(request, context):
-        context.abort(code, message)
-        yield  # pragma: no cover - abort raises
+    @functools.wraps(behavior)
+    def in_call_context(request, context):
+        return call_context.run(behavior, request, context)
 
-    if handler is None:
-        return None
-    kw = dict(request_deserializer=handler.request_deserializer,
-              response_serializer=handler.response_serializer)
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(abort, **kw)
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(abort_stream, **kw)
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(abort, **kw)
-    return grpc.stream_stream_rpc_method_handler(abort_stream, **kw)
+    return rebuild(handler, in_call_context)

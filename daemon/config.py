@@ -64,8 +64,13 @@ COMMAND_PLACEHOLDERS = ("command", "task_id", "task_name", "node", "rank", "node
                         "checkpoint_dir")
 
 
-#: gRPC worker threads of the daemon (every call, a stream included, holds one while it runs)
+#: worker threads of the daemon's unary calls (offcut.daemon.workers; node events have
+#: threads of their own besides, and streams wait on the event loop, holding none)
 RPC_WORKERS = 32
+
+#: the largest ``max_streams`` / ``max_streams_per_caller`` accepted (memory: about 25 KiB
+#: per open stream, benchmarks/watch_streams.py)
+MAX_STREAMS_BOUND = 65_536
 
 #: the launcher's variables a task's jobs get by default (``[slurm] export_env``)
 DEFAULT_EXPORT_ENV = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR")
@@ -269,15 +274,18 @@ class DaemonConfig(BaseModel):
         None, examples=["/var/lib/offcut/instances.jsonl"],
         description="append every allocation problem to this JSONL file (offcut solve "
                           "re-solves it); unset = not recorded")
-    max_streams: int = Field(16, ge=1, le=RPC_WORKERS - 4, description=(
-        f"open server streams (WatchPlacements, health Watch) in all; kept below the "
-        f"{RPC_WORKERS} gRPC workers so node events and other calls always find one; a "
-        "stream over it is RESOURCE_EXHAUSTED"))
-    max_streams_per_caller: int = Field(4, ge=1, le=RPC_WORKERS - 4, description=(
-        "open streams of one caller (a user; all unauthenticated health watchers together); "
-        "one more is RESOURCE_EXHAUSTED"))
+    max_streams: int = Field(4096, ge=1, le=MAX_STREAMS_BOUND, description=(
+        "open server streams (WatchPlacements, health Watch) in all, at most "
+        f"{MAX_STREAMS_BOUND:,}; a waiting stream holds no thread (it waits on the event "
+        "loop), only memory; a stream over it is RESOURCE_EXHAUSTED"))
+    max_streams_per_caller: int = Field(64, ge=1, le=MAX_STREAMS_BOUND, description=(
+        "open streams of one caller (a user with tokens; all unauthenticated health watchers "
+        "together; without tokens_file only max_streams applies); one more is "
+        "RESOURCE_EXHAUSTED"))
     max_message_mb: int = Field(64, ge=1, le=1024, description=(
-        "largest gRPC message accepted (and sent), MiB; a larger request is answered "
+        "largest gRPC message accepted (and sent), MiB: the request size limit of node "
+        "events (ReportNodes, SyncNodes); every other method has a smaller one (1 MiB, or what "
+        "its configured list limits need; docs/security.md); a larger request is answered "
         "RESOURCE_EXHAUSTED"))
     # Request size limits (offcut.daemon.model.Limits): a request over one is answered
     # INVALID_ARGUMENT naming the field and the limit, and changes nothing.

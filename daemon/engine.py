@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
@@ -81,8 +81,12 @@ class Engine:
         self.allocator = allocator
         self.requested_solver = allocator.solver
         self.lock = threading.RLock()
-        self.changed = threading.Condition(self.lock)
+        #: the retained placement updates (:meth:`updates_after`), guarded by a lock of their
+        #: own that is held for a copy only, never across a solve: the gRPC edge's event loop
+        #: reads them without waiting for an event to be applied
         self.updates: deque[PlacementUpdate] = deque(maxlen=RETAINED_UPDATES)
+        self._updates_lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
         self.decision_ms: list[float] = []
         self.fallbacks = 0
         self.solves_by_backend: dict[str, int] = {}
@@ -179,10 +183,10 @@ class Engine:
                 self.decision_ms.append((time.perf_counter() - started) * 1000.0)
             self.last_decision = reply.decision
             if out.placements:
-                self.updates.append(PlacementUpdate(
+                self._publish(PlacementUpdate(
                     revision=out.revision, time=out.time, cause=out.cause,
-                    placements=reply.decision.placements))
-            self.changed.notify_all()
+                    placements=reply.decision.placements,
+                    owners=self._owners(reply.decision.placements)))
             return reply
 
     def _stored_reply(self, event: Event, caller: str, sees_all: bool) -> Reply | None:
@@ -281,38 +285,63 @@ class Engine:
                 fallbacks=self.fallbacks, solves_by_backend=dict(self.solves_by_backend),
                 last_fallback_reason=self.last_fallback_reason)
 
-    def watch(self, after_revision: int, task_id: str, is_active: Callable[[], bool]
-              ) -> Iterator[PlacementUpdate]:
-        """Placement updates with revision > ``after_revision`` (retained ones first), then
-        new ones as they happen, until ``is_active()`` turns false or the engine closes."""
-        last = after_revision
-        while is_active() and not self.closed:
-            with self.lock:
-                pending = [u for u in self.updates if u.revision > last]
-                if not pending:
-                    self.changed.wait(timeout=0.5)
-                    continue
-            for update in pending:
-                last = update.revision
-                if task_id:
-                    mine = [p for p in update.placements if p.task_id == task_id]
-                    if not mine:
-                        continue
-                    update = dataclasses.replace(update, placements=mine)
-                yield update
+    # ------------------------------------------------------------------ placement updates
+    def _owners(self, placements) -> dict[str, str]:
+        """The owner of each placed task, by task id (under the lock)."""
+        tasks = self.scheduler.tasks
+        return {p.task_id: tasks[p.task_id].owner for p in placements if p.task_id in tasks}
 
-    def wake(self) -> None:
-        """Wake every waiting :meth:`watch` (one whose caller went away then ends at once)."""
-        with self.lock:
-            self.changed.notify_all()
+    def _publish(self, update: PlacementUpdate) -> None:
+        """Retain ``update`` for :meth:`updates_after` and tell the listeners."""
+        with self._updates_lock:
+            self.updates.append(update)
+        self._notify()
+
+    def _notify(self) -> None:
+        """Call every listener (see :meth:`add_listener`); a failing one is logged."""
+        for listener in list(self._listeners):
+            try:
+                listener()
+            except Exception:  # a listener's bug must not fail the event that was applied
+                log.exception("placement listener %r failed", listener)
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after each applied event that published placement updates, and
+        once when the engine closes. It runs on the applying thread with the engine's lock
+        held, so it must only hand the news on (e.g. ``loop.call_soon_threadsafe``): never
+        block, never take the lock itself."""
+        with self._updates_lock:
+            self._listeners.append(callback)
+
+    def updates_after(self, revision: int, task_id: str = "") -> list[PlacementUpdate]:
+        """The retained placement updates with revision > ``revision``, oldest first (the
+        last :data:`RETAINED_UPDATES`); with ``task_id``, only that task's placements, and
+        only updates that have some. Never waits for an event being applied (the updates
+        have a lock of their own); costs O(updates returned), not O(retained)."""
+        with self._updates_lock:
+            new = []
+            for update in reversed(self.updates):
+                if update.revision <= revision:
+                    break
+                new.append(update)
+        new.reverse()
+        if not task_id:
+            return new
+        mine = []
+        for update in new:
+            placements = [p for p in update.placements if p.task_id == task_id]
+            if placements:
+                mine.append(dataclasses.replace(update, placements=placements))
+        return mine
 
     def close(self) -> None:
-        """Snapshot, stop watchers, close the allocator and the state file."""
+        """Snapshot, end the watchers (listeners are told), close the allocator and the state
+        file."""
         with self.lock:
             if self.closed:
                 return
             self.closed = True
-            self.changed.notify_all()
+            self._notify()
             try:
                 self.store.write_snapshot(self.scheduler.to_dict())
             finally:

@@ -13,6 +13,9 @@ Units follow the Prometheus conventions: seconds, samples, nodes; counters end i
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -27,6 +30,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from offcut.daemon.engine import Engine
+from offcut.daemon.handlers import ASYNC_GENERATOR, COROUTINE, SYNC, kind_of, wrapped
 from offcut.daemon.model import TaskState
 from offcut.daemon.replies import StatusView
 from offcut.daemon.zeus.registry import ZeusRegistry
@@ -180,15 +184,38 @@ def _counter_families(figures: _EngineFigures) -> Iterator[Metric]:
         sum_value=float(decision_s.sum()))
 
 
-class RpcMetricsInterceptor(grpc.ServerInterceptor):
-    """Counts finished RPCs by method and status code and times them (a gRPC server interceptor).
+class _CodeRecorder:
+    """A synchronous servicer context that remembers the status code its handler aborted
+    with or set (``grpc.aio``'s context for plain handlers cannot be asked afterwards)."""
+
+    def __init__(self, context):
+        self._context = context
+        self.code: grpc.StatusCode | None = None
+
+    def abort(self, code, details="", *args):
+        """Record ``code``, then abort as the wrapped context does (raises)."""
+        self.code = code
+        return self._context.abort(code, details, *args)
+
+    def set_code(self, code) -> None:
+        """Record ``code`` and set it."""
+        self.code = code
+        self._context.set_code(code)
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
+
+
+class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Counts finished RPCs by method and status code and times them (a ``grpc.aio`` server
+    interceptor).
 
     Metrics (on ``registry``): ``offcut_rpc_requests_total{method, code}`` and
     ``offcut_rpc_duration_seconds{method}`` [s]; for streaming responses the duration is the
     stream's lifetime. ``method`` is the full gRPC name (``/offcut.v1.Tasks/SubmitTask``); calls
     to unknown methods are not counted (their names come from the client). The code is the
-    one the handler aborted or set; otherwise OK, CANCELLED when the client went away, UNKNOWN
-    for an uncaught exception.
+    one the handler aborted with or set; otherwise OK, CANCELLED when the client went away
+    from an asyncio behaviour (a stream), UNKNOWN for an uncaught exception.
     """
 
     def __init__(self, registry: CollectorRegistry):
@@ -199,59 +226,72 @@ class RpcMetricsInterceptor(grpc.ServerInterceptor):
                                   "RPC handling time (stream lifetime for streaming responses), s",
                                   ["method"], buckets=LATENCY_BUCKETS_S, registry=registry)
 
-    def _record(self, method: str, context: grpc.ServicerContext, started: float,
-                failed: bool) -> None:
-        code = context.code()
+    def _record(self, method: str, code: grpc.StatusCode | None, started: float,
+                failed: bool, cancelled: bool = False) -> None:
         if code is None:
-            if not context.is_active():
+            if cancelled:
                 code = grpc.StatusCode.CANCELLED
             else:
                 code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
         self.requests.labels(method, code.name).inc()
         self.duration.labels(method).observe(time.perf_counter() - started)
 
-    def _unary_response(self, method: str, behavior: Callable) -> Callable:
+    def _sync(self, method: str, behavior: Callable) -> Callable:
+        """A plain behaviour (a worker thread's), recorded when it returns or raises."""
+        @functools.wraps(behavior)
         def wrapper(request, context):
             started, failed = time.perf_counter(), True
+            recorder = _CodeRecorder(context)
             try:
-                response = behavior(request, context)
+                response = behavior(request, recorder)
                 failed = False
                 return response
             finally:
-                self._record(method, context, started, failed)
+                self._record(method, recorder.code, started, failed)
         return wrapper
 
-    def _stream_response(self, method: str, behavior: Callable) -> Callable:
-        def wrapper(request, context):
-            started, failed = time.perf_counter(), True
+    def _coroutine(self, method: str, behavior: Callable) -> Callable:
+        """A coroutine behaviour (a unary asyncio handler, or a stream written with
+        ``context.write``), recorded when it ends: aborted, failed, cancelled or done."""
+        @functools.wraps(behavior)
+        async def wrapper(request, context):
+            started, failed, cancelled = time.perf_counter(), True, False
             try:
-                yield from behavior(request, context)
+                result = await behavior(request, context)
                 failed = False
-            finally:  # also on GeneratorExit: the RPC was cancelled (context no longer active)
-                self._record(method, context, started, failed)
+                return result
+            except asyncio.CancelledError:  # the client went away (or the server stops)
+                cancelled = True
+                raise
+            finally:
+                self._record(method, context.code(), started, failed, cancelled)
         return wrapper
 
-    def intercept_service(self, continuation, handler_call_details):
-        """Wrap the method's handler (all four arities) so that it records when it finishes."""
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
+    def _async_generator(self, method: str, behavior: Callable) -> Callable:
+        """An async generator behaviour (server reflection), recorded when it ends."""
+        @functools.wraps(behavior)
+        async def wrapper(request, context):
+            started, failed, cancelled = time.perf_counter(), True, False
+            try:
+                async with contextlib.aclosing(behavior(request, context)) as responses:
+                    async for response in responses:
+                        yield response
+                failed = False
+            except (asyncio.CancelledError, GeneratorExit):  # the client went away
+                cancelled = True
+                raise
+            finally:
+                self._record(method, context.code(), started, failed, cancelled)
+        return wrapper
+
+    async def intercept_service(self, continuation, handler_call_details):
+        """Wrap the method's handler (every arity and kind of behaviour) so that it records
+        when it finishes."""
+        handler = await continuation(handler_call_details)
         method = handler_call_details.method
-        kw = dict(request_deserializer=handler.request_deserializer,
-                  response_serializer=handler.response_serializer)
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary_response(method, handler.unary_unary), **kw)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._stream_response(method, handler.unary_stream), **kw)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                self._unary_response(method, handler.stream_unary), **kw)
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(
-                self._stream_response(method, handler.stream_stream), **kw)
-        return handler
+        wrap = {SYNC: self._sync, COROUTINE: self._coroutine,
+                ASYNC_GENERATOR: self._async_generator}
+        return wrapped(handler, lambda behavior: wrap[kind_of(behavior)](method, behavior))
 
 
 class MetricsEndpoint:

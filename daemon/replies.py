@@ -268,12 +268,15 @@ class Reply:
 
 @dataclass
 class PlacementUpdate:
-    """Placement changes of one revision, as streamed by ``WatchPlacements``."""
+    """Placement changes of one revision, as streamed by ``WatchPlacements``; ``owners``: the
+    owner of each placed task (by task id), so that a user's stream is filtered without the
+    engine's lock (kept in memory only, never journaled)."""
 
     revision: int
     time: float
     cause: str
     placements: list[PlacementChange]
+    owners: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

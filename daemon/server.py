@@ -1,11 +1,17 @@
-"""Building and running the gRPC server (health checking and reflection included)."""
+"""Building and running the gRPC server (health checking and reflection included).
+
+The server is ``grpc.aio``'s, on the process's event-loop thread
+(:mod:`offcut.daemon.event_loop`); :class:`OffcutServer` keeps a synchronous API over it. Unary
+handlers run on the worker threads of :mod:`offcut.daemon.workers` (node events on threads of
+their own), server streams wait on the loop holding no thread (docs/architecture.md §1,
+"Threads"; docs/security.md).
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import stat
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -17,14 +23,19 @@ from offcut.daemon.auth import (AuthInterceptor, Authenticator, TokensFileError,
                                 load_tokens)
 from offcut.daemon.config import RPC_WORKERS, DaemonConfig, split_host_port
 from offcut.daemon.engine import Engine
+from offcut.daemon.event_loop import shared_loop
 from offcut.daemon.event_times import EventTimes
+from offcut.daemon.health import BoundedHealthServicer, HealthStatus
 from offcut.daemon.metrics import DaemonMetrics, MetricsEndpoint
 from offcut.daemon.migrations import UPGRADES
-from offcut.daemon.service import (DecodeGuardInterceptor, NodeEventsService, StatusService,
-                                   TasksService)
+from offcut.daemon.request_guard import (NODE_EVENT_METHODS, SMALL_REQUEST_BYTES,
+                                         RequestGuardInterceptor, request_limits,
+                                         transport_limit)
+from offcut.daemon.service import NodeEventsService, StatusService, TasksService
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.store import Store
-from offcut.daemon.streams import BoundedHealthServicer, StreamSlots
+from offcut.daemon.streams import StreamSlots
+from offcut.daemon.workers import NODE_EVENT_WORKERS, ReservedLaneInterceptor, RpcWorkers
 from offcut.daemon.zeus.registry import ZeusRegistry
 from offcut.daemon.zeus.service import BatchSizeOptimizerService, PowerLimitOptimizerService
 from offcut.v1 import (nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
@@ -129,49 +140,68 @@ class OffcutServer:
         self.metrics_endpoint: MetricsEndpoint | None = None
         #: TCP port of the /metrics endpoint once started (None without ``metrics_listen``)
         self.metrics_port: int | None = None
-        limit = config.max_message_mb * 1024 * 1024
-        self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=RPC_WORKERS, thread_name_prefix="offcut-rpc"),
-            # metrics outermost, so that refused calls are counted with their code
+        #: request size limit [bytes] per method with one of its own (others: 1 MiB)
+        self.request_limits = request_limits(config)
+        self.streams = StreamSlots(config.max_streams, config.max_streams_per_caller)
+        self.workers = RpcWorkers(RPC_WORKERS, NODE_EVENT_WORKERS)
+        self._loop = shared_loop()
+        self._stopped = False
+        self.socket_path: Path | None = None
+        try:
+            self._loop.run(self._build(credentials))
+        except RuntimeError as exc:
+            self.engine.close()
+            self.zeus_store.close()
+            self.workers.shutdown(wait=False)
+            raise RuntimeError(f"cannot listen on {config.listen}: {exc}") from exc
+        if self.socket_path is not None and self.socket_path.exists():
+            os.chmod(self.socket_path, 0o600)  # only the service user may connect
+
+    async def _build(self, credentials: grpc.ServerCredentials | None) -> None:
+        """The gRPC server with its services, bound to ``config.listen`` (on the event loop,
+        which ``grpc.aio`` requires). Raises RuntimeError when the address cannot be bound."""
+        config = self.config
+        limit = transport_limit(config)
+        self.server = grpc.aio.server(
+            migration_thread_pool=self.workers,  # runs the plain (unary) handlers
+            # metrics outermost, so that refused calls are counted with their code; the guard
+            # (sizes, undecodable requests) and the node events' reserved threads last
             interceptors=[self.metrics.interceptor, AuthInterceptor(self.auth),
-                          DecodeGuardInterceptor()],  # undecodable requests: INVALID_ARGUMENT
+                          RequestGuardInterceptor(self.request_limits),
+                          ReservedLaneInterceptor(NODE_EVENT_METHODS)],
             options=[("grpc.max_receive_message_length", limit),
-                     ("grpc.max_send_message_length", limit)])
+                     ("grpc.max_send_message_length", config.max_message_mb * 1024 * 1024)])
         times = EventTimes(config.clock, auth_enabled=self.auth.enabled)
         nodes_pb2_grpc.add_NodeEventsServicer_to_server(
             NodeEventsService(self.engine, self.auth, times), self.server)
-        # streams stay below the workers, so unary calls (node events) always find one
-        self.streams = StreamSlots(config.max_streams, config.max_streams_per_caller)
-        tasks_pb2_grpc.add_TasksServicer_to_server(
-            TasksService(self.engine, self.auth, self.streams, times, self.zeus), self.server)
+        self.tasks_service = TasksService(self.engine, self.auth, self.streams, times, self.zeus)
+        tasks_pb2_grpc.add_TasksServicer_to_server(self.tasks_service, self.server)
         status_pb2_grpc.add_StatusServicer_to_server(StatusService(self.engine, self.auth, times),
                                                      self.server)
         zeus_pb2_grpc.add_BatchSizeOptimizerServicer_to_server(
             BatchSizeOptimizerService(self.zeus, self.auth), self.server)
         zeus_pb2_grpc.add_PowerLimitOptimizerServicer_to_server(
             PowerLimitOptimizerService(self.zeus, self.auth), self.server)
-        self.health = BoundedHealthServicer(self.streams)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        health_servicer = BoundedHealthServicer(self.streams)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self.server)
+        #: set a service's health status from any thread (``set``, ``enter_graceful_shutdown``)
+        self.health = HealthStatus(health_servicer, self._loop)
         reflection.enable_server_reflection(
             SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                              reflection.SERVICE_NAME), self.server)
-        self.socket_path: Path | None = None
         address = config.listen
-        try:
-            if address.startswith("unix:"):
-                self.socket_path = _prepare_unix_socket(address)
-                address = f"unix://{self.socket_path}"
-            if credentials is not None:
-                self.port = self.server.add_secure_port(address, credentials)
-            else:
-                self.port = self.server.add_insecure_port(address)
-        except RuntimeError as exc:
-            self.engine.close()
-            self.zeus_store.close()
-            raise RuntimeError(f"cannot listen on {config.listen}: {exc}") from exc
+        if address.startswith("unix:"):
+            self.socket_path = _prepare_unix_socket(address)
+            address = f"unix://{self.socket_path}"
+        if credentials is not None:
+            self.port = self.server.add_secure_port(address, credentials)
+        else:
+            self.port = self.server.add_insecure_port(address)
         self.address = address
-        if self.socket_path is not None and self.socket_path.exists():
-            os.chmod(self.socket_path, 0o600)  # only the service user may connect
+
+    def request_limit(self, method: str) -> int:
+        """The request size limit [bytes] of the full method name ``method``."""
+        return self.request_limits.get(method, SMALL_REQUEST_BYTES)
 
     def _solver_tripped(self, backend: str, tripped: bool, reason: str) -> None:
         """The allocator's circuit breaker of ``backend`` tripped or closed: say so in the log
@@ -205,7 +235,7 @@ class OffcutServer:
                                    f"{self.config.metrics_listen}: {exc.strerror or exc}") from exc
             self.metrics_port = self.metrics_endpoint.port
             log.info("Prometheus metrics on %s", self.metrics_endpoint.url)
-        self.server.start()
+        self._loop.run(self.server.start())
         if self.socket_path is not None:
             os.chmod(self.socket_path, 0o600)  # only the service user may connect
         for name in SERVICE_NAMES + ("", SOLVER_HEALTH):
@@ -217,9 +247,14 @@ class OffcutServer:
                  self.config.solver, self.config.state, self.config.clock)
 
     def stop(self, grace_s: float = 2.0) -> None:
-        """Stop accepting calls, finish in-flight ones, snapshot and close the state file."""
-        self.health.enter_graceful_shutdown()
-        self.server.stop(grace_s).wait()
+        """Stop accepting calls, end the open ``WatchPlacements`` streams (status OK), give
+        in-flight calls up to ``grace_s`` [s] to finish (then cancel them), snapshot and close
+        the state file. A second call does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._loop.run(self._stop(grace_s))
+        self.workers.shutdown(wait=False)
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.stop()
             self.metrics_endpoint = None
@@ -228,6 +263,12 @@ class OffcutServer:
         if self.socket_path is not None and self.socket_path.exists():
             self.socket_path.unlink()
 
+    async def _stop(self, grace_s: float) -> None:
+        """:meth:`stop`'s part on the event loop."""
+        await self.health.servicer.enter_graceful_shutdown()
+        self.tasks_service.end_watches()
+        await self.server.stop(grace_s)
+
     def wait(self) -> None:
         """Block until the server terminates."""
-        self.server.wait_for_termination()
+        self._loop.run(self.server.wait_for_termination())

@@ -3,16 +3,25 @@
 Requests become events (:mod:`offcut.daemon.protocol`) before the engine is called, and the
 engine's replies (copies in :mod:`offcut.daemon.replies` types) become messages after it
 returned, so no conversion runs under the engine's lock. Application errors become gRPC
-statuses here. No decisions are made here."""
+statuses here. No decisions are made here.
+
+The server is ``grpc.aio``'s (:mod:`offcut.daemon.server`): the unary handlers are plain
+functions, run on worker threads (:mod:`offcut.daemon.workers`; :func:`_rpc`); the server
+streams are coroutines on the event loop that write with ``context.write`` and hold no thread
+while they wait (:func:`_rpc_stream`); a blocking step of theirs goes to the loop's executor."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
+import itertools
 import logging
+import threading
 
 import grpc
+from grpc.aio import AbortError
 
 from offcut.errors import InvalidArgument, NotFound, OffcutError, PermissionDenied
 from offcut.daemon.auth import LOCAL_ADMIN, USER, Authenticator, Principal
@@ -20,7 +29,7 @@ from offcut.daemon import protocol
 from offcut.daemon.engine import Engine, clock_now
 from offcut.daemon.event_times import EventTimes
 from offcut.daemon.replies import Reply
-from offcut.daemon.streams import StreamSlots
+from offcut.daemon.streams import PlacementFeed, StreamSlots
 from offcut.daemon.zeus.registry import ZeusRegistry
 from offcut.v1 import (decision_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
                        tasks_pb2_grpc)
@@ -28,7 +37,7 @@ from offcut.v1 import (decision_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc
 log = logging.getLogger("offcut.daemon")
 
 #: open streams without a configured bound (tests that build servicers directly)
-DEFAULT_MAX_STREAMS = 16
+DEFAULT_MAX_STREAMS = 4096
 
 #: longest status message sent, characters: messages quote request values, and gRPC clients
 #: refuse trailing metadata over 8 KiB (the caller would see RESOURCE_EXHAUSTED instead)
@@ -46,9 +55,12 @@ def status_message(exc: OffcutError) -> str:
 @contextlib.contextmanager
 def _abort_on_error(name: str, context):
     """Turn an :class:`OffcutError` into its gRPC status; anything else is INTERNAL and
-    logged (a bug: keep serving, say so without leaking internals)."""
+    logged (a bug: keep serving, say so without leaking internals). ``context`` is a plain
+    handler's (its ``abort`` raises at once); a call already aborted stays so."""
     try:
         yield
+    except AbortError:
+        raise
     except OffcutError as exc:
         context.abort(grpc.StatusCode[exc.status], status_message(exc))
     except Exception:
@@ -57,7 +69,8 @@ def _abort_on_error(name: str, context):
 
 
 def _rpc(method):
-    """Map :class:`OffcutError` to its gRPC status; anything else is INTERNAL and logged."""
+    """A unary handler (a plain function, run on a worker thread): :class:`OffcutError` ->
+    its gRPC status; anything else is INTERNAL and logged."""
 
     @functools.wraps(method)
     def wrapper(self, request, context):
@@ -68,86 +81,26 @@ def _rpc(method):
 
 
 def _rpc_stream(method):
-    """:func:`_rpc` for server-streaming methods (generators): an error while producing the
-    stream ends it with the matching status; entries already sent stay sent."""
+    """A server-streaming handler: a coroutine on the event loop that sends with
+    ``await context.write(message)``. An error while producing the stream ends it with the
+    matching status (:func:`_rpc`'s mapping); entries already sent stay sent. A cancelled
+    call raises ``asyncio.CancelledError`` where the coroutine waits, so its ``finally``
+    blocks run at once."""
 
     @functools.wraps(method)
-    def wrapper(self, request, context):
-        with _abort_on_error(method.__name__, context):
-            yield from method(self, request, context)
+    async def wrapper(self, request, context):
+        try:
+            await method(self, request, context)
+        except AbortError:
+            raise
+        except OffcutError as exc:
+            await context.abort(grpc.StatusCode[exc.status], status_message(exc))
+        except Exception:
+            log.exception("%s failed", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"{method.__name__} failed; see the daemon log")
 
     return wrapper
-
-
-class _Undecodable:
-    """A request whose bytes are not a valid message of the method's type."""
-
-    def __init__(self, type_name: str, error: Exception):
-        self.type_name = type_name
-        self.error = error
-
-    def abort(self, context):
-        """Answer INVALID_ARGUMENT naming the request."""
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                      f"request: not a valid {self.type_name} message "
-                      f"({str(self.error)[:200] or type(self.error).__name__})")
-
-
-class DecodeGuardInterceptor(grpc.ServerInterceptor):
-    """Answers requests that cannot be parsed (truncated or invalid bytes, invalid UTF-8 in a
-    string field) with INVALID_ARGUMENT naming the request type, where gRPC Python would answer
-    INTERNAL ("Exception deserializing request!"). Goes last among the interceptors, so the
-    others (metrics, authentication) see and count such calls like any other."""
-
-    def __init__(self) -> None:
-        #: method -> (its handler, that handler guarded): gRPC hands out the same handler
-        #: object for a registered method on every call, so each is wrapped once, not per call
-        #: (interceptors run on the server's serving thread, before a worker takes the call)
-        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-
-    def intercept_service(self, continuation, handler_call_details):
-        """The method's handler with its request deserializer and behaviour wrapped (unary
-        requests; client-streaming handlers, none in offcut.v1, pass unchanged)."""
-        handler = continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None or handler.request_streaming:
-            return handler
-        method = handler_call_details.method
-        cached = self._guarded.get(method)
-        if cached is None or cached[0] is not handler:
-            cached = self._guarded[method] = (handler, _guarded(handler, method))
-        return cached[1]
-
-
-def _guarded(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    """``handler`` (unary request) whose undecodable requests are answered INVALID_ARGUMENT."""
-    decode = handler.request_deserializer
-    owner = getattr(decode, "__self__", None)
-    type_name = getattr(getattr(owner, "DESCRIPTOR", None), "full_name", method)
-
-    def safe_decode(data: bytes):
-        try:
-            return decode(data)
-        except Exception as exc:  # DecodeError, or a deserializer's own failure
-            return _Undecodable(type_name, exc)
-
-    def unary(behavior):
-        def wrapper(request, context):
-            if isinstance(request, _Undecodable):
-                request.abort(context)
-            return behavior(request, context)
-        return wrapper
-
-    def stream(behavior):
-        def wrapper(request, context):
-            if isinstance(request, _Undecodable):
-                request.abort(context)
-            yield from behavior(request, context)
-        return wrapper
-
-    kw = dict(request_deserializer=safe_decode, response_serializer=handler.response_serializer)
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kw)
-    return grpc.unary_stream_rpc_method_handler(stream(handler.unary_stream), **kw)
 
 
 #: journal kinds whose stored reply answers about one task (shown as the entry's ``task``)
@@ -163,6 +116,38 @@ def history_entry(row_id: int, kind: str, stored: bytes) -> status_pb2.HistoryEn
     if kind in _ONE_TASK_KINDS and reply.tasks:
         entry.task.CopyFrom(protocol.task_to_pb(reply.tasks[0]))
     return entry
+
+
+#: journal rows read and converted per step of ``ExportHistory`` (on the loop's executor)
+HISTORY_BATCH = 256
+
+
+class _HistoryBatches:
+    """The journal rows of an export, read and converted in batches on the loop's executor
+    threads (a lock keeps a batch and the closing from overlapping: a cancelled export
+    closes its reader while a batch may still run)."""
+
+    def __init__(self, rows):
+        self._rows = rows
+        self._lock = threading.Lock()
+
+    def next(self, n: int) -> tuple[list[status_pb2.HistoryEntry], Exception | None]:
+        """Up to ``n`` more entries (none: the export is complete), and the error that
+        stopped the batch early (a row that cannot be read or converted), to be raised after
+        the entries before it were sent."""
+        entries: list[status_pb2.HistoryEntry] = []
+        with self._lock:
+            try:
+                for row_id, kind, stored in itertools.islice(self._rows, n):
+                    entries.append(history_entry(row_id, kind, stored))
+            except Exception as exc:  # noqa: BLE001 - raised by the stream after the entries
+                return entries, exc
+        return entries, None
+
+    def close(self) -> None:
+        """Close the reader (its read-only connection)."""
+        with self._lock:
+            self._rows.close()
 
 
 class NodeEventsService(nodes_pb2_grpc.NodeEventsServicer):
@@ -339,25 +324,54 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
             tasks=[protocol.task_to_pb(t) for t in reply.tasks])
 
     @_rpc_stream
-    def WatchPlacements(self, request, context):
+    async def WatchPlacements(self, request, context):
         """Stream placement updates (retained ones after ``after_revision`` first); a user sees
         changes of their own tasks only. RESOURCE_EXHAUSTED when the caller, or the daemon,
-        has as many streams open as allowed (``max_streams_per_caller``, ``max_streams``)."""
+        has as many streams open as allowed (``max_streams_per_caller``, ``max_streams``).
+        Runs on the event loop: it waits on its :class:`PlacementFeed` subscription (no
+        thread, no polling; woken only by updates it may see); the engine's lock, which a
+        solve may hold, is taken on the loop's executor only."""
         who = self.auth.of(context)
-        if request.task_id and not (self.engine.owner_of(request.task_id) is not None
-                                    and _visible(self.engine, who, request.task_id)):
-            raise NotFound(f"no task {request.task_id!r}", "task_id")
-        context.add_callback(self.engine.wake)  # a cancelled stream frees its slot at once
+        if request.task_id:
+            owner = await asyncio.to_thread(self.engine.owner_of, request.task_id)
+            if owner is None or not (who.sees_all_tasks or owner == who.user):
+                raise NotFound(f"no task {request.task_id!r}", "task_id")
         caller = who.user if self.auth.enabled else None  # without tokens: one caller, all
-        with self.streams.hold(caller, "WatchPlacements"):
-            for update in self.engine.watch(request.after_revision, request.task_id,
-                                            context.is_active):
-                if not who.sees_all_tasks:
-                    mine = [p for p in update.placements if _visible(self.engine, who, p.task_id)]
-                    if not mine:
-                        continue
-                    update = dataclasses.replace(update, placements=mine)
-                yield protocol.update_to_pb(update)
+        feed = self.placement_feed()
+        key = self.streams.acquire(caller, "WatchPlacements")
+        sub = feed.subscribe(None if who.sees_all_tasks else who.user, request.task_id)
+        try:
+            last = request.after_revision
+            while not (feed.closed or self.engine.closed):
+                sub.event.clear()  # before reading: no update slips in between
+                for update in self.engine.updates_after(last, request.task_id):
+                    last = update.revision
+                    if not who.sees_all_tasks:
+                        mine = [p for p in update.placements
+                                if update.owners.get(p.task_id) == who.user]
+                        if not mine:
+                            continue
+                        update = dataclasses.replace(update, placements=mine)
+                    await context.write(protocol.update_to_pb(update))
+                await sub.event.wait()
+        finally:  # also when cancelled (the client went away): the slot comes back at once
+            feed.unsubscribe(sub)
+            self.streams.release(key)
+
+    def placement_feed(self) -> PlacementFeed:
+        """The engine's placement updates as news on the running event loop (made at the
+        first watch)."""
+        feed = getattr(self, "_feed", None)
+        if feed is None:
+            feed = self._feed = PlacementFeed(self.engine, asyncio.get_running_loop())
+        return feed
+
+    def end_watches(self) -> None:
+        """End every open ``WatchPlacements`` (status OK; on the event loop): the daemon
+        stops."""
+        feed = getattr(self, "_feed", None)
+        if feed is not None:
+            feed.close()
 
 
 class StatusService(status_pb2_grpc.StatusServicer):
@@ -385,17 +399,25 @@ class StatusService(status_pb2_grpc.StatusServicer):
         return reply
 
     @_rpc_stream
-    def ExportHistory(self, request: status_pb2.ExportHistoryRequest, context):
+    async def ExportHistory(self, request: status_pb2.ExportHistoryRequest, context):
         """Stream the journal after ``after_revision`` (at most ``limit`` entries, 0 = all),
         oldest first, up to the revision current when the call began. Journal row ids equal
         revisions (``Store.journal``), so this pages by row id; rows are read in chunks on a
-        read-only connection, without the engine's lock."""
+        read-only connection, without the engine's lock, and converted in batches of
+        :data:`HISTORY_BATCH` on the event loop's executor (never on the loop, never on a
+        worker of the unary calls)."""
         after = min(request.after_revision, 2**63 - 1)  # SQLite integers are signed 64-bit
-        rows = self.engine.store.journal(after_id=after, limit=request.limit or None)
+        loop = asyncio.get_running_loop()
+        batches = _HistoryBatches(self.engine.store.journal(after_id=after,
+                                                            limit=request.limit or None))
         try:
-            for row_id, kind, stored in rows:
-                if not context.is_active():
+            while True:
+                entries, error = await loop.run_in_executor(None, batches.next, HISTORY_BATCH)
+                for entry in entries:
+                    await context.write(entry)
+                if error is not None:
+                    raise error
+                if not entries:
                     return
-                yield history_entry(row_id, kind, stored)
-        finally:
-            rows.close()
+        finally:  # (a batch may still run when cancelled: the closing waits for it there)
+            loop.run_in_executor(None, batches.close)

@@ -305,29 +305,46 @@ def raw_call(client: Client, name: str):
 
 def refused_by_interceptor(method: str, role: str) -> bool:
     """Whether :class:`AuthInterceptor` answers a call of a registered ``method`` by a
-    ``role`` token with PERMISSION_DENIED (the handler never runs)."""
+    ``role`` token with PERMISSION_DENIED (the handler never runs, and the request is never
+    read: the refusal takes the request as a stream it does not consume)."""
+    import asyncio
+
     import grpc
 
     from offcut.daemon.auth import AuthInterceptor, Authenticator, Principal, token_digest
 
-    ran = []
+    ran, read = [], []
     handler = grpc.unary_unary_rpc_method_handler(lambda request, context: ran.append(1))
     details = type("Details", (), {"method": method,
                                    "invocation_metadata": (("authorization", "Bearer t"),)})()
     auth = Authenticator({token_digest("t"): Principal("someone", role)})
-    chosen = AuthInterceptor(auth).intercept_service(lambda _: handler, details)
 
-    class Context:
-        def abort(self, code, message):
+    async def continuation(_):
+        return handler
+
+    class Context:  # the asyncio servicer context: abort is a coroutine and raises
+        async def abort(self, code, message):
             self.code = code
             raise RuntimeError(message)
 
-    context = Context()
-    try:
-        chosen.unary_unary(b"", context)
-    except RuntimeError:
-        pass
-    return getattr(context, "code", None) == grpc.StatusCode.PERMISSION_DENIED and not ran
+    async def requests():
+        read.append(1)
+        yield b""
+
+    async def call():
+        chosen = await AuthInterceptor(auth).intercept_service(continuation, details)
+        context = Context()
+        try:
+            if chosen.request_streaming:
+                await chosen.stream_unary(requests(), context)
+            else:
+                chosen.unary_unary(b"", context)
+        except RuntimeError:
+            pass
+        return getattr(context, "code", None)
+
+    code = asyncio.run(call())
+    return code == grpc.StatusCode.PERMISSION_DENIED and not ran and not read
 
 
 def test_every_offcut_v1_method_is_classified():

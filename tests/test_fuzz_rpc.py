@@ -5,8 +5,8 @@ and malformed node names, long lists, out-of-order sequence numbers and times, u
 mixed with valid requests so that the state really changes.
 
 For every call: the status is OK or a clean one (INVALID_ARGUMENT, NOT_FOUND,
-FAILED_PRECONDITION, ALREADY_EXISTS; RESOURCE_EXHAUSTED only for a message over the size
-limit), never INTERNAL or UNKNOWN; a refusal's message starts with the request field it is
+FAILED_PRECONDITION, ALREADY_EXISTS; RESOURCE_EXHAUSTED only for a message over its
+method's size limit), never INTERNAL or UNKNOWN; a refusal's message starts with the request field it is
 about (``spec.max_nodes: ...``, ``request: ...`` for bytes that do not parse); a refused call
 leaves the persisted state unchanged (``status_key``, the journal, the Zeus tables of the
 state file); and the daemon still answers a health check after each example.
@@ -236,7 +236,7 @@ def checked_call(target: Target, rpc: str, request, *, watch_timeout_s: float = 
     code, details, out = target.call(rpc, payload, timeout)
     _note(f"{rpc} -> {code.name}")
     shown = f"{rpc}({_describe(request)}) -> {code.name}: {details[:300]!r}"
-    oversize = len(payload) > target.config.max_message_mb * MIB
+    oversize = len(payload) > target.server.request_limit(method)
     if code == grpc.StatusCode.OK:
         assert not oversize, shown
     elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:

@@ -4,6 +4,7 @@ is only opened when configured; configuration and bind errors are clear."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import urllib.request
@@ -123,17 +124,27 @@ def test_rpc_requests_by_method_and_code(metered):
                  code="OK") >= 1  # wait_ready
 
 
-class _Context:
-    """The two ServicerContext calls the interceptor uses."""
+class _SyncContext:
+    """The calls a plain (worker-thread) handler makes on its context here."""
 
-    def __init__(self, code=None, active=True):
-        self._code, self._active = code, active
+    def __init__(self):
+        self.code = None
+
+    def set_code(self, code):
+        self.code = code
+
+
+class _AsyncContext:
+    """The asyncio servicer context's calls the interceptor and a streaming handler use."""
+
+    def __init__(self):
+        self.written = asyncio.Event()
 
     def code(self):
-        return self._code
+        return None
 
-    def is_active(self):
-        return self._active
+    async def write(self, message):
+        self.written.set()
 
 
 def test_interceptor_codes_for_crashes_and_cancelled_streams():
@@ -143,18 +154,33 @@ def test_interceptor_codes_for_crashes_and_cancelled_streams():
     def crash(request, context):
         raise ValueError("bug")
 
-    def stream(request, context):
-        yield 1
-        yield 2
+    def crash_with_code(request, context):
+        context.set_code(grpc.StatusCode.INTERNAL)
+        raise ValueError("bug")
+
+    async def endless(request, context):  # a stream (coroutine, context.write) left open
+        await context.write(1)
+        await asyncio.Event().wait()
+
+    async def short(request, context):
+        await context.write(1)
+        await context.write(2)
 
     with pytest.raises(ValueError):
-        icpt._unary_response("/x/Crash", crash)(None, _Context())
-    gen = icpt._stream_response("/x/Stream", stream)(None, _Context(active=False))
-    next(gen)
-    gen.close()  # what gRPC does when the client goes away mid-stream
-    assert list(icpt._stream_response("/x/Stream", stream)(None, _Context())) == [1, 2]
+        icpt._sync("/x/Crash", crash)(None, _SyncContext())
     with pytest.raises(ValueError):
-        icpt._unary_response("/x/Crash", crash)(None, _Context(grpc.StatusCode.INTERNAL))
+        icpt._sync("/x/Crash", crash_with_code)(None, _SyncContext())
+
+    async def streams():
+        context = _AsyncContext()
+        call = asyncio.ensure_future(icpt._coroutine("/x/Stream", endless)(None, context))
+        await context.written.wait()
+        call.cancel()  # what grpc.aio does when the client goes away mid-stream
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await icpt._coroutine("/x/Stream", short)(None, _AsyncContext())
+
+    asyncio.run(streams())
 
     def count(method, code):
         return registry.get_sample_value("offcut_rpc_requests_total",
