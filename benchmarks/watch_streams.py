@@ -268,21 +268,28 @@ def print_figures(f: dict[str, Any], limit_ms: float) -> None:
     print(f"  {verdict}: p99 with streams {w['p99_ms']:.1f} ms (limit {limit_ms:.0f} ms)")
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter,
+                     argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and each option's default."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line (``--help``); exit code 1 on a failure or a p99 over the limit."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 formatter_class=_HelpFormatter)
     ap.add_argument("--users", type=int, default=100, help="ordinary users, one task each")
     ap.add_argument("--streams-per-user", type=int, default=10,
-                    help="WatchPlacements streams per user (default 10: 1,000 in all)")
+                    help="WatchPlacements streams per user (x --users: 1,000 in all)")
     ap.add_argument("--events", type=int, default=300, help="measured node events per phase")
     ap.add_argument("--nodes", type=int, default=400, help="idle nodes at the start")
-    ap.add_argument("--durability", choices=("full", "normal"), default="full")
-    ap.add_argument("--p99-limit-ms", type=float, default=100.0)
+    ap.add_argument("--durability", choices=("full", "normal"), default="full",
+                    help="the daemon's durability (full: an fsync per event)")
+    ap.add_argument("--p99-limit-ms", type=float, default=100.0,
+                    help="the largest acceptable p99 [ms] of node events with streams")
     ap.add_argument("--open-timeout-s", type=float, default=120.0,
                     help="how long the streams may take to open")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the node events")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="offcut-streams-") as tmp:

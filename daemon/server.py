@@ -170,7 +170,13 @@ class OffcutServer:
                           RequestGuardInterceptor(self.request_limits),
                           ReservedLaneInterceptor(NODE_EVENT_METHODS)],
             options=[("grpc.max_receive_message_length", limit),
-                     ("grpc.max_send_message_length", config.max_message_mb * 1024 * 1024)])
+                     ("grpc.max_send_message_length", config.max_message_mb * 1024 * 1024),
+                     # calls the loop has not taken yet queue per method; past this many,
+                     # gRPC sheds them at random (1,000 by default): let a burst of stream
+                     # openings as large as max_streams (clients reconnecting) wait instead
+                     ("grpc.server.max_pending_requests", max(1000, config.max_streams)),
+                     ("grpc.server.max_pending_requests_hard_limit",
+                      2 * max(1000, config.max_streams))])
         times = EventTimes(config.clock, auth_enabled=self.auth.enabled)
         nodes_pb2_grpc.add_NodeEventsServicer_to_server(
             NodeEventsService(self.engine, self.auth, times), self.server)
