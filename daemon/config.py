@@ -105,9 +105,10 @@ class SlurmConfig(BaseModel):
         "seconds a generation being replaced (grow, shrink, restart) has, after the signal, to "
         "checkpoint and exit before its jobs are cancelled; the new generation starts after"))
     checkpoint_root: str = Field("offcut-checkpoints", min_length=1, description=(
-        "folder of the tasks' checkpoints, one sub-folder per task (OFFCUT_CHECKPOINT_DIR); "
-        "must be on storage every node sees; a relative path is taken from workdir (else the "
-        "launcher's folder)"))
+        "folder of the tasks' checkpoints, one sub-folder per task (OFFCUT_CHECKPOINT_DIR), "
+        "made by the task's job as its owner (mode 0700); must be on storage every node sees; "
+        "%u is the owner's user name; a relative path is taken from the jobs' working folder "
+        "(workdir, else the owner's home; with run_as_owner = false the launcher's folder)"))
     master_ports: str = Field("29400-29999", pattern=r"^[0-9]{1,5}-[0-9]{1,5}$", description=(
         "TCP ports of the generations' rendezvous (MASTER_PORT on the generation's first "
         "node), LOW-HIGH; each (task, generation) draws one"))
@@ -125,9 +126,20 @@ class SlurmConfig(BaseModel):
             "only, and the job inherits them), besides the OFFCUT_*, MASTER_*, RANK ... of "
             "docs/execution.md; an allow-list, so no secret of the launcher (OFFCUT_TOKEN, "
             "OFFCUT_TOKEN_FILE, credentials) reaches user code: those names are refused"))
-    output: str = Field("offcut-%x-%j.out", description="sbatch --output of the jobs (Slurm patterns)")
-    workdir: str | None = Field(None, examples=["/scratch/offcut"],
-                                description="sbatch --chdir of the jobs; unset = the launcher's")
+    output: str = Field("offcut-%x-%j.out", description=(
+        "sbatch --output of the jobs (Slurm patterns: %u user, %x job name, %j job id); "
+        "relative to the jobs' working folder; written by the job's owner (mode 0600)"))
+    workdir: str | None = Field(None, examples=["/scratch/%u/offcut"], description=(
+        "sbatch --chdir of the jobs (%u: the owner's user name), a folder the owner can "
+        "write; unset = the owner's home (with run_as_owner = false: the launcher's folder)"))
+    run_as_owner: bool = Field(True, description=(
+        "run each task's jobs as the task's owner (sbatch --uid/--gid; the launcher must be "
+        "root); a task whose owner has no local account, is root or a system account (uid < "
+        "min_uid) is not launched and fails with the reason. false: every task runs as the "
+        "launcher's own account (single-user sites and tests only)"))
+    min_uid: int = Field(1000, ge=0, le=2**32 - 2, description=(
+        "lowest uid a task may run as (login.defs UID_MIN): owners with a lower uid are "
+        "system accounts and their tasks are refused; root (uid 0) is always refused"))
 
     @field_validator("export_env")
     @classmethod

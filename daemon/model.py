@@ -219,8 +219,8 @@ class TaskRunEvent:
             words.append(f"on {self.node}")
         if self.job_id:
             words.append(f"(job {self.job_id})")
-        if self.state in ("failed", "interrupted") or self.exit_code:
-            words.append(f"exit code {self.exit_code}")
+        if self.exit_code or (self.job_id and self.state in ("failed", "interrupted")):
+            words.append(f"exit code {self.exit_code}")  # a run that never started has none
         if self.message:
             words.append(f"- {self.message}")
         return " ".join(words)

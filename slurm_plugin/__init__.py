@@ -12,6 +12,9 @@ something to send, grpc):
 * :mod:`~offcut.slurm_plugin.slurm_json`: pure parsing of Slurm's JSON and the idle rule.
 * :mod:`~offcut.slurm_plugin.slurm_cli`: ``sinfo``/``squeue``/``sbatch``/``scancel``/``scontrol``
   calls with timeouts and clear errors (shared with the launcher).
+* :mod:`~offcut.slurm_plugin.launcher`: the launcher (``offcut-slurm launch``).
+* :mod:`~offcut.slurm_plugin.owners`: whose account runs a task's jobs (its owner's:
+  ``sbatch --uid/--gid``) and which owners are refused.
 * :mod:`~offcut.slurm_plugin.nodelist`: hostlist expansion and the daemon's node-name rule.
 * :mod:`~offcut.slurm_plugin.rpc`: a light node-event sender (stubs + optional bearer token).
 * :mod:`~offcut.slurm_plugin.cli`: the ``offcut-slurm`` command.

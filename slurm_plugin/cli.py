@@ -219,7 +219,9 @@ def launch(
     """Make the daemon's placements real: one Slurm job per (task, node) in the preemptible
     partition; shrinking cancels jobs, growing submits more; ended jobs are reported to the
     daemon (finished completes the task, failed fails it). A restarted launcher adopts the
-    running jobs and submits nothing twice.
+    running jobs and submits nothing twice. Each task's jobs run as the task's owner (sbatch
+    --uid/--gid, so run the launcher as root); a task whose owner has no local account, is
+    root or a system account is not launched and fails with the reason (docs/security.md).
 
     \b
     Examples:

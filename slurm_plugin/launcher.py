@@ -10,6 +10,14 @@ folder, stop signal, daemon address, Zeus job) and torch.distributed's ``MASTER_
 ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` (one process
 per node; a torchrun template makes one per GPU).
 
+Each task's jobs run as the task's owner (``sbatch --uid=UID --gid=GID`` from a root launcher:
+:mod:`offcut.slurm_plugin.owners`), with the owner's ``HOME``/``USER``/``LOGNAME``, in
+``[slurm] workdir`` or else the owner's home folder, under umask 0077 (``SLURM_UMASK``); the job
+itself, as the owner, creates the task's checkpoint folder. A task whose owner cannot run it
+(no local account, root, a system or service account, or not the account of an unprivileged
+launcher) is not launched: the launcher reports it failed, without a generation, which fails
+the task at once with the reason (docs/security.md).
+
 The launcher is a level-triggered reconciler, so a restart, a missed update or a failed
 Slurm call repairs itself on the next pass:
 
@@ -23,6 +31,8 @@ Slurm call repairs itself on the next pass:
   held the nodes and the checkpoint) and none of its nodes is *held*: a node whose job
   Slurm preempted waits until the daemon's placement has dropped it (the prolog or the
   watcher tells the daemon), so there is no tug of war with the job that preempted it;
+* a task that cannot run as its owner is reported ``failed`` once, with the reason (the
+  daemon fails it) and nothing is submitted for it;
 * every job that started or ended is reported once to the daemon (``Tasks.ReportTaskRun``
   with its generation, idempotent by request id ``JOBID:STATE`` across restarts): exit 0 ->
   ``finished`` (the task's work is done); exit 75, or ended after this launcher's stop signal
@@ -59,6 +69,8 @@ import hostlist
 
 from offcut.daemon.config import SlurmConfig
 from offcut.errors import FailedPrecondition, NotFound, OffcutError
+from offcut.slurm_plugin.owners import (JOB_UMASK, Account, OwnerAccounts, OwnerRefused,
+                                        RunAsPolicy, user_name)
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.slurm_plugin.slurm_json import (FINISHED_JOB_STATES, JobInfo, SlurmError,
                                             parse_jobs, parse_nodes)
@@ -118,12 +130,29 @@ def master_port(cfg: SlurmConfig, task_id: str, generation: int) -> int:
     return low + zlib.crc32(f"{task_id}.{generation}".encode()) % (high - low + 1)
 
 
-def checkpoint_dir(cfg: SlurmConfig, task_id: str) -> Path:
-    """The task's checkpoint folder: ``checkpoint_root/TASK_ID``, a relative root taken from
-    ``workdir`` (else the launcher's folder)."""
-    root = Path(cfg.checkpoint_root)
+def expand_user(path: str, account: Account | None) -> str:
+    """``path`` with ``%u`` (Slurm's filename pattern for the user name, as in ``--output``)
+    replaced by the name of the user the jobs run as: ``account``'s, else the launcher's."""
+    if "%u" not in path:
+        return path
+    return path.replace("%u", account.name if account else user_name(os.getuid()))
+
+
+def job_workdir(cfg: SlurmConfig, account: Account | None = None) -> str | None:
+    """The jobs' working folder (``sbatch --chdir``): ``workdir`` (``%u`` expanded), else the
+    home folder of the owner the jobs run as, else None (the launcher's folder)."""
+    if cfg.workdir:
+        return expand_user(cfg.workdir, account)
+    return account.home if account else None
+
+
+def checkpoint_dir(cfg: SlurmConfig, task_id: str, account: Account | None = None) -> Path:
+    """The task's checkpoint folder: ``checkpoint_root/TASK_ID`` (``%u`` expanded), a relative
+    root taken from the jobs' working folder (:func:`job_workdir`: ``workdir``, else the
+    owner's home when the jobs run as ``account``, else the launcher's folder)."""
+    root = Path(expand_user(cfg.checkpoint_root, account))
     if not root.is_absolute():
-        root = Path(cfg.workdir or os.getcwd()) / root
+        root = Path(job_workdir(cfg, account) or os.getcwd()) / root
     return root / task_id
 
 
@@ -138,6 +167,7 @@ class Generation:
     command: tuple[str, ...]
     zeus_job_id: str = ""
     submit_time: float = 0.0  # the task's [s since epoch]
+    owner: str = ""           # the task's owner (a user name), whose account runs its jobs
 
 
 def _older_than_task(job: JobInfo, gen: Generation | None) -> bool:
@@ -148,10 +178,13 @@ def _older_than_task(job: JobInfo, gen: Generation | None) -> bool:
 
 
 def batch_script(cfg: SlurmConfig, gen: Generation, node: str, *, address: str,
-                 master_addr: str) -> str:
+                 master_addr: str, account: Account | None = None) -> str:
     """The batch script of ``gen``'s job on ``node``: the environment of docs/execution.md,
     then ``exec`` of ``cfg.command_template`` (placeholders filled; ``{command}`` is the
-    task's argv, shell-quoted).
+    task's argv, shell-quoted). With ``account`` (the jobs run as the task's owner) the script
+    first creates the task's checkpoint folder as the owner (mode 0700) and exits 1, with a
+    message, when that fails or the folder is a link or not the owner's (another user's
+    folder planted in a shared root).
 
     Raises:
         ValueError: the task has no command and the template needs one.
@@ -161,7 +194,7 @@ def batch_script(cfg: SlurmConfig, gen: Generation, node: str, *, address: str,
     rank, world = gen.nodes.index(node), len(gen.nodes)
     nodelist = hostlist.collect_hostlist(list(gen.nodes))
     port = master_port(cfg, gen.task_id, gen.generation)
-    ckpt = str(checkpoint_dir(cfg, gen.task_id))
+    ckpt = str(checkpoint_dir(cfg, gen.task_id, account))
     line = cfg.command_template.format(
         command=shlex.join(gen.command), task_id=gen.task_id,
         task_name=shlex.quote(gen.task_name), node=node, rank=rank, nodes=nodelist,
@@ -177,28 +210,48 @@ def batch_script(cfg: SlurmConfig, gen: Generation, node: str, *, address: str,
     if gen.zeus_job_id:
         env["OFFCUT_ZEUS_JOB_ID"] = gen.zeus_job_id
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
-    return (f"#!/bin/bash\n# Offcut task {gen.task_id}, generation {gen.generation}, on {node} "
-            f"(rank {rank} of {world})\n{exports}\nexec {line}\n")
+    head = (f"#!/bin/bash\n# Offcut task {gen.task_id}, generation {gen.generation}, on {node} "
+            f"(rank {rank} of {world})")
+    if account is None:  # the launcher made the folder (its own account runs the jobs)
+        return f"{head}\n{exports}\nexec {line}\n"
+    make = ('mkdir -p -m 0700 -- "$OFFCUT_CHECKPOINT_DIR" && [ ! -L "$OFFCUT_CHECKPOINT_DIR" ] '
+            '&& [ -O "$OFFCUT_CHECKPOINT_DIR" ] || { echo "offcut: cannot use the checkpoint '
+            'folder $OFFCUT_CHECKPOINT_DIR (not created, a link, or not $(id -un)\'s)" >&2; '
+            'exit 1; }')
+    return f"{head}, as {account.name}\n{exports}\n{make}\nexec {line}\n"
 
 
-def job_environment(cfg: SlurmConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def job_environment(cfg: SlurmConfig, environ: Mapping[str, str] | None = None,
+                    account: Account | None = None) -> dict[str, str]:
     """The environment ``sbatch`` runs in, which a task's job inherits (Slurm's default
     ``--export=ALL``): the launcher's variables named in ``[slurm] export_env`` only, so no
     secret of the launcher (``OFFCUT_TOKEN``, ``OFFCUT_TOKEN_FILE``, credentials) reaches user
-    code. The job's own variables (docs/execution.md) are set by its batch script."""
+    code; with ``account`` (the jobs run as the task's owner) the owner's ``HOME``, ``USER``
+    and ``LOGNAME`` instead of the launcher's; and ``SLURM_UMASK`` = :data:`JOB_UMASK`, so the
+    job's output file and what it creates are its owner's only. The job's own variables
+    (docs/execution.md) are set by its batch script."""
     environ = os.environ if environ is None else environ
-    return {k: environ[k] for k in cfg.export_env if k in environ}
+    env = {k: environ[k] for k in cfg.export_env if k in environ}
+    env["SLURM_UMASK"] = JOB_UMASK
+    if account is not None:
+        env.update(account.environment())
+    return env
 
 
-def sbatch_options(cfg: SlurmConfig, name: str, node: str) -> list[str]:
-    """The sbatch options of one per-node job."""
+def sbatch_options(cfg: SlurmConfig, name: str, node: str,
+                   account: Account | None = None) -> list[str]:
+    """The sbatch options of one per-node job; with ``account``, the job runs as that user
+    (``--uid``/``--gid`` last, after ``sbatch_args``, from a root launcher) in
+    :func:`job_workdir`."""
     opts = ["-p", cfg.partition, "-w", node, "-N", "1", "--exclusive", "-J", name, "--no-requeue",
             f"--signal=B:{cfg.signal}@{cfg.signal_lead_s}", "-o", cfg.output]
     if cfg.account:
         opts.append(f"--account={cfg.account}")
-    if cfg.workdir:
-        opts.append(f"--chdir={cfg.workdir}")
-    return opts + list(cfg.sbatch_args)
+    workdir = job_workdir(cfg, account)
+    if workdir:
+        opts.append(f"--chdir={workdir}")
+    opts += list(cfg.sbatch_args)
+    return opts + (account.sbatch_options() if account is not None else [])
 
 
 def run_state(job: JobInfo, *, cancelled_by_us: bool = False,
@@ -237,6 +290,7 @@ class PassResult:
     adopted: int = 0
     held: list[tuple[str, str]] = field(default_factory=list)             # preempted, waiting
     waiting: list[str] = field(default_factory=list)  # tasks whose new generation waits
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (task, why): not launched
 
     @property
     def busy(self) -> bool:
@@ -253,16 +307,21 @@ class Launcher:
         cli: Slurm commands.
         clock: wall clock [s] for run reports (injectable for tests).
         monotonic: clock [s] of the rescale grace periods (injectable for tests).
+        accounts: whose account runs each task's jobs (default: the task's owner, by the
+            ``run_as_owner`` / ``min_uid`` policy of ``cfg``, :meth:`RunAsPolicy.of`).
     """
 
     def __init__(self, client, cfg: SlurmConfig, cli: SlurmCLI,
                  clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic,
+                 accounts: OwnerAccounts | None = None):
         self.client = client
         self.cfg = cfg
         self.cli = cli
         self.clock = clock
         self.monotonic = monotonic
+        self.accounts = accounts or OwnerAccounts(RunAsPolicy.of(cfg))
+        self.refused: set[str] = set()          # tasks reported as not launchable
         self.cancelled: set[str] = set()        # job ids this launcher cancelled
         self.signalled: dict[str, float] = {}   # job id -> when this launcher sent the stop signal
         self.reported: set[tuple[str, str]] = set()  # (job id, state) sent to the daemon
@@ -300,7 +359,8 @@ class Launcher:
         return {t.task_id: Generation(t.task_id, t.spec.name, int(t.generation),
                                       tuple(sorted(t.nodes)), tuple(t.spec.command),
                                       t.spec.zeus_job_id,
-                                      t.submit_time.seconds + t.submit_time.nanos / 1e9)
+                                      t.submit_time.seconds + t.submit_time.nanos / 1e9,
+                                      t.owner)
                 for t in self.client.list_tasks(states=[tasks_pb2.TASK_STATE_RUNNING])}
 
     def node_addresses(self) -> dict[str, str]:
@@ -378,6 +438,11 @@ class Launcher:
             todo = [n for n in gen.nodes if (task_id, gen.generation, n) not in self.submitted]
             if not todo:
                 continue
+            try:
+                account = self.accounts.account(gen.owner)
+            except OwnerRefused as exc:
+                self._refuse(gen, str(exc), result)
+                continue
             if task_id in draining or any((task_id, n) in self.held for n in gen.nodes):
                 result.waiting.append(task_id)
                 result.held += sorted((task_id, n) for n in gen.nodes if (task_id, n) in self.held)
@@ -385,7 +450,7 @@ class Launcher:
             if addresses is None:
                 addresses = self.node_addresses()
             for node in todo:
-                self._submit(gen, node, addresses, result)
+                self._submit(gen, node, addresses, result, account)
         self._forget(jobs, desired)
         return result
 
@@ -432,6 +497,23 @@ class Launcher:
         self.signalled = {j: t for j, t in self.signalled.items() if j in jobs}
         self.submitted = {k for k in self.submitted
                           if k[0] in desired and k[1] == desired[k[0]].generation}
+        self.refused &= desired.keys()
+
+    def _refuse(self, gen: Generation, reason: str, result: PassResult) -> None:
+        """Report once that ``gen``'s task cannot run as its owner (``reason``): a ``failed``
+        run without a generation, which fails the task at once (a retry cannot help), with
+        the message ``not launched: REASON``; idempotent by request id ``TASK:not-launched``."""
+        if gen.task_id in self.refused:
+            return
+        log.error("task %s not launched: %s", gen.task_id, reason)
+        try:
+            self.client.report_task_run(gen.task_id, "failed", message=f"not launched: {reason}",
+                                        time=self.clock(),
+                                        request_id=f"{gen.task_id}:not-launched")
+        except (NotFound, FailedPrecondition) as exc:  # the task is gone or already finished
+            log.debug("failure report of task %s not needed: %s", gen.task_id, exc)
+        self.refused.add(gen.task_id)
+        result.refused.append((gen.task_id, reason))
 
     def _stop(self, job_id: str, name: JobName, job: JobInfo, result: PassResult) -> None:
         """Stop a job of a replaced generation (or of a task that no longer runs): the stop
@@ -457,24 +539,29 @@ class Launcher:
                  job_id, name.node, name.generation)
 
     def _submit(self, gen: Generation, node: str, addresses: dict[str, str],
-                result: PassResult) -> None:
-        """Submit ``gen``'s job on ``node`` (logged once and skipped when the task cannot be
-        launched, e.g. it has no command)."""
+                result: PassResult, account: Account | None = None) -> None:
+        """Submit ``gen``'s job on ``node``, as ``account`` (None: as the launcher's own
+        account); logged once and skipped when the task cannot be launched, e.g. it has no
+        command. The launcher creates the checkpoint folder only for its own account's jobs
+        (a job that runs as the owner creates it itself: root never creates folders where a
+        user could have planted a link)."""
         try:
             script = batch_script(self.cfg, gen, node, address=self.client.address,
-                                  master_addr=addresses.get(gen.nodes[0], gen.nodes[0]))
+                                  master_addr=addresses.get(gen.nodes[0], gen.nodes[0]),
+                                  account=account)
         except ValueError as exc:
             self._error(f"script-{gen.task_id}", f"cannot launch task {gen.task_id}: {exc}")
             return
-        if node == gen.nodes[0]:
+        if node == gen.nodes[0] and account is None:
             checkpoint_dir(self.cfg, gen.task_id).mkdir(parents=True, exist_ok=True, mode=0o700)
         name = job_name(self.cfg, gen.task_id, gen.generation, node)
-        job_id = self.cli.submit(sbatch_options(self.cfg, name, node), script=script,
-                                 env=job_environment(self.cfg))
+        job_id = self.cli.submit(sbatch_options(self.cfg, name, node, account), script=script,
+                                 env=job_environment(self.cfg, account=account))
         self.submitted.add((gen.task_id, gen.generation, node))
         result.submitted.append((gen.task_id, node, job_id))
-        log.info("task %s generation %d: submitted job %s on %s (rank %d of %d)", gen.task_id,
-                 gen.generation, job_id, node, gen.nodes.index(node), len(gen.nodes))
+        log.info("task %s generation %d: submitted job %s on %s (rank %d of %d) as %s",
+                 gen.task_id, gen.generation, job_id, node, gen.nodes.index(node),
+                 len(gen.nodes), account.name if account else self.accounts.launcher_name)
 
     # ------------------------------------------------------------------ the loop
     def run(self, poll_s: float = 5.0, stop: threading.Event | None = None,
@@ -483,6 +570,8 @@ class Launcher:
         :data:`BUSY_POLL_S` while a generation is being replaced) until ``stop`` is set.
         Never raises for Slurm or daemon errors (logged, retried)."""
         stop = stop or threading.Event()
+        fine, identity = self.accounts.describe()
+        log.log(logging.INFO if fine else logging.WARNING, "%s", identity)
         revision = 0
         while not stop.is_set():
             wait_s = poll_s

@@ -203,10 +203,13 @@ class SlurmCluster:
                  ) -> Iterator[Path]:
         """``offcut-slurm launch`` in a thread, for the daemon at ``address``: jobs run in
         ``root``, their output goes to ``root/out`` (yielded), the tasks' checkpoints to
-        ``root/ckpt``; passes every 0.5 s at most. Stopped at the end of the block."""
+        ``root/ckpt``; passes every 0.5 s at most. Stopped at the end of the block. Every task
+        runs as this (root) process (``run_as_owner = false``): the tasks' owners here have
+        no local account (tasks run as real owners: tests/test_slurm_run_as_owner.py)."""
         from offcut.client import Client
         from offcut.daemon.config import SlurmConfig
         from offcut.slurm_plugin.launcher import Launcher
+        from offcut.slurm_plugin.owners import OwnerAccounts, RunAsPolicy
         from offcut.slurm_plugin.slurm_cli import SlurmCLI
 
         out = root / "out"
@@ -215,7 +218,8 @@ class SlurmCluster:
                           rescale_grace_s=rescale_grace_s, checkpoint_root=str(root / "ckpt"))
         stop = threading.Event()
         with Client(address, timeout_s=10) as client:
-            launcher = Launcher(client, cfg, SlurmCLI(slurm_conf=str(self.conf)))
+            launcher = Launcher(client, cfg, SlurmCLI(slurm_conf=str(self.conf)),
+                                accounts=OwnerAccounts(RunAsPolicy(run_as_owner=False)))
             th = threading.Thread(target=launcher.run, args=(0.5, stop), daemon=True)
             th.start()
             try:

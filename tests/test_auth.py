@@ -444,16 +444,21 @@ def test_the_launcher_runs_with_a_slurm_token(slurm_secured, tmp_path):
     # passes with the slurm role, on a fake Slurm (tests/test_slurm_launcher.py)
     import threading
 
-    from test_slurm_launcher import FakeSlurm
+    from test_slurm_launcher import FakeSlurm, fake_users, passwd
 
     from offcut.daemon.config import SlurmConfig
     from offcut.slurm_plugin.launcher import Launcher
+    from offcut.slurm_plugin.owners import OwnerAccounts, RunAsPolicy
 
     _, c, _ = slurm_secured
     ta = c["alice"].submit(make_spec("a", work=1e9, max_nodes=2, command=["true"])).task
     tb = c["bob"].submit(make_spec("b", work=1e9, max_nodes=2, command=["true"])).task
     fake = FakeSlurm()
-    launcher = Launcher(c["slurm"], SlurmConfig(checkpoint_root=str(tmp_path / "ckpt")), fake)
+    # a root launcher whose user database knows alice and bob: their jobs run as them
+    owners = OwnerAccounts(RunAsPolicy(), uid=0,
+                           getpwnam=fake_users(passwd("alice", 1500), passwd("bob", 1501)))
+    launcher = Launcher(c["slurm"], SlurmConfig(checkpoint_root=str(tmp_path / "ckpt")), fake,
+                        accounts=owners)
     r = launcher.reconcile()
     assert {t for t, _, _ in r.submitted} == {ta.task_id, tb.task_id} and len(r.submitted) == 4
     r = launcher.reconcile()  # the starts are reported

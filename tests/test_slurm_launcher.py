@@ -1,10 +1,12 @@
 """The Slurm launcher (``offcut-slurm launch``): unit tests on a fake Slurm with a real daemon,
 and the end-to-end scenario of issue 4 on the real 4-node Slurm 22.05 cluster of
-tests/slurm_cluster.py (skipped with the reason when Slurm is not installed or not root)."""
+tests/slurm_cluster.py (skipped with the reason when Slurm is not installed or not root).
+Running tasks as their owners: tests/test_slurm_run_as_owner.py."""
 
 from __future__ import annotations
 
 import json
+import pwd
 import shlex
 from pathlib import Path
 import threading
@@ -18,12 +20,39 @@ from offcut.daemon.config import SlurmConfig
 from offcut.slurm_plugin.launcher import (Generation, Launcher, batch_script, checkpoint_dir,
                                           job_name, master_port, parse_job_name, run_state,
                                           sbatch_options)
+from offcut.slurm_plugin.owners import OwnerAccounts, RunAsPolicy
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.slurm_plugin.slurm_json import JobInfo, SlurmCommandError, SlurmError
 from offcut.v1 import tasks_pb2
 
 ALL = ["n1", "n2", "n3", "n4"]
 CFG = SlurmConfig()
+
+
+def passwd(name: str, uid: int, gid: int | None = None, home: str | None = None,
+           shell: str = "/bin/bash") -> pwd.struct_passwd:
+    """A user database entry (``pwd.struct_passwd``)."""
+    return pwd.struct_passwd((name, "x", uid, uid if gid is None else gid, "",
+                              home or f"/home/{name}", shell))
+
+
+def fake_users(*entries: pwd.struct_passwd):
+    """A ``getpwnam`` over ``entries`` (KeyError for any other name, like :func:`pwd.getpwnam`)."""
+    db = {e.pw_name: e for e in entries}
+
+    def getpwnam(name: str) -> pwd.struct_passwd:
+        if name not in db:
+            raise KeyError(f"getpwnam(): name not found: {name!r}")
+        return db[name]
+    return getpwnam
+
+
+#: a root launcher whose user database knows the tests' task owner ``test`` (uid 1500): the
+#: fake-Slurm tests run tasks as their owner, the default
+OWNERS = OwnerAccounts(RunAsPolicy(), uid=0, getpwnam=fake_users(passwd("test", 1500)))
+#: every task as the launcher's own account (``run_as_owner = false``): the real-Slurm
+#: scenario below, whose owner ``test`` has no account (real owners: test_slurm_run_as_owner.py)
+AS_LAUNCHER = OwnerAccounts(RunAsPolicy(run_as_owner=False))
 
 
 def spec(name="elastic", command=("python", "train.py", "--epochs", "3")):
@@ -129,6 +158,8 @@ class FakeSlurm(SlurmCLI):
         self.next_id = 100
         self.fail_squeue = False
         self.scripts: dict[str, str] = {}
+        self.options: dict[str, list[str]] = {}   # job id -> its sbatch options
+        self.envs: dict[str, dict[str, str]] = {}  # job id -> sbatch's environment
         self.signals: list[tuple[str, str]] = []  # (job id, signal)
 
     def squeue_json(self) -> dict:
@@ -148,6 +179,8 @@ class FakeSlurm(SlurmCLI):
                           "partition": opts[opts.index("-p") + 1], "job_state": "RUNNING",
                           "nodes": opts[opts.index("-w") + 1], "exit_code": 0}
         self.scripts[jid] = script
+        self.options[jid] = opts
+        self.envs[jid] = dict(env or {})
         return jid
 
     def cancel(self, job_ids, *, signal=None, options=()) -> None:
@@ -195,7 +228,7 @@ class Clock:
 def test_generations_through_preemption_grow_and_shrink_with_fake_slurm(placed):
     client, tid = placed
     slurm, mono = FakeSlurm(), Clock()
-    launcher = Launcher(client, CFG, slurm, monotonic=mono)
+    launcher = Launcher(client, CFG, slurm, monotonic=mono, accounts=OWNERS)
     r = launcher.reconcile()
     assert sorted(n for _, n, _ in r.submitted) == ALL and not r.cancelled
     assert slurm.generations() == {n: 1 for n in ALL}
@@ -208,7 +241,7 @@ def test_generations_through_preemption_grow_and_shrink_with_fake_slurm(placed):
     assert client.get_task(tid).launches == 4
     assert launcher.reconcile().reported == []
     # a restarted launcher adopts the jobs and submits nothing twice
-    again = Launcher(client, CFG, slurm, monotonic=mono)
+    again = Launcher(client, CFG, slurm, monotonic=mono, accounts=OWNERS)
     r = again.reconcile()
     assert r.adopted == 4 and not r.submitted and not r.cancelled
     assert client.get_task(tid).launches == 4  # its re-sent reports were duplicates
@@ -278,7 +311,7 @@ def test_generations_through_preemption_grow_and_shrink_with_fake_slurm(placed):
 def test_failed_runs_restart_the_generation_then_fail_the_task(placed):
     client, tid = placed
     slurm, mono = FakeSlurm(), Clock()
-    launcher = Launcher(client, CFG, slurm, monotonic=mono)
+    launcher = Launcher(client, CFG, slurm, monotonic=mono, accounts=OWNERS)
     launcher.reconcile()
     for attempt in (1, 2, 3):
         assert slurm.generations() == {n: attempt for n in ALL}
@@ -300,7 +333,7 @@ def test_slurm_failure_submits_nothing_and_recovers(placed, caplog):
     client, tid = placed
     slurm = FakeSlurm()
     slurm.fail_squeue = True
-    launcher = Launcher(client, CFG, slurm)
+    launcher = Launcher(client, CFG, slurm, accounts=OWNERS)
     with pytest.raises(SlurmError, match="squeue exited"):
         launcher.reconcile()
     assert not slurm.jobs
@@ -326,7 +359,7 @@ def test_task_without_command_is_not_launched(daemon, caplog):
     client.sync_nodes(time.time(), "test", 1, idle=ALL)
     client.submit(spec(command=()), owner="test")
     slurm = FakeSlurm()
-    r = Launcher(client, CFG, slurm).reconcile()
+    r = Launcher(client, CFG, slurm, accounts=OWNERS).reconcile()
     assert not r.submitted and not slurm.jobs and "has no command" in caplog.text
 
 
@@ -389,8 +422,8 @@ def test_end_to_end_on_real_slurm(slurm, cluster_daemon, tmp_path):
     cli = SlurmCLI(slurm_conf=str(slurm.conf))
     stop = threading.Event()
     launcher_client = Client(client.address, timeout_s=10)
-    th = threading.Thread(target=Launcher(launcher_client, cfg, cli).run, args=(0.5, stop),
-                          daemon=True)
+    th = threading.Thread(target=Launcher(launcher_client, cfg, cli, accounts=AS_LAUNCHER).run,
+                          args=(0.5, stop), daemon=True)
     th.start()
     try:
         # 1. placed on all four idle nodes as scavenger jobs, one per node, generation 1
@@ -404,7 +437,7 @@ def test_end_to_end_on_real_slurm(slurm, cluster_daemon, tmp_path):
         # a launcher restart while the jobs run: it adopts them and submits nothing
         stop.set()
         th.join(10)
-        restarted = Launcher(launcher_client, cfg, cli)
+        restarted = Launcher(launcher_client, cfg, cli, accounts=AS_LAUNCHER)
         r = restarted.reconcile()
         assert r.adopted == 4 and not r.submitted and not r.cancelled
         assert {k: j["job_id"] for k, j in offcut_jobs(slurm, tid).items()} == \
@@ -502,6 +535,6 @@ def test_jobs_older_than_their_task_are_not_its_own(placed):
                                    "partition": "scavenger", "job_state": "FAILED",
                                    "nodes": node, "exit_code": 1 << 8,
                                    "submit_time": submitted - 600}
-    r = Launcher(client, CFG, slurm).reconcile()
+    r = Launcher(client, CFG, slurm, accounts=OWNERS).reconcile()
     assert sorted(n for _, n, _ in r.submitted) == ALL and not r.reported
     assert client.get_task(tid).failed_runs == 0
