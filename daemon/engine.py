@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from offcut.errors import NotFound, OffcutError
+from offcut.daemon.decision_times import DecisionTimes
 from offcut.daemon.scheduler import Outcome, Scheduler, SolveRecord
 from offcut.daemon.model import (CancelEvent, Event, Limits, NodeEvent, ObjectiveSettings,
                                  ProgressEvent, SubmitEvent, TaskRunEvent, TaskState,
@@ -87,7 +88,8 @@ class Engine:
         self.updates: deque[PlacementUpdate] = deque(maxlen=RETAINED_UPDATES)
         self._updates_lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
-        self.decision_ms: list[float] = []
+        #: decision times [ms] since start, in fixed memory (quantile sketch, count, buckets)
+        self.decision_times = DecisionTimes()
         self.fallbacks = 0
         self.solves_by_backend: dict[str, int] = {}
         self.last_fallback_reason = ""
@@ -180,7 +182,7 @@ class Engine:
                 raise
             self._commit(event, out, raw, caller)
             if out.solves:
-                self.decision_ms.append((time.perf_counter() - started) * 1000.0)
+                self.decision_times.record((time.perf_counter() - started) * 1000.0)
             self.last_decision = reply.decision
             if out.placements:
                 self._publish(PlacementUpdate(
@@ -253,7 +255,7 @@ class Engine:
 
     def status(self, include_idle: bool, with_solver: bool = True) -> StatusView:
         """The state in figures (idle node names only when ``include_idle``; the solver
-        statistics, percentiles over every decision time, unless ``with_solver`` is False:
+        statistics (decision-time percentiles from a fixed-size sketch) unless ``with_solver`` is False:
         the metrics scrape, which has its own histogram, skips them)."""
         with self.lock:
             scheduler = self.scheduler
@@ -274,14 +276,14 @@ class Engine:
                 energy_j=scheduler.energy_j, last_decision=self.last_decision)
 
     def solver_statistics(self) -> SolverStatistics:
-        """Decision-time percentiles [ms] since start, fallbacks, solves per backend."""
+        """Decision-time percentiles [ms] since start (within 1 %: :mod:`decision_times`),
+        fallbacks, solves per backend."""
         with self.lock:
-            ms = np.asarray(self.decision_ms) if self.decision_ms else np.zeros(1)
+            times = self.decision_times.summary()
             return SolverStatistics(
-                configured_solver=self.requested_solver, decisions=len(self.decision_ms),
-                decision_ms_p50=float(np.percentile(ms, 50)),
-                decision_ms_p95=float(np.percentile(ms, 95)),
-                decision_ms_p99=float(np.percentile(ms, 99)), decision_ms_max=float(ms.max()),
+                configured_solver=self.requested_solver, decisions=times.count,
+                decision_ms_p50=times.p50_ms, decision_ms_p95=times.p95_ms,
+                decision_ms_p99=times.p99_ms, decision_ms_max=times.max_ms,
                 fallbacks=self.fallbacks, solves_by_backend=dict(self.solves_by_backend),
                 last_fallback_reason=self.last_fallback_reason)
 

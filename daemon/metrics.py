@@ -19,16 +19,16 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 import grpc
-import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, Metric)
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from offcut.daemon.decision_times import LATENCY_BUCKETS_S, DecisionTimeSummary
 from offcut.daemon.engine import Engine
 from offcut.daemon.handlers import ASYNC_GENERATOR, COROUTINE, SYNC, kind_of, wrapped
 from offcut.daemon.model import TaskState
@@ -37,26 +37,13 @@ from offcut.daemon.zeus.registry import ZeusRegistry
 
 log = logging.getLogger("offcut.daemon")
 
-#: histogram bucket upper bounds [s] for decision and RPC times: 0.5 ms .. 10 s (+Inf added)
-LATENCY_BUCKETS_S: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                        0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-def _histogram_buckets(values_s: np.ndarray, bounds_s: Iterable[float]) -> list[tuple[str, float]]:
-    """Cumulative ``(le, count)`` pairs of ``values_s`` [s] for the bounds, then ``+Inf``."""
-    ordered = np.sort(values_s)
-    bounds = list(bounds_s)
-    counts = np.searchsorted(ordered, bounds, side="right")
-    return [(floatToGoString(b), float(c)) for b, c in zip(bounds, counts)] + \
-        [("+Inf", float(len(ordered)))]
-
 
 @dataclass(frozen=True)
 class _EngineFigures:
     """What :class:`EngineCollector` copies under the engine's lock: the Status reply's
     figures (tasks by state, node counts, accounting), the event clock [s since epoch, None
     before the first event], the modelled rate [samples/s] and power [W] of the running
-    tasks, the fallback count, solves by backend, and every decision's wall time [s]."""
+    tasks, the fallback count, solves by backend, and the decision times' summary."""
 
     status: StatusView
     clock: float | None
@@ -64,7 +51,7 @@ class _EngineFigures:
     power: float
     fallbacks: int
     solves_by_backend: dict[str, int]
-    decision_s: np.ndarray
+    decisions: DecisionTimeSummary
 
 
 class EngineCollector(Collector):
@@ -99,9 +86,8 @@ class EngineCollector(Collector):
             rate = float(sum(t.rate for t in running))
             power = float(sum(t.power for t in running))
             fallbacks, solves_by_backend = engine.fallbacks, dict(engine.solves_by_backend)
-            decision_ms = list(engine.decision_ms)
-        decision_s = np.asarray(decision_ms, dtype=float) / 1000.0
-        return _EngineFigures(st, clock, rate, power, fallbacks, solves_by_backend, decision_s)
+            decisions = engine.decision_times.summary()
+        return _EngineFigures(st, clock, rate, power, fallbacks, solves_by_backend, decisions)
 
     def _zeus_families(self) -> Iterator[Metric]:
         """The ``offcut_zeus_*`` gauges (counts copied under the registry's lock)."""
@@ -176,12 +162,14 @@ def _counter_families(figures: _EngineFigures) -> Iterator[Metric]:
     for backend, n in sorted(figures.solves_by_backend.items()):
         solves.add_metric([backend], n)
     yield solves
-    decision_s = figures.decision_s
+    decisions = figures.decisions
     yield HistogramMetricFamily(
         "offcut_decision_seconds",
         "Wall time of each decision (event in, allocation solved, journal committed) since "
-        "the daemon started, s", buckets=_histogram_buckets(decision_s, LATENCY_BUCKETS_S),
-        sum_value=float(decision_s.sum()))
+        "the daemon started, s",
+        buckets=[("+Inf" if bound == float("inf") else floatToGoString(bound), float(n))
+                 for bound, n in decisions.buckets],
+        sum_value=decisions.sum_s)
 
 
 class _CodeRecorder:

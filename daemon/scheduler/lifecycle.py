@@ -19,8 +19,6 @@ class TaskLifecycle:
         self.next_task_number += 1
         self.tasks[task.task_id] = task
         self.active[task.task_id] = task
-        if event.request_id:
-            self.requests[event.request_id] = task.task_id
         if event.spec.reports:
             task.learner = TaskLearner()
         out.task_id = task.task_id

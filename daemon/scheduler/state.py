@@ -54,7 +54,6 @@ class SchedulerState:
         self.total_samples = 0.0
         self.idle_node_seconds = 0.0
         self.used_node_seconds = 0.0
-        self.requests: dict[str, str] = {}      # submit request_id -> task id
         self._learn_version = 0                 # bumped when a learner's model changes (caches)
         self._prior_cache: tuple[int, float] | None = None
         self._policy: tuple[str, AllocationPolicy] | None = None  # (name, instance) in use
@@ -88,7 +87,7 @@ class SchedulerState:
             "tasks": [t.to_dict() for t in self.tasks.values()], "last_seq": self.last_seq,
             "next_task_number": self.next_task_number, "total_samples": self.total_samples,
             "idle_node_seconds": self.idle_node_seconds,
-            "used_node_seconds": self.used_node_seconds, "requests": self.requests,
+            "used_node_seconds": self.used_node_seconds,
             "objective": asdict(self.objective), "task_energy_j": self.task_energy_j,
             "max_failed_generations": self.max_failed_generations,
         }
@@ -111,7 +110,8 @@ class SchedulerState:
         core.total_samples = d["total_samples"]
         core.idle_node_seconds = d["idle_node_seconds"]
         core.used_node_seconds = d["used_node_seconds"]
-        core.requests = dict(d["requests"])
+        # snapshots of earlier releases carry "requests" (submit request id -> task id), never
+        # read: a repeated request id is answered from the journal (Store.response_for_request)
         return core
 
     def fingerprint(self) -> tuple:
