@@ -260,6 +260,14 @@ class DaemonConfig(BaseModel):
         "a task fails when this many runs of its current generation fail in a row (each "
         "failure restarts it on the same nodes as a new generation; a checkpointed exit or a "
         "progress report resets the count); docs/execution.md"))
+    finished_task_retention_s: float = Field(86400.0, ge=60, le=10 * 365 * 86400, description=(
+        "a finished task leaves the daemon's memory and snapshots this long after it "
+        "finished, s; it stays readable (offcut show, ListTasks) from the state file's "
+        "archive; docs/operations.md"))
+    task_archive_retention_s: float = Field(400 * 86400.0, ge=86400, le=100 * 365 * 86400,
+                                            description=(
+        "an archived task is deleted from the state file this long after it finished, s "
+        "(default 400 days); docs/operations.md"))
     policy: str = Field(
         "throughput", pattern=POLICY_NAME_PATTERN, description=(
             "allocation policy, what the allocation maximises: throughput (BFTrainer's samples "

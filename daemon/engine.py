@@ -24,17 +24,17 @@ from typing import Callable
 
 import numpy as np
 
-from offcut.errors import NotFound, OffcutError
+from offcut.errors import FailedPrecondition, NotFound, OffcutError
 from offcut.daemon.decision_times import DecisionTimes
 from offcut.daemon.scheduler import Outcome, Scheduler, SolveRecord
 from offcut.daemon.model import (CancelEvent, Event, Limits, NodeEvent, ObjectiveSettings,
-                                 ProgressEvent, SubmitEvent, TaskRunEvent, TaskState,
+                                 ProgressEvent, SubmitEvent, Task, TaskRunEvent, TaskState,
                                  event_from_dict, event_to_dict)
 from offcut.daemon.replies import (Decision, PlacementUpdate, Reply, SolverStatistics,
                                    StatusView, TaskView, decision_of, task_view)
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.solvers.problem import AllocationProblem
-from offcut.daemon.store import Store
+from offcut.daemon.store import Store, task_number
 
 log = logging.getLogger("offcut.daemon")
 
@@ -68,6 +68,12 @@ class Engine:
         objective: the allocation objective and power figures (None: keep the stored ones).
         max_failed_generations: failed runs in a row that fail a task (docs/execution.md;
             None: keep the stored setting).
+        finished_task_retention_s: how long a finished task stays in the scheduler's state
+            (memory, snapshots) after it finished [s]; then it is kept in the state file's
+            archive and still answered by :meth:`task` and :meth:`tasks` (None: keep the
+            stored setting).
+        task_archive_retention_s: how long an archived task is kept after it finished [s]
+            (pruned at each snapshot; inf: for ever).
         record_instances: optional JSONL path; every solved problem is appended to it.
         limits: request size limits checked for new events (default: :class:`Limits`'s
             defaults); the journal is re-applied without them.
@@ -76,8 +82,12 @@ class Engine:
     def __init__(self, store: Store, allocator: Allocator, *, tfwd_s: float = 10.0,
                  max_running_tasks: int = 10, record_instances: str | Path | None = None,
                  limits: Limits | None = None, objective: ObjectiveSettings | None = None,
-                 max_failed_generations: int | None = None):
+                 max_failed_generations: int | None = None,
+                 finished_task_retention_s: float | None = None,
+                 task_archive_retention_s: float = float("inf")):
         self.store = store
+        self.task_archive_retention_s = float(task_archive_retention_s)
+        self._fresh_retention_s = finished_task_retention_s
         self.limits = limits if limits is not None else Limits()
         self.allocator = allocator
         self.requested_solver = allocator.solver
@@ -97,8 +107,11 @@ class Engine:
         self._record = open(record_instances, "a", encoding="utf-8") if record_instances else None
         self.closed = False
         self.scheduler = self._recover()
+        #: archived tasks per state (kept with the archive; Status counts them)
+        self.archived_counts: dict[TaskState, int] = self._count_archived()
         self._apply_settings(tfwd_s=float(tfwd_s), max_running_tasks=int(max_running_tasks),
                              max_failed_generations=max_failed_generations,
+                             finished_task_retention_s=finished_task_retention_s,
                              objective=objective)
 
     def _apply_settings(self, **settings) -> None:
@@ -117,11 +130,18 @@ class Engine:
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> Scheduler:
         state, rows = self.store.load()
-        scheduler = Scheduler.from_dict(state) if state else Scheduler()
-        n = 0
+        if state:
+            scheduler = Scheduler.from_dict(state)
+        elif self._fresh_retention_s is not None:  # a new state: the configured retention
+            scheduler = Scheduler(finished_task_retention_s=self._fresh_retention_s)
+        else:
+            scheduler = Scheduler()
+        n, retired = 0, []
         for event, solves in rows:
-            scheduler.apply(event_from_dict(event), _Replayed(solves))
+            retired += scheduler.apply(event_from_dict(event), _Replayed(solves)).retired
             n += 1
+        if retired:  # archived when first applied; again in case the retention changed since
+            self.store.archive_tasks(t.to_dict() for t in retired)
         if state or n:
             log.info("state %s: revision %d (%d journal rows re-applied after the snapshot)",
                      self.store.path, scheduler.revision, n)
@@ -167,7 +187,11 @@ class Engine:
                 return reply
             if stamp and self.scheduler.clock is not None and event.time < self.scheduler.clock:
                 event = dataclasses.replace(event, time=self.scheduler.clock)
-            self.scheduler.validate(event)  # rejected events raise here, before anything changes
+            try:
+                self.scheduler.validate(event)  # rejected events raise here, before any change
+            except NotFound as exc:
+                self._refuse_archived(event, exc)
+                raise
             started = time.perf_counter()
             try:
                 out = self.scheduler.apply_validated(event, self._allocate)
@@ -191,6 +215,19 @@ class Engine:
                     owners=self._owners(reply.decision.placements)))
             return reply
 
+    def _refuse_archived(self, event: Event, exc: NotFound) -> None:
+        """FAILED_PRECONDITION instead of ``exc`` when the event names a task that finished
+        and was archived (the same answer as before it left the state)."""
+        if isinstance(event, ProgressEvent):
+            ids = [(f"reports[{i}].task_id", r.task_id) for i, r in enumerate(event.reports)]
+        else:
+            ids = [("task_id", getattr(event, "task_id", ""))]
+        for field, task_id in ids:
+            if field == exc.field and task_id and (
+                    stored := self.store.archived_task(task_id)) is not None:
+                raise FailedPrecondition(f"task {task_id} is already {stored['state']}",
+                                         field) from None
+
     def _stored_reply(self, event: Event, caller: str, sees_all: bool) -> Reply | None:
         """The journal's reply to a repeated event (flagged duplicate), else None."""
         if isinstance(event, NodeEvent):
@@ -213,6 +250,7 @@ class Engine:
     def _commit(self, event: Event, out: Outcome, raw: bytes, caller: str) -> None:
         """Journal an applied event with its stored reply (and a snapshot when due); a
         failure reloads the scheduler from the state file and is raised."""
+        snapshot = self.store.snapshot_due()
         try:
             self.store.append(
                 kind=out.cause, event=event_to_dict(event),
@@ -220,11 +258,19 @@ class Engine:
                 source=event.source if isinstance(event, NodeEvent) else None,
                 seq=event.seq if isinstance(event, NodeEvent) else None,
                 request_id=_request_key(event, caller),
-                state=self.scheduler.to_dict() if self.store.snapshot_due() else None)
+                state=self.scheduler.to_dict() if snapshot else None,
+                archive=[t.to_dict() for t in out.retired])
         except Exception:
             log.exception("committing revision %d failed; reloading state", out.revision)
             self.scheduler = self._recover()
+            self.archived_counts = self._count_archived()
             raise
+        for task in out.retired:
+            self.archived_counts[task.state] = self.archived_counts.get(task.state, 0) + 1
+        if snapshot and self.task_archive_retention_s < float("inf"):
+            for state, n in self.store.prune_archive(
+                    out.time - self.task_archive_retention_s).items():
+                self.archived_counts[TaskState(state)] -= n
         if out.ignored_nodes:
             log.warning("event %s/%s: ignored %d node(s) that were not idle or already idle: %s",
                         out.source, out.seq, len(out.ignored_nodes),
@@ -234,24 +280,43 @@ class Engine:
     def owner_of(self, task_id: str) -> str | None:
         """The owner of task ``task_id`` (None for an unknown id)."""
         with self.lock:
-            task = self.scheduler.tasks.get(task_id)
+            task = self._task_or_archived(task_id)
             return task.owner if task is not None else None
+
+    def _count_archived(self) -> dict[TaskState, int]:
+        """Archived tasks per state, from the state file."""
+        return {TaskState(k): n for k, n in self.store.archived_counts().items()}
+
+    def _task_or_archived(self, task_id: str) -> Task | None:
+        """Task ``task_id`` from the state, else from the archive, else None (under the lock)."""
+        task = self.scheduler.tasks.get(task_id)
+        if task is None:
+            stored = self.store.archived_task(task_id)
+            task = Task.from_dict(stored) if stored is not None else None
+        return task
 
     def task(self, task_id: str) -> TaskView:
         """One task as it is now; NotFound naming ``task_id`` for an unknown id."""
         with self.lock:
-            task = self.scheduler.tasks.get(task_id)
+            task = self._task_or_archived(task_id)
             if task is None:
                 raise NotFound(f"no task {task_id!r}", "task_id")
             return task_view(task, self.scheduler)
 
     def tasks(self, states: set[TaskState] | None = None, owner: str = "") -> list[TaskView]:
         """Tasks in submit order, those in ``states`` (None or empty: all) of ``owner``
-        (empty: every owner)."""
+        (empty: every owner), the archived finished tasks included (read from the state
+        file when finished states are asked for)."""
         with self.lock:
             scheduler = self.scheduler
-            return [task_view(t, scheduler) for t in scheduler.tasks.values()
+            live = [t for t in scheduler.tasks.values()
                     if (not states or t.state in states) and (not owner or t.owner == owner)]
+            if not states or any(s.finished for s in states):
+                archived = [Task.from_dict(d) for d in self.store.archived_tasks(
+                    [s.value for s in (states or TaskState) if s.finished], owner)
+                    if d["task_id"] not in scheduler.tasks]
+                live = sorted(archived + live, key=lambda t: task_number(t.task_id))
+            return [task_view(t, scheduler) for t in live]
 
     def status(self, include_idle: bool, with_solver: bool = True) -> StatusView:
         """The state in figures (idle node names only when ``include_idle``; the solver
@@ -259,7 +324,7 @@ class Engine:
         the metrics scrape, which has its own histogram, skips them)."""
         with self.lock:
             scheduler = self.scheduler
-            counts = {s: 0 for s in TaskState}
+            counts = {s: self.archived_counts.get(s, 0) for s in TaskState}
             for task in scheduler.tasks.values():
                 counts[task.state] += 1
             return StatusView(

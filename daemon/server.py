@@ -131,7 +131,9 @@ class OffcutServer:
                              max_running_tasks=config.max_running_tasks,
                              record_instances=config.record_instances, limits=limits,
                              objective=config.objective_settings(),
-                             max_failed_generations=config.max_failed_generations)
+                             max_failed_generations=config.max_failed_generations,
+                             finished_task_retention_s=config.finished_task_retention_s,
+                             task_archive_retention_s=config.task_archive_retention_s)
         # The Zeus optimizers keep their own connection to the state file: their transactions
         # must not interleave with the engine's on one connection (SQLite serialises writers).
         self.zeus_store = Store(config.state, durability=config.durability)

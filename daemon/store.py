@@ -16,7 +16,7 @@ import json
 import logging
 import sqlite3
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 log = logging.getLogger("offcut.daemon")
 
@@ -48,6 +48,16 @@ CREATE TABLE IF NOT EXISTS snapshots (
     journal_id INTEGER PRIMARY KEY,
     state TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS task_archive (
+    task_id TEXT PRIMARY KEY,
+    number INTEGER NOT NULL,
+    owner TEXT NOT NULL,
+    state TEXT NOT NULL,
+    finish_time REAL NOT NULL,
+    task TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS task_archive_finish ON task_archive(finish_time);
+CREATE INDEX IF NOT EXISTS task_archive_owner ON task_archive(owner, number);
 CREATE TABLE IF NOT EXISTS zeus_state (
     kind TEXT NOT NULL,
     job_id TEXT NOT NULL,
@@ -61,6 +71,12 @@ CREATE TABLE IF NOT EXISTS zeus_requests (
     response BLOB NOT NULL
 );
 """
+
+
+def task_number(task_id: str) -> int:
+    """The submit number of a task id ``t<number>`` (``t000042`` -> 42; 0 when malformed)."""
+    digits = task_id[1:]
+    return int(digits) if digits.isdigit() else 0
 
 
 class StoreError(RuntimeError):
@@ -206,11 +222,14 @@ class Store:
     # ------------------------------------------------------------------ writing
     def append(self, *, kind: str, event: dict[str, Any], solves: list[dict[str, Any]],
                response: bytes, source: str | None = None, seq: int | None = None,
-               request_id: str | None = None, state: dict[str, Any] | None = None) -> None:
-        """Commit one applied event, and a snapshot of ``state`` if given, atomically
-        (callers pass ``state`` when :meth:`snapshot_due` says so)."""
+               request_id: str | None = None, state: dict[str, Any] | None = None,
+               archive: list[dict[str, Any]] = ()) -> None:
+        """Commit one applied event, the finished tasks it took out of the state
+        (``archive``: :meth:`Task.to_dict` forms) and a snapshot of ``state`` if given,
+        atomically (callers pass ``state`` when :meth:`snapshot_due` says so)."""
         with self.db:  # one transaction
             self.db.execute("BEGIN IMMEDIATE")
+            self._archive(archive)
             cur = self.db.execute(
                 "INSERT INTO journal (kind, source, seq, request_id, event, solves, response) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -236,6 +255,60 @@ class Store:
                             (last, json.dumps(state, separators=(",", ":"))))
             self._prune_snapshots()
         self._rows_since_snapshot = 0
+
+    # ------------------------------------------------------------------ finished tasks
+    # Finished tasks leave the scheduler's state after its retention (SchedulerState.
+    # finished_task_retention_s) and are kept here, one row each, readable by id, owner and
+    # state, until archive_retention_s after they finished (prune_archive).
+    def _archive(self, tasks: Iterable[dict[str, Any]]) -> None:
+        """Insert finished tasks into the archive (inside the caller's transaction; a task
+        archived again, when the journal is re-applied, replaces its row)."""
+        self.db.executemany(
+            "INSERT OR REPLACE INTO task_archive VALUES (?, ?, ?, ?, ?, ?)",
+            [(t["task_id"], task_number(t["task_id"]), t["owner"], t["state"],
+              float(t["finish_time"] or 0.0), json.dumps(t, separators=(",", ":")))
+             for t in tasks])
+
+    def archive_tasks(self, tasks: Iterable[dict[str, Any]]) -> None:
+        """Insert finished tasks into the archive in a transaction of their own (recovery)."""
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            self._archive(tasks)
+
+    def archived_task(self, task_id: str) -> dict[str, Any] | None:
+        """An archived task's :meth:`Task.to_dict` form, or None."""
+        row = self.db.execute("SELECT task FROM task_archive WHERE task_id = ?",
+                              (task_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def archived_tasks(self, states: Iterable[str] = (), owner: str = "") -> list[dict[str, Any]]:
+        """Archived tasks in submit order, those in ``states`` (task state values; empty: all)
+        of ``owner`` (empty: every owner)."""
+        sql, args = "SELECT task FROM task_archive WHERE 1", []
+        states = list(states)
+        if states:
+            sql += f" AND state IN ({','.join('?' * len(states))})"
+            args += states
+        if owner:
+            sql += " AND owner = ?"
+            args.append(owner)
+        return [json.loads(r[0]) for r in self.db.execute(sql + " ORDER BY number", args)]
+
+    def archived_counts(self) -> dict[str, int]:
+        """Archived tasks per state value."""
+        return dict(self.db.execute("SELECT state, COUNT(*) FROM task_archive GROUP BY state"))
+
+    def prune_archive(self, finished_before: float) -> dict[str, int]:
+        """Delete the archived tasks that finished before ``finished_before`` [s since epoch];
+        returns how many per state value."""
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            gone = dict(self.db.execute("SELECT state, COUNT(*) FROM task_archive WHERE "
+                                        "finish_time < ? GROUP BY state", (finished_before,)))
+            if gone:
+                self.db.execute("DELETE FROM task_archive WHERE finish_time < ?",
+                                (float(finished_before),))
+            return gone
 
     def _prune_snapshots(self) -> None:
         """Keep the two newest snapshots (inside the caller's transaction)."""

@@ -114,6 +114,7 @@ class TaskLifecycle:
         task.state = state
         task.finish_time = t
         del self.active[task.task_id]
+        self.finished.append((t, task.task_id))
         self._objective.pop(task.task_id, None)
         out.placements.append(self._change(task, state.value, before, t))
 

@@ -67,6 +67,8 @@ class Outcome:
     ignored_nodes: list[str] = field(default_factory=list)
     completed_task_ids: list[str] = field(default_factory=list)
     task_id: str | None = None
+    #: finished tasks the event took out of the state (retention), for the state file's archive
+    retired: list[Any] = field(default_factory=list)
     # BFTrainer step-log figures
     interval_s: float = 0.0
     progress_samples: float = 0.0

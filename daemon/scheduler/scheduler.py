@@ -67,10 +67,12 @@ class Scheduler(EventValidation, ProgressClock, NodeEvents, TaskLifecycle, Progr
 
     def apply_validated(self, event: Event, allocate: Allocate) -> Outcome:
         """Apply an event that :meth:`validate` accepted in the current state (callers that
-        validate first to separate rejections from failures, like the engine): advance the
-        clock to its time, apply it, re-allocate when it changed anything."""
+        validate first to separate rejections from failures, like the engine): retire the
+        tasks finished longer ago than the retention, advance the clock to the event's time,
+        apply it, re-allocate when it changed anything."""
         t = event.time if self.clock is None else max(event.time, self.clock)
         out = Outcome(time=t)
+        self._retire_finished(t, out)
         out.interval_s = 0.0 if self.clock is None else t - self.clock
         self._advance(t, out, allocate)
         if isinstance(event, NodeEvent):

@@ -4,12 +4,17 @@ persistence (snapshots, docs/architecture.md §6) and the step-log figures."""
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from dataclasses import asdict
 from typing import Any
 
 from offcut.daemon.model import Limits, ObjectiveSettings, Task, TaskState
 from offcut.daemon.policies import AllocationPolicy
 from offcut.daemon.scheduler.outcome import Outcome
+
+
+#: how long a finished task stays in the scheduler's state by default [s]: a day
+DEFAULT_FINISHED_TASK_RETENTION_S = 86400.0
 
 
 class SchedulerState:
@@ -27,15 +32,21 @@ class SchedulerState:
         max_failed_generations: a task whose current generation's run fails this many times
             in a row (each failure restarts it as a new generation) is FAILED
             (docs/execution.md; persisted).
+        finished_task_retention_s: a finished task leaves the state (memory and snapshots)
+            this long [s of event clock] after it finished; the engine keeps it in the state
+            file's archive, where it stays readable (issue "A year of service"; persisted).
     """
 
     def __init__(self, tfwd_s: float = 10.0, max_running_tasks: int = 10,
                  limits: Limits | None = None, objective: ObjectiveSettings | None = None,
-                 max_failed_generations: int = 3):
+                 max_failed_generations: int = 3,
+                 finished_task_retention_s: float = DEFAULT_FINISHED_TASK_RETENTION_S):
         self.tfwd_s = float(tfwd_s)
         self.max_running_tasks = int(max_running_tasks)
         #: failed runs of a task's current generations in a row that fail it (docs/execution.md)
         self.max_failed_generations = int(max_failed_generations)
+        #: how long a finished task stays in the state after it finished [s]
+        self.finished_task_retention_s = float(finished_task_retention_s)
         self.limits = limits
         self.objective = objective if objective is not None else ObjectiveSettings()
         self.task_energy_j = 0.0
@@ -48,6 +59,8 @@ class SchedulerState:
         self.holder: dict[str, str] = {}        # idle node -> task id holding it
         self.tasks: dict[str, Task] = {}        # submit order
         self.active: dict[str, Task] = {}       # unfinished tasks, submit order
+        #: (finish time [s], task id) of the finished tasks still in ``tasks``, oldest first
+        self.finished: deque[tuple[float, str]] = deque()
         self._objective: dict[str, tuple] = {}  # task id -> (Ns, Os, S(n)) arrays (cache)
         self.last_seq: dict[str, int] = {}
         self.next_task_number = 1
@@ -57,6 +70,19 @@ class SchedulerState:
         self._learn_version = 0                 # bumped when a learner's model changes (caches)
         self._prior_cache: tuple[int, float] | None = None
         self._policy: tuple[str, AllocationPolicy] | None = None  # (name, instance) in use
+
+    def _retire_finished(self, t: float, out: Outcome) -> None:
+        """Take the tasks that finished ``finished_task_retention_s`` or longer before ``t``
+        (the event's time [s]) out of the state, into ``out.retired`` (oldest first; the
+        engine archives them in the same transaction as the event). Runs before the event is
+        applied: a task the event finishes is not retired by it, and an event naming a
+        finished task was refused by validation."""
+        horizon = t - self.finished_task_retention_s
+        while self.finished and self.finished[0][0] <= horizon:
+            _, task_id = self.finished.popleft()
+            task = self.tasks.pop(task_id, None)
+            if task is not None:
+                out.retired.append(task)
 
     def admitted(self) -> list[Task]:
         """The tasks considered by the allocation (submit order, at most maxJ)."""
@@ -90,6 +116,7 @@ class SchedulerState:
             "used_node_seconds": self.used_node_seconds,
             "objective": asdict(self.objective), "task_energy_j": self.task_energy_j,
             "max_failed_generations": self.max_failed_generations,
+            "finished_task_retention_s": self.finished_task_retention_s,
         }
 
     @classmethod
@@ -97,13 +124,17 @@ class SchedulerState:
         """Inverse of :meth:`to_dict`."""
         core = cls(d["tfwd_s"], d["max_running_tasks"],
                    objective=ObjectiveSettings(**d["objective"]) if "objective" in d else None,
-                   max_failed_generations=d.get("max_failed_generations", 3))
+                   max_failed_generations=d.get("max_failed_generations", 3),
+                   # snapshots of earlier releases kept every finished task
+                   finished_task_retention_s=d.get("finished_task_retention_s", float("inf")))
         core.task_energy_j = d.get("task_energy_j", 0.0)
         core.clock, core.revision = d["clock"], d["revision"]
         core.node_clock = d.get("node_clock")  # absent in snapshots of earlier releases
         core.pool = dict(d["pool"])
         core.tasks = {t["task_id"]: Task.from_dict(t) for t in d["tasks"]}
         core.active = {k: t for k, t in core.tasks.items() if not t.state.finished}
+        core.finished = deque(sorted((t.finish_time or 0.0, k) for k, t in core.tasks.items()
+                                     if t.state.finished))
         core.holder = {n: t.task_id for t in core.tasks.values() for n in t.nodes}
         core.last_seq = dict(d["last_seq"])
         core.next_task_number = d["next_task_number"]

@@ -1,0 +1,96 @@
+"""Finished tasks leave the daemon's memory and snapshots after ``finished_task_retention_s``
+and stay readable from the state file's archive until ``task_archive_retention_s`` (issue
+"A year of service"): a real daemon, real gRPC, a real SQLite file, restarts."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from offcut.errors import FailedPrecondition, NotFound
+from offcut.v1 import tasks_pb2
+
+from daemon_helpers import T0, make_spec
+
+#: these tests drive the event clock with explicit times (a replay daemon: docs/security.md)
+pytestmark = pytest.mark.replay_clock
+
+HOUR, DAY = 3600.0, 86400.0
+
+
+def snapshot_task_ids(state_file) -> list[str]:
+    db = sqlite3.connect(state_file)
+    try:
+        row = db.execute("SELECT state FROM snapshots ORDER BY journal_id DESC LIMIT 1").fetchone()
+        return [t["task_id"] for t in json.loads(row[0])["tasks"]]
+    finally:
+        db.close()
+
+
+def finish(c, tid, t):
+    r = c.report_task_run(tid, "finished", node="n1", job_id=f"j{tid}", time=t)
+    assert r.task.state == tasks_pb2.TASK_STATE_COMPLETED
+
+
+def test_finished_tasks_leave_memory_and_stay_readable(daemons):
+    kw = dict(finished_task_retention_s=HOUR, task_archive_retention_s=2 * DAY,
+              snapshot_every=1)
+    srv, c = daemons.start(**kw)
+    c.report_nodes(T0, "slurm", 1, idle=["n1", "n2"])
+    ids = [c.submit(make_spec(f"job{i}", max_nodes=1), submit_time=T0 + i, owner=f"u{i % 2}")
+           .task.task_id for i in range(4)]
+    finish(c, ids[0], T0 + 10)
+    c.cancel(ids[1], time=T0 + 20)
+    before = {t.task_id: t for t in c.list_tasks()}
+    # an hour later the two finished tasks leave the scheduler's state (not yet at 59 min)
+    c.report_nodes(T0 + 10 + HOUR - 60, "slurm", 2, idle=["n1", "n2"])
+    assert set(srv.engine.scheduler.tasks) == set(ids)
+    c.report_nodes(T0 + 20 + HOUR, "slurm", 3, idle=["n1", "n2"])
+    assert set(srv.engine.scheduler.tasks) == set(ids[2:])
+    assert set(snapshot_task_ids(srv.config.state)) == set(ids[2:])
+    # ... and read as before, from the archive: by id, in lists (submit order), per owner,
+    # per state, in the status counts
+    for tid in ids[:2]:
+        assert c.get_task(tid) == before[tid]
+    assert [t.task_id for t in c.list_tasks()] == ids
+    assert [t.task_id for t in c.list_tasks(owner="u0")] == [ids[0], ids[2]]
+    assert [t.task_id for t in c.list_tasks(states=[tasks_pb2.TASK_STATE_CANCELLED])] == [ids[1]]
+    assert [t.task_id for t in c.list_tasks(states=[tasks_pb2.TASK_STATE_RUNNING])] == ids[2:]
+    with pytest.raises(FailedPrecondition, match="task_id: task t000001 is already completed"):
+        c.cancel(ids[0], time=T0 + 30 + HOUR)  # as before it left the state, not NOT_FOUND
+    st = c.status()
+    assert st.completed_tasks == 1 and st.cancelled_tasks == 1
+    # a restart (snapshot + journal) keeps it so
+    daemons.stop(srv)
+    srv, c = daemons.start(**kw)
+    assert set(srv.engine.scheduler.tasks) == set(ids[2:])
+    assert c.get_task(ids[0]) == before[ids[0]]
+    assert c.status().completed_tasks == 1
+    # after the archive's retention they are gone for good, and counted no more
+    c.report_nodes(T0 + 10 + 2 * DAY + 1, "slurm", 4, idle=["n1", "n2"])
+    with pytest.raises(NotFound):
+        c.get_task(ids[0])
+    assert [t.task_id for t in c.list_tasks()] == ids[1:]  # ids[1] finished 10 s later
+    listed = c.list_tasks()
+    assert c.status().completed_tasks == sum(
+        t.state == tasks_pb2.TASK_STATE_COMPLETED for t in listed)
+
+
+def test_a_crash_before_the_snapshot_loses_no_archived_task(daemons):
+    """The archive row is written with the event that retired the task: re-applying the
+    journal after a restart (no snapshot in between) finds it in the archive."""
+    kw = dict(finished_task_retention_s=HOUR, snapshot_every=1000)
+    srv, c = daemons.start(**kw)
+    c.report_nodes(T0, "slurm", 1, idle=["n1"])
+    tid = c.submit(make_spec("a", max_nodes=1), submit_time=T0).task.task_id
+    finish(c, tid, T0 + 5)
+    c.report_nodes(T0 + 5 + HOUR, "slurm", 2, idle=["n1"])
+    assert tid not in srv.engine.scheduler.tasks
+    srv.engine.store.db.close()  # as after kill -9: no snapshot at shutdown
+    srv.engine.closed = True
+    daemons.stop(srv)
+    srv, c = daemons.start(**kw)
+    assert tid not in srv.engine.scheduler.tasks
+    assert c.get_task(tid).state == tasks_pb2.TASK_STATE_COMPLETED
