@@ -55,6 +55,7 @@ def serve(
     max_failed_generations: Optional[int] = typer.Option(None, "--max-failed-generations", help=flag_help("max_failed_generations")),
     finished_task_retention_s: Optional[float] = typer.Option(None, "--finished-task-retention-s", help=flag_help("finished_task_retention_s")),
     task_archive_retention_s: Optional[float] = typer.Option(None, "--task-archive-retention-s", help=flag_help("task_archive_retention_s")),
+    journal_retention_s: Optional[float] = typer.Option(None, "--journal-retention-s", help=flag_help("journal_retention_s")),
     policy: Optional[str] = typer.Option(None, help=flag_help("policy")),
     objective: Optional[str] = typer.Option(None, help=flag_help("objective")),
     eta: Optional[float] = typer.Option(None, help=flag_help("eta")),

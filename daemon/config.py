@@ -268,6 +268,11 @@ class DaemonConfig(BaseModel):
                                             description=(
         "an archived task is deleted from the state file this long after it finished, s "
         "(default 400 days); docs/operations.md"))
+    journal_retention_s: float = Field(7 * 86400.0, ge=3600, le=100 * 365 * 86400, description=(
+        "journal rows (one per applied event) are deleted this long after their event, s "
+        "(at each snapshot; rows a kept snapshot needs stay): the window in which a repeated "
+        "request id is answered as a duplicate and offcut history reaches back; "
+        "docs/operations.md"))
     policy: str = Field(
         "throughput", pattern=POLICY_NAME_PATTERN, description=(
             "allocation policy, what the allocation maximises: throughput (BFTrainer's samples "

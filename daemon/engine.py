@@ -74,6 +74,9 @@ class Engine:
             stored setting).
         task_archive_retention_s: how long an archived task is kept after it finished [s]
             (pruned at each snapshot; inf: for ever).
+        journal_retention_s: how long journal rows are kept [s of event clock]: the window
+            in which a repeated request id or ``(source, seq)`` is answered from the journal
+            and ``ExportHistory`` reaches back (compacted at each snapshot; inf: for ever).
         record_instances: optional JSONL path; every solved problem is appended to it.
         limits: request size limits checked for new events (default: :class:`Limits`'s
             defaults); the journal is re-applied without them.
@@ -84,9 +87,11 @@ class Engine:
                  limits: Limits | None = None, objective: ObjectiveSettings | None = None,
                  max_failed_generations: int | None = None,
                  finished_task_retention_s: float | None = None,
-                 task_archive_retention_s: float = float("inf")):
+                 task_archive_retention_s: float = float("inf"),
+                 journal_retention_s: float = float("inf")):
         self.store = store
         self.task_archive_retention_s = float(task_archive_retention_s)
+        self.journal_retention_s = float(journal_retention_s)
         self._fresh_retention_s = finished_task_retention_s
         self.limits = limits if limits is not None else Limits()
         self.allocator = allocator
@@ -267,14 +272,26 @@ class Engine:
             raise
         for task in out.retired:
             self.archived_counts[task.state] = self.archived_counts.get(task.state, 0) + 1
-        if snapshot and self.task_archive_retention_s < float("inf"):
-            for state, n in self.store.prune_archive(
-                    out.time - self.task_archive_retention_s).items():
-                self.archived_counts[TaskState(state)] -= n
+        if snapshot:
+            self._apply_retention(out.time)
         if out.ignored_nodes:
             log.warning("event %s/%s: ignored %d node(s) that were not idle or already idle: %s",
                         out.source, out.seq, len(out.ignored_nodes),
                         ", ".join(out.ignored_nodes[:10]))
+
+    def _apply_retention(self, now: float) -> None:
+        """After a snapshot: delete the archived tasks and the journal rows older than their
+        retention (``now``: the event clock [s]). A failure is logged, not raised: the event
+        is committed, and the next snapshot tries again."""
+        try:
+            if self.task_archive_retention_s < float("inf"):
+                for state, n in self.store.prune_archive(
+                        now - self.task_archive_retention_s).items():
+                    self.archived_counts[TaskState(state)] -= n
+            if self.journal_retention_s < float("inf"):
+                self.store.compact_journal(now - self.journal_retention_s)
+        except Exception:  # noqa: BLE001 - retention is housekeeping, retried next time
+            log.exception("retention at the snapshot of %s failed", self.store.path)
 
     # ------------------------------------------------------------------ reads
     def owner_of(self, task_id: str) -> str | None:

@@ -133,7 +133,8 @@ class OffcutServer:
                              objective=config.objective_settings(),
                              max_failed_generations=config.max_failed_generations,
                              finished_task_retention_s=config.finished_task_retention_s,
-                             task_archive_retention_s=config.task_archive_retention_s)
+                             task_archive_retention_s=config.task_archive_retention_s,
+                             journal_retention_s=config.journal_retention_s)
         # The Zeus optimizers keep their own connection to the state file: their transactions
         # must not interleave with the engine's on one connection (SQLite serialises writers).
         self.zeus_store = Store(config.state, durability=config.durability)

@@ -26,6 +26,9 @@ log = logging.getLogger("offcut.daemon")
 #: upgrades of :mod:`offcut.daemon.migrations`, after a backup copy.
 SCHEMA_VERSION = 2
 
+#: size the WAL file is truncated to after a checkpoint [bytes]
+WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+
 #: an in-place upgrade of an open state file from one format to the next (runs inside a
 #: transaction; raises to leave the file as it was)
 Upgrade = Callable[[sqlite3.Connection], None]
@@ -110,6 +113,9 @@ class Store:
         try:
             self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
+            # the -wal file is truncated back to this size after a checkpoint (it would
+            # otherwise keep its largest size for ever)
+            self.db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
             if durability not in ("full", "normal"):
                 raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
             self.db.execute(f"PRAGMA synchronous={durability.upper()}")
@@ -179,9 +185,10 @@ class Store:
         the last row committed when the iteration starts, at most ``limit`` rows (None = all).
 
         A row's id equals the core revision of its event: each applied event bumps the
-        revision by one and appends exactly one row in the same order, rows are never
-        deleted, and a failed commit reloads the core from this file. So paging by id is
-        paging by ``Decision.revision``.
+        revision by one and appends exactly one row in the same order, and a failed commit
+        reloads the core from this file. So paging by id is paging by ``Decision.revision``.
+        Rows older than the journal's retention are deleted (:meth:`compact_journal`): an
+        ``after_id`` before the oldest kept row starts at that row.
 
         Reads ``chunk_rows`` rows per query on a private read-only connection (WAL: it never
         blocks the daemon's writer and needs none of its locks), so a long journal is not
@@ -309,6 +316,41 @@ class Store:
                 self.db.execute("DELETE FROM task_archive WHERE finish_time < ?",
                                 (float(finished_before),))
             return gone
+
+    # ------------------------------------------------------------------ journal retention
+    def _first_row_at_or_after(self, t: float, lo: int, hi: int) -> int:
+        """The smallest journal id in ``[lo, hi]`` whose event time is >= ``t`` [s] (hi + 1
+        when none): a binary search, since rows are appended in event-clock order with
+        consecutive ids (only a prefix is ever deleted)."""
+        hi += 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            row = self.db.execute("SELECT json_extract(event, '$.time') FROM journal "
+                                  "WHERE id = ?", (mid,)).fetchone()
+            if row is not None and row[0] is not None and float(row[0]) >= t:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def compact_journal(self, before_time: float) -> int:
+        """Delete the journal rows of events before ``before_time`` [s since epoch] that no
+        kept snapshot needs (rows up to the older of the two kept snapshots); returns how many.
+        Their idempotency keys and history go with them (the retention window: docs/operations.md)."""
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            kept = [r[0] for r in self.db.execute(
+                "SELECT journal_id FROM snapshots ORDER BY journal_id DESC LIMIT 2")]
+            if not kept:
+                return 0
+            lo, hi = self.db.execute("SELECT MIN(id), MAX(id) FROM journal").fetchone()
+            if lo is None:
+                return 0
+            limit = min(min(kept), hi)
+            cut = self._first_row_at_or_after(before_time, lo, limit) - 1
+            if cut < lo:
+                return 0
+            return self.db.execute("DELETE FROM journal WHERE id <= ?", (cut,)).rowcount
 
     def _prune_snapshots(self) -> None:
         """Keep the two newest snapshots (inside the caller's transaction)."""

@@ -94,3 +94,42 @@ def test_a_crash_before_the_snapshot_loses_no_archived_task(daemons):
     srv, c = daemons.start(**kw)
     assert tid not in srv.engine.scheduler.tasks
     assert c.get_task(tid).state == tasks_pb2.TASK_STATE_COMPLETED
+
+
+def journal_rows(state_file) -> tuple[int, int, int]:
+    """(rows, first id, last id) of the journal."""
+    db = sqlite3.connect(state_file)
+    try:
+        return db.execute("SELECT COUNT(*), MIN(id), MAX(id) FROM journal").fetchone()
+    finally:
+        db.close()
+
+
+def test_the_journal_keeps_its_retention_window_and_no_more(daemons):
+    kw = dict(journal_retention_s=HOUR, snapshot_every=5)
+    srv, c = daemons.start(**kw)
+    c.report_nodes(T0, "slurm", 1, idle=["n1", "n2"])
+    first = c.submit(make_spec("a", max_nodes=1), submit_time=T0 + 1, request_id="r-1")
+    # two simulated days of events, one every 10 minutes
+    seq = 1
+    for k in range(1, 2 * 24 * 6):
+        seq += 1
+        c.report_nodes(T0 + 600 * k, "slurm", seq, idle=["n1", "n2"] if k % 2 else ["n1"])
+    rows, lo, hi = journal_rows(srv.config.state)
+    now = T0 + 600 * (2 * 24 * 6 - 1)
+    # an hour of events (6), plus at most the rows since the older kept snapshot (2 x 5)
+    assert rows <= 6 + 2 * 5 + 1 and hi == c.status().revision
+    # the history starts at the oldest kept row; nothing older is invented
+    history = list(c.export_history(after_revision=0))
+    assert [e.decision.revision for e in history] == list(range(lo, hi + 1))
+    assert all(e.decision.time.seconds >= now - HOUR - 10 * 600 for e in history)
+    # within the window a repeated request id is a duplicate; the task itself is still there
+    recent = c.submit(make_spec("b", max_nodes=1), submit_time=now, request_id="r-2")
+    again = c.submit(make_spec("b", max_nodes=1), submit_time=now, request_id="r-2")
+    assert again.decision.duplicate and again.task.task_id == recent.task.task_id
+    assert c.get_task(first.task.task_id).task_id == first.task.task_id
+    # a restart recovers the same state from the kept snapshot and rows
+    key = srv.engine.scheduler.fingerprint()
+    daemons.stop(srv)
+    srv, c = daemons.start(**kw)
+    assert srv.engine.scheduler.fingerprint() == key
