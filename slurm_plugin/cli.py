@@ -69,7 +69,8 @@ def _rule(partitions: List[str], prefix: str, comment: str):
 @app.command()
 def watch(
     address: Optional[str] = typer.Option(None, "--address", "-a", envvar="OFFCUT_ADDRESS", help=ADDRESS_HELP),
-    interval_s: float = typer.Option(30.0, "--interval-s", help="seconds between snapshots"),
+    interval_s: float = typer.Option(30.0, "--interval-s", help="seconds between observations of Slurm"),
+    resync_s: float = typer.Option(600.0, "--resync-s", help="an unchanged idle set is sent again only this many seconds after the last one sent (the periodic repair); 0: send every observation"),
     once: bool = typer.Option(False, "--once", help="send one snapshot and exit (status 1 if none was accepted)"),
     timeout_s: float = typer.Option(10.0, "--timeout-s", help="deadline of each daemon call [s]"),
     source: str = typer.Option("slurm-watch", "--source", help="event source name (one per watcher)"),
@@ -87,7 +88,8 @@ def watch(
     log_file: Optional[Path] = typer.Option(None, "--log-file", help="log here instead of stderr"),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
-    """Poll Slurm and send the daemon the set of nodes idle for Offcut (SyncNodes).
+    """Poll Slurm and send the daemon the set of nodes idle for Offcut (SyncNodes) when it
+    changed, and every --resync-s seconds when it did not.
 
     A node is idle when Slurm has it idle, or busy only with Offcut's own jobs (jobs in a
     --scavenger-partition, with --job-name-prefix / --job-comment when given) that Slurm is not
@@ -106,6 +108,8 @@ def watch(
 
     if interval_s <= 0 or timeout_s <= 0:
         _fail("--interval-s and --timeout-s must be > 0")
+    if resync_s < 0:
+        _fail("--resync-s must be >= 0")
     _setup_logging(log_file, log_level)
     log = logging.getLogger("offcut.slurm.watch")
     parts, rule = _rule(scavenger_partition, job_name_prefix, job_comment)
@@ -122,7 +126,8 @@ def watch(
                                      token=token, tls_ca=str(tls_ca) if tls_ca else None)
         except InvalidArgument as exc:
             _fail(str(exc).replace("tls_ca:", "--tls-ca:", 1))
-    w = Watcher(src, sender, rule=rule, node_partitions=parts, source_name=source)
+    w = Watcher(src, sender, rule=rule, node_partitions=parts, source_name=source,
+                resync_s=resync_s)
     stop = threading.Event()
     if not once:
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -9,6 +9,12 @@ daemon has already applied (a hook that ran while Slurm was being asked) is refu
 FAILED_PRECONDITION; the watcher then asks Slurm again and sends the new observation (never
 the old one with a new time). Bad Slurm output or a failing command sends nothing: one clear
 error is logged (repeats of the same error are not), and the loop goes on.
+
+Only changes are sent (issue "A year of service": the daemon journals every snapshot): an
+observation equal to the last accepted one is sent again only ``resync_s`` (600 s) after that
+one, as the periodic repair of what the hooks may have missed, and at once after a snapshot
+could not be delivered (the daemon was down and may have missed hook events);
+``resync_s = 0`` sends every observation.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from offcut.slurm_plugin.nodelist import compress, drop_invalid
 from offcut.slurm_plugin.rpc import DaemonError, NodeEventSender
@@ -39,6 +46,9 @@ class Watcher:
         last_seq: seq of the last snapshot sent (time-based, ns since the epoch; module
             docstring).
         last_idle: the idle set of the last accepted (or dry-run) snapshot, sorted names.
+        resync_s: an observation equal to ``last_idle`` is sent only when the last accepted
+            snapshot is this old [s] (0: always sent).
+        monotonic: the clock [s] of ``resync_s`` (injectable for tests).
     """
 
     source: Source
@@ -48,6 +58,9 @@ class Watcher:
     source_name: str = "slurm-watch"
     last_seq: int = 0
     last_idle: list[str] | None = None
+    resync_s: float = 600.0
+    monotonic: Callable[[], float] = time.monotonic
+    _sent_at: float | None = None  # monotonic time of the last accepted snapshot
     _last_error: str | None = None
     _unknown_seen: set = field(default_factory=set)
 
@@ -78,8 +91,9 @@ class Watcher:
         return self.last_seq
 
     def step(self) -> bool:
-        """Observe Slurm and send one snapshot; True when the daemon accepted one. Never
-        raises for Slurm or daemon failures (they are logged)."""
+        """Observe Slurm and send the snapshot when it changed or ``resync_s`` passed; True
+        when the daemon accepted it or nothing needed sending. Never raises for Slurm or
+        daemon failures (they are logged)."""
         for attempt in (1, 2):
             try:
                 obs = self.observe()
@@ -93,6 +107,11 @@ class Watcher:
                 self.last_idle = idle
                 self._ok()
                 return True
+            if (idle == self.last_idle and self._sent_at is not None
+                    and self.monotonic() - self._sent_at < self.resync_s):
+                log.debug("no change: %d of %d nodes idle (not sent)", len(idle), obs.view.total)
+                self._ok()
+                return True
             seq = self._seq(obs.time_ns)
             try:
                 sent = self.sender.sync(time_ns=obs.time_ns, source=self.source_name, seq=seq,
@@ -102,12 +121,14 @@ class Watcher:
                     log.info("snapshot refused (%s); asking Slurm again", exc.details)
                     continue
                 self._error(f"snapshot not delivered: {exc}")
+                self._sent_at = None  # the daemon may have missed events: send the next one
                 return False
             changed = idle != self.last_idle
             (log.info if changed or sent.nodes_left or sent.nodes_joined else log.debug)(
                 "snapshot seq %d: %d of %d nodes idle (%s): %s", seq, len(idle), obs.view.total,
                 compress(idle) or "-", sent)
             self.last_idle = idle
+            self._sent_at = self.monotonic()
             self._ok()
             return True
         return False

@@ -233,3 +233,32 @@ def test_pyslurm_version_and_config_guards(monkeypatch, tmp_path):
     assert "kills a probe process" in pyslurm_unusable_reason(cli)
     broken = SlurmCLI(sinfo=fake(tmp_path / "sinfo2", "exit 1"))
     assert "Slurm version is unknown" in pyslurm_unusable_reason(broken)
+
+
+def test_only_changes_are_sent_until_the_resync_interval(daemon):
+    """An unchanged idle set is not sent (the daemon would journal it) until ``resync_s``
+    after the last accepted snapshot; a change is sent at once."""
+    srv, client = daemon
+    now = [1000.0]
+    src = ScriptedSource([IDLE, IDLE, IDLE, DRAIN, DRAIN, DRAIN])
+    with NodeEventSender(client.address, timeout_s=5) as sender:
+        w = Watcher(src, sender, resync_s=600.0, monotonic=lambda: now[0])
+        revisions = []
+        for dt in (0, 30, 30, 30, 30, 600):
+            now[0] += dt
+            assert w.step() is True
+            revisions.append(client.status().revision)
+    # IDLE sent; two unchanged IDLE not; DRAIN sent; DRAIN 30 s later not; 630 s later resent
+    assert revisions == [1, 1, 1, 2, 2, 3] and src.calls == 6
+    assert idle_set(client) == {"n2"}
+    # a snapshot that could not be delivered (a change while the daemon was down): the next
+    # observation is sent even when it equals the last accepted one
+    with NodeEventSender("unix:///nonexistent/offcut.sock", timeout_s=1) as down:
+        w.sender = down
+        w.source = ScriptedSource([IDLE])
+        assert w.step() is False
+    with NodeEventSender(client.address, timeout_s=5) as sender:
+        w.sender = sender
+        w.source = ScriptedSource([DRAIN])
+        now[0] += 1
+        assert w.step() is True and client.status().revision == 4
