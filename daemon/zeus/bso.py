@@ -227,6 +227,7 @@ class BatchSizeJob:
         self.spec = spec
         self.ledger = TrialLedger(spec)
         self.policy = BatchSizePolicy(spec)
+        self._spec_dict: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ state (read-only)
     trials = _part("ledger", "trials",
@@ -266,10 +267,10 @@ class BatchSizeJob:
         sizes) whatever the job's history (spec, RNG, min cost, best batch size, phase, arms,
         pruning; ``trial_count`` = trials ever opened). The registry stores it in place and the
         trials and observations as rows (:meth:`from_parts` is its inverse)."""
-        d = {"spec": self.spec.to_dict(), "rng": self.rng.bit_generator.state,
-             "trial_count": self.ledger.count, **self.policy.to_dict()}
-        del d["observations"]
-        return d
+        if self._spec_dict is None:
+            self._spec_dict = self.spec.to_dict()  # (the spec is frozen)
+        return {"spec": self._spec_dict, "rng": self.rng.bit_generator.state,
+                "trial_count": self.ledger.count, **self.policy.summary()}
 
     @classmethod
     def from_parts(cls, summary: dict[str, Any], observations: list[tuple[int, float]],

@@ -90,6 +90,7 @@ class TrialLedger:
         self.spec = spec
         self.held: dict[int, dict[str, Any]] = {}
         self.count = 0
+        self._suspended: set[int] = set()  # (may hold numbers no longer suspended: stale())
         self.touched: set[int] = set()
         self.loader: Callable[[int], dict[str, Any] | None] | None = None
 
@@ -103,6 +104,7 @@ class TrialLedger:
     def trials(self, records: list[dict[str, Any]]) -> None:
         self.held = {int(t["trial_number"]): t for t in records}
         self.count = max(self.held, default=0)
+        self._suspended = {n for n, t in self.held.items() if t["status"] == SUSPENDED}
 
     # ------------------------------------------------------------------ records
     def open(self, batch_size: int, exploration: bool, generation: int) -> int:
@@ -242,6 +244,7 @@ class TrialLedger:
             trial["interruptions"] += 1
             trial["suspended_at"] = float(now)
         trial.update(status=SUSPENDED, cost_j=cost, **totals)
+        self._suspended.add(trial["trial_number"])
         return Verdict(True, False, cost, f"trial {trial['trial_number']} suspended after epoch "
                        f"{trial['epochs']} (interrupted); the next generation resumes it "
                        "(ResumeTrial)", False, suspended=True)
@@ -286,8 +289,14 @@ class TrialLedger:
 
     def stale(self, now: float) -> list[dict[str, Any]]:
         """The trials suspended for at least ``suspended_trial_timeout_s`` before ``now`` [s]."""
-        stale = [trial for trial in self.held.values()
-                 if trial["status"] == SUSPENDED and trial["suspended_at"] is not None
+        suspended = []
+        for n in sorted(self._suspended):  # (numbers suspended once; O(those), not O(trials))
+            trial = self.held.get(n)
+            if trial is None or trial["status"] != SUSPENDED:
+                self._suspended.discard(n)
+            else:
+                suspended.append(trial)
+        stale = [trial for trial in suspended if trial["suspended_at"] is not None
                  and now - trial["suspended_at"] >= self.spec.suspended_trial_timeout_s]
         self.touched.update(t["trial_number"] for t in stale)
         return stale

@@ -124,9 +124,11 @@ class _Entry:
     def stored(self) -> dict:
         """The stored summary (``zeus_state.state`` of kind ``bso``): :meth:`to_dict` with the
         job's :meth:`BatchSizeJob.summary` (no trials, no observed runs)."""
-        return {"job": self.job.summary(),
-                "power": self.power.to_dict() if self.power else None,
-                "seed_given": self.seed_given, "owner": self.owner}
+        power = self.__dict__.get("_power_dict")
+        if power is None and self.power is not None:
+            power = self.__dict__["_power_dict"] = self.power.to_dict()  # (frozen spec)
+        return {"job": self.job.summary(), "power": power, "seed_given": self.seed_given,
+                "owner": self.owner}
 
     def acted_on_by(self, who: Caller) -> bool:
         """Whether ``who`` may see and act on this job (admins: every job; users: their own)."""
@@ -343,18 +345,21 @@ class ZeusRegistry:
                 (job_id, n), 0) <= durable):
             self._row_ticket.pop((job_id, n), None)
         ledger.touched.clear()
-        seen = len(job.observations)
+        seen = job.policy.observed
         try:
             result = op(job)  # the optimizers raise their errors before changing anything
         except OffcutError:
             ledger.touched.clear()
+            if job.policy.observed != seen:  # (defensive: never after an optimizer's error)
+                self._reload_job(job_id)
             raise
         except BaseException:
             self._reload_job(job_id)  # (defensive: a bug may have raised after a change)
             raise
         trials = [dict(ledger.held[n]) for n in sorted(ledger.touched) if n in ledger.held]
         ledger.touched.clear()
-        observed = [(seen + i, b, r) for i, (b, r) in enumerate(job.observations[seen:])]
+        observed = [(seen + i, b, r)
+                    for i, (b, r) in enumerate(job.policy.observations_since(seen))]
         write = ZeusWrite(_BSO, job_id, 0, json.dumps(entry.stored(), separators=(",", ":")),
                           trials, observed, request_key or None,
                           stored_answer(result) if request_key else None, self.clock())
