@@ -92,6 +92,7 @@ class Result:
     round_trips: int = 0
     wall_s: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
+    started_at: list[float] = field(default_factory=list)  # perf_counter at each start
     not_converged: int = 0
     errors: list[str] = field(default_factory=list)
     server_cpu_s: float | None = None
@@ -99,7 +100,9 @@ class Result:
 
     def row(self) -> dict:
         lat = np.asarray(self.latencies_ms)
-        first, last = lat[:200], lat[-200:]
+        by_time = lat[np.argsort(np.asarray(self.started_at), kind="stable")] if len(
+            self.started_at) == len(lat) else lat  # all threads' round trips, in start order
+        first, last = by_time[:200], by_time[-200:]
         return {"server": self.server, "transport": self.transport, "threads": self.threads,
                 "round_trips": self.round_trips, "wall_s": self.wall_s,
                 "rt_per_s": self.round_trips / self.wall_s if self.wall_s else 0.0,
@@ -107,6 +110,8 @@ class Result:
                 "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None,
                 "first200_p50_ms": float(np.percentile(first, 50)) if len(first) else None,
                 "last200_p50_ms": float(np.percentile(last, 50)) if len(last) else None,
+                "last_over_first": (float(np.percentile(last, 50) / np.percentile(first, 50))
+                                    if len(first) else None),
                 "server_cpu_ms_per_rt": (1e3 * self.server_cpu_s / self.round_trips
                                          if self.server_cpu_s is not None and self.round_trips
                                          else None),
@@ -148,6 +153,7 @@ def drive(result: Result, threads: int, seconds: float, max_trials: int | None,
             barrier.wait()
             return
         local: list[float] = []
+        starts: list[float] = []
         barrier.wait()
         try:
             while not stop.is_set():
@@ -161,6 +167,7 @@ def drive(result: Result, threads: int, seconds: float, max_trials: int | None,
                         stop.set()
                     continue
                 local.append((time.perf_counter() - t0) * 1e3)
+                starts.append(t0)
                 with lock:
                     count[0] += 1
                     result.not_converged += not ok
@@ -170,6 +177,7 @@ def drive(result: Result, threads: int, seconds: float, max_trials: int | None,
             close()
             with lock:
                 result.latencies_ms.extend(local)
+                result.started_at.extend(starts)
 
     workers = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(threads)]
     for w in workers:
@@ -371,6 +379,29 @@ def print_table(rows: list[dict]) -> None:
             print(f"{'':16}stopped by the time cap before the trial count: not comparable")
 
 
+#: the goals of issue "A year of service" (offcutd, durability full): round trips/s from the
+#: K-thread run, and the p50 of the last 200 round trips over the first 200's (a flat cost per
+#: call) once a job has 4,000 trials
+GOAL_RT_PER_S, GOAL_RATIO, GOAL_TRIALS = 700.0, 1.2, 4000
+
+
+def goals(rows: list[dict], args) -> None:
+    """Print PASS/FAIL of each offcutd row against :data:`GOAL_RT_PER_S` (the ``--threads``
+    run) and :data:`GOAL_RATIO` (runs of at least :data:`GOAL_TRIALS` round trips)."""
+    for r in rows:
+        if r["server"] != "offcutd":
+            continue
+        name = f"offcutd {r['transport']} x{r['threads']}"
+        if r["threads"] == args.threads and args.threads > 1:
+            ok = r["rt_per_s"] >= GOAL_RT_PER_S
+            print(f"goal {name}: {r['rt_per_s']:.1f} rt/s >= {GOAL_RT_PER_S:g}: "
+                  f"{'PASS' if ok else 'FAIL'}")
+        if r["round_trips"] >= GOAL_TRIALS and r["last_over_first"] is not None:
+            ok = r["last_over_first"] <= GOAL_RATIO
+            print(f"goal {name}: p50 last 200 / first 200 = {r['last_over_first']:.2f} <= "
+                  f"{GOAL_RATIO:g} after {r['round_trips']} trials: {'PASS' if ok else 'FAIL'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__.split("Usage::")[0].rstrip(),
@@ -451,6 +482,7 @@ def main() -> None:
             print(f"offcutd {r['transport']} / Zeus, {r['threads']} thread(s): "
                   f"{r['rt_per_s'] / z['rt_per_s']:.2f}x round trips/s, "
                   f"p50 latency {r['p50_ms']:.2f} vs {z['p50_ms']:.2f} ms")
+    goals(rows, args)
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                          "zeus": zeus_note, "rows": rows}, indent=2) + "\n")
