@@ -42,7 +42,7 @@ import json
 import secrets
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol, TypeVar
 
 from offcut.daemon.model import Limits
@@ -75,7 +75,8 @@ EXPIRY_INTERVAL_S = 60.0
 
 def stored_answer(answer: Prediction | Resumed) -> bytes:
     """The stored form of an answer to a request with an id (format :data:`ANSWER_FORMAT`)."""
-    return json.dumps({"format": ANSWER_FORMAT, **asdict(answer)},
+    # (the answers' fields are scalars: their __dict__ is asdict's result, without its copying)
+    return json.dumps({"format": ANSWER_FORMAT, **vars(answer)},
                       separators=(",", ":")).encode()
 
 
