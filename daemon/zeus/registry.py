@@ -361,7 +361,10 @@ class ZeusRegistry:
         ledger.touched.clear()
         observed = [(seen + i, b, r)
                     for i, (b, r) in enumerate(job.policy.observations_since(seen))]
-        write = ZeusWrite(_BSO, job_id, 0, json.dumps(entry.stored(), separators=(",", ":")),
+        state = json.dumps(entry.stored(), separators=(",", ":"))
+        unchanged = state == entry.__dict__.get("_queued_state")  # (e.g. a report mid-run)
+        entry.__dict__["_queued_state"] = state
+        write = ZeusWrite(_BSO, job_id, 0, None if unchanged else state,
                           trials, observed, request_key or None,
                           stored_answer(result) if request_key else None, self.clock())
         ticket = self.commits.submit(write)
