@@ -455,6 +455,8 @@ class ZeusRegistry:
             self.commits.flush()
             self.store.zeus_delete_job(job_id)
             del self.jobs[job_id]
+            self._pending = {k: v for k, v in self._pending.items()
+                             if json.loads(k)[2] != job_id}  # (durable, then deleted)
             for key in [k for k in self._row_ticket if k[0] == job_id]:
                 del self._row_ticket[key]
             for key in [k for k in self.profiles if k[0] == job_id]:
