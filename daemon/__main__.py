@@ -62,6 +62,8 @@ def serve(
     prior_rate_per_node: Optional[float] = typer.Option(None, help=flag_help("prior_rate_per_node")),
     snapshot_every: Optional[int] = typer.Option(None, help=flag_help("snapshot_every")),
     durability: Optional[str] = typer.Option(None, help=flag_help("durability")),
+    zeus_trial_retention: Optional[int] = typer.Option(None, "--zeus-trial-retention", help=flag_help("zeus_trial_retention")),
+    zeus_request_retention_s: Optional[float] = typer.Option(None, "--zeus-request-retention-s", help=flag_help("zeus_request_retention_s")),
     record_instances: Optional[str] = typer.Option(None, "--record-instances", help=flag_help("record_instances")),
     max_streams: Optional[int] = typer.Option(None, "--max-streams", help=flag_help("max_streams")),
     max_streams_per_caller: Optional[int] = typer.Option(None, "--max-streams-per-caller", help=flag_help("max_streams_per_caller")),

@@ -295,6 +295,14 @@ class DaemonConfig(BaseModel):
     durability: Literal["full", "normal"] = Field(
         "full", description="full: fsync every commit (survives power loss); normal: survives "
                             "kill -9, about 1 ms per event faster")
+    zeus_trial_retention: int = Field(1000, ge=0, le=1_000_000, description=(
+        "trial records a Zeus job keeps in memory, 0 to 1,000,000: its open trials and the "
+        "newest finished ones; older finished trials stay in the state file (GetJob lists "
+        "them, a report naming one reads it); the optimizer's decisions do not depend on it"))
+    zeus_request_retention_s: float = Field(7 * 86400.0, ge=3600, le=3650 * 86400.0, description=(
+        "seconds a stored answer to a Zeus request id (Predict, ResumeTrial) is kept, 1 hour "
+        "to 10 years: a retry within it gets the first answer, a later one is a new request; "
+        "expired answers are deleted at most once a minute"))
     record_instances: str | None = Field(
         None, examples=["/var/lib/offcut/instances.jsonl"],
         description="append every allocation problem to this JSONL file (offcut solve "

@@ -8,11 +8,21 @@ application's JSON (:meth:`offcut.daemon.replies.Reply.to_record`,
 :func:`offcut.daemon.zeus.registry.stored_answer`). This module sits at the gRPC edge: it is
 the one place after start-up that still reads old wire messages, so the application never
 does. Events, allocation answers and snapshots were already JSON and are unchanged.
+
+Format 3 (issue "A year of service") stores a Zeus job as rows: format 2 kept the whole
+:meth:`offcut.daemon.zeus.bso.BatchSizeJob.to_dict` (every trial and observed run) in the job's
+``zeus_state`` row, rewritten on every call; format 3 keeps there only the summary
+(:meth:`~offcut.daemon.zeus.bso.BatchSizeJob.summary`, with ``trial_count``), one
+``zeus_trials`` row per trial and one ``zeus_observations`` row per observed run, and stamps
+stored Zeus answers with ``zeus_requests.created_at`` (the upgrade stamps the old ones with
+the upgrade's time, so they get the whole retention window).
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import time
 
 from offcut.daemon import protocol
 from offcut.daemon.replies import Reply
@@ -77,5 +87,35 @@ def upgrade_1_to_2(db: sqlite3.Connection) -> None:
                    [(zeus_answer_from_v1(key, bytes(raw)), key) for key, raw in answers])
 
 
+def split_zeus_job(stored: dict) -> tuple[dict, list[dict], list[tuple[int, float]]]:
+    """A format-2 ``zeus_state`` document of a batch-size job as (format-3 document, trial
+    records, observed runs ``(batch size, reward = -cost [J])`` in order)."""
+    job = dict(stored["job"])
+    trials = list(job.pop("trials"))
+    observations = [(int(b), float(r)) for b, r in job.pop("observations")]
+    job["trial_count"] = max((int(t["trial_number"]) for t in trials), default=0)
+    return {**stored, "job": job}, trials, observations
+
+
+def upgrade_2_to_3(db: sqlite3.Connection, now: float | None = None) -> None:
+    """Split every Zeus job's document into its summary and rows (module docstring, format 3)
+    and add ``zeus_requests.created_at`` = ``now`` [s, wall clock; default the current time]
+    (inside the caller's transaction)."""
+    columns = [row[1] for row in db.execute("PRAGMA table_info(zeus_requests)")]
+    if "created_at" not in columns:
+        db.execute("ALTER TABLE zeus_requests ADD COLUMN created_at REAL NOT NULL DEFAULT 0")
+    db.execute("UPDATE zeus_requests SET created_at = ?", (time.time() if now is None else now,))
+    rows = db.execute("SELECT job_id, state FROM zeus_state WHERE kind = 'bso'").fetchall()
+    for job_id, text in rows:
+        summary, trials, observations = split_zeus_job(json.loads(text))
+        db.execute("UPDATE zeus_state SET state = ? WHERE kind = 'bso' AND job_id = ?",
+                   (json.dumps(summary, separators=(",", ":")), job_id))
+        db.executemany("INSERT OR REPLACE INTO zeus_trials VALUES (?, ?, ?, ?, ?)",
+                       [(job_id, t["trial_number"], t["batch_size"], t["status"],
+                         json.dumps(t, separators=(",", ":"))) for t in trials])
+        db.executemany("INSERT OR REPLACE INTO zeus_observations VALUES (?, ?, ?, ?)",
+                       [(job_id, seq, b, r) for seq, (b, r) in enumerate(observations)])
+
+
 #: the upgrades offcutd applies when it opens an older state file (``Store(upgrades=...)``)
-UPGRADES = {1: upgrade_1_to_2}
+UPGRADES = {1: upgrade_1_to_2, 2: upgrade_2_to_3}

@@ -138,7 +138,9 @@ class OffcutServer:
         # The Zeus optimizers keep their own connection to the state file: their transactions
         # must not interleave with the engine's on one connection (SQLite serialises writers).
         self.zeus_store = Store(config.state, durability=config.durability)
-        self.zeus = ZeusRegistry(self.zeus_store, limits)
+        self.zeus = ZeusRegistry(self.zeus_store, limits,
+                                 trial_retention=config.zeus_trial_retention,
+                                 request_retention_s=config.zeus_request_retention_s)
         self.metrics = DaemonMetrics(self.engine, self.zeus)
         self.metrics_endpoint: MetricsEndpoint | None = None
         #: TCP port of the /metrics endpoint once started (None without ``metrics_listen``)

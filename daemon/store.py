@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -22,9 +24,11 @@ log = logging.getLogger("offcut.daemon")
 
 #: the state-file format written by this release: 1 stored ``offcut.v1`` replies in
 #: ``journal.response`` and ``zeus_requests.response``; 2 stores the application's JSON
-#: (docs/architecture.md §6). Older files are upgraded in place when opened with the
-#: upgrades of :mod:`offcut.daemon.migrations`, after a backup copy.
-SCHEMA_VERSION = 2
+#: (docs/architecture.md §6); 3 stores a Zeus job's trials and observed runs as rows
+#: (``zeus_trials``, ``zeus_observations``) beside its small summary in ``zeus_state``, and
+#: when each Zeus answer was stored (``zeus_requests.created_at``). Older files are upgraded
+#: in place when opened with the upgrades of :mod:`offcut.daemon.migrations`, after a backup.
+SCHEMA_VERSION = 3
 
 #: size the WAL file is truncated to after a checkpoint [bytes]
 WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
@@ -71,9 +75,30 @@ CREATE TABLE IF NOT EXISTS zeus_state (
 CREATE TABLE IF NOT EXISTS zeus_requests (
     request_id TEXT PRIMARY KEY,
     job_id TEXT NOT NULL,
-    response BLOB NOT NULL
+    response BLOB NOT NULL,
+    created_at REAL NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS zeus_trials (
+    job_id TEXT NOT NULL,
+    trial_number INTEGER NOT NULL,
+    batch_size INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    record TEXT NOT NULL,
+    PRIMARY KEY (job_id, trial_number)
+);
+CREATE INDEX IF NOT EXISTS zeus_trials_open ON zeus_trials(job_id, trial_number)
+    WHERE status IN ('running', 'suspended');
+CREATE TABLE IF NOT EXISTS zeus_observations (
+    job_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    batch_size INTEGER NOT NULL,
+    reward REAL NOT NULL,
+    PRIMARY KEY (job_id, seq)
 );
 """
+
+#: statuses of a Zeus trial that has no final verdict (``offcut.daemon.zeus.bso_trials.OPEN``)
+_ZEUS_OPEN = ("running", "suspended")
 
 
 def task_number(task_id: str) -> int:
@@ -358,12 +383,64 @@ class Store:
                         "(SELECT journal_id FROM snapshots ORDER BY journal_id DESC LIMIT 2)")
 
     # ------------------------------------------------------------------ Zeus optimizers
-    # Their state is small and keyed, so it is stored as the latest state per object (one
-    # row per job and per (job, batch size) power profile) rather than journalled.
+    # A Zeus job is stored as rows (docs/architecture.md §6): its small summary (spec, RNG,
+    # pruning and bandit state: O(batch sizes)) replaced in ``zeus_state``, one row per trial in
+    # ``zeus_trials`` (written when the trial changes) and one per observed run in
+    # ``zeus_observations`` (appended); a power profile is one ``zeus_state`` row. So a call
+    # writes O(1) rows whatever the job's history. Reads go through a second, read-only
+    # connection (WAL: they see committed rows only and never wait for a commit's fsync).
+    def _zeus_reader(self) -> sqlite3.Connection:
+        reader = getattr(self, "_zeus_ro", None)
+        if reader is None:
+            reader = self._zeus_ro = sqlite3.connect(
+                self.path.resolve().as_uri() + "?mode=ro", uri=True, check_same_thread=False)
+            self._zeus_ro_lock = threading.Lock()
+        return reader
+
+    def _zeus_read(self, sql: str, args: tuple = ()) -> list[tuple]:
+        reader = self._zeus_reader()
+        with self._zeus_ro_lock:
+            return reader.execute(sql, args).fetchall()
+
     def zeus_load(self) -> list[tuple[str, str, int, dict[str, Any]]]:
-        """Every stored optimizer object as ``(kind, job_id, batch_size, state)``."""
+        """Every stored optimizer object's summary as ``(kind, job_id, batch_size, state)``
+        (a job's trials and observed runs: :meth:`zeus_trial_records`,
+        :meth:`zeus_observations`)."""
         return [(kind, job_id, bs, json.loads(state)) for kind, job_id, bs, state in
                 self.db.execute("SELECT kind, job_id, batch_size, state FROM zeus_state")]
+
+    def zeus_observations(self, job_id: str) -> list[tuple[int, float]]:
+        """The job's observed runs ``(batch size, reward = -cost [J])`` in order."""
+        return [(int(b), float(r)) for b, r in self._zeus_read(
+            "SELECT batch_size, reward FROM zeus_observations WHERE job_id = ? ORDER BY seq",
+            (job_id,))]
+
+    def zeus_trial_records(self, job_id: str, last: int | None = None) -> list[dict[str, Any]]:
+        """The job's trial records ascending by number: all (``last`` None), or the open ones
+        and the ``last`` newest."""
+        if last is None:
+            rows = self._zeus_read("SELECT record FROM zeus_trials WHERE job_id = ? "
+                                   "ORDER BY trial_number", (job_id,))
+        else:
+            rows = self._zeus_read(
+                "SELECT record FROM (SELECT trial_number, record FROM zeus_trials "
+                "WHERE job_id = ? ORDER BY trial_number DESC LIMIT ?) UNION "
+                "SELECT record FROM zeus_trials WHERE job_id = ? AND status IN (?, ?)",
+                (job_id, max(0, int(last)), job_id, *_ZEUS_OPEN))
+            records = [json.loads(r) for r, in rows]
+            return sorted(records, key=lambda t: t["trial_number"])
+        return [json.loads(r) for r, in rows]
+
+    def zeus_trial_record(self, job_id: str, trial_number: int) -> dict[str, Any] | None:
+        """One trial's stored record, or None."""
+        rows = self._zeus_read("SELECT record FROM zeus_trials WHERE job_id = ? AND "
+                               "trial_number = ?", (job_id, int(trial_number)))
+        return json.loads(rows[0][0]) if rows else None
+
+    def zeus_has_trial(self, job_id: str, batch_size: int) -> bool:
+        """Whether a trial of ``batch_size`` was ever stored for the job."""
+        return bool(self._zeus_read("SELECT 1 FROM zeus_trials WHERE job_id = ? AND "
+                                    "batch_size = ? LIMIT 1", (job_id, int(batch_size))))
 
     def zeus_response(self, request_id: str, job_id: str | None = None) -> bytes | None:
         """The stored reply to the Zeus call with ``request_id`` (a key of
@@ -372,30 +449,77 @@ class Store:
         sql, args = "SELECT response FROM zeus_requests WHERE request_id = ?", (request_id,)
         if job_id is not None:
             sql, args = sql + " AND job_id = ?", args + (job_id,)
-        row = self.db.execute(sql, args).fetchone()
-        return row[0] if row else None
+        rows = self._zeus_read(sql, args)
+        return rows[0][0] if rows else None
 
     def zeus_put(self, kind: str, job_id: str, batch_size: int, state: dict[str, Any], *,
                  request_id: str | None = None, response: bytes | None = None) -> None:
-        """Replace one object's state (and remember the reply to ``request_id``) atomically.
+        """Replace one object's summary (and remember the reply to ``request_id``) atomically
+        (one :class:`ZeusWrite` through :meth:`zeus_write`)."""
+        self.zeus_write([ZeusWrite(kind, job_id, batch_size, state, request_id=request_id,
+                                   response=response)])
+
+    def zeus_write(self, writes: "list[ZeusWrite]", expire_before: float | None = None) -> None:
+        """Apply ``writes`` in order in ONE transaction (with ``durability="full"`` one fsync
+        for all: the registry's group commit), and with ``expire_before`` [s, wall clock]
+        forget the stored answers created before it (the request-retention window).
+
         The registry stores a reply only after finding none for ``(request_id, job_id)``, so a
         row it replaces is one of an earlier release's keys about another job that happens to
         spell ``request_id`` (registry, ``request_key``)."""
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
-            self.db.execute("INSERT OR REPLACE INTO zeus_state VALUES (?, ?, ?, ?)",
-                            (kind, job_id, batch_size, json.dumps(state, separators=(",", ":"))))
-            if request_id:
-                self.db.execute("INSERT OR REPLACE INTO zeus_requests VALUES (?, ?, ?)",
-                                (request_id, job_id, response))
+            for w in writes:
+                if w.state is not None:
+                    state = (w.state if isinstance(w.state, str)
+                             else json.dumps(w.state, separators=(",", ":")))
+                    self.db.execute("INSERT OR REPLACE INTO zeus_state VALUES (?, ?, ?, ?)",
+                                    (w.kind, w.job_id, w.batch_size, state))
+                if w.trials:
+                    self.db.executemany(
+                        "INSERT OR REPLACE INTO zeus_trials VALUES (?, ?, ?, ?, ?)",
+                        [(w.job_id, t["trial_number"], t["batch_size"], t["status"],
+                          json.dumps(t, separators=(",", ":"))) for t in w.trials])
+                if w.observations:
+                    self.db.executemany(
+                        "INSERT OR REPLACE INTO zeus_observations VALUES (?, ?, ?, ?)",
+                        [(w.job_id, seq, b, r) for seq, b, r in w.observations])
+                if w.request_id:
+                    self.db.execute("INSERT OR REPLACE INTO zeus_requests VALUES (?, ?, ?, ?)",
+                                    (w.request_id, w.job_id, w.response, w.created_at))
+            if expire_before is not None:
+                self.db.execute("DELETE FROM zeus_requests WHERE created_at < ?",
+                                (float(expire_before),))
 
     def zeus_delete_job(self, job_id: str) -> None:
-        """Remove a job, its power profiles and its remembered replies atomically."""
+        """Remove a job, its trials, observed runs, power profiles and remembered replies
+        atomically."""
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
-            self.db.execute("DELETE FROM zeus_state WHERE job_id = ?", (job_id,))
-            self.db.execute("DELETE FROM zeus_requests WHERE job_id = ?", (job_id,))
+            for table in ("zeus_state", "zeus_requests", "zeus_trials", "zeus_observations"):
+                self.db.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
 
     def close(self) -> None:
         """Close the database connection."""
+        if getattr(self, "_zeus_ro", None) is not None:
+            self._zeus_ro.close()
         self.db.close()
+
+
+@dataclass
+class ZeusWrite:
+    """The rows one Zeus call changes (:meth:`Store.zeus_write`): the object's summary
+    (``state``, a dict or its JSON text; None = unchanged) under ``(kind, job_id, batch_size)``, the job's trial
+    records that changed (each replaces its row), its newly observed runs ``(seq, batch
+    size, reward = -cost [J])`` and the answer to ``request_id`` stored at ``created_at`` [s,
+    wall clock]."""
+
+    kind: str
+    job_id: str
+    batch_size: int
+    state: dict[str, Any] | str | None
+    trials: list[dict[str, Any]] = field(default_factory=list)
+    observations: list[tuple[int, int, float]] = field(default_factory=list)
+    request_id: str | None = None
+    response: bytes | None = None
+    created_at: float = 0.0

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from google.protobuf.json_format import MessageToDict, ParseDict
 
+from offcut.daemon.store import SCHEMA_VERSION
 from offcut.errors import FailedPrecondition
 from offcut.v1 import nodes_pb2, status_pb2, tasks_pb2, zeus_pb2
 
@@ -281,14 +282,23 @@ def test_state_continues_and_survives_a_restart(daemons):
 
 def test_the_file_is_upgraded_in_place_after_a_copy(daemons):
     """Opening the format-1 file rewrites its stored replies as format 2 (the application's
-    JSON, no wire message) and leaves the file as it was next to it, as
-    ``state.sqlite.format1.bak``."""
+    JSON, no wire message), then splits each Zeus job's document into its summary and rows
+    (format 3), and leaves the file as it was next to it, as ``state.sqlite.format1.bak``."""
     server, _ = start_on_fixture(daemons)
     state = Path(server.config.state)
     with sqlite3.connect(state) as db:
-        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (
+            str(SCHEMA_VERSION),) == ("3",)
         replies = [json.loads(r) for (r,) in db.execute("SELECT response FROM journal")]
         answers = [json.loads(r) for (r,) in db.execute("SELECT response FROM zeus_requests")]
+        jobs = [json.loads(r) for (r,) in db.execute(
+            "SELECT state FROM zeus_state WHERE kind = 'bso'")]
+        trial_rows = db.execute("SELECT COUNT(*) FROM zeus_trials").fetchone()[0]
+        stamped = db.execute("SELECT MIN(created_at) FROM zeus_requests").fetchone()[0]
+    assert jobs and all("trials" not in j["job"] and "observations" not in j["job"]
+                        for j in jobs)
+    assert trial_rows == sum(j["job"]["trial_count"] for j in jobs) > 0
+    assert stamped > 0
     assert replies and {r["format"] for r in replies} == {2}
     assert answers and {a["format"] for a in answers} == {2}
     backup = state.with_name("state.sqlite.format1.bak")

@@ -227,10 +227,12 @@ class BatchSizeJob:
         self.spec = spec
         self.ledger = TrialLedger(spec)
         self.policy = BatchSizePolicy(spec)
+        self._spec_dict: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ state (read-only)
     trials = _part("ledger", "trials",
-                   "Every trial's record (list of dicts), ``trials[i]`` being trial number i + 1.")
+                   "The trial records in memory (list of dicts, ascending): every trial until the "
+                   "registry evicts old finished ones (``trials[i]`` is then trial number i + 1).")
     rng = _part("policy", "rng", "The seeded RNG of Thompson sampling (numpy Generator).")
     observations = _part("policy", "observations", "(batch size, reward = -cost [J]) of every "
                          "finished run that was observed, in order.")
@@ -258,6 +260,26 @@ class BatchSizeJob:
         # (trials stored before generations existed lack the last three keys)
         job.ledger.trials = TrialLedger.restore(d["trials"])
         job.policy.restore(d)
+        return job
+
+    def summary(self) -> dict[str, Any]:
+        """The state without the trials and the observed runs, JSON-ready: O(number of batch
+        sizes) whatever the job's history (spec, RNG, min cost, best batch size, phase, arms,
+        pruning; ``trial_count`` = trials ever opened). The registry stores it in place and the
+        trials and observations as rows (:meth:`from_parts` is its inverse)."""
+        if self._spec_dict is None:
+            self._spec_dict = self.spec.to_dict()  # (the spec is frozen)
+        return {"spec": self._spec_dict, "rng": self.rng.bit_generator.state,
+                "trial_count": self.ledger.count, **self.policy.summary()}
+
+    @classmethod
+    def from_parts(cls, summary: dict[str, Any], observations: list[tuple[int, float]],
+                   trials: list[dict[str, Any]]) -> "BatchSizeJob":
+        """The job of a :meth:`summary`, its observed runs ``(batch size, reward = -cost
+        [J])`` in order and the trial records to hold in memory (any subset that includes
+        every open trial)."""
+        job = cls.from_dict({**summary, "observations": observations, "trials": trials})
+        job.ledger.count = max(job.ledger.count, int(summary["trial_count"]))
         return job
 
     def state(self) -> dict[str, Any]:
@@ -292,6 +314,8 @@ class BatchSizeJob:
                 pruning, so there is nothing left to try.
         """
         generation = check_generation(generation)
+        if self.phase == EXHAUSTED:
+            self.policy.choose()  # raises before stale trials are abandoned (nothing changes)
         for trial in self.ledger.stale(now):
             self._abandon(trial)
         batch_size, exploration = self.policy.choose()

@@ -14,6 +14,7 @@ Units: costs and rewards in J (zeus_cost), batch sizes in samples.
 from __future__ import annotations
 
 import math
+from array import array
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,7 +32,9 @@ class BatchSizePolicy:
 
     Attributes (persisted by :class:`offcut.daemon.zeus.bso.BatchSizeJob`): ``rng`` (seeded
     from ``spec.seed``), ``observations`` [(batch size, reward = -cost [J])] of every finished
-    run observed, in order; ``min_cost`` [J] the lowest cost of a converged run (None: none);
+    run observed, in order (kept as packed arrays, 24 bytes per run, with each batch size's
+    rewards apart, so a Thompson sample costs O(arms + that arm's history) and never scans
+    every run: the same numbers in the same order as filtering the list, so the same floats); ``min_cost`` [J] the lowest cost of a converged run (None: none);
     ``best_batch_size`` its batch size (the default before); ``phase``; ``arms`` the survivors
     of pruning; ``pruning`` the current round: ``{"round", "sizes", "default", "plan"
     (directions still to walk), "good" (sizes that converged), "best_cost", "trial" (the
@@ -41,13 +44,37 @@ class BatchSizePolicy:
     def __init__(self, spec: "BatchSizeJobSpec"):
         self.spec = spec
         self.rng = np.random.default_rng(spec.seed)
-        self.observations: list[tuple[int, float]] = []
+        self._sizes = array("q")  # every observed run's batch size, in order
+        self._rewards = array("d")  # ... and its reward (-cost [J])
+        self._by_arm: dict[int, array] = {}  # batch size -> its rewards, in order
+        self._posteriors: dict[int, tuple[float, float]] = {}  # arm -> cached _posterior
         self.min_cost: float | None = None
         self.best_batch_size = spec.default_batch_size
         self.phase = PRUNING
         self.arms: list[int] = []
         self.pruning: dict[str, Any] = {}
         self._start_round(0, list(spec.batch_sizes), spec.default_batch_size)
+
+    # ------------------------------------------------------------------ observed runs
+    @property
+    def observations(self) -> list[tuple[int, float]]:
+        """(batch size, reward = -cost [J]) of every observed run, in order (a new list)."""
+        return list(zip(map(int, self._sizes), map(float, self._rewards)))
+
+    @property
+    def observed(self) -> int:
+        """How many runs were observed."""
+        return len(self._sizes)
+
+    def observations_since(self, start: int) -> list[tuple[int, float]]:
+        """The observed runs from index ``start`` on (what a call added)."""
+        return list(zip(map(int, self._sizes[start:]), map(float, self._rewards[start:])))
+
+    def _record(self, batch_size: int, reward: float) -> None:
+        self._sizes.append(int(batch_size))
+        self._rewards.append(float(reward))
+        self._by_arm.setdefault(int(batch_size), array("d")).append(float(reward))
+        self._posteriors.pop(int(batch_size), None)
 
     # ------------------------------------------------------------------ choosing
     def choose(self) -> tuple[int, bool]:
@@ -102,7 +129,7 @@ class BatchSizePolicy:
     def observe(self, trial_number: int, batch_size: int, cost: float, converged: bool) -> None:
         """A finished run of ``batch_size`` cost ``cost`` [J]: record reward -cost, lower
         ``min_cost`` if it converged, and advance pruning if it waited for this trial."""
-        self.observations.append((batch_size, -cost))
+        self._record(batch_size, -cost)
         if converged and (self.min_cost is None or cost < self.min_cost):
             self.min_cost, self.best_batch_size = cost, batch_size
         if self.phase == PRUNING and self.pruning["trial"] == trial_number:
@@ -145,11 +172,20 @@ class BatchSizePolicy:
 
     # ------------------------------------------------------------------ Thompson sampling
     def arm_rewards(self, arm: int) -> np.ndarray:
-        """Rewards (-cost [J]) of ``arm``'s runs, the last ``window_size`` when windowed."""
-        rewards = [r for b, r in self.observations if b == arm]
+        """Rewards (-cost [J]) of ``arm``'s runs, the last ``window_size`` when windowed (a
+        new array, float64, in the order observed)."""
+        rewards = self._by_arm.get(int(arm))
+        if rewards is None:
+            return np.asarray([], dtype=float)
         if self.spec.window_size:
             rewards = rewards[-self.spec.window_size:]
-        return np.asarray(rewards, dtype=float)
+        return np.frombuffer(rewards, dtype=float).copy() if len(rewards) else \
+            np.asarray([], dtype=float)
+
+    def arm_runs(self, arm: int) -> int:
+        """How many runs of ``arm`` were observed (all, not only the window)."""
+        rewards = self._by_arm.get(int(arm))
+        return 0 if rewards is None else len(rewards)
 
     def _posterior(self, rewards: np.ndarray) -> tuple[float, float]:
         """(mean, precision) of an arm's expected reward: the conjugate Gaussian update with
@@ -167,8 +203,7 @@ class BatchSizePolicy:
     def _thompson_sample(self) -> int:
         """An arm under exploration (fewer than ``mab_num_explorations`` runs) in random
         order, else the arm whose posterior sample is highest (Zeus's ``GaussianTS`` order)."""
-        rewards = {arm: self.arm_rewards(arm) for arm in self.arms}
-        runs = {arm: sum(1 for b, _ in self.observations if b == arm) for arm in self.arms}
+        runs = {arm: self.arm_runs(arm) for arm in self.arms}
         # Exploration counts every run of the arm, not only those in the window (Zeus counts
         # the window, so a window smaller than mab_num_explorations would explore forever).
         for arm in self.rng.choice(np.asarray(self.arms), len(self.arms), replace=False):
@@ -176,7 +211,10 @@ class BatchSizePolicy:
                 return int(arm)
         best, best_sample = self.arms[0], -math.inf
         for arm in self.arms:
-            mean, precision = self._posterior(rewards[arm])
+            posterior = self._posteriors.get(arm)
+            if posterior is None:  # (an arm's posterior changes only when it is observed)
+                posterior = self._posteriors[arm] = self._posterior(self.arm_rewards(arm))
+            mean, precision = posterior
             sample = float(self.rng.normal(mean, math.sqrt(1.0 / precision)))
             if sample > best_sample:
                 best, best_sample = arm, sample
@@ -186,14 +224,21 @@ class BatchSizePolicy:
     def to_dict(self) -> dict[str, Any]:
         """The fields of :meth:`offcut.daemon.zeus.bso.BatchSizeJob.to_dict` this holds but
         ``rng`` and ``trials``, in that order (the lists are this policy's own, not copies)."""
-        return {"observations": self.observations, "min_cost": self.min_cost,
-                "best_batch_size": self.best_batch_size, "phase": self.phase,
-                "arms": self.arms, "pruning": self.pruning}
+        return {"observations": self.observations, **self.summary()}
+
+    def summary(self) -> dict[str, Any]:
+        """:meth:`to_dict` without the observed runs: O(number of batch sizes) (the lists are
+        this policy's own, not copies)."""
+        return {"min_cost": self.min_cost, "best_batch_size": self.best_batch_size,
+                "phase": self.phase, "arms": self.arms, "pruning": self.pruning}
 
     def restore(self, d: dict[str, Any]) -> None:
         """Take the fields of :meth:`to_dict` from ``d``, as copies (the RNG's state is the
         job's to restore: it comes first in the stored form)."""
-        self.observations = [(int(b), float(r)) for b, r in d["observations"]]
+        self._sizes, self._rewards, self._by_arm = array("q"), array("d"), {}
+        self._posteriors = {}
+        for b, r in d["observations"]:
+            self._record(int(b), float(r))
         self.min_cost = d["min_cost"]
         self.best_batch_size = d["best_batch_size"]
         self.phase = d["phase"]

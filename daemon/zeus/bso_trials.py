@@ -13,7 +13,7 @@ Units: time [s], energy [J], zeus_cost [J] (``BatchSizeJobSpec.cost``), wall-clo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from offcut.daemon.model import check_finite
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -76,27 +76,82 @@ class Verdict:
 
 
 class TrialLedger:
-    """The trials of one job (``trials[i]`` is trial number i + 1), as persisted dicts."""
+    """The trials of one job, as persisted dicts, numbered from 1.
+
+    In memory (``held``: trial number -> record, ascending): every open trial and the finished
+    ones not yet evicted (:meth:`evict`). ``count`` is the number of trials ever opened. A
+    finished trial that left memory is read through ``loader`` (trial number -> its record or
+    None; set by the registry, which reads the state file): finished trials never change, so
+    such a record is only read. ``touched`` collects the numbers of the records a call may have
+    changed (the registry writes those rows, then clears it).
+    """
 
     def __init__(self, spec: "BatchSizeJobSpec"):
         self.spec = spec
-        self.trials: list[dict[str, Any]] = []
+        self.held: dict[int, dict[str, Any]] = {}
+        self.count = 0
+        self._suspended: set[int] = set()  # (may hold numbers no longer suspended: stale())
+        self.touched: set[int] = set()
+        self.loader: Callable[[int], dict[str, Any] | None] | None = None
+
+    @property
+    def trials(self) -> list[dict[str, Any]]:
+        """The records in memory, ascending by trial number (all of them until :meth:`evict`
+        ran: ``trials[i]`` is then trial number i + 1)."""
+        return list(self.held.values())
+
+    @trials.setter
+    def trials(self, records: list[dict[str, Any]]) -> None:
+        self.held = {int(t["trial_number"]): t for t in records}
+        self.count = max(self.held, default=0)
+        self._suspended = {n for n, t in self.held.items() if t["status"] == SUSPENDED}
 
     # ------------------------------------------------------------------ records
     def open(self, batch_size: int, exploration: bool, generation: int) -> int:
         """Append a running trial of ``batch_size`` held by ``generation``; its number."""
-        number = len(self.trials) + 1
-        self.trials.append({"trial_number": number, "batch_size": batch_size, "status": RUNNING,
-                            "exploration": exploration, "epochs": 0, "time_s": 0.0,
-                            "energy_j": 0.0, "cost_j": 0.0, "metric": None,
-                            "generation": generation, "interruptions": 0, "suspended_at": None})
+        number = self.count + 1
+        self.held[number] = {"trial_number": number, "batch_size": batch_size,
+                             "status": RUNNING, "exploration": exploration, "epochs": 0,
+                             "time_s": 0.0, "energy_j": 0.0, "cost_j": 0.0, "metric": None,
+                             "generation": generation, "interruptions": 0, "suspended_at": None}
+        self.count = number
+        self.touched.add(number)
         return number
 
     def get(self, trial_number: int) -> dict[str, Any]:
-        """The trial's record; NotFound (field ``trial_number``) for an unknown number."""
-        if not 1 <= trial_number <= len(self.trials):
-            raise NotFound(f"job {self.spec.job_id!r} has no trial {trial_number}", "trial_number")
-        return self.trials[trial_number - 1]
+        """The trial's record; NotFound (field ``trial_number``) for an unknown number. A
+        record no longer in memory is read through ``loader`` (a finished trial: a copy that
+        no call changes)."""
+        trial = self.held.get(trial_number)
+        if trial is not None:
+            self.touched.add(trial_number)
+            return trial
+        if 1 <= trial_number <= self.count and self.loader is not None:
+            trial = self.loader(trial_number)
+            if trial is not None:
+                return self.restore([trial])[0]
+        raise NotFound(f"job {self.spec.job_id!r} has no trial {trial_number}", "trial_number")
+
+    def evict(self, keep: int, durable: Callable[[int], bool] | None = None) -> list[int]:
+        """Drop the oldest finished trials from memory until at most ``keep`` (>= 0) records
+        remain, or only open ones (open trials always stay); the numbers dropped, ascending.
+        Only records whose final state is durable may go: ``durable(number)`` (None = all
+        are) says which; the walk stops at the first one that is not. Amortised O(1) per call
+        unless many open trials are older than the finished ones."""
+        excess = len(self.held) - max(0, keep)
+        if excess <= 0:
+            return []
+        dropped = []
+        for n, t in self.held.items():
+            if t["status"] not in OPEN:
+                if durable is not None and not durable(n):
+                    break
+                dropped.append(n)
+                if len(dropped) == excess:
+                    break
+        for n in dropped:
+            del self.held[n]
+        return dropped
 
     @staticmethod
     def stored_verdict(trial: dict[str, Any]) -> Verdict:
@@ -189,6 +244,7 @@ class TrialLedger:
             trial["interruptions"] += 1
             trial["suspended_at"] = float(now)
         trial.update(status=SUSPENDED, cost_j=cost, **totals)
+        self._suspended.add(trial["trial_number"])
         return Verdict(True, False, cost, f"trial {trial['trial_number']} suspended after epoch "
                        f"{trial['epochs']} (interrupted); the next generation resumes it "
                        "(ResumeTrial)", False, suspended=True)
@@ -233,13 +289,22 @@ class TrialLedger:
 
     def stale(self, now: float) -> list[dict[str, Any]]:
         """The trials suspended for at least ``suspended_trial_timeout_s`` before ``now`` [s]."""
-        return [trial for trial in self.trials
-                if trial["status"] == SUSPENDED and trial["suspended_at"] is not None
-                and now - trial["suspended_at"] >= self.spec.suspended_trial_timeout_s]
+        suspended = []
+        for n in sorted(self._suspended):  # (numbers suspended once; O(those), not O(trials))
+            trial = self.held.get(n)
+            if trial is None or trial["status"] != SUSPENDED:
+                self._suspended.discard(n)
+            else:
+                suspended.append(trial)
+        stale = [trial for trial in suspended if trial["suspended_at"] is not None
+                 and now - trial["suspended_at"] >= self.spec.suspended_trial_timeout_s]
+        self.touched.update(t["trial_number"] for t in stale)
+        return stale
 
     # ------------------------------------------------------------------ persistence
     @staticmethod
     def restore(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Fresh copies of stored trial records; records stored before generations existed
         get the three keys they lack."""
-        return [{"generation": 0, "interruptions": 0, "suspended_at": None, **t} for t in trials]
+        defaults = {"generation": 0, "interruptions": 0, "suspended_at": None}
+        return [{**t, **{k: v for k, v in defaults.items() if k not in t}} for t in trials]

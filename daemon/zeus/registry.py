@@ -1,11 +1,22 @@
 """The daemon's Zeus optimizers: every registered job's batch-size optimizer and its power
 profiles, kept durable in the state file (docs/architecture.md §5, §6).
 
-Each mutating call works on a copy of the object (``from_dict(to_dict())``), writes the copy's
-state in one SQLite transaction and only then swaps it in: a rejected call (an error raised
-before the write) leaves memory and disk as they were, and a committed answer survives
-``kill -9``. The objects carry their seeded RNG state, so a restarted daemon continues each
-job's batch-size sequence exactly.
+A mutating call changes the job in memory (the optimizers raise before changing anything), then
+writes only the rows it changed (docs/architecture.md §6, "Zeus rows"): the job's small summary
+(:meth:`BatchSizeJob.summary`, O(batch sizes)), the trial records it touched and the runs it
+observed, through a group commit (:mod:`offcut.daemon.zeus.group_commit`: the writes of
+concurrent calls share one transaction and one fsync); it answers only once its write is
+durable, so a committed answer survives ``kill -9`` (and power loss with durability ``full``).
+A call that raises, and a failed commit, reload the job(s) from the file. The objects carry
+their seeded RNG state, so a restarted daemon continues each job's batch-size sequence exactly.
+
+Bounded memory: a job holds its open trials and at most ``trial_retention`` trial records in
+memory (the newest; a finished trial leaves once its record is durable); older records are read
+from the file when a call names them (a report on an ended trial) or GetJob lists them. The
+observed runs (batch size, reward) stay in memory: Thompson sampling refits each arm from its
+whole (or windowed) history (Zeus NSDI '23 §4.3), 2 numbers per finished run. Stored answers to
+request ids are kept ``request_retention_s`` seconds (a retry within that window gets the
+first answer; after it, the request is a new one).
 
 The registry's ``clock`` (wall-clock seconds, :func:`time.time` by default; it must survive a
 restart) stamps suspended trials and decides, at each Predict, which of them are stale
@@ -26,18 +37,20 @@ user's job) belongs to ``SubmitTask`` (offcut.daemon.service), which has no regi
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import threading
 import time
-from dataclasses import asdict, dataclass
-from typing import Callable, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, TypeVar
 
 from offcut.daemon.model import Limits
-from offcut.daemon.store import Store
+from offcut.daemon.store import Store, ZeusWrite
 from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Resumed, Verdict
+from offcut.daemon.zeus.group_commit import GroupCommit
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
-from offcut.errors import AlreadyExists, FailedPrecondition, NotFound
+from offcut.errors import AlreadyExists, FailedPrecondition, NotFound, OffcutError
 
 T = TypeVar("T")
 
@@ -51,11 +64,19 @@ RESUME_KEY = "ResumeTrial:"
 #: ``{"format": 2, <the answer's fields>}``; format 1 stored the ``offcut.v1`` message
 #: (converted by :mod:`offcut.daemon.migrations`)
 ANSWER_FORMAT = 2
+#: default and bounds of ``trial_retention`` (trial records a job holds in memory) and of
+#: ``request_retention_s`` [s] (how long a stored answer to a request id is kept)
+DEFAULT_TRIAL_RETENTION, MAX_TRIAL_RETENTION = 1000, 1_000_000
+DEFAULT_REQUEST_RETENTION_S = 7 * 86400.0
+MIN_REQUEST_RETENTION_S, MAX_REQUEST_RETENTION_S = 3600.0, 3650 * 86400.0
+#: seconds between two expiries of stored answers (each a DELETE in a group commit)
+EXPIRY_INTERVAL_S = 60.0
 
 
 def stored_answer(answer: Prediction | Resumed) -> bytes:
     """The stored form of an answer to a request with an id (format :data:`ANSWER_FORMAT`)."""
-    return json.dumps({"format": ANSWER_FORMAT, **asdict(answer)},
+    # (the answers' fields are scalars: their __dict__ is asdict's result, without its copying)
+    return json.dumps({"format": ANSWER_FORMAT, **vars(answer)},
                       separators=(",", ":")).encode()
 
 
@@ -101,9 +122,31 @@ class _Entry:
                    PowerLimitSpec.from_dict(d["power"]) if d["power"] else None,
                    bool(d["seed_given"]), str(d.get("owner", "")))
 
+    def stored(self) -> dict:
+        """The stored summary (``zeus_state.state`` of kind ``bso``): :meth:`to_dict` with the
+        job's :meth:`BatchSizeJob.summary` (no trials, no observed runs)."""
+        power = self.__dict__.get("_power_dict")
+        if power is None and self.power is not None:
+            power = self.__dict__["_power_dict"] = self.power.to_dict()  # (frozen spec)
+        return {"job": self.job.summary(), "power": power, "seed_given": self.seed_given,
+                "owner": self.owner}
+
     def acted_on_by(self, who: Caller) -> bool:
         """Whether ``who`` may see and act on this job (admins: every job; users: their own)."""
         return who.is_admin or (bool(self.owner) and self.owner == who.user)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A copy of a job's readable state (:meth:`BatchSizeJob.state`, all trials included) that
+    later calls do not change: what GetJob shows."""
+
+    spec: BatchSizeJobSpec
+    view: dict
+
+    def state(self) -> dict:
+        """The state, as :meth:`BatchSizeJob.state`."""
+        return self.view
 
 
 class ZeusRegistry:
@@ -120,18 +163,97 @@ class ZeusRegistry:
     """
 
     def __init__(self, store: Store, limits: Limits | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, *,
+                 trial_retention: int = DEFAULT_TRIAL_RETENTION,
+                 request_retention_s: float = DEFAULT_REQUEST_RETENTION_S):
         self.store = store
         self.clock = clock
         self.limits = limits if limits is not None else Limits()
+        self.trial_retention = max(0, int(trial_retention))
+        self.request_retention_s = float(request_retention_s)
         self.lock = threading.RLock()
+        self.commits = GroupCommit(store, self._expiry)
+        self._last_expiry = -float("inf")
+        #: answers to request ids whose writes are not durable yet: key -> (ticket, answer)
+        self._pending: dict[str, tuple[int, Any]] = {}
+        #: (job, trial number) -> ticket of the latest write of that trial's record
+        self._row_ticket: dict[tuple[str, int], int] = {}
         self.jobs: dict[str, _Entry] = {}
         self.profiles: dict[tuple[str, int], PowerLimitProfile] = {}
-        for kind, job_id, batch_size, state in store.zeus_load():
+        self._load()
+
+    def _load(self) -> None:
+        """(Re)build memory from the state file (call with no write pending)."""
+        self.jobs, self.profiles = {}, {}
+        self._pending.clear()
+        self._row_ticket.clear()
+        for kind, job_id, batch_size, state in self.store.zeus_load():
             if kind == _BSO:
-                self.jobs[job_id] = _Entry.from_dict(state)
+                self.jobs[job_id] = self._entry_from(job_id, state)
             elif kind == _PLO:
                 self.profiles[(job_id, batch_size)] = PowerLimitProfile.from_dict(state)
+
+    def _entry_from(self, job_id: str, stored: dict) -> _Entry:
+        """A job from its stored summary, observed runs and newest trial records."""
+        job = BatchSizeJob.from_parts(
+            stored["job"], self.store.zeus_observations(job_id),
+            self.store.zeus_trial_records(job_id, last=self.trial_retention))
+        job.ledger.loader = functools.partial(self.store.zeus_trial_record, job_id)
+        job.ledger.evict(self.trial_retention)
+        return _Entry(job, PowerLimitSpec.from_dict(stored["power"]) if stored["power"] else None,
+                      bool(stored["seed_given"]), str(stored.get("owner", "")))
+
+    def _reload_job(self, job_id: str) -> None:
+        """Make the job's memory the file's again, after a call that raised part-way (call
+        under the lock)."""
+        self.commits.flush()
+        for key in [k for k in self._row_ticket if k[0] == job_id]:
+            del self._row_ticket[key]
+        row = [state for kind, j, _, state in self.store.zeus_load() if kind == _BSO and j == job_id]
+        if row:
+            self.jobs[job_id] = self._entry_from(job_id, row[0])
+        else:
+            self.jobs.pop(job_id, None)
+
+    def _expiry(self) -> float | None:
+        """For a group commit's leader: forget answers stored before this [s], at most every
+        :data:`EXPIRY_INTERVAL_S` (None otherwise)."""
+        now = self.clock()
+        if now - self._last_expiry < EXPIRY_INTERVAL_S:
+            return None
+        self._last_expiry = now
+        return now - self.request_retention_s
+
+    def _commit_now(self, write: ZeusWrite) -> None:
+        """Write and wait until durable, holding the lock (rare calls: register, delete)."""
+        ticket = self.commits.submit(write)
+        try:
+            self.commits.wait(ticket)
+        except Exception:
+            self._recover()
+            raise
+
+    def _recover(self) -> None:
+        """After a failed commit: every pending write is settled, memory reloaded."""
+        with self.lock:
+            if self.commits.broken:
+                self.commits.flush()
+                self._load()
+                self.commits.broken = False
+
+    def _await(self, ticket: int, key: str = "") -> None:
+        """Wait, outside the lock, until the write ``ticket`` is durable; CommitFailed (after
+        reloading memory) if it failed."""
+        try:
+            self.commits.wait(ticket)
+        except Exception:
+            self._recover()
+            raise
+        finally:
+            if key:
+                with self.lock:
+                    if self._pending.get(key, (None,))[0] == ticket:
+                        del self._pending[key]
 
     # ------------------------------------------------------------------ batch size
     def register(self, spec: BatchSizeJobSpec, power: PowerLimitSpec | None, who: Caller,
@@ -167,11 +289,14 @@ class ZeusRegistry:
                 if existing.owner:
                     raise AlreadyExists(f"job {spec.job_id!r} is registered for "
                                         f"{existing.owner!r}, not {owner!r}", "owner")
-                entry = _Entry.from_dict(existing.to_dict())
-                entry.owner = owner  # an admin hands a job without an owner to its user
-            else:
-                entry = _Entry(BatchSizeJob(spec), power, seed_given, owner)
-            self.store.zeus_put(_BSO, spec.job_id, 0, entry.to_dict())
+                stored = {**existing.stored(), "owner": owner}
+                self._commit_now(ZeusWrite(_BSO, spec.job_id, 0, stored))
+                existing.owner = owner  # an admin hands a job without an owner to its user
+                return existing.job, existing.power, existing.owner
+            entry = _Entry(BatchSizeJob(spec), power, seed_given, owner)
+            entry.job.ledger.loader = functools.partial(self.store.zeus_trial_record,
+                                                        spec.job_id)
+            self._commit_now(ZeusWrite(_BSO, spec.job_id, 0, entry.stored()))
             self.jobs[spec.job_id] = entry
             return entry.job, entry.power, entry.owner
 
@@ -188,16 +313,66 @@ class ZeusRegistry:
             entry = self._entry(job_id, who)
             return entry.job, entry.power, entry.owner
 
+    def job_view(self, job_id: str, who: Caller
+                 ) -> tuple["JobView", PowerLimitSpec | None, str]:
+        """A consistent copy of the job's readable state with EVERY trial record (memory's
+        and the file's), its power spec and owner; NOT_FOUND if unknown or not ``who``'s."""
+        with self.lock:
+            entry = self._entry(job_id, who)
+            state = json.loads(json.dumps(entry.job.state()))
+            trials = self.trial_records(job_id, who)
+            return JobView(entry.job.spec, {**state, "trials": trials}), entry.power, entry.owner
+
+    def trial_records(self, job_id: str, who: Caller) -> list[dict]:
+        """Every trial record of the job, ascending (the file's, with memory's newer ones);
+        NOT_FOUND if unknown or not ``who``'s."""
+        with self.lock:
+            entry = self._entry(job_id, who)
+            held = {n: dict(t) for n, t in entry.job.ledger.held.items()}
+            stored = self.store.zeus_trial_records(job_id)
+        merged = {t["trial_number"]: t for t in stored}
+        merged.update(held)
+        return [merged[n] for n in sorted(merged)]
+
     def _mutate_job(self, job_id: str, who: Caller, op: Callable[[BatchSizeJob], T], *,
-                    request_key: str = "") -> T:
+                    request_key: str = "") -> tuple[T, int]:
+        """Run ``op`` on the job and queue the rows it changed; (its result, the write's
+        ticket for :meth:`_await`). Call under the lock."""
         entry = self._entry(job_id, who)
-        copy = _Entry.from_dict(entry.to_dict())
-        result = op(copy.job)  # raises before anything is written
-        response = stored_answer(result) if request_key else None
-        self.store.zeus_put(_BSO, job_id, 0, copy.to_dict(), request_id=request_key or None,
-                            response=response)
-        self.jobs[job_id] = copy
-        return result
+        job = entry.job
+        ledger = job.ledger
+        durable = self.commits.durable
+        for n in ledger.evict(self.trial_retention, lambda n: self._row_ticket.get(
+                (job_id, n), 0) <= durable):
+            self._row_ticket.pop((job_id, n), None)
+        ledger.touched.clear()
+        seen = job.policy.observed
+        try:
+            result = op(job)  # the optimizers raise their errors before changing anything
+        except OffcutError:
+            ledger.touched.clear()
+            if job.policy.observed != seen:  # (defensive: never after an optimizer's error)
+                self._reload_job(job_id)
+            raise
+        except BaseException:
+            self._reload_job(job_id)  # (defensive: a bug may have raised after a change)
+            raise
+        trials = [dict(ledger.held[n]) for n in sorted(ledger.touched) if n in ledger.held]
+        ledger.touched.clear()
+        observed = [(seen + i, b, r)
+                    for i, (b, r) in enumerate(job.policy.observations_since(seen))]
+        state = json.dumps(entry.stored(), separators=(",", ":"))
+        unchanged = state == entry.__dict__.get("_queued_state")  # (e.g. a report mid-run)
+        entry.__dict__["_queued_state"] = state
+        write = ZeusWrite(_BSO, job_id, 0, None if unchanged else state,
+                          trials, observed, request_key or None,
+                          stored_answer(result) if request_key else None, self.clock())
+        ticket = self.commits.submit(write)
+        for t in trials:
+            self._row_ticket[(job_id, t["trial_number"])] = ticket
+        if request_key:
+            self._pending[request_key] = (ticket, result)
+        return result, ticket
 
     def _replay(self, job_id: str, key: str, legacy_key: str) -> dict | None:
         """The stored answer's fields under ``key`` (:func:`request_key`), else under the key
@@ -213,24 +388,31 @@ class ZeusRegistry:
                 ) -> Prediction:
         """Open a trial (abandoning stale suspended ones first, see
         :meth:`BatchSizeJob.predict`). A repeated ``request_id`` of the same caller for the
-        same job returns the first answer."""
+        same job returns the first answer (within ``request_retention_s``)."""
         with self.lock:
             self._entry(job_id, who)
             key = request_key("Predict", who, job_id, request_id) if request_id else ""
-            if key:
-                stored = self._replay(job_id, key, request_id)
-                if stored is not None:
-                    return Prediction(**stored)
-            now = self.clock()
-            return self._mutate_job(job_id, who, lambda job: job.predict(generation, now),
-                                    request_key=key)
+            if key in self._pending:
+                ticket, result = self._pending[key]
+            else:
+                if key:
+                    stored = self._replay(job_id, key, request_id)
+                    if stored is not None:
+                        return Prediction(**stored)
+                now = self.clock()
+                result, ticket = self._mutate_job(job_id, who, lambda job: job.predict(
+                    generation, now), request_key=key)
+        self._await(ticket, key)
+        return result
 
     def report(self, job_id: str, trial_number: int, epoch: int, time_s: float, energy_j: float,
                metric: float, who: Caller, batch_size: int = 0, generation: int = 0) -> Verdict:
         """Record an epoch of a trial (see :meth:`BatchSizeJob.report`)."""
         with self.lock:
-            return self._mutate_job(job_id, who, lambda job: job.report(
+            result, ticket = self._mutate_job(job_id, who, lambda job: job.report(
                 trial_number, epoch, time_s, energy_j, metric, batch_size, generation))
+        self._await(ticket)
+        return result
 
     def end_trial(self, job_id: str, trial_number: int, who: Caller, interrupted: bool = False,
                   time_s: float | None = None, energy_j: float | None = None,
@@ -238,32 +420,45 @@ class ZeusRegistry:
         """Close a trial, or suspend an interrupted one (see :meth:`BatchSizeJob.end_trial`)."""
         with self.lock:
             now = self.clock()
-            return self._mutate_job(job_id, who, lambda job: job.end_trial(
+            result, ticket = self._mutate_job(job_id, who, lambda job: job.end_trial(
                 trial_number, interrupted, time_s, energy_j, generation, now))
+        self._await(ticket)
+        return result
 
     def resume(self, job_id: str, trial_number: int, request_id: str, who: Caller,
                generation: int) -> Resumed:
         """Reopen an open trial for a new process (see :meth:`BatchSizeJob.resume`). A
         repeated ``request_id`` of the same caller for the same job and trial returns the
-        first answer."""
+        first answer (within ``request_retention_s``)."""
         with self.lock:
             self._entry(job_id, who)
             key = (request_key("ResumeTrial", who, job_id, trial_number, request_id)
                    if request_id else "")
-            if key:
-                stored = self._replay(job_id, key, RESUME_KEY + json.dumps(
-                    [job_id, trial_number, request_id]))
-                if stored is not None:
-                    return Resumed(**stored)
-            return self._mutate_job(job_id, who, lambda job: job.resume(trial_number, generation),
-                                    request_key=key)
+            if key in self._pending:
+                ticket, result = self._pending[key]
+            else:
+                if key:
+                    stored = self._replay(job_id, key, RESUME_KEY + json.dumps(
+                        [job_id, trial_number, request_id]))
+                    if stored is not None:
+                        return Resumed(**stored)
+                result, ticket = self._mutate_job(
+                    job_id, who, lambda job: job.resume(trial_number, generation),
+                    request_key=key)
+        self._await(ticket, key)
+        return result
 
     def delete(self, job_id: str, who: Caller) -> None:
         """Forget a job, its power profiles and the answers stored for it."""
         with self.lock:
             self._entry(job_id, who)
+            self.commits.flush()
             self.store.zeus_delete_job(job_id)
             del self.jobs[job_id]
+            self._pending = {k: v for k, v in self._pending.items()
+                             if json.loads(k)[2] != job_id}  # (durable, then deleted)
+            for key in [k for k in self._row_ticket if k[0] == job_id]:
+                del self._row_ticket[key]
             for key in [k for k in self.profiles if k[0] == job_id]:
                 del self.profiles[key]
 
@@ -276,19 +471,22 @@ class ZeusRegistry:
         if batch_size not in entry.job.spec.batch_sizes:
             raise NotFound(f"batch size {batch_size} is not one of job {job_id!r}'s "
                            f"{list(entry.job.spec.batch_sizes)}", "batch_size")
-        if not any(t["batch_size"] == batch_size for t in entry.job.trials):
+        if not (any(t["batch_size"] == batch_size for t in entry.job.ledger.held.values())
+                or self.store.zeus_has_trial(job_id, batch_size)):
             raise FailedPrecondition(f"batch size {batch_size} was never predicted for job "
                                      f"{job_id!r}; call Predict first", "batch_size")
         return (self.profiles.get((job_id, batch_size))
                 or PowerLimitProfile(entry.power, entry.job.spec.max_power_w))
 
     def _mutate_profile(self, job_id: str, batch_size: int, who: Caller,
-                        op: Callable[[PowerLimitProfile], PowerPlan]) -> PowerPlan:
+                        op: Callable[[PowerLimitProfile], PowerPlan]) -> tuple[PowerPlan, int]:
+        """Run ``op`` on a copy of the profile, swap it in and queue its row; (the plan, the
+        write's ticket for :meth:`_await`). Call under the lock."""
         copy = PowerLimitProfile.from_dict(self._profile(job_id, batch_size, who).to_dict())
         plan = op(copy)
-        self.store.zeus_put(_PLO, job_id, batch_size, copy.to_dict())
+        ticket = self.commits.submit(ZeusWrite(_PLO, job_id, batch_size, copy.to_dict()))
         self.profiles[(job_id, batch_size)] = copy
-        return plan
+        return plan, ticket
 
     def power_plan(self, job_id: str, batch_size: int, who: Caller) -> PowerPlan:
         """What to run next at this batch size: a window to profile, or the chosen limit."""
@@ -299,15 +497,19 @@ class ZeusRegistry:
                       energy_j: float, who: Caller) -> PowerPlan:
         """Record a measured profiling window; returns the next plan."""
         with self.lock:
-            return self._mutate_profile(job_id, batch_size, who, lambda p: p.report_window(
+            plan, ticket = self._mutate_profile(job_id, batch_size, who, lambda p: p.report_window(
                 power_limit_w, time_s, energy_j))
+        self._await(ticket)
+        return plan
 
     def interrupt_window(self, job_id: str, batch_size: int, power_limit_w: float,
                          who: Caller) -> PowerPlan:
         """The window at ``power_limit_w`` was cut short: plan it again."""
         with self.lock:
-            return self._mutate_profile(job_id, batch_size, who,
-                                        lambda p: p.interrupt(power_limit_w))
+            plan, ticket = self._mutate_profile(job_id, batch_size, who,
+                                                lambda p: p.interrupt(power_limit_w))
+        self._await(ticket)
+        return plan
 
     def profile(self, job_id: str, batch_size: int, who: Caller) -> PowerLimitProfile:
         """The (possibly unfinished) profile of a job's batch size."""

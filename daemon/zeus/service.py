@@ -224,7 +224,7 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
     @_rpc
     def GetJob(self, request, context):
         """The job's spec, owner, phase and trials; NOT_FOUND if unknown."""
-        return job_to_pb(*self.registry.job(_job_id(request.job_id), self.auth.of(context)))
+        return job_to_pb(*self.registry.job_view(_job_id(request.job_id), self.auth.of(context)))
 
 
 class PowerLimitOptimizerService(zeus_pb2_grpc.PowerLimitOptimizerServicer):

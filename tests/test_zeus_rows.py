@@ -1,0 +1,282 @@
+"""Zeus jobs stored as rows (issue "A year of service"; docs/architecture.md §6, "Zeus rows"):
+after thousands of trials the state file grows by rows while the job's stored document stays
+the same size, memory holds at most ``zeus_trial_retention`` trial records, the decisions are
+those of a fresh in-memory optimizer fed the same reports, retries within the request window
+get the first answer (and later ones are new requests), concurrent callers share commits,
+format-2 files are split by the upgrade, and a restarted daemon (real file, real gRPC) lists
+every trial and continues the sequence exactly."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import uuid
+
+import numpy as np
+import pytest
+
+from offcut.daemon.migrations import upgrade_2_to_3
+from offcut.daemon.store import Store
+from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec
+from offcut.daemon.zeus.registry import EXPIRY_INTERVAL_S, ZeusRegistry
+from offcut.errors import FailedPrecondition
+
+TRIALS = 2000
+RETENTION = 50
+
+
+class Admin:
+    user, is_admin = "admin", True
+
+
+def spec(job_id="big", **kw) -> BatchSizeJobSpec:
+    fields = dict(job_id=job_id, batch_sizes=[8, 16, 32, 64, 128], default_batch_size=32,
+                  eta_knob=0.5, beta_knob=2.0, max_epochs=3, target_metric=0.5,
+                  higher_is_better=True, max_power_w=300.0, seed=11)
+    fields.update(kw)
+    return BatchSizeJobSpec.create(**fields)
+
+
+class Clock:
+    """A wall clock [s] the test moves."""
+
+    def __init__(self, now: float = 1_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def drive(registry: ZeusRegistry, twin: BatchSizeJob, job_id: str, n: int, rng, clock: Clock
+          ) -> list[tuple]:
+    """``n`` trials on the registry's job and on the in-memory ``twin``, the same calls in
+    the same order: most converge or fail by epochs, some are suspended and resumed, some
+    are reported on again after they ended (reading evicted records); every answer of the two
+    is compared. The answers (the predictions)."""
+    who, answers = Admin(), []
+    for i in range(n):
+        rid = uuid.uuid4().hex
+        p = registry.predict(job_id, rid, who)
+        q = twin.predict(0, clock())
+        assert p == q, i
+        answers.append((rid, p))
+        energy = 1000.0 * (1.0 + 0.5 * rng.random())
+        if i % 97 == 5:  # interrupted, then resumed by the next generation
+            assert registry.end_trial(job_id, p.trial_number, who, True, 3.0, energy / 3,
+                                      generation=0) == twin.end_trial(
+                p.trial_number, True, 3.0, energy / 3, 0, clock())
+            assert registry.resume(job_id, p.trial_number, "r" + rid, who, 2) == \
+                twin.resume(p.trial_number, 2)
+        for epoch in (1, 2, 3):
+            metric = 0.6 if (i % 3 != 2 and epoch == 2) else 0.1
+            gen = 2 if i % 97 == 5 else 0
+            v = registry.report(job_id, p.trial_number, epoch, 10.0 * epoch, energy * epoch,
+                                metric, who, p.batch_size, gen)
+            assert v == twin.report(p.trial_number, epoch, 10.0 * epoch, energy * epoch,
+                                    metric, p.batch_size, gen), i
+            if v.stop:
+                break
+        clock.now += 1.0
+    # old, evicted trials answer with their stored verdicts, as the twin's kept ones do
+    for number in (1, 2, n // 2):
+        assert registry.report(job_id, number, 9, 1e3, 1e6, 0.9, who) == \
+            twin.report(number, 9, 1e3, 1e6, 0.9)
+    return answers
+
+
+def stored_document(path) -> str:
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT state FROM zeus_state WHERE kind = 'bso'").fetchone()[0]
+
+
+def count(path, table: str) -> int:
+    with sqlite3.connect(path) as db:
+        return db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+
+
+def test_thousands_of_trials_add_rows_keep_memory_bounded_and_decide_as_before(tmp_path):
+    path = tmp_path / "state.sqlite"
+    clock = Clock()
+    registry = ZeusRegistry(Store(path, durability="normal"), clock=clock,
+                            trial_retention=RETENTION)
+    registry.register(spec(), None, Admin(), "")
+    twin = BatchSizeJob(spec())
+    rng = np.random.default_rng(0)
+    drive(registry, twin, "big", 100, rng, clock)
+    document_100 = stored_document(path)
+    answers = drive(registry, twin, "big", TRIALS - 100, rng, clock)
+    document = stored_document(path)
+
+    # the document is the O(batch sizes) summary: the same size (the same keys; numbers
+    # differ in digits), no trials, no observed runs
+    summary = json.loads(document)["job"]
+    assert "trials" not in summary and "observations" not in summary
+    assert summary["trial_count"] == TRIALS
+    assert abs(len(document) - len(document_100)) < 200 and len(document) < 8000
+    # ... while rows grow, one per trial and per observed run
+    assert count(path, "zeus_trials") == TRIALS
+    assert count(path, "zeus_observations") == len(twin.observations) > TRIALS // 2
+    # memory: at most the retention (the open trials always stay; none is open now)
+    job = registry.jobs["big"].job
+    assert len(job.ledger.held) <= RETENTION
+    assert [t["trial_number"] for t in job.trials] == list(range(TRIALS - RETENTION + 1,
+                                                                  TRIALS + 1))
+    # every record, in the file and in memory, is the twin's (which kept them all)
+    records = registry.trial_records("big", Admin())
+    assert records == twin.trials
+    assert job.observations == twin.observations and job.summary() == twin.summary()
+
+    # a retry within the window, of a trial long evicted, gets the first answer exactly
+    rid, first = answers[0]
+    assert registry.predict("big", rid, Admin()) == first
+    assert registry.jobs["big"].job.ledger.count == TRIALS  # nothing new was opened
+
+    # restart on the file: everything is back, and the sequence goes on as the twin's
+    again = ZeusRegistry(Store(path, durability="normal"), clock=clock,
+                         trial_retention=RETENTION)
+    assert again.trial_records("big", Admin()) == twin.trials
+    assert len(again.jobs["big"].job.ledger.held) <= RETENTION
+    for _ in range(5):
+        assert again.predict("big", "", Admin()) == twin.predict(0, clock())
+
+
+def test_stored_answers_expire_after_the_window_and_a_later_retry_is_new(tmp_path):
+    clock = Clock()
+    registry = ZeusRegistry(Store(tmp_path / "s.sqlite", durability="normal"), clock=clock,
+                            request_retention_s=7200.0)
+    registry.register(spec(), None, Admin(), "")
+    first = registry.predict("big", "same-id", Admin())
+    clock.now += 7000.0  # within the window: the first answer, nothing new opened
+    assert registry.predict("big", "same-id", Admin()) == first
+    other = registry.predict("big", "other", Admin())  # (a commit that runs the expiry)
+    clock.now += 7200.0 + EXPIRY_INTERVAL_S
+    registry.predict("big", "", Admin())  # the next commit deletes answers older than 2 h
+    with sqlite3.connect(tmp_path / "s.sqlite") as db:
+        kept = [k for (k,) in db.execute("SELECT request_id FROM zeus_requests")]
+    assert kept == []  # both answers were older than the window
+    retried = registry.predict("big", "same-id", Admin())
+    assert retried.trial_number not in (first.trial_number, other.trial_number)
+
+
+def test_concurrent_callers_share_commits_and_the_file_holds_every_answer(tmp_path):
+    path = tmp_path / "state.sqlite"
+    registry = ZeusRegistry(Store(path, durability="full"), trial_retention=10)
+    registry.register(spec(max_epochs=1), None, Admin(), "")
+    errors: list[BaseException] = []
+    answers: list = []
+
+    def worker(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(60):
+                p = registry.predict("big", uuid.uuid4().hex, Admin())
+                v = registry.report("big", p.trial_number, 1, 10.0,
+                                    1000.0 * (1 + 0.1 * rng.random()), 0.6, Admin())
+                answers.append((p, v))
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert len(answers) == 240
+    commits = registry.commits
+    assert commits.writes == 1 + 480 and commits.transactions <= commits.writes
+    # the file holds what memory holds: a fresh registry on it has the same job
+    again = ZeusRegistry(Store(path, durability="full"), trial_retention=10)
+    mem, disk = registry.jobs["big"].job, again.jobs["big"].job
+    assert disk.summary() == mem.summary() and disk.observations == mem.observations
+    assert again.trial_records("big", Admin()) == registry.trial_records("big", Admin())
+    assert sorted(t["trial_number"] for t in again.trial_records("big", Admin())) == \
+        list(range(1, 241))
+
+
+def test_a_rejected_call_leaves_memory_and_file_as_they_were(tmp_path):
+    path = tmp_path / "state.sqlite"
+    registry = ZeusRegistry(Store(path, durability="normal"))
+    registry.register(spec(), None, Admin(), "")
+    p = registry.predict("big", "", Admin())
+    registry.report("big", p.trial_number, 1, 10.0, 100.0, 0.1, Admin())
+    before, document = registry.jobs["big"].job.to_dict(), stored_document(path)
+    with pytest.raises(FailedPrecondition, match="epoch"):
+        registry.report("big", p.trial_number, 1, 20.0, 200.0, 0.1, Admin())
+    assert registry.jobs["big"].job.to_dict() == before and stored_document(path) == document
+
+
+def test_the_upgrade_splits_a_format_2_document_into_rows(tmp_path):
+    """A format-2 ``zeus_state`` row (the whole ``_Entry.to_dict``, as that release wrote
+    it) becomes the summary plus rows, and the job loads with the same state."""
+    job = BatchSizeJob(spec())
+    for i in range(30):
+        p = job.predict()
+        job.report(p.trial_number, 1, 10.0, 1000.0 + i, 0.1 if i % 3 == 2 else 0.6)
+        job.end_trial(p.trial_number)
+    old = {"job": job.to_dict(), "power": None, "seed_given": True, "owner": "alice"}
+    path = tmp_path / "old.sqlite"
+    Store(path).close()  # the tables (then the format-2 shape of zeus_requests and the row)
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("DROP TABLE zeus_requests")
+    db.execute("CREATE TABLE zeus_requests (request_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, "
+               "response BLOB NOT NULL)")
+    db.execute("INSERT INTO zeus_requests VALUES ('k', 'big', x'00')")
+    db.execute("INSERT INTO zeus_state VALUES ('bso', 'big', 0, ?)", (json.dumps(old),))
+    with db:
+        db.execute("BEGIN")
+        upgrade_2_to_3(db, now=123.0)
+    assert db.execute("SELECT created_at FROM zeus_requests").fetchall() == [(123.0,)]
+    db.close()
+    registry = ZeusRegistry(Store(path), trial_retention=5)
+    loaded = registry.jobs["big"]
+    assert loaded.owner == "alice" and loaded.job.summary() == job.summary()
+    assert loaded.job.observations == job.observations
+    assert registry.trial_records("big", Admin()) == job.trials
+    assert registry.predict("big", "", Admin()) == job.predict()
+
+
+def test_a_restarted_daemon_lists_every_trial_and_goes_on_exactly(daemons):
+    """Real daemon, real file, real gRPC, with a retention of 5: trials evicted from memory
+    are listed by GetJob before and after a restart, a retried Predict of an evicted trial
+    gets its first answer after the restart, and the batch sizes go on as an in-memory
+    optimizer's fed the same reports."""
+    from offcut.v1 import zeus_pb2
+
+    pb = zeus_pb2.BatchSizeJobSpec(job_id="big", batch_sizes=[8, 16, 32, 64, 128],
+                                   default_batch_size=32, eta_knob=0.5, beta_knob=2.0,
+                                   max_epochs=3, target_metric=0.5, higher_is_better=True,
+                                   max_power_w=300.0, seed=11)
+    twin = BatchSizeJob(spec())
+    srv, client = daemons.start("r", zeus_trial_retention=5)
+    client.register_zeus_job(pb)
+    first_id, first = "first-" + uuid.uuid4().hex, None
+    for i in range(40):
+        rid = first_id if i == 0 else uuid.uuid4().hex
+        p = client.predict_batch_size("big", request_id=rid)
+        first = first or p
+        assert (p.batch_size, p.trial_number) == (lambda q: (q.batch_size, q.trial_number))(
+            twin.predict())
+        energy = 1000.0 + 13.0 * i
+        v = client.report_epoch("big", p.trial_number, 1, 10.0, energy, 0.6 if i % 3 != 2 else 0.1)
+        assert v.stop == twin.report(p.trial_number, 1, 10.0, energy,
+                                     0.6 if i % 3 != 2 else 0.1).stop
+        if not v.stop:
+            client.end_trial("big", p.trial_number)
+            twin.end_trial(p.trial_number)
+    assert len(srv.zeus.jobs["big"].job.ledger.held) <= 5
+    listed = [(t.trial_number, t.status, t.cost_j) for t in client.get_zeus_job("big").trials]
+    expected = [(t["trial_number"], t["status"], t["cost_j"]) for t in twin.trials]
+    assert listed == expected and len(listed) == 40
+    daemons.stop(srv)
+
+    srv, client = daemons.start("r", zeus_trial_retention=5)
+    assert [(t.trial_number, t.status, t.cost_j)
+            for t in client.get_zeus_job("big").trials] == expected
+    again = client.predict_batch_size("big", request_id=first_id)
+    assert (again.batch_size, again.trial_number) == (first.batch_size, first.trial_number)
+    for _ in range(5):
+        p, q = client.predict_batch_size("big"), twin.predict()
+        assert (p.batch_size, p.trial_number, p.exploration) == (q.batch_size, q.trial_number,
+                                                                 q.exploration)
