@@ -58,6 +58,10 @@ SERVICE_NAMES = (
 #: breaker is tripped (the daemon answers with dp meanwhile; the overall "" stays SERVING)
 SOLVER_HEALTH = "offcut.solver"
 
+#: health-service name of the state file: NOT_SERVING (and the overall "" with it) while
+#: writes fail for read-only or full storage; SERVING again after the next write that succeeds
+STATE_HEALTH = "offcut.state"
+
 
 def _prepare_unix_socket(address: str) -> Path:
     """The socket's path, its missing folders made 0700, a stale socket of a previous run
@@ -108,6 +112,7 @@ def open_state(config: DaemonConfig, lock: StateLock, *, init: bool = False) -> 
             f"by the previous daemon but are gone (its -wal file was deleted or truncated); "
             f"restore a backup, or accept the loss by removing {lock.path} "
             f"(docs/operations.md)")
+    store.checkpoint()
     lock.mark(last)
     store.on_commit = lock.mark
     return store
@@ -190,6 +195,9 @@ class OffcutServer:
         # must not interleave with the engine's on one connection (SQLite serialises writers).
         self.zeus_store = Store(config.state, durability=config.durability)
         self.zeus = ZeusRegistry(self.zeus_store, limits)
+        store.on_storage = self.zeus_store.on_storage = self._storage_changed
+        #: why the state cannot be written now (None while it can)
+        self.storage_problem: str | None = None
         self.metrics = DaemonMetrics(self.engine, self.zeus)
         self.metrics_endpoint: MetricsEndpoint | None = None
         #: TCP port of the /metrics endpoint once started (None without ``metrics_listen``)
@@ -278,6 +286,17 @@ class OffcutServer:
         if getattr(self, "health", None) is not None:
             self.health.set(SOLVER_HEALTH, status)
 
+    def _storage_changed(self, reason: str | None) -> None:
+        """A write to the state file failed for read-only or full storage (``reason``), or
+        succeeded again (None): the overall health and ``offcut.state`` follow (the store
+        has logged the reason)."""
+        self.storage_problem = reason
+        status = (health_pb2.HealthCheckResponse.NOT_SERVING if reason
+                  else health_pb2.HealthCheckResponse.SERVING)
+        if getattr(self, "health", None) is not None and not self._stopped:
+            for name in ("", STATE_HEALTH):
+                self.health.set(name, status)
+
     def start(self) -> None:
         """Start serving (and the metrics endpoint when configured); marks every service
         SERVING in the health service.
@@ -299,7 +318,7 @@ class OffcutServer:
         self._loop.run(self.server.start())
         if self.socket_path is not None:
             os.chmod(self.socket_path, 0o600)  # only the service user may connect
-        for name in SERVICE_NAMES + ("", SOLVER_HEALTH):
+        for name in SERVICE_NAMES + ("", SOLVER_HEALTH, STATE_HEALTH):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.config.insecure_local and not self.auth.enabled and self.socket_path is None:
             log.warning("INSECURE: %s is TCP without tokens_file (insecure_local): every local "

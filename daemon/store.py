@@ -18,7 +18,10 @@ import logging
 import os
 import sqlite3
 from pathlib import Path
+from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
+
+from offcut.daemon.storage_errors import classify
 
 log = logging.getLogger("offcut.daemon")
 
@@ -183,6 +186,10 @@ class Store:
         #: called with the id of each committed journal row (the commit mark of
         #: :class:`offcut.daemon.state_lock.StateLock`), or None
         self.on_commit: Callable[[int], None] | None = None
+        #: called with the reason when a write fails for lack of writable storage
+        #: (:mod:`offcut.daemon.storage_errors`), and with None at the next write that succeeds
+        self.on_storage: Callable[[str | None], None] | None = None
+        self.storage_problem: str | None = None
         #: the snapshot :meth:`load` skipped as corrupt (journal id), if any
         self.bad_snapshots: list[int] = []
         if durability not in ("full", "normal"):
@@ -298,6 +305,11 @@ class Store:
         """The id of the newest journal row (0 for none)."""
         return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM journal").fetchone()[0]
 
+    def checkpoint(self) -> None:
+        """Copy every committed page from the ``-wal`` into the main file and empty the
+        ``-wal`` (at start: the main file alone then holds everything committed so far)."""
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     def journal_complete(self) -> bool:
         """True when the journal holds every row from 1 to its newest (none missing)."""
         first, last, n = self.db.execute(
@@ -351,13 +363,42 @@ class Store:
         return row[0] if row else None
 
     # ------------------------------------------------------------------ writing
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One write transaction; a storage failure (read-only, full) is raised as
+        :class:`~offcut.daemon.storage_errors.StateReadOnly` /
+        :class:`~offcut.daemon.storage_errors.StateFull` (rolled back, nothing written) and
+        reported to :attr:`on_storage`; the next success reports the recovery."""
+        try:
+            with self.db:
+                self.db.execute("BEGIN IMMEDIATE")
+                yield
+        except sqlite3.Error as exc:
+            error = classify(exc, self.path)
+            if error is None:
+                raise
+            if self.db.in_transaction:
+                try:
+                    self.db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            log.error("%s", error)
+            self.storage_problem = str(error)
+            if self.on_storage is not None:
+                self.on_storage(self.storage_problem)
+            raise error from exc
+        if self.storage_problem is not None:
+            self.storage_problem = None
+            log.warning("state %s: writable again", self.path)
+            if self.on_storage is not None:
+                self.on_storage(None)
+
     def append(self, *, kind: str, event: dict[str, Any], solves: list[dict[str, Any]],
                response: bytes, source: str | None = None, seq: int | None = None,
                request_id: str | None = None, state: dict[str, Any] | None = None) -> None:
         """Commit one applied event, and a snapshot of ``state`` if given, atomically
         (callers pass ``state`` when :meth:`snapshot_due` says so)."""
-        with self.db:  # one transaction
-            self.db.execute("BEGIN IMMEDIATE")
+        with self._writing():  # one transaction
             cur = self.db.execute(
                 "INSERT INTO journal (kind, source, seq, request_id, event, solves, response) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -376,8 +417,7 @@ class Store:
     def write_snapshot(self, state: dict[str, Any]) -> None:
         """Snapshot ``state`` as of the last journal row (e.g. at shutdown or after a
         settings change)."""
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
+        with self._writing():
             self._put_snapshot(self.last_journal_id(), state)
         self._rows_since_snapshot = 0
 
@@ -418,8 +458,7 @@ class Store:
         The registry stores a reply only after finding none for ``(request_id, job_id)``, so a
         row it replaces is one of an earlier release's keys about another job that happens to
         spell ``request_id`` (registry, ``request_key``)."""
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
+        with self._writing():
             self.db.execute("INSERT OR REPLACE INTO zeus_state VALUES (?, ?, ?, ?)",
                             (kind, job_id, batch_size, json.dumps(state, separators=(",", ":"))))
             if request_id:
@@ -428,8 +467,7 @@ class Store:
 
     def zeus_delete_job(self, job_id: str) -> None:
         """Remove a job, its power profiles and its remembered replies atomically."""
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
+        with self._writing():
             self.db.execute("DELETE FROM zeus_state WHERE job_id = ?", (job_id,))
             self.db.execute("DELETE FROM zeus_requests WHERE job_id = ?", (job_id,))
 
