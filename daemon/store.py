@@ -171,11 +171,18 @@ class Store:
 
         upgrades: format -> the upgrade of a file of that format to the next
             (:data:`offcut.daemon.migrations.UPGRADES`); an older file is upgraded in place
-            after a copy is saved next to it as ``<name>.format<N>.bak``.
+            after a copy is saved next to it as ``<name>.format<N>.bak`` (mode 0600).
+        init: take an existing empty file (0 bytes, or SQLite without tables) for a new state.
+        quick_check: run ``PRAGMA quick_check`` before using the file (the daemon's start).
+
+    A new file is created 0600 (its ``-wal``/``-shm`` inherit the mode) and marked with
+    :data:`APPLICATION_ID` and ``PRAGMA user_version`` = :data:`SCHEMA_VERSION`; writes that fail
+    for read-only or full storage raise :mod:`offcut.daemon.storage_errors`' errors.
 
     Raises:
-        StoreError: the file is not a SQLite database, is of a newer format, or of an older
-            one without an upgrade.
+        StoreError: the file is empty (without ``init``), not a SQLite database, another
+            application's, of a newer format, of an older one without an upgrade, or fails
+            ``quick_check`` (docs/operations.md).
     """
 
     def __init__(self, path: str | Path, snapshot_every: int = 1000, durability: str = "full",
@@ -223,6 +230,8 @@ class Store:
             if self.db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
                 self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
+            if getattr(self, "db", None) is not None:
+                self.db.close()
             raise StoreError(f"{self.path}: not a usable Offcut state file ({exc})") from exc
         except StoreError:
             self.db.close()
