@@ -5,6 +5,8 @@ Examples::
     offcutd                                   # unix socket, default state file, solver auto
     offcutd --config /etc/offcut/offcut.toml
     offcutd --listen 127.0.0.1:50051 --state /var/lib/offcut/state.sqlite --solver cbc
+    offcutd check --state /var/lib/offcut/state.sqlite     # start-up checks, read-only
+    offcutd backup --state /var/lib/offcut/state.sqlite --to /backup/state.sqlite
 """
 
 from __future__ import annotations
@@ -35,13 +37,18 @@ EPILOG = """Examples:
 
   offcutd --print-config toml > /etc/offcut/offcut.toml   (every option with its default)
 
+  offcutd check --state FILE                    (every start-up check of a state file, read-only)
+
+  offcutd backup --state FILE --to COPY         (consistent 0600 copy, also while offcutd runs)
+
 Each flag's config-file key is given in brackets; flags override the file."""
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None)
 
 
-@app.command(epilog=EPILOG)
+@app.callback(invoke_without_command=True, epilog=EPILOG)
 def serve(
+    ctx: typer.Context,
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file"),
     listen: Optional[str] = typer.Option(None, help=flag_help("listen")),
     state: Optional[str] = typer.Option(None, help=flag_help("state")),
@@ -85,8 +92,12 @@ def serve(
     tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help=flag_help("tls_cert")),
     tls_key: Optional[str] = typer.Option(None, "--tls-key", help=flag_help("tls_key")),
     print_config: Optional[str] = typer.Option(None, "--print-config", help="print every option with its default and exit: toml (a commented offcut.toml to start from) | markdown (docs/configuration.md)"),
+    init: bool = typer.Option(False, "--init", help="take an existing empty state file (0 bytes, or SQLite without tables) for a new state; without it such a file is refused (a missing file is always created)"),
 ) -> None:
-    """Run the Offcut daemon until SIGTERM/SIGINT."""
+    """Run the Offcut daemon until SIGTERM/SIGINT (without a command), or run one of the
+    operator commands below on a state file."""
+    if ctx.invoked_subcommand is not None:
+        return
     if print_config is not None:
         if print_config not in ("toml", "markdown"):
             typer.echo(f"offcutd: --print-config: {print_config!r} is not toml or markdown", err=True)
@@ -113,7 +124,7 @@ def serve(
     from offcut.daemon.store import StoreError
 
     try:
-        server = OffcutServer(cfg)
+        server = OffcutServer(cfg, init=init)
     except (StoreError, RuntimeError, OSError) as exc:
         typer.echo(f"offcutd: {exc}", err=True)
         raise typer.Exit(1)
@@ -128,6 +139,33 @@ def serve(
     stop.wait()
     logging.getLogger("offcut.daemon").info("shutting down")
     server.stop()
+
+
+@app.command()
+def check(state: Path = typer.Option(..., "--state", help="the state file to check")) -> None:
+    """Run every start-up check on a state file without changing it (works while offcutd
+    runs); print the findings; exit 0 when offcutd would start on it, 1 otherwise."""
+    from offcut.daemon.state_admin import check_state
+
+    findings, ok = check_state(state)
+    for line in findings:
+        typer.echo(line)
+    raise typer.Exit(0 if ok else 1)
+
+
+@app.command()
+def backup(state: Path = typer.Option(..., "--state", help="the state file to copy"),
+           to: Path = typer.Option(..., "--to", help="the copy to write (mode 0600; must not exist)")) -> None:
+    """Copy a state file consistently with SQLite's online backup (works while offcutd runs;
+    restore by stopping offcutd and putting the copy in the state file's place)."""
+    from offcut.daemon.state_admin import BackupError, backup_state
+
+    try:
+        pages = backup_state(state, to)
+    except BackupError as exc:
+        typer.echo(f"offcutd backup: {exc}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{state} -> {to} ({pages} pages)")
 
 
 def main() -> None:

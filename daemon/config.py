@@ -234,7 +234,7 @@ class DaemonConfig(BaseModel):
     state: str = Field(default_factory=default_state, json_schema_extra=_doc(
         "$XDG_STATE_HOME/offcut/state.sqlite (~/.local/state/offcut/ without it)"),
         examples=["/var/lib/offcut/state.sqlite"],
-        description="SQLite state file (journal + snapshots; back it up with sqlite3 .backup)")
+        description="SQLite state file (journal + snapshots; in a private 0700 folder, one daemon per file; back it up with offcutd backup: docs/operations.md)")
     solver: Literal["auto", "gurobi", "cbc", "dp", "greedy"] = Field(
         "auto", description="allocation backend: auto = gurobi when installed and the model fits "
                             "its licence, else cbc; dp = exact count-level dynamic programming")

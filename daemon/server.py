@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -33,7 +34,8 @@ from offcut.daemon.request_guard import (NODE_EVENT_METHODS, SMALL_REQUEST_BYTES
                                          transport_limit)
 from offcut.daemon.service import NodeEventsService, StatusService, TasksService
 from offcut.daemon.solvers.allocator import Allocator
-from offcut.daemon.store import Store
+from offcut.daemon.state_lock import StateLock, check_state_dir, make_state_dir
+from offcut.daemon.store import Store, StoreError
 from offcut.daemon.streams import StreamSlots
 from offcut.daemon.workers import NODE_EVENT_WORKERS, ReservedLaneInterceptor, RpcWorkers
 from offcut.daemon.zeus.registry import ZeusRegistry
@@ -56,12 +58,16 @@ SERVICE_NAMES = (
 #: breaker is tripped (the daemon answers with dp meanwhile; the overall "" stays SERVING)
 SOLVER_HEALTH = "offcut.solver"
 
+#: health-service name of the state file: NOT_SERVING (and the overall "" with it) while
+#: writes fail for read-only or full storage; SERVING again after the next write that succeeds
+STATE_HEALTH = "offcut.state"
+
 
 def _prepare_unix_socket(address: str) -> Path:
     """The socket's path, its missing folders made 0700, a stale socket of a previous run
-    removed. Raises RuntimeError when the folder could be another user's (another process
-    could then put its own socket in the daemon's place: docs/security.md) or the path is
-    taken by something else."""
+    removed (only when nothing answers on it). Raises RuntimeError when the folder could be
+    another user's (another process could then put its own socket in the daemon's place:
+    docs/security.md), the path is taken by something else, or a live process listens on it."""
     path = Path(address[len("unix://"):] if address.startswith("unix://") else address[len("unix:"):])
     make_socket_dir(str(path))
     reason = untrusted_socket_dir(str(path), os.getuid())
@@ -70,8 +76,46 @@ def _prepare_unix_socket(address: str) -> Path:
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
-        path.unlink()  # a stale socket of a previous run
+        if _socket_answers(path):
+            raise RuntimeError(f"{path}: another process is listening on it (a second offcutd?); "
+                               f"refusing to take the socket over")
+        path.unlink()  # a stale socket of a previous run: nothing answers on it
     return path
+
+
+def _socket_answers(path: Path) -> bool:
+    """True when a process accepts connections on the unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def open_state(config: DaemonConfig, lock: StateLock, *, init: bool = False) -> Store:
+    """The engine's store on ``config.state`` after every start-up check (identity, format,
+    ``quick_check``, journal rows acknowledged by the previous daemon still present), with
+    ``lock``'s commit mark following each commit.
+
+    Raises:
+        StoreError: the check that failed (docs/operations.md, "Start-up refusals").
+    """
+    store = Store(config.state, snapshot_every=config.snapshot_every,
+                  durability=config.durability, upgrades=UPGRADES, init=init, quick_check=True)
+    last = store.last_journal_id()
+    if lock.previous_mark is not None and last < lock.previous_mark:
+        store.close()
+        raise StoreError(
+            f"{config.state}: journal rows {last + 1}..{lock.previous_mark} were acknowledged "
+            f"by the previous daemon but are gone (its -wal file was deleted or truncated); "
+            f"restore a backup, or accept the loss by removing {lock.path} "
+            f"(docs/operations.md)")
+    store.checkpoint()
+    lock.mark(last)
+    store.on_commit = lock.mark
+    return store
 
 
 def _tls_credentials(config: DaemonConfig) -> grpc.ServerCredentials | None:
@@ -100,12 +144,19 @@ class OffcutServer:
     """The daemon: engine + gRPC server on ``config.listen`` (+ Prometheus metrics on
     ``config.metrics_listen`` when set, from :meth:`start`).
 
+    Args:
+        config: the daemon's settings.
+        init: take an existing empty (0-byte or table-less SQLite) ``state`` file for a new
+            state (``offcutd --init``); without it such a file is refused.
+
     Raises:
-        offcut.daemon.store.StoreError: unusable state file.
+        offcut.daemon.store.StoreError: unusable state file (docs/operations.md lists why).
+        offcut.daemon.state_lock.StateOwnershipError: the state is another live daemon's, or
+            its folder is writable by others.
         RuntimeError: the address cannot be bound.
     """
 
-    def __init__(self, config: DaemonConfig):
+    def __init__(self, config: DaemonConfig, init: bool = False):
         self.config = config
         # tokens and TLS files first: a bad one refuses the start before anything is opened
         try:
@@ -114,6 +165,16 @@ class OffcutServer:
             raise RuntimeError(f"tokens_file: {exc}") from None
         self.auth = Authenticator(tokens)
         credentials = _tls_credentials(config)
+        # then the state: a second daemon or a damaged file refuses the start at once
+        make_state_dir(config.state)
+        check_state_dir(config.state)
+        #: the exclusive lock on the state (held until :meth:`stop`)
+        self.state_lock = StateLock(config.state)
+        try:
+            store = open_state(config, self.state_lock, init=init)
+        except BaseException:
+            self.state_lock.release()
+            raise
         from offcut.daemon.solvers.dp import compiled_kernel_missing, warm_up
 
         log.info("dp kernel ready in %.1f s", warm_up())  # the exact fallback of every backend
@@ -121,8 +182,6 @@ class OffcutServer:
         if missing:
             log.warning("%s: the dp solver runs its numpy version (same optimum, about 50x "
                         "slower at whole-machine scale); pip install numba", missing)
-        store = Store(config.state, snapshot_every=config.snapshot_every,
-                      durability=config.durability, upgrades=UPGRADES)
         allocator = Allocator(config.solver, time_limit_s=config.solver_time_limit_s,
                               isolate=config.isolate_solver, trip_after=config.solver_trip_after,
                               cooldown_s=config.solver_cooldown_s, on_trip=self._solver_tripped)
@@ -141,6 +200,9 @@ class OffcutServer:
         self.zeus = ZeusRegistry(self.zeus_store, limits,
                                  trial_retention=config.zeus_trial_retention,
                                  request_retention_s=config.zeus_request_retention_s)
+        store.on_storage = self.zeus_store.on_storage = self._storage_changed
+        #: why the state cannot be written now (None while it can)
+        self.storage_problem: str | None = None
         self.metrics = DaemonMetrics(self.engine, self.zeus)
         self.metrics_endpoint: MetricsEndpoint | None = None
         #: TCP port of the /metrics endpoint once started (None without ``metrics_listen``)
@@ -158,6 +220,7 @@ class OffcutServer:
             self.engine.close()
             self.zeus_store.close()
             self.workers.shutdown(wait=False)
+            self.state_lock.release()
             raise RuntimeError(f"cannot listen on {config.listen}: {exc}") from exc
         if self.socket_path is not None and self.socket_path.exists():
             os.chmod(self.socket_path, 0o600)  # only the service user may connect
@@ -228,6 +291,17 @@ class OffcutServer:
         if getattr(self, "health", None) is not None:
             self.health.set(SOLVER_HEALTH, status)
 
+    def _storage_changed(self, reason: str | None) -> None:
+        """A write to the state file failed for read-only or full storage (``reason``), or
+        succeeded again (None): the overall health and ``offcut.state`` follow (the store
+        has logged the reason)."""
+        self.storage_problem = reason
+        status = (health_pb2.HealthCheckResponse.NOT_SERVING if reason
+                  else health_pb2.HealthCheckResponse.SERVING)
+        if getattr(self, "health", None) is not None and not self._stopped:
+            for name in ("", STATE_HEALTH):
+                self.health.set(name, status)
+
     def start(self) -> None:
         """Start serving (and the metrics endpoint when configured); marks every service
         SERVING in the health service.
@@ -249,7 +323,7 @@ class OffcutServer:
         self._loop.run(self.server.start())
         if self.socket_path is not None:
             os.chmod(self.socket_path, 0o600)  # only the service user may connect
-        for name in SERVICE_NAMES + ("", SOLVER_HEALTH):
+        for name in SERVICE_NAMES + ("", SOLVER_HEALTH, STATE_HEALTH):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.config.insecure_local and not self.auth.enabled and self.socket_path is None:
             log.warning("INSECURE: %s is TCP without tokens_file (insecure_local): every local "
@@ -273,6 +347,7 @@ class OffcutServer:
         self.zeus_store.close()
         if self.socket_path is not None and self.socket_path.exists():
             self.socket_path.unlink()
+        self.state_lock.release()
 
     async def _stop(self, grace_s: float) -> None:
         """:meth:`stop`'s part on the event loop."""

@@ -12,13 +12,18 @@ mode; ``durability="full"`` (default) fsyncs every commit, so a committed reply 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from offcut.daemon.storage_errors import classify
 
 log = logging.getLogger("offcut.daemon")
 
@@ -32,6 +37,16 @@ SCHEMA_VERSION = 3
 
 #: size the WAL file is truncated to after a checkpoint [bytes]
 WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+
+#: ``PRAGMA application_id`` of an Offcut state file ("OFCT"): a SQLite file with another id is
+#: another program's and is refused
+APPLICATION_ID = 0x4F464354
+
+#: the tables an Offcut state file may hold (a file with others is refused as foreign)
+TABLES = frozenset({"meta", "journal", "snapshots", "snapshot_checksums", "task_archive",
+                    "zeus_state", "zeus_trials", "zeus_observations", "zeus_requests"})
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
 
 #: an in-place upgrade of an open state file from one format to the next (runs inside a
 #: transaction; raises to leave the file as it was)
@@ -65,6 +80,10 @@ CREATE TABLE IF NOT EXISTS task_archive (
 );
 CREATE INDEX IF NOT EXISTS task_archive_finish ON task_archive(finish_time);
 CREATE INDEX IF NOT EXISTS task_archive_owner ON task_archive(owner, number);
+CREATE TABLE IF NOT EXISTS snapshot_checksums (
+    journal_id INTEGER PRIMARY KEY,
+    sha256 TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS zeus_state (
     kind TEXT NOT NULL,
     job_id TEXT NOT NULL,
@@ -111,6 +130,79 @@ class StoreError(RuntimeError):
     """The state file cannot be opened or is not an Offcut state file."""
 
 
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def create_private(path: Path) -> None:
+    """Create ``path`` empty with mode 0600 when missing (SQLite then creates the ``-wal``
+    and ``-shm`` files with the same mode)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    except FileExistsError:
+        pass
+
+
+def inspect_file(path: Path, *, init: bool = False) -> bool:
+    """Check what lies at ``path`` before SQLite opens it; True when a new state is to be
+    created there (the file is missing, or empty and ``init`` is set).
+
+    Raises:
+        StoreError: an empty file without ``init`` (an existing empty file is never taken for
+            a new state: it may be a state file truncated by accident), or a file that is not
+            SQLite.
+    """
+    if not path.exists():
+        return True
+    if path.is_dir():
+        raise StoreError(f"{path}: is a folder, not a state file")
+    size = path.stat().st_size
+    if size == 0:
+        if init:
+            return True
+        raise StoreError(f"{path}: is an empty (0-byte) file, not an Offcut state; if it is "
+                         f"meant to become a new one, start once with offcutd --init "
+                         f"(docs/operations.md)")
+    with open(path, "rb") as f:
+        head = f.read(len(_SQLITE_HEADER))
+    if head != _SQLITE_HEADER:
+        raise StoreError(f"{path}: is not a SQLite file (not an Offcut state file)")
+    return False
+
+
+def check_identity(db: sqlite3.Connection, path: Path, *, init: bool = False) -> None:
+    """Refuse another program's SQLite file (another ``application_id``, or, for files of
+    releases that set none, tables Offcut does not write) or a newer format.
+
+    Args:
+        db: an open connection to the file.
+        path: its path (for the messages).
+        init: accept a SQLite file without tables (``offcutd --init``).
+
+    Raises:
+        StoreError: naming what was found.
+    """
+    app_id = db.execute("PRAGMA application_id").fetchone()[0]
+    if app_id not in (0, APPLICATION_ID):
+        raise StoreError(f"{path}: a SQLite file of another application "
+                         f"(application_id {app_id:#x}, Offcut's is {APPLICATION_ID:#x}); "
+                         f"refusing to use it as the state")
+    tables = {r[0] for r in db.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
+    foreign = sorted(tables - TABLES)
+    if foreign or (app_id == 0 and tables and "meta" not in tables):
+        raise StoreError(f"{path}: a SQLite file that is not an Offcut state (tables "
+                         f"{', '.join(sorted(tables))}); refusing to use it as the state")
+    if app_id == 0 and not tables and not init:
+        raise StoreError(f"{path}: an empty SQLite file without Offcut's "
+                         f"application_id; start once with offcutd --init to make it a "
+                         f"new state (docs/operations.md)")
+    user_version = db.execute("PRAGMA user_version").fetchone()[0]
+    if user_version > SCHEMA_VERSION:
+        raise StoreError(f"{path}: state-file format {user_version} is newer than this "
+                         f"offcutd's ({SCHEMA_VERSION}); run the release that wrote it")
+
+
 class Store:
     """The daemon's state file.
 
@@ -123,26 +215,53 @@ class Store:
 
         upgrades: format -> the upgrade of a file of that format to the next
             (:data:`offcut.daemon.migrations.UPGRADES`); an older file is upgraded in place
-            after a copy is saved next to it as ``<name>.format<N>.bak``.
+            after a copy is saved next to it as ``<name>.format<N>.bak`` (mode 0600).
+        init: take an existing empty file (0 bytes, or SQLite without tables) for a new state.
+        quick_check: run ``PRAGMA quick_check`` before using the file (the daemon's start).
+
+    A new file is created 0600 (its ``-wal``/``-shm`` inherit the mode) and marked with
+    :data:`APPLICATION_ID` and ``PRAGMA user_version`` = :data:`SCHEMA_VERSION`; writes that fail
+    for read-only or full storage raise :mod:`offcut.daemon.storage_errors`' errors.
 
     Raises:
-        StoreError: the file is not a SQLite database, is of a newer format, or of an older
-            one without an upgrade.
+        StoreError: the file is empty (without ``init``), not a SQLite database, another
+            application's, of a newer format, of an older one without an upgrade, or fails
+            ``quick_check`` (docs/operations.md).
     """
 
     def __init__(self, path: str | Path, snapshot_every: int = 1000, durability: str = "full",
-                 upgrades: Mapping[int, Upgrade] | None = None):
+                 upgrades: Mapping[int, Upgrade] | None = None, *, init: bool = False,
+                 quick_check: bool = False):
         self.path = Path(path)
         self.snapshot_every = max(1, int(snapshot_every))
+        #: called with the id of each committed journal row (the commit mark of
+        #: :class:`offcut.daemon.state_lock.StateLock`), or None
+        self.on_commit: Callable[[int], None] | None = None
+        #: called with the reason when a write fails for lack of writable storage
+        #: (:mod:`offcut.daemon.storage_errors`), and with None at the next write that succeeds
+        self.on_storage: Callable[[str | None], None] | None = None
+        self.storage_problem: str | None = None
+        #: the snapshot :meth:`load` skipped as corrupt (journal id), if any
+        self.bad_snapshots: list[int] = []
+        if durability not in ("full", "normal"):
+            raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = inspect_file(self.path, init=init)
+        if new:
+            create_private(self.path)
         try:
             self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+            if not new:
+                check_identity(self.db, self.path, init=init)
+            if quick_check:
+                result = [r[0] for r in self.db.execute("PRAGMA quick_check")]
+                if result != ["ok"]:
+                    raise StoreError(f"{self.path}: integrity check failed: "
+                                     f"{'; '.join(map(str, result[:5]))} (docs/operations.md)")
             self.db.execute("PRAGMA journal_mode=WAL")
             # the -wal file is truncated back to this size after a checkpoint (it would
             # otherwise keep its largest size for ever)
             self.db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
-            if durability not in ("full", "normal"):
-                raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
             self.db.execute(f"PRAGMA synchronous={durability.upper()}")
             self.db.executescript(_SCHEMA)
             version = self._meta("schema_version")
@@ -153,8 +272,17 @@ class Store:
                                  f"offcutd's ({SCHEMA_VERSION}); run the release that wrote it")
             elif int(version) < SCHEMA_VERSION:
                 self._upgrade(int(version), upgrades or {})
+            if self.db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+                self.db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+            if self.db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
+            if getattr(self, "db", None) is not None:
+                self.db.close()
             raise StoreError(f"{self.path}: not a usable Offcut state file ({exc})") from exc
+        except StoreError:
+            self.db.close()
+            raise
         self._rows_since_snapshot = self._count_since_snapshot()
 
     def _upgrade(self, version: int, upgrades: Mapping[int, Upgrade]) -> None:
@@ -166,6 +294,7 @@ class Store:
                              f"{SCHEMA_VERSION}; start offcutd on it once to upgrade it")
         backup = self.path.with_name(f"{self.path.name}.format{version}.bak")
         if not backup.exists():
+            create_private(backup)
             copy = sqlite3.connect(str(backup))
             try:
                 self.db.backup(copy)
@@ -190,12 +319,36 @@ class Store:
 
     # ------------------------------------------------------------------ reading
     def load(self) -> tuple[dict[str, Any] | None, Iterator[tuple[dict, list[dict]]]]:
-        """The latest snapshot (or None) and the journal rows after it as
-        ``(event_dict, solves)`` pairs, oldest first."""
-        row = self.db.execute(
-            "SELECT journal_id, state FROM snapshots ORDER BY journal_id DESC LIMIT 1").fetchone()
-        after = row[0] if row else 0
-        state = json.loads(row[1]) if row else None
+        """The newest good snapshot (or None) and the journal rows after it as
+        ``(event_dict, solves)`` pairs, oldest first.
+
+        A snapshot whose sha256 does not match (or whose JSON does not parse) is skipped with
+        a warning naming it (listed in :attr:`bad_snapshots`) and the next older one is used
+        with the journal after it; with none good, the journal is replayed from its start.
+
+        Raises:
+            StoreError: no good snapshot and the journal does not start at row 1 (rows a
+                replay needs are missing).
+        """
+        state, after = None, 0
+        self.bad_snapshots = []
+        for journal_id, text, digest in self.db.execute(
+                "SELECT s.journal_id, s.state, c.sha256 FROM snapshots s LEFT JOIN "
+                "snapshot_checksums c ON c.journal_id = s.journal_id "
+                "ORDER BY s.journal_id DESC").fetchall():
+            try:
+                if digest is not None and _sha256(text) != digest:
+                    raise ValueError("sha256 mismatch")
+                state, after = json.loads(text), journal_id
+                break
+            except (ValueError, TypeError) as exc:
+                log.warning("state %s: snapshot at journal row %d is corrupt (%s); falling back "
+                            "to an older one and the journal after it", self.path, journal_id, exc)
+                self.bad_snapshots.append(journal_id)
+        if state is None and self.bad_snapshots and not self.journal_complete():
+            raise StoreError(f"{self.path}: every snapshot is corrupt (journal rows "
+                             f"{', '.join(map(str, self.bad_snapshots))}) and the journal does not "
+                             f"start at row 1; restore a backup (docs/operations.md)")
 
         def rows() -> Iterator[tuple[dict, list[dict]]]:
             cur = self.db.execute("SELECT event, solves FROM journal WHERE id > ? ORDER BY id", (after,))
@@ -203,6 +356,21 @@ class Store:
                 yield json.loads(event), json.loads(solves)
 
         return state, rows()
+
+    def last_journal_id(self) -> int:
+        """The id of the newest journal row (0 for none)."""
+        return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM journal").fetchone()[0]
+
+    def checkpoint(self) -> None:
+        """Copy every committed page from the ``-wal`` into the main file and empty the
+        ``-wal`` (at start: the main file alone then holds everything committed so far)."""
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def journal_complete(self) -> bool:
+        """True when the journal holds every row from 1 to its newest (none missing)."""
+        first, last, n = self.db.execute(
+            "SELECT COALESCE(MIN(id), 1), COALESCE(MAX(id), 0), COUNT(*) FROM journal").fetchone()
+        return first == 1 and n == last
 
     def journal(self, after_id: int = 0, limit: int | None = None, chunk_rows: int = 500
                 ) -> Iterator[tuple[int, str, bytes]]:
@@ -252,6 +420,36 @@ class Store:
         return row[0] if row else None
 
     # ------------------------------------------------------------------ writing
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One write transaction; a storage failure (read-only, full) is raised as
+        :class:`~offcut.daemon.storage_errors.StateReadOnly` /
+        :class:`~offcut.daemon.storage_errors.StateFull` (rolled back, nothing written) and
+        reported to :attr:`on_storage`; the next success reports the recovery."""
+        try:
+            with self.db:
+                self.db.execute("BEGIN IMMEDIATE")
+                yield
+        except sqlite3.Error as exc:
+            error = classify(exc, self.path)
+            if error is None:
+                raise
+            if self.db.in_transaction:
+                try:
+                    self.db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            log.error("%s", error)
+            self.storage_problem = str(error)
+            if self.on_storage is not None:
+                self.on_storage(self.storage_problem)
+            raise error from exc
+        if self.storage_problem is not None:
+            self.storage_problem = None
+            log.warning("state %s: writable again", self.path)
+            if self.on_storage is not None:
+                self.on_storage(None)
+
     def append(self, *, kind: str, event: dict[str, Any], solves: list[dict[str, Any]],
                response: bytes, source: str | None = None, seq: int | None = None,
                request_id: str | None = None, state: dict[str, Any] | None = None,
@@ -259,8 +457,7 @@ class Store:
         """Commit one applied event, the finished tasks it took out of the state
         (``archive``: :meth:`Task.to_dict` forms) and a snapshot of ``state`` if given,
         atomically (callers pass ``state`` when :meth:`snapshot_due` says so)."""
-        with self.db:  # one transaction
-            self.db.execute("BEGIN IMMEDIATE")
+        with self._writing():  # one transaction
             self._archive(archive)
             cur = self.db.execute(
                 "INSERT INTO journal (kind, source, seq, request_id, event, solves, response) "
@@ -268,10 +465,10 @@ class Store:
                 (kind, source, seq, request_id or None, json.dumps(event, separators=(",", ":")),
                  json.dumps(solves, separators=(",", ":")), response))
             if state is not None:
-                self.db.execute("INSERT INTO snapshots VALUES (?, ?)",
-                                (cur.lastrowid, json.dumps(state, separators=(",", ":"))))
-                self._prune_snapshots()
+                self._put_snapshot(cur.lastrowid, state)
         self._rows_since_snapshot = 0 if state is not None else self._rows_since_snapshot + 1
+        if self.on_commit is not None:
+            self.on_commit(cur.lastrowid)
 
     def snapshot_due(self) -> bool:
         """True when the next :meth:`append` should carry a snapshot."""
@@ -280,12 +477,8 @@ class Store:
     def write_snapshot(self, state: dict[str, Any]) -> None:
         """Snapshot ``state`` as of the last journal row (e.g. at shutdown or after a
         settings change)."""
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
-            last = self.db.execute("SELECT COALESCE(MAX(id), 0) FROM journal").fetchone()[0]
-            self.db.execute("INSERT OR REPLACE INTO snapshots VALUES (?, ?)",
-                            (last, json.dumps(state, separators=(",", ":"))))
-            self._prune_snapshots()
+        with self._writing():
+            self._put_snapshot(self.last_journal_id(), state)
         self._rows_since_snapshot = 0
 
     # ------------------------------------------------------------------ finished tasks
@@ -303,8 +496,7 @@ class Store:
 
     def archive_tasks(self, tasks: Iterable[dict[str, Any]]) -> None:
         """Insert finished tasks into the archive in a transaction of their own (recovery)."""
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
+        with self._writing():
             self._archive(tasks)
 
     def archived_task(self, task_id: str) -> dict[str, Any] | None:
@@ -333,8 +525,7 @@ class Store:
     def prune_archive(self, finished_before: float) -> dict[str, int]:
         """Delete the archived tasks that finished before ``finished_before`` [s since epoch];
         returns how many per state value."""
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
+        with self._writing():
             gone = dict(self.db.execute("SELECT state, COUNT(*) FROM task_archive WHERE "
                                         "finish_time < ? GROUP BY state", (finished_before,)))
             if gone:
@@ -362,8 +553,7 @@ class Store:
         """Delete the journal rows of events before ``before_time`` [s since epoch] that no
         kept snapshot needs (rows up to the older of the two kept snapshots); returns how many.
         Their idempotency keys and history go with them (the retention window: docs/operations.md)."""
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
+        with self._writing():
             kept = [r[0] for r in self.db.execute(
                 "SELECT journal_id FROM snapshots ORDER BY journal_id DESC LIMIT 2")]
             if not kept:
@@ -377,10 +567,19 @@ class Store:
                 return 0
             return self.db.execute("DELETE FROM journal WHERE id <= ?", (cut,)).rowcount
 
-    def _prune_snapshots(self) -> None:
-        """Keep the two newest snapshots (inside the caller's transaction)."""
+    def _put_snapshot(self, journal_id: int, state: dict[str, Any]) -> None:
+        """Store a snapshot with its sha256 and keep the two newest (inside the caller's
+        transaction; the journal keeps every row after the older one (compact_journal), so a
+        fallback to it has the rows it needs; a fallback to the journal's start needs a journal
+        that was never compacted)."""
+        text = json.dumps(state, separators=(",", ":"))
+        self.db.execute("INSERT OR REPLACE INTO snapshots VALUES (?, ?)", (journal_id, text))
+        self.db.execute("INSERT OR REPLACE INTO snapshot_checksums VALUES (?, ?)",
+                        (journal_id, _sha256(text)))
         self.db.execute("DELETE FROM snapshots WHERE journal_id NOT IN "
                         "(SELECT journal_id FROM snapshots ORDER BY journal_id DESC LIMIT 2)")
+        self.db.execute("DELETE FROM snapshot_checksums WHERE journal_id NOT IN "
+                        "(SELECT journal_id FROM snapshots)")
 
     # ------------------------------------------------------------------ Zeus optimizers
     # A Zeus job is stored as rows (docs/architecture.md §6): its small summary (spec, RNG,
@@ -467,8 +666,7 @@ class Store:
         The registry stores a reply only after finding none for ``(request_id, job_id)``, so a
         row it replaces is one of an earlier release's keys about another job that happens to
         spell ``request_id`` (registry, ``request_key``)."""
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
+        with self._writing():
             for w in writes:
                 if w.state is not None:
                     state = (w.state if isinstance(w.state, str)
@@ -494,8 +692,7 @@ class Store:
     def zeus_delete_job(self, job_id: str) -> None:
         """Remove a job, its trials, observed runs, power profiles and remembered replies
         atomically."""
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
+        with self._writing():
             for table in ("zeus_state", "zeus_requests", "zeus_trials", "zeus_observations"):
                 self.db.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
 

@@ -1,0 +1,177 @@
+"""Operator commands on a state file: ``offcutd check`` and ``offcutd backup``
+(docs/operations.md).
+
+Both open the file read-only (a ``mode=ro`` URI) and never take the daemon's lock, so they work
+while ``offcutd`` runs on it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+from offcut.daemon.state_lock import StateOwnershipError, check_state_dir, lock_path, read_mark
+from offcut.daemon.store import SCHEMA_VERSION, StoreError, check_identity, inspect_file
+
+
+class BackupError(RuntimeError):
+    """The backup could not be written (the message names the file and why)."""
+
+
+def _open_ro(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+
+
+def _holder(state: Path) -> int | None:
+    """The pid of the live daemon holding ``state``'s lock, or None when none holds it."""
+    try:
+        fd = os.open(lock_path(state), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return read_mark(state)[0] or -1
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+    return None
+
+
+def check_state(state: str | Path) -> tuple[list[str], bool]:
+    """Every start-up check of ``offcutd`` on ``state``, read-only.
+
+    Returns:
+        ``(findings, ok)``: one line per check (``ok: ...``, ``FAIL: ...``, ``note: ...``),
+        and whether ``offcutd`` would start on the file.
+    """
+    state = Path(state)
+    out: list[str] = []
+    ok = True
+
+    def fail(msg: str) -> None:
+        nonlocal ok
+        ok = False
+        out.append(f"FAIL: {msg}")
+
+    if not state.exists():
+        fail(f"{state}: no such file (offcutd would create a new, empty state there)")
+        return out, ok
+    try:
+        check_state_dir(state)
+        out.append(f"ok: folder {state.absolute().parent} is private to its owner")
+    except StateOwnershipError as exc:
+        fail(str(exc))
+    holder = _holder(state)
+    out.append(f"note: in use by offcutd pid {holder}" if holder else "note: no offcutd holds it")
+    try:
+        inspect_file(state)
+    except StoreError as exc:
+        fail(str(exc))
+        return out, ok
+    try:
+        db = _open_ro(state)
+    except sqlite3.Error as exc:
+        fail(f"{state}: cannot be opened read-only ({exc})")
+        return out, ok
+    try:
+        try:
+            check_identity(db, state)
+            out.append(f"ok: an Offcut state file")
+        except StoreError as exc:
+            fail(str(exc))
+            return out, ok
+        result = [r[0] for r in db.execute("PRAGMA quick_check")]
+        if result == ["ok"]:
+            out.append("ok: quick_check")
+        else:
+            fail(f"quick_check: {'; '.join(map(str, result[:5]))}")
+            return out, ok
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = int(row[0]) if row else SCHEMA_VERSION
+        if version > SCHEMA_VERSION:
+            fail(f"format {version} is newer than this offcutd's ({SCHEMA_VERSION})")
+        elif version < SCHEMA_VERSION:
+            out.append(f"note: format {version}; offcutd upgrades it to {SCHEMA_VERSION} at start")
+        else:
+            out.append(f"ok: format {version}")
+        first, last, n = db.execute("SELECT COALESCE(MIN(id), 1), COALESCE(MAX(id), 0), "
+                                    "COUNT(*) FROM journal").fetchone()
+        complete = first == 1 and n == last
+        out.append(f"{'ok' if complete else 'note'}: journal rows {first}..{last} ({n} rows"
+                   f"{'' if complete else ', some missing'})")
+        has_sums = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'snapshot_checksums'"
+                              ).fetchone() is not None
+        sql = ("SELECT s.journal_id, s.state, c.sha256 FROM snapshots s LEFT JOIN "
+               "snapshot_checksums c ON c.journal_id = s.journal_id" if has_sums else
+               "SELECT journal_id, state, NULL FROM snapshots")
+        good = 0
+        snapshots = db.execute(sql + " ORDER BY 1 DESC").fetchall()
+        for journal_id, text, digest in snapshots:
+            bad = digest is not None and hashlib.sha256(text.encode()).hexdigest() != digest
+            if not bad:
+                try:
+                    json.loads(text)
+                except ValueError:
+                    bad = True
+            if bad:
+                out.append(f"note: snapshot at journal row {journal_id} is corrupt; offcutd "
+                           f"falls back to an older one (or the journal's start)")
+            else:
+                good += 1
+                out.append(f"ok: snapshot at journal row {journal_id}"
+                           f"{'' if digest else ' (no checksum: written by an older release)'}")
+        if snapshots and not good and not complete:
+            fail("no good snapshot and the journal does not start at row 1: restore a backup")
+        mark = read_mark(state)[1]
+        if mark is not None and not holder:
+            if last < mark:
+                fail(f"journal rows {last + 1}..{mark} were acknowledged but are gone (a "
+                     f"deleted or truncated -wal file)")
+            else:
+                out.append(f"ok: every acknowledged journal row is present (last {mark})")
+    finally:
+        db.close()
+    return out, ok
+
+
+def backup_state(state: str | Path, to: str | Path) -> int:
+    """Copy ``state`` to ``to`` (created 0600, must not exist) with SQLite's online backup
+    API: a consistent copy of the last committed state, also while ``offcutd`` writes.
+
+    Returns:
+        The number of pages copied.
+
+    Raises:
+        BackupError: ``state`` is missing or unusable, or ``to`` exists or cannot be written.
+    """
+    state, to = Path(state), Path(to)
+    if not state.is_file():
+        raise BackupError(f"{state}: no such state file")
+    try:
+        inspect_file(state)
+    except StoreError as exc:
+        raise BackupError(str(exc)) from None
+    try:
+        fd = os.open(to, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        raise BackupError(f"{to}: exists; refusing to overwrite it") from None
+    except OSError as exc:
+        raise BackupError(f"{to}: cannot be created ({exc.strerror})") from None
+    os.close(fd)
+    try:
+        src = _open_ro(state)
+        dst = sqlite3.connect(str(to))
+        try:
+            src.backup(dst)
+            pages = dst.execute("PRAGMA page_count").fetchone()[0]
+        finally:
+            dst.close()
+            src.close()
+    except sqlite3.Error as exc:
+        to.unlink(missing_ok=True)
+        raise BackupError(f"{state} -> {to}: {exc}") from None
+    return pages
