@@ -625,15 +625,22 @@ class Store:
         """Delete the task rows no kept snapshot reads (inside the caller's transaction): rows
         older than the oldest kept snapshot's own row for the same task, and rows saying a task
         left, once no kept snapshot still has it. Each snapshot becomes the oldest kept one
-        once, so the cost is the rows of the tasks that snapshot wrote."""
+        once, so the cost is the rows of the tasks that snapshot wrote (a snapshot that wrote
+        every task, after a fallback, costs one pass over them then)."""
         row = self.db.execute("SELECT MIN(journal_id) FROM snapshots").fetchone()
         oldest = row[0] if row else None
         if oldest is None:
             return
-        self.db.execute(
-            "DELETE FROM snapshot_tasks WHERE journal_id < ? AND task_id IN "
-            "(SELECT task_id FROM snapshot_tasks WHERE journal_id = ?)", (oldest, oldest))
-        self.db.execute("DELETE FROM snapshot_tasks WHERE task IS NULL AND journal_id <= ?",
+        if self.db.execute("SELECT 1 FROM snapshot_tasks WHERE journal_id < ? LIMIT 1",
+                           (oldest,)).fetchone() is None:
+            ids = []  # nothing older (e.g. the oldest kept is the first, whole one)
+        else:
+            ids = [r[0] for r in self.db.execute(
+                "SELECT task_id FROM snapshot_tasks WHERE journal_id = ?", (oldest,))]
+        # by primary key (task_id, journal_id): O(rows of those tasks), not O(all rows)
+        self.db.executemany("DELETE FROM snapshot_tasks WHERE task_id = ? AND journal_id < ?",
+                            [(i, oldest) for i in ids])
+        self.db.execute("DELETE FROM snapshot_tasks WHERE journal_id = ? AND task IS NULL",
                         (oldest,))
 
     def _tasks_at(self, journal_id: int) -> list[dict[str, Any]]:

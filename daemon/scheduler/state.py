@@ -115,7 +115,7 @@ class SchedulerState:
         header = self.to_dict(with_tasks=False)
         changed = [self.tasks[i].to_dict() for i in sorted(self.changed, key=task_number)
                    if i in self.tasks]
-        removed = sorted(self.removed - self.tasks.keys(), key=task_number)
+        removed = sorted((i for i in self.removed if i not in self.tasks), key=task_number)
         self.changed, self.removed = set(), set()
         return header, changed, removed
 
