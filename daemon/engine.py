@@ -34,7 +34,8 @@ from offcut.daemon.replies import (Decision, PlacementUpdate, Reply, SolverStati
                                    StatusView, TaskView, decision_of, task_view)
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.solvers.problem import AllocationProblem
-from offcut.daemon.store import Store, task_number
+from offcut.daemon.model import task_number
+from offcut.daemon.store import SnapshotDelta, Store
 
 log = logging.getLogger("offcut.daemon")
 
@@ -130,7 +131,13 @@ class Engine:
                 setattr(self.scheduler, name, value)
                 changed = True
         if changed:
-            self.store.write_snapshot(self.scheduler.to_dict())
+            self.store.write_snapshot(self._snapshot_state())
+
+    def _snapshot_state(self) -> SnapshotDelta:
+        """The next snapshot: the state without its tasks, and the tasks that changed or left
+        since the last one (an incremental snapshot, docs/architecture.md §6)."""
+        header, changed, removed = self.scheduler.snapshot_changes()
+        return SnapshotDelta(header, changed, removed)
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> Scheduler:
@@ -147,6 +154,8 @@ class Engine:
             n += 1
         if retired:  # archived when first applied; again in case the retention changed since
             self.store.archive_tasks(t.to_dict() for t in retired)
+        if state and (not self.store.loaded_incremental or self.store.bad_snapshots):
+            scheduler.mark_all_changed()  # the next snapshot writes every task
         if state or n:
             log.info("state %s: revision %d (%d journal rows re-applied after the snapshot)",
                      self.store.path, scheduler.revision, n)
@@ -263,7 +272,7 @@ class Engine:
                 source=event.source if isinstance(event, NodeEvent) else None,
                 seq=event.seq if isinstance(event, NodeEvent) else None,
                 request_id=_request_key(event, caller),
-                state=self.scheduler.to_dict() if snapshot else None,
+                state=self._snapshot_state() if snapshot else None,
                 archive=[t.to_dict() for t in out.retired])
         except Exception:
             log.exception("committing revision %d failed; reloading state", out.revision)
@@ -427,7 +436,7 @@ class Engine:
             self.closed = True
             self._notify()
             try:
-                self.store.write_snapshot(self.scheduler.to_dict())
+                self.store.write_snapshot(self._snapshot_state())
             finally:
                 self.store.close()
                 self.allocator.close()

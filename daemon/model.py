@@ -132,6 +132,12 @@ class Task:
         return cls(**d)
 
 
+def task_number(task_id: str) -> int:
+    """The submit number of a task id ``t<number>`` (``t000042`` -> 42; 0 when malformed)."""
+    digits = task_id[1:]
+    return int(digits) if digits.isdigit() else 0
+
+
 def check_node_names(names: list[str], field_name: str) -> None:
     """Raise :class:`InvalidArgument` naming ``field_name`` if any name is malformed or repeated."""
     seen: set[str] = set()

@@ -23,6 +23,7 @@ from pathlib import Path
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from offcut.daemon.model import task_number
 from offcut.daemon.storage_errors import classify
 
 log = logging.getLogger("offcut.daemon")
@@ -43,7 +44,8 @@ WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 APPLICATION_ID = 0x4F464354
 
 #: the tables an Offcut state file may hold (a file with others is refused as foreign)
-TABLES = frozenset({"meta", "journal", "snapshots", "snapshot_checksums", "task_archive",
+TABLES = frozenset({"meta", "journal", "snapshots", "snapshot_checksums", "snapshot_tasks",
+                    "task_archive",
                     "zeus_state", "zeus_trials", "zeus_observations", "zeus_requests"})
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
@@ -84,6 +86,15 @@ CREATE TABLE IF NOT EXISTS snapshot_checksums (
     journal_id INTEGER PRIMARY KEY,
     sha256 TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS snapshot_tasks (
+    task_id TEXT NOT NULL,
+    journal_id INTEGER NOT NULL,
+    number INTEGER NOT NULL,
+    task TEXT,
+    sha256 TEXT,
+    PRIMARY KEY (task_id, journal_id)
+);
+CREATE INDEX IF NOT EXISTS snapshot_tasks_journal ON snapshot_tasks(journal_id);
 CREATE TABLE IF NOT EXISTS zeus_state (
     kind TEXT NOT NULL,
     job_id TEXT NOT NULL,
@@ -120,10 +131,15 @@ CREATE TABLE IF NOT EXISTS zeus_observations (
 _ZEUS_OPEN = ("running", "suspended")
 
 
-def task_number(task_id: str) -> int:
-    """The submit number of a task id ``t<number>`` (``t000042`` -> 42; 0 when malformed)."""
-    digits = task_id[1:]
-    return int(digits) if digits.isdigit() else 0
+@dataclass(frozen=True)
+class SnapshotDelta:
+    """An incremental snapshot (:meth:`Store._put_snapshot`): ``header``, the state without
+    its tasks; ``changed``, the tasks that may have changed since the last snapshot
+    (:meth:`Task.to_dict` forms); ``removed``, the ids of the tasks that left the state."""
+
+    header: dict[str, Any]
+    changed: list[dict[str, Any]]
+    removed: list[str]
 
 
 class StoreError(RuntimeError):
@@ -332,6 +348,7 @@ class Store:
         """
         state, after = None, 0
         self.bad_snapshots = []
+        self.loaded_incremental = False
         for journal_id, text, digest in self.db.execute(
                 "SELECT s.journal_id, s.state, c.sha256 FROM snapshots s LEFT JOIN "
                 "snapshot_checksums c ON c.journal_id = s.journal_id "
@@ -339,7 +356,11 @@ class Store:
             try:
                 if digest is not None and _sha256(text) != digest:
                     raise ValueError("sha256 mismatch")
-                state, after = json.loads(text), journal_id
+                loaded = json.loads(text)
+                if loaded.pop("incremental", False):
+                    loaded["tasks"] = self._tasks_at(journal_id)
+                    self.loaded_incremental = True
+                state, after = loaded, journal_id
                 break
             except (ValueError, TypeError) as exc:
                 log.warning("state %s: snapshot at journal row %d is corrupt (%s); falling back "
@@ -567,12 +588,30 @@ class Store:
                 return 0
             return self.db.execute("DELETE FROM journal WHERE id <= ?", (cut,)).rowcount
 
-    def _put_snapshot(self, journal_id: int, state: dict[str, Any]) -> None:
+    def _put_snapshot(self, journal_id: int, state: "dict[str, Any] | SnapshotDelta") -> None:
         """Store a snapshot with its sha256 and keep the two newest (inside the caller's
         transaction; the journal keeps every row after the older one (compact_journal), so a
         fallback to it has the rows it needs; a fallback to the journal's start needs a journal
-        that was never compacted)."""
-        text = json.dumps(state, separators=(",", ":"))
+        that was never compacted).
+
+        ``state`` is the whole state (a dict with ``tasks``) or a :class:`SnapshotDelta`:
+        the state without its tasks, the tasks that changed since the last snapshot and the
+        ids of those that left; its tasks are then rows of ``snapshot_tasks`` (one per task
+        and snapshot that changed it, with their sha256; ``task`` NULL: the task left), and
+        a snapshot's tasks are, per task, the newest row at or before it (:meth:`_tasks_at`).
+        """
+        if isinstance(state, SnapshotDelta):
+            header = dict(state.header, incremental=True)
+            rows = [(d["task_id"], journal_id, task_number(d["task_id"]), text, _sha256(text))
+                    for d in state.changed
+                    for text in (json.dumps(d, separators=(",", ":")),)]
+            rows += [(task_id, journal_id, task_number(task_id), None, None)
+                     for task_id in state.removed]
+            self.db.executemany("INSERT OR REPLACE INTO snapshot_tasks VALUES (?, ?, ?, ?, ?)",
+                                rows)
+        else:
+            header = state
+        text = json.dumps(header, separators=(",", ":"))
         self.db.execute("INSERT OR REPLACE INTO snapshots VALUES (?, ?)", (journal_id, text))
         self.db.execute("INSERT OR REPLACE INTO snapshot_checksums VALUES (?, ?)",
                         (journal_id, _sha256(text)))
@@ -580,6 +619,47 @@ class Store:
                         "(SELECT journal_id FROM snapshots ORDER BY journal_id DESC LIMIT 2)")
         self.db.execute("DELETE FROM snapshot_checksums WHERE journal_id NOT IN "
                         "(SELECT journal_id FROM snapshots)")
+        self._prune_snapshot_tasks()
+
+    def _prune_snapshot_tasks(self) -> None:
+        """Delete the task rows no kept snapshot reads (inside the caller's transaction): rows
+        older than the oldest kept snapshot's own row for the same task, and rows saying a task
+        left, once no kept snapshot still has it. Each snapshot becomes the oldest kept one
+        once, so the cost is the rows of the tasks that snapshot wrote (a snapshot that wrote
+        every task, after a fallback, costs one pass over them then)."""
+        row = self.db.execute("SELECT MIN(journal_id) FROM snapshots").fetchone()
+        oldest = row[0] if row else None
+        if oldest is None:
+            return
+        if self.db.execute("SELECT 1 FROM snapshot_tasks WHERE journal_id < ? LIMIT 1",
+                           (oldest,)).fetchone() is None:
+            ids = []  # nothing older (e.g. the oldest kept is the first, whole one)
+        else:
+            ids = [r[0] for r in self.db.execute(
+                "SELECT task_id FROM snapshot_tasks WHERE journal_id = ?", (oldest,))]
+        # by primary key (task_id, journal_id): O(rows of those tasks), not O(all rows)
+        self.db.executemany("DELETE FROM snapshot_tasks WHERE task_id = ? AND journal_id < ?",
+                            [(i, oldest) for i in ids])
+        self.db.execute("DELETE FROM snapshot_tasks WHERE journal_id = ? AND task IS NULL",
+                        (oldest,))
+
+    def _tasks_at(self, journal_id: int) -> list[dict[str, Any]]:
+        """The tasks of the incremental snapshot at ``journal_id``: per task the newest row at
+        or before it, in submit order, without the tasks that left.
+
+        Raises:
+            ValueError: a row whose sha256 does not match (the snapshot is corrupt)."""
+        tasks = []
+        for task_id, text, digest in self.db.execute(
+                "SELECT t.task_id, t.task, t.sha256 FROM snapshot_tasks t WHERE t.journal_id = "
+                "(SELECT MAX(journal_id) FROM snapshot_tasks u WHERE u.task_id = t.task_id AND "
+                "u.journal_id <= ?) ORDER BY t.number", (journal_id,)):
+            if text is None:
+                continue
+            if digest is not None and _sha256(text) != digest:
+                raise ValueError(f"sha256 mismatch of task {task_id}")
+            tasks.append(json.loads(text))
+        return tasks
 
     # ------------------------------------------------------------------ Zeus optimizers
     # A Zeus job is stored as rows (docs/architecture.md §6): its small summary (spec, RNG,

@@ -20,13 +20,11 @@ pytestmark = pytest.mark.replay_clock
 HOUR, DAY = 3600.0, 86400.0
 
 
-def snapshot_task_ids(state_file) -> list[str]:
-    db = sqlite3.connect(state_file)
-    try:
-        row = db.execute("SELECT state FROM snapshots ORDER BY journal_id DESC LIMIT 1").fetchone()
-        return [t["task_id"] for t in json.loads(row[0])["tasks"]]
-    finally:
-        db.close()
+def snapshot_task_ids(srv) -> list[str]:
+    """The task ids of the newest snapshot, as a restart would load it."""
+    with srv.engine.lock:
+        state, _ = srv.engine.store.load()
+    return [t["task_id"] for t in state["tasks"]]
 
 
 def finish(c, tid, t):
@@ -49,7 +47,7 @@ def test_finished_tasks_leave_memory_and_stay_readable(daemons):
     assert set(srv.engine.scheduler.tasks) == set(ids)
     c.report_nodes(T0 + 20 + HOUR, "slurm", 3, idle=["n1", "n2"])
     assert set(srv.engine.scheduler.tasks) == set(ids[2:])
-    assert set(snapshot_task_ids(srv.config.state)) == set(ids[2:])
+    assert set(snapshot_task_ids(srv)) == set(ids[2:])
     # ... and read as before, from the archive: by id, in lists (submit order), per owner,
     # per state, in the status counts
     for tid in ids[:2]:

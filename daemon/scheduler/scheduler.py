@@ -72,6 +72,7 @@ class Scheduler(EventValidation, ProgressClock, NodeEvents, TaskLifecycle, Progr
         apply it, re-allocate when it changed anything."""
         t = event.time if self.clock is None else max(event.time, self.clock)
         out = Outcome(time=t)
+        touched = {task.task_id for task in self.admitted()}  # they may change on the way
         self._retire_finished(t, out)
         out.interval_s = 0.0 if self.clock is None else t - self.clock
         self._advance(t, out, allocate)
@@ -91,6 +92,7 @@ class Scheduler(EventValidation, ProgressClock, NodeEvents, TaskLifecycle, Progr
         self.revision += 1
         out.revision = self.revision
         self._fill_figures(out)
+        self._mark_changed(event, out, touched)
         return out
 
     #: event type -> (journal kind, handler) of the events other than node events

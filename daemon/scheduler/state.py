@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import asdict
 from typing import Any
 
-from offcut.daemon.model import Limits, ObjectiveSettings, Task, TaskState
+from offcut.daemon.model import Limits, ObjectiveSettings, Task, TaskState, task_number
 from offcut.daemon.policies import AllocationPolicy
 from offcut.daemon.scheduler.outcome import Outcome
 
@@ -61,6 +61,10 @@ class SchedulerState:
         self.active: dict[str, Task] = {}       # unfinished tasks, submit order
         #: (finish time [s], task id) of the finished tasks still in ``tasks``, oldest first
         self.finished: deque[tuple[float, str]] = deque()
+        #: ids of the tasks that may have changed, and of those retired, since the last
+        #: snapshot (:meth:`snapshot_changes`; not persisted: a loaded state starts clean)
+        self.changed: set[str] = set()
+        self.removed: set[str] = set()
         self._objective: dict[str, tuple] = {}  # task id -> (Ns, Os, S(n)) arrays (cache)
         self.last_seq: dict[str, int] = {}
         self.next_task_number = 1
@@ -84,6 +88,42 @@ class SchedulerState:
             if task is not None:
                 out.retired.append(task)
 
+    def _mark_changed(self, event: Any, out: Outcome, touched: set[str]) -> None:
+        """Record which tasks ``event`` may have changed: those admitted before or after it
+        (``touched``: before; only admitted tasks accrue, hold nodes or are re-allocated), the
+        task it names (submitted, cancelled, reported on), those it completed or placed, and
+        those it retired (:meth:`snapshot_changes`)."""
+        touched.update(task.task_id for task in self.admitted())
+        if out.task_id:
+            touched.add(out.task_id)
+        touched.update(getattr(r, "task_id", "") for r in getattr(event, "reports", ()))
+        task_id = getattr(event, "task_id", "")
+        if task_id:
+            touched.add(task_id)
+        touched.update(out.completed_task_ids)
+        touched.update(p.task_id for p in out.placements)
+        gone = {task.task_id for task in out.retired}
+        self.removed |= gone
+        self.changed |= {i for i in touched if i in self.tasks}
+        self.changed -= gone
+
+    def snapshot_changes(self) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+        """What an incremental snapshot writes: the state without its tasks (:meth:`to_dict`
+        less ``tasks``), the tasks that may have changed since the last one
+        (:meth:`Task.to_dict`, submit order) and the ids of the tasks retired since; then
+        starts the next interval."""
+        header = self.to_dict(with_tasks=False)
+        changed = [self.tasks[i].to_dict() for i in sorted(self.changed, key=task_number)
+                   if i in self.tasks]
+        removed = sorted((i for i in self.removed if i not in self.tasks), key=task_number)
+        self.changed, self.removed = set(), set()
+        return header, changed, removed
+
+    def mark_all_changed(self) -> None:
+        """Make the next incremental snapshot write every task (after a load from a full or
+        an unreliable snapshot)."""
+        self.changed = set(self.tasks)
+
     def admitted(self) -> list[Task]:
         """The tasks considered by the allocation (submit order, at most maxJ)."""
         return list(itertools.islice(self.active.values(), self.max_running_tasks))
@@ -104,13 +144,15 @@ class SchedulerState:
         out.running_tasks = len(running)
         out.nodes_in_use = len(self.holder)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The whole state as JSON-able data (for snapshots)."""
-        return {
+    def to_dict(self, with_tasks: bool = True) -> dict[str, Any]:
+        """The whole state as JSON-able data (for snapshots; without ``tasks`` unless
+        ``with_tasks``)."""
+        d = {
             "tfwd_s": self.tfwd_s, "max_running_tasks": self.max_running_tasks,
             "clock": self.clock, "node_clock": self.node_clock, "revision": self.revision,
             "pool": self.pool,
-            "tasks": [t.to_dict() for t in self.tasks.values()], "last_seq": self.last_seq,
+            "tasks": [t.to_dict() for t in self.tasks.values()] if with_tasks else None,
+            "last_seq": self.last_seq,
             "next_task_number": self.next_task_number, "total_samples": self.total_samples,
             "idle_node_seconds": self.idle_node_seconds,
             "used_node_seconds": self.used_node_seconds,
@@ -118,6 +160,9 @@ class SchedulerState:
             "max_failed_generations": self.max_failed_generations,
             "finished_task_retention_s": self.finished_task_retention_s,
         }
+        if not with_tasks:
+            del d["tasks"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SchedulerState":
