@@ -564,6 +564,19 @@ op_strategy = st.one_of(
 )
 
 
+def op_event(core, feed, kind, arg, t):
+    """The event of one drawn operation of :data:`op_strategy` at time ``t``."""
+    if kind in ("idle", "preempt", "snap"):
+        return feed(t, idle=arg if kind != "preempt" else (),
+                    preempted=arg if kind == "preempt" else (), snapshot=kind == "snap")
+    if kind == "submit":
+        jmin, extra, p1, up, down, work = arg
+        ps = (0.0, p1, p1 * 1.7, p1 * 2.2)
+        return submit(t, spec(f"j{core.next_task_number}", jmin, jmin + extra,
+                              ns=(0, 1, 3, 6), ps=ps, up=up, down=down, work=work))
+    return CancelEvent(t, f"t{arg:06d}")
+
+
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(st.tuples(op_strategy, st.floats(0, 40), st.booleans()), min_size=1,
                     max_size=25),
@@ -575,16 +588,7 @@ def test_random_sequences_keep_invariants(ops, max_running):
     for (kind, arg), dt, use_dp in ops:
         t += dt
         alloc = dp_alloc if use_dp else Scripted()
-        if kind in ("idle", "preempt", "snap"):
-            ev = feed(t, idle=arg if kind != "preempt" else (),
-                      preempted=arg if kind == "preempt" else (), snapshot=kind == "snap")
-        elif kind == "submit":
-            jmin, extra, p1, up, down, work = arg
-            ps = (0.0, p1, p1 * 1.7, p1 * 2.2)
-            ev = submit(t, spec(f"j{core.next_task_number}", jmin, jmin + extra,
-                                ns=(0, 1, 3, 6), ps=ps, up=up, down=down, work=work))
-        else:
-            ev = CancelEvent(t, f"t{arg:06d}")
+        ev = op_event(core, feed, kind, arg, t)
         before = core.fingerprint()
         try:
             out = core.apply(ev, alloc)
@@ -635,16 +639,7 @@ def test_changed_tasks_cover_every_task_an_event_changes(ops, max_running):
     stored: dict[str, dict] = {}  # task id -> its form in the snapshots so far
     for i, ((kind, arg), dt, use_dp) in enumerate(ops):
         t += dt
-        if kind in ("idle", "preempt", "snap"):
-            ev = feed(t, idle=arg if kind != "preempt" else (),
-                      preempted=arg if kind == "preempt" else (), snapshot=kind == "snap")
-        elif kind == "submit":
-            jmin, extra, p1, up, down, work = arg
-            ps = (0.0, p1, p1 * 1.7, p1 * 2.2)
-            ev = submit(t, spec(f"j{core.next_task_number}", jmin, jmin + extra,
-                                ns=(0, 1, 3, 6), ps=ps, up=up, down=down, work=work))
-        else:
-            ev = CancelEvent(t, f"t{arg:06d}")
+        ev = op_event(core, feed, kind, arg, t)
         try:
             core.apply(ev, dp_alloc if use_dp else Scripted())
         except OffcutError:
