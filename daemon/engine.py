@@ -331,18 +331,22 @@ class Engine:
 
     def tasks(self, states: set[TaskState] | None = None, owner: str = "") -> list[TaskView]:
         """Tasks in submit order, those in ``states`` (None or empty: all) of ``owner``
-        (empty: every owner), the archived finished tasks included (read from the state
-        file when finished states are asked for)."""
+        (empty: every owner), the archived finished tasks included when finished states are
+        asked for. The archive is read after the engine's lock is released (committed rows,
+        :meth:`Store.archived_tasks`), so a long list never holds up an event; a task retired
+        in between is in both and answered once."""
         with self.lock:
             scheduler = self.scheduler
-            live = [t for t in scheduler.tasks.values()
-                    if (not states or t.state in states) and (not owner or t.owner == owner)]
-            if not states or any(s.finished for s in states):
-                archived = [Task.from_dict(d) for d in self.store.archived_tasks(
-                    [s.value for s in (states or TaskState) if s.finished], owner)
-                    if d["task_id"] not in scheduler.tasks]
-                live = sorted(archived + live, key=lambda t: task_number(t.task_id))
-            return [task_view(t, scheduler) for t in live]
+            views = [task_view(t, scheduler) for t in scheduler.tasks.values()
+                     if (not states or t.state in states) and (not owner or t.owner == owner)]
+        finished = [s.value for s in (states or TaskState) if s.finished]
+        if not finished:
+            return views
+        seen = {v.task_id for v in views}
+        archived = [task_view(Task.from_dict(d), scheduler)  # finished: no engine state read
+                    for d in self.store.archived_tasks(finished, owner)
+                    if d["task_id"] not in seen]
+        return sorted(views + archived, key=lambda v: task_number(v.task_id))
 
     def status(self, include_idle: bool, with_solver: bool = True) -> StatusView:
         """The state in figures (idle node names only when ``include_idle``; the solver

@@ -334,6 +334,17 @@ class Store:
         return self.db.execute("SELECT COUNT(*) FROM journal WHERE id > ?", (last,)).fetchone()[0]
 
     # ------------------------------------------------------------------ reading
+    def _read(self, sql: str, args: tuple | list = ()) -> list[tuple]:
+        """Rows of ``sql`` from a second, read-only connection, opened at first use and
+        shared under a lock of its own (WAL: it sees committed rows only and never waits for
+        the writer's transaction or fsync, so callers need no engine lock)."""
+        if getattr(self, "_reader", None) is None:
+            self._reader_lock = threading.Lock()
+            self._reader = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True,
+                                           check_same_thread=False)
+        with self._reader_lock:
+            return self._reader.execute(sql, args).fetchall()
+
     def load(self) -> tuple[dict[str, Any] | None, Iterator[tuple[dict, list[dict]]]]:
         """The newest good snapshot (or None) and the journal rows after it as
         ``(event_dict, solves)`` pairs, oldest first.
@@ -528,7 +539,8 @@ class Store:
 
     def archived_tasks(self, states: Iterable[str] = (), owner: str = "") -> list[dict[str, Any]]:
         """Archived tasks in submit order, those in ``states`` (task state values; empty: all)
-        of ``owner`` (empty: every owner)."""
+        of ``owner`` (empty: every owner); committed rows, read without the writer's
+        connection (:meth:`_read`), so callers need not hold the engine's lock."""
         sql, args = "SELECT task FROM task_archive WHERE 1", []
         states = list(states)
         if states:
@@ -537,7 +549,7 @@ class Store:
         if owner:
             sql += " AND owner = ?"
             args.append(owner)
-        return [json.loads(r[0]) for r in self.db.execute(sql + " ORDER BY number", args)]
+        return [json.loads(r[0]) for r in self._read(sql + " ORDER BY number", args)]
 
     def archived_counts(self) -> dict[str, int]:
         """Archived tasks per state value."""
@@ -666,20 +678,8 @@ class Store:
     # pruning and bandit state: O(batch sizes)) replaced in ``zeus_state``, one row per trial in
     # ``zeus_trials`` (written when the trial changes) and one per observed run in
     # ``zeus_observations`` (appended); a power profile is one ``zeus_state`` row. So a call
-    # writes O(1) rows whatever the job's history. Reads go through a second, read-only
-    # connection (WAL: they see committed rows only and never wait for a commit's fsync).
-    def _zeus_reader(self) -> sqlite3.Connection:
-        reader = getattr(self, "_zeus_ro", None)
-        if reader is None:
-            reader = self._zeus_ro = sqlite3.connect(
-                self.path.resolve().as_uri() + "?mode=ro", uri=True, check_same_thread=False)
-            self._zeus_ro_lock = threading.Lock()
-        return reader
-
-    def _zeus_read(self, sql: str, args: tuple = ()) -> list[tuple]:
-        reader = self._zeus_reader()
-        with self._zeus_ro_lock:
-            return reader.execute(sql, args).fetchall()
+    # writes O(1) rows whatever the job's history. Reads go through the read-only connection
+    # (:meth:`_read`).
 
     def zeus_load(self) -> list[tuple[str, str, int, dict[str, Any]]]:
         """Every stored optimizer object's summary as ``(kind, job_id, batch_size, state)``
@@ -690,7 +690,7 @@ class Store:
 
     def zeus_observations(self, job_id: str) -> list[tuple[int, float]]:
         """The job's observed runs ``(batch size, reward = -cost [J])`` in order."""
-        return [(int(b), float(r)) for b, r in self._zeus_read(
+        return [(int(b), float(r)) for b, r in self._read(
             "SELECT batch_size, reward FROM zeus_observations WHERE job_id = ? ORDER BY seq",
             (job_id,))]
 
@@ -698,10 +698,10 @@ class Store:
         """The job's trial records ascending by number: all (``last`` None), or the open ones
         and the ``last`` newest."""
         if last is None:
-            rows = self._zeus_read("SELECT record FROM zeus_trials WHERE job_id = ? "
+            rows = self._read("SELECT record FROM zeus_trials WHERE job_id = ? "
                                    "ORDER BY trial_number", (job_id,))
         else:
-            rows = self._zeus_read(
+            rows = self._read(
                 "SELECT record FROM (SELECT trial_number, record FROM zeus_trials "
                 "WHERE job_id = ? ORDER BY trial_number DESC LIMIT ?) UNION "
                 "SELECT record FROM zeus_trials WHERE job_id = ? AND status IN (?, ?)",
@@ -712,13 +712,13 @@ class Store:
 
     def zeus_trial_record(self, job_id: str, trial_number: int) -> dict[str, Any] | None:
         """One trial's stored record, or None."""
-        rows = self._zeus_read("SELECT record FROM zeus_trials WHERE job_id = ? AND "
+        rows = self._read("SELECT record FROM zeus_trials WHERE job_id = ? AND "
                                "trial_number = ?", (job_id, int(trial_number)))
         return json.loads(rows[0][0]) if rows else None
 
     def zeus_has_trial(self, job_id: str, batch_size: int) -> bool:
         """Whether a trial of ``batch_size`` was ever stored for the job."""
-        return bool(self._zeus_read("SELECT 1 FROM zeus_trials WHERE job_id = ? AND "
+        return bool(self._read("SELECT 1 FROM zeus_trials WHERE job_id = ? AND "
                                     "batch_size = ? LIMIT 1", (job_id, int(batch_size))))
 
     def zeus_response(self, request_id: str, job_id: str | None = None) -> bytes | None:
@@ -728,7 +728,7 @@ class Store:
         sql, args = "SELECT response FROM zeus_requests WHERE request_id = ?", (request_id,)
         if job_id is not None:
             sql, args = sql + " AND job_id = ?", args + (job_id,)
-        rows = self._zeus_read(sql, args)
+        rows = self._read(sql, args)
         return rows[0][0] if rows else None
 
     def zeus_put(self, kind: str, job_id: str, batch_size: int, state: dict[str, Any], *,
@@ -778,8 +778,8 @@ class Store:
 
     def close(self) -> None:
         """Close the database connection."""
-        if getattr(self, "_zeus_ro", None) is not None:
-            self._zeus_ro.close()
+        if getattr(self, "_reader", None) is not None:
+            self._reader.close()
         self.db.close()
 
 
