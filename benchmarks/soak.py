@@ -34,7 +34,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import sqlite3
@@ -49,7 +48,6 @@ from tqdm import tqdm
 
 from offcut.client.api import Client
 from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
-from offcut.v1 import zeus_pb2
 
 DAY = 86400.0
 MONTH_DAYS = 30
@@ -57,17 +55,9 @@ MONTH_DAYS = 30
 YEAR_START = 1767225600.0
 
 
-def _load_harness():
-    """benchmarks/load.py (the node-log feed, task specs, /proc figures), imported by path."""
-    path = Path(__file__).resolve().parent / "load.py"
-    spec = importlib.util.spec_from_file_location("offcut_load", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-load = _load_harness()
+# benchmarks/load.py (the node-log feed, task specs, /proc figures): a sibling script
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import load  # noqa: E402
 
 
 @dataclass
