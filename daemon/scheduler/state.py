@@ -151,7 +151,6 @@ class SchedulerState:
             "tfwd_s": self.tfwd_s, "max_running_tasks": self.max_running_tasks,
             "clock": self.clock, "node_clock": self.node_clock, "revision": self.revision,
             "pool": self.pool,
-            "tasks": [t.to_dict() for t in self.tasks.values()] if with_tasks else None,
             "last_seq": self.last_seq,
             "next_task_number": self.next_task_number, "total_samples": self.total_samples,
             "idle_node_seconds": self.idle_node_seconds,
@@ -160,8 +159,8 @@ class SchedulerState:
             "max_failed_generations": self.max_failed_generations,
             "finished_task_retention_s": self.finished_task_retention_s,
         }
-        if not with_tasks:
-            del d["tasks"]
+        if with_tasks:
+            d["tasks"] = [t.to_dict() for t in self.tasks.values()]
         return d
 
     @classmethod
