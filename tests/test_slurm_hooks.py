@@ -161,6 +161,19 @@ def test_prolog_hanging_daemon_is_cut_at_the_timeout(tmp_path):
     assert "not delivered" in text and ("DEADLINE_EXCEEDED" in text or "UNAVAILABLE" in text)
 
 
+def prolog_with_clock(client, tmp_path, monkeypatch, time_ns) -> str:
+    """Run the prolog hook for a job on n3 with ``time_ns`` as the Slurm host's clock;
+    returns its log."""
+    monkeypatch.setattr(hooks.time, "time_ns", time_ns)
+    log = tmp_path / "hooks.log"
+    try:
+        assert hooks.main(["prolog", "--address", client.address, "--log-file", str(log)],
+                          env=job_env("n3")) == 0
+    finally:
+        monkeypatch.undo()
+    return log.read_text()
+
+
 def test_prolog_stamped_behind_the_daemons_clock_is_applied_at_once(daemon, tmp_path,
                                                                      monkeypatch):
     """Was: a node event stamped before the daemon's event clock (moved on by a submission the
@@ -172,12 +185,7 @@ def test_prolog_stamped_behind_the_daemons_clock_is_applied_at_once(daemon, tmp_
     behind = lambda: real() - 60_000_000_000  # noqa: E731 - the Slurm host's clock
     client.report_nodes(behind() / 1e9, "test-setup", 1, idle=NODES)
     client.submit(make_spec("moves-the-clock"), owner="alice")  # the clock: the daemon's now
-    monkeypatch.setattr(hooks.time, "time_ns", behind)
-    log = tmp_path / "hooks.log"
-    assert hooks.main(["prolog", "--address", client.address, "--log-file", str(log)],
-                      env=job_env("n3")) == 0
-    monkeypatch.undo()
-    text = log.read_text()
+    text = prolog_with_clock(client, tmp_path, monkeypatch, behind)
     assert "preempted n3" in text and "refused" not in text
     assert "n3" not in idle_set(client)
 
@@ -195,12 +203,7 @@ def test_prolog_observed_before_a_newer_node_event_observes_again(pool, tmp_path
     def fake_time_ns():
         calls.append(1)
         return first if len(calls) == 1 else real() + 100_000_000
-    monkeypatch.setattr(hooks.time, "time_ns", fake_time_ns)
-    log = tmp_path / "hooks.log"
-    assert hooks.main(["prolog", "--address", client.address, "--log-file", str(log)],
-                      env=job_env("n3")) == 0
-    monkeypatch.undo()
-    text = log.read_text()
+    text = prolog_with_clock(client, tmp_path, monkeypatch, fake_time_ns)
     assert "send 1 refused" in text and "preempted n3" in text
     assert "n3" not in idle_set(client)
 
