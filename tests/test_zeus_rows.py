@@ -280,3 +280,31 @@ def test_a_restarted_daemon_lists_every_trial_and_goes_on_exactly(daemons):
         p, q = client.predict_batch_size("big"), twin.predict()
         assert (p.batch_size, p.trial_number, p.exploration) == (q.batch_size, q.trial_number,
                                                                  q.exploration)
+
+
+def test_a_failed_commit_fails_the_writes_queued_behind_it_and_keeps_its_error(tmp_path):
+    """A write queued behind a failed transaction was built on memory holding the failed
+    changes: it fails too (it must never land without them), later writes are refused until
+    the registry reloads (reset), and waiters get the storage error itself (UNAVAILABLE for a
+    read-only state file), not an INTERNAL one."""
+    from offcut.daemon.storage_errors import StateReadOnly
+    from offcut.daemon.store import ZeusWrite
+    from offcut.daemon.zeus.group_commit import CommitFailed, GroupCommit
+
+    store = Store(tmp_path / "state.sqlite")
+    commits = GroupCommit(store)
+    store.db.execute("PRAGMA query_only = ON")  # SQLite refuses every write: read-only
+    first = commits.submit(ZeusWrite("plo", "j", 1, {"n": 1}))
+    behind = commits.submit(ZeusWrite("plo", "j", 2, {"n": 2}))
+    with pytest.raises(StateReadOnly):
+        commits.wait(first)
+    with pytest.raises(StateReadOnly):
+        commits.wait(behind)
+    assert commits.broken
+    with pytest.raises(CommitFailed):
+        commits.submit(ZeusWrite("plo", "j", 3, {"n": 3}))
+    store.db.execute("PRAGMA query_only = OFF")
+    commits.reset()
+    commits.wait(commits.submit(ZeusWrite("plo", "j", 4, {"n": 4})))
+    assert [(k, j, b) for k, j, b, _ in store.zeus_load()] == [("plo", "j", 4)]
+    store.close()

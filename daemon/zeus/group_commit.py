@@ -12,8 +12,12 @@ transactions commit in queue order, every write it may have read (an earlier cal
 job) is durable too. No thread of its own: with one caller a commit is that caller's, as
 before.
 
-If a transaction fails, every write in it fails (:class:`CommitFailed`) and ``broken`` is set;
-the registry then reloads its memory from the file (the calls whose writes failed changed it).
+If a transaction fails, every write in it fails, and so does every write queued behind it
+(those calls changed memory that held the failed changes); ``broken`` is set and further
+writes are refused until the registry has reloaded its memory from the file
+(:meth:`GroupCommit.reset`). A waiter gets the transaction's own error when it is an
+:class:`~offcut.errors.OffcutError` (a read-only or full state file: UNAVAILABLE /
+RESOURCE_EXHAUSTED), else :class:`CommitFailed`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
+from offcut.errors import OffcutError
 from offcut.daemon.store import Store, ZeusWrite
 
 
@@ -43,8 +48,8 @@ class GroupCommit:
         self._cond = threading.Condition()
         self._queue: list[tuple[int, ZeusWrite]] = []
         self._next = 1  # the ticket of the next write
-        self.durable = 0  # every ticket <= this is durable (or failed)
-        self._failed: set[int] = set()
+        self.settled = 0  # every ticket <= this is durable or failed
+        self._failed: dict[int, BaseException] = {}  # failed ticket -> its transaction's error
         self._leading = False
         self.broken = False
         #: transactions committed and writes in them (for tests and metrics)
@@ -52,24 +57,29 @@ class GroupCommit:
         self.writes = 0
 
     def submit(self, write: ZeusWrite) -> int:
-        """Queue ``write``; its ticket (increasing)."""
+        """Queue ``write``; its ticket (increasing). Raises CommitFailed while ``broken`` (a
+        transaction failed and the registry has not reloaded yet: ``write`` may build on
+        changes that were never stored)."""
         with self._cond:
+            if self.broken:
+                raise CommitFailed("an earlier Zeus write failed; the registry reloads first")
             ticket = self._next
             self._next += 1
             self._queue.append((ticket, write))
             return ticket
 
-    def pending(self) -> bool:
-        """Whether some write is queued or being committed."""
+    def reset(self) -> None:
+        """Accept writes again (the registry reloaded its memory after a failure)."""
         with self._cond:
-            return self.durable < self._next - 1
+            self.broken = False
 
     def wait(self, ticket: int, _owner: bool = True) -> None:
-        """Return once ``ticket``'s write is durable; CommitFailed if its transaction failed.
+        """Return once ``ticket``'s write is durable; its transaction's OffcutError, else
+        CommitFailed, if it failed.
         A leader needs no lock but this object's, so a caller may wait while holding the
         registry's lock (:meth:`flush` does)."""
         with self._cond:
-            while self.durable < ticket:
+            while self.settled < ticket:
                 if self._leading:
                     self._cond.wait()
                     continue
@@ -86,16 +96,21 @@ class GroupCommit:
                     self._leading = False
                 if error is not None:
                     self.broken = True
-                    self._failed.update(t for t, _ in batch)
+                    batch += self._queue  # queued behind it: built on the failed changes
+                    self._queue = []
+                    self._failed.update((t, error) for t, _ in batch)
                 else:
                     self.transactions += 1
                     self.writes += len(batch)
                 if batch:
-                    self.durable = max(self.durable, batch[-1][0])
+                    self.settled = max(self.settled, batch[-1][0])
                 self._cond.notify_all()
-            if _owner and ticket in self._failed:
-                self._failed.discard(ticket)
-                raise CommitFailed(f"the state file did not take a Zeus write (ticket {ticket})")
+            error = self._failed.pop(ticket, None) if _owner else None
+            if error is not None:
+                if isinstance(error, OffcutError):
+                    raise error
+                raise CommitFailed(f"the state file did not take a Zeus write (ticket "
+                                   f"{ticket}): {error}") from error
 
     def flush(self) -> None:
         """Wait until every write queued so far is durable (failures are the callers' to

@@ -48,7 +48,7 @@ from typing import Any, Callable, Protocol, TypeVar
 from offcut.daemon.model import Limits
 from offcut.daemon.store import Store, ZeusWrite
 from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Resumed, Verdict
-from offcut.daemon.zeus.group_commit import GroupCommit
+from offcut.daemon.zeus.group_commit import CommitFailed, GroupCommit
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
 from offcut.errors import AlreadyExists, FailedPrecondition, NotFound, OffcutError
 
@@ -226,6 +226,7 @@ class ZeusRegistry:
 
     def _commit_now(self, write: ZeusWrite) -> None:
         """Write and wait until durable, holding the lock (rare calls: register, delete)."""
+        self._recover()
         ticket = self.commits.submit(write)
         try:
             self.commits.wait(ticket)
@@ -234,12 +235,13 @@ class ZeusRegistry:
             raise
 
     def _recover(self) -> None:
-        """After a failed commit: every pending write is settled, memory reloaded."""
+        """After a failed commit (``commits.broken``; nothing otherwise): every pending write
+        is settled, memory reloaded from the file, writes accepted again."""
         with self.lock:
             if self.commits.broken:
                 self.commits.flush()
                 self._load()
-                self.commits.broken = False
+                self.commits.reset()
 
     def _await(self, ticket: int, key: str = "") -> None:
         """Wait, outside the lock, until the write ``ticket`` is durable; CommitFailed (after
@@ -338,10 +340,11 @@ class ZeusRegistry:
                     request_key: str = "") -> tuple[T, int]:
         """Run ``op`` on the job and queue the rows it changed; (its result, the write's
         ticket for :meth:`_await`). Call under the lock."""
+        self._recover()  # a failed commit first reloads what it left in memory
         entry = self._entry(job_id, who)
         job = entry.job
         ledger = job.ledger
-        durable = self.commits.durable
+        durable = self.commits.settled  # (a failed ticket leaves broken set: no eviction then)
         for n in ledger.evict(self.trial_retention, lambda n: self._row_ticket.get(
                 (job_id, n), 0) <= durable):
             self._row_ticket.pop((job_id, n), None)
@@ -367,7 +370,11 @@ class ZeusRegistry:
         write = ZeusWrite(_BSO, job_id, 0, None if unchanged else state,
                           trials, observed, request_key or None,
                           stored_answer(result) if request_key else None, self.clock())
-        ticket = self.commits.submit(write)
+        try:
+            ticket = self.commits.submit(write)
+        except CommitFailed:  # a commit failed meanwhile: drop this call's change too
+            self._recover()
+            raise
         for t in trials:
             self._row_ticket[(job_id, t["trial_number"])] = ticket
         if request_key:
@@ -482,6 +489,7 @@ class ZeusRegistry:
                         op: Callable[[PowerLimitProfile], PowerPlan]) -> tuple[PowerPlan, int]:
         """Run ``op`` on a copy of the profile, swap it in and queue its row; (the plan, the
         write's ticket for :meth:`_await`). Call under the lock."""
+        self._recover()
         copy = PowerLimitProfile.from_dict(self._profile(job_id, batch_size, who).to_dict())
         plan = op(copy)
         ticket = self.commits.submit(ZeusWrite(_PLO, job_id, batch_size, copy.to_dict()))
