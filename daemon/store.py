@@ -127,8 +127,6 @@ CREATE TABLE IF NOT EXISTS zeus_observations (
 );
 """
 
-#: statuses of a Zeus trial that has no final verdict (``offcut.daemon.zeus.bso_trials.OPEN``)
-_ZEUS_OPEN = ("running", "suspended")
 
 
 @dataclass(frozen=True)
@@ -259,6 +257,11 @@ class Store:
         self.storage_problem: str | None = None
         #: the snapshot :meth:`load` skipped as corrupt (journal id), if any
         self.bad_snapshots: list[int] = []
+        #: whether :meth:`load` took an incremental snapshot (tasks as ``snapshot_tasks`` rows)
+        self.loaded_incremental = False
+        #: the read-only connection of :meth:`_read` (opened at first use) and its lock
+        self._reader: sqlite3.Connection | None = None
+        self._reader_lock = threading.Lock()
         if durability not in ("full", "normal"):
             raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -288,6 +291,9 @@ class Store:
                                  f"offcutd's ({SCHEMA_VERSION}); run the release that wrote it")
             elif int(version) < SCHEMA_VERSION:
                 self._upgrade(int(version), upgrades or {})
+            # after the upgrade (format 3 added the column): the expiry deletes by it
+            self.db.execute("CREATE INDEX IF NOT EXISTS zeus_requests_created "
+                            "ON zeus_requests(created_at)")
             if self.db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
                 self.db.execute(f"PRAGMA application_id={APPLICATION_ID}")
             if self.db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
@@ -338,11 +344,10 @@ class Store:
         """Rows of ``sql`` from a second, read-only connection, opened at first use and
         shared under a lock of its own (WAL: it sees committed rows only and never waits for
         the writer's transaction or fsync, so callers need no engine lock)."""
-        if getattr(self, "_reader", None) is None:
-            self._reader_lock = threading.Lock()
-            self._reader = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True,
-                                           check_same_thread=False)
         with self._reader_lock:
+            if self._reader is None:
+                self._reader = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro",
+                                               uri=True, check_same_thread=False)
             return self._reader.execute(sql, args).fetchall()
 
     def load(self) -> tuple[dict[str, Any] | None, Iterator[tuple[dict, list[dict]]]]:
@@ -704,8 +709,9 @@ class Store:
             rows = self._read(
                 "SELECT record FROM (SELECT trial_number, record FROM zeus_trials "
                 "WHERE job_id = ? ORDER BY trial_number DESC LIMIT ?) UNION "
-                "SELECT record FROM zeus_trials WHERE job_id = ? AND status IN (?, ?)",
-                (job_id, max(0, int(last)), job_id, *_ZEUS_OPEN))
+                # literal states: the partial index zeus_trials_open is used only for them
+                "SELECT record FROM zeus_trials WHERE job_id = ? AND "
+                "status IN ('running', 'suspended')", (job_id, max(0, int(last)), job_id))
             records = [json.loads(r) for r, in rows]
             return sorted(records, key=lambda t: t["trial_number"])
         return [json.loads(r) for r, in rows]
@@ -730,13 +736,6 @@ class Store:
             sql, args = sql + " AND job_id = ?", args + (job_id,)
         rows = self._read(sql, args)
         return rows[0][0] if rows else None
-
-    def zeus_put(self, kind: str, job_id: str, batch_size: int, state: dict[str, Any], *,
-                 request_id: str | None = None, response: bytes | None = None) -> None:
-        """Replace one object's summary (and remember the reply to ``request_id``) atomically
-        (one :class:`ZeusWrite` through :meth:`zeus_write`)."""
-        self.zeus_write([ZeusWrite(kind, job_id, batch_size, state, request_id=request_id,
-                                   response=response)])
 
     def zeus_write(self, writes: "list[ZeusWrite]", expire_before: float | None = None) -> None:
         """Apply ``writes`` in order in ONE transaction (with ``durability="full"`` one fsync
@@ -778,7 +777,7 @@ class Store:
 
     def close(self) -> None:
         """Close the database connection."""
-        if getattr(self, "_reader", None) is not None:
+        if self._reader is not None:
             self._reader.close()
         self.db.close()
 

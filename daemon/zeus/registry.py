@@ -64,11 +64,11 @@ RESUME_KEY = "ResumeTrial:"
 #: ``{"format": 2, <the answer's fields>}``; format 1 stored the ``offcut.v1`` message
 #: (converted by :mod:`offcut.daemon.migrations`)
 ANSWER_FORMAT = 2
-#: default and bounds of ``trial_retention`` (trial records a job holds in memory) and of
-#: ``request_retention_s`` [s] (how long a stored answer to a request id is kept)
-DEFAULT_TRIAL_RETENTION, MAX_TRIAL_RETENTION = 1000, 1_000_000
+#: defaults of ``trial_retention`` (trial records a job holds in memory) and of
+#: ``request_retention_s`` [s] (how long a stored answer to a request id is kept); their
+#: bounds are the settings' (``DaemonConfig.zeus_trial_retention``, ``zeus_request_retention_s``)
+DEFAULT_TRIAL_RETENTION = 1000
 DEFAULT_REQUEST_RETENTION_S = 7 * 86400.0
-MIN_REQUEST_RETENTION_S, MAX_REQUEST_RETENTION_S = 3600.0, 3650 * 86400.0
 #: seconds between two expiries of stored answers (each a DELETE in a group commit)
 EXPIRY_INTERVAL_S = 60.0
 
