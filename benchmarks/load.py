@@ -1,4 +1,4 @@
-"""Load test of a live offcutd (issue 20, "Security"; issue 5 item 4): Slurm's node events,
+"""Load test of a live offcutd (docs/security.md, "Time"): Slurm's node events,
 fed from the real node log at its real burst sizes, must never be refused or lost while many
 users submit tasks, read state and run Zeus steps.
 

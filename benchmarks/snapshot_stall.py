@@ -1,4 +1,4 @@
-"""Snapshot stall with many tasks (issue "A year of service"): how long a snapshot holds the
+"""Snapshot stall with many tasks (docs/architecture.md §6): how long a snapshot holds the
 engine's lock when the daemon holds ``--tasks`` tasks (default 200,000: half finished within
 the retention, the rest queued, ``max_running_tasks`` running).
 

@@ -1,4 +1,4 @@
-"""A simulated year of service (issue "A year of service"): does the daemon stay flat?
+"""A simulated year of service (docs/operations.md, "Retention"): does the daemon stay flat?
 
 One ``offcutd`` (a subprocess; ``--clock replay``, so the event clock is virtual and a year
 passes in minutes; solver ``dp``; durability ``full`` unless ``--durability``) gets, in

@@ -1,4 +1,4 @@
-"""Node events while 1,000 WatchPlacements streams are open (issue 20 "Security", starvation):
+"""Node events while 1,000 WatchPlacements streams are open (docs/security.md, streams):
 do Slurm's node events still apply within 100 ms p99?
 
 A private ``offcutd`` (unix socket, tokens, solver dp) is started as a child process

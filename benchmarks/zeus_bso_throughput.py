@@ -5,8 +5,8 @@ target metric (the trial converges and ends). Each scenario registers a fresh jo
 loop from 1 and from ``--threads`` K client threads until ``--trials`` round trips (default
 1000) or ``--seconds`` (default 60), whichever comes first; printed: round trips/s, p50/p99
 latency of a round trip [ms], p50 of the first and of the last 200 round trips, and the
-server's CPU time per round trip, and PASS/FAIL against the goals of issue "A year of
-service" (:data:`GOAL_RT_PER_S` from the ``--threads`` run; p50 of the last 200 over the first
+server's CPU time per round trip, and PASS/FAIL against the goals of docs/architecture.md
+§6, "Zeus rows" (:data:`GOAL_RT_PER_S` from the ``--threads`` run; p50 of the last 200 over the first
 200 <= :data:`GOAL_RATIO` for runs of >= :data:`GOAL_TRIALS` round trips; first/last are in
 start order across all threads). Zeus's server's per-call cost grows with the number of trials
 a job has; offcutd's no longer does (a call writes O(1) rows, docs/architecture.md §6, "Zeus
@@ -405,7 +405,7 @@ def print_table(rows: list[dict]) -> None:
             print(f"{'':16}stopped by the time cap before the trial count: not comparable")
 
 
-#: the goals of issue "A year of service" (offcutd, durability full): round trips/s from the
+#: the goals (docs/architecture.md §6, "Zeus rows"; offcutd, durability full): round trips/s from the
 #: K-thread run, and the p50 of the last 200 round trips over the first 200's (a flat cost per
 #: call) once a job has 4,000 trials
 GOAL_RT_PER_S, GOAL_RATIO, GOAL_TRIALS = 700.0, 1.2, 4000

@@ -1,5 +1,5 @@
-"""Decision-time statistics of a long-running daemon in fixed memory (issue "A year of
-service": nothing grows with the number of events).
+"""Decision-time statistics of a long-running daemon in fixed memory (docs/operations.md,
+"Retention": nothing grows with the number of events).
 
 Every decision (event in, allocation solved, journal committed) adds its wall time to
 

@@ -9,7 +9,7 @@ application's JSON (:meth:`offcut.daemon.replies.Reply.to_record`,
 the one place after start-up that still reads old wire messages, so the application never
 does. Events, allocation answers and snapshots were already JSON and are unchanged.
 
-Format 3 (issue "A year of service") stores a Zeus job as rows: format 2 kept the whole
+Format 3 (docs/architecture.md §6, "Zeus rows") stores a Zeus job as rows: format 2 kept the whole
 :meth:`offcut.daemon.zeus.bso.BatchSizeJob.to_dict` (every trial and observed run) in the job's
 ``zeus_state`` row, rewritten on every call; format 3 keeps there only the summary
 (:meth:`~offcut.daemon.zeus.bso.BatchSizeJob.summary`, with ``trial_count``), one

@@ -1,4 +1,4 @@
-"""The bounded load test of issue 20 ("Security"; and issue 5 item 4): a live daemon (bearer
+"""The bounded load test (docs/security.md, "Time"): a live daemon (bearer
 tokens, TCP loopback) gets Slurm's node events -- 120 events of the real node log at their real
 burst sizes (up to 1,002 nodes), or, without ../shared/data (CI), a synthetic log of the real
 log's burst-size distribution -- from a ``slurm`` feeder, while 16 users, back to back

@@ -1,6 +1,6 @@
 """Finished tasks leave the daemon's memory and snapshots after ``finished_task_retention_s``
-and stay readable from the state file's archive until ``task_archive_retention_s`` (issue
-"A year of service"): a real daemon, real gRPC, a real SQLite file, restarts."""
+and stay readable from the state file's archive until ``task_archive_retention_s``
+(docs/operations.md, "Retention"): a real daemon, real gRPC, a real SQLite file, restarts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tasks run as their owners (issue 20 "Security"). Was: the launcher ran every user's command as
+"""Tasks run as their owners (docs/security.md, "Tasks run as their owners"). Was: the launcher ran every user's command as
 its own account (``User=slurm`` in the shipped unit). Now it maps a task's owner to a local
 account and submits the task's jobs with ``sbatch --uid/--gid`` (docs/security.md); tasks of
 owners without a local account, of root, of system and service accounts are not launched and

@@ -1,4 +1,4 @@
-"""Zeus jobs stored as rows (issue "A year of service"; docs/architecture.md §6, "Zeus rows"):
+"""Zeus jobs stored as rows (docs/architecture.md §6, "Zeus rows"):
 after thousands of trials the state file grows by rows while the job's stored document stays
 the same size, memory holds at most ``zeus_trial_retention`` trial records, the decisions are
 those of a fresh in-memory optimizer fed the same reports, retries within the request window

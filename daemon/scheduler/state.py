@@ -34,7 +34,7 @@ class SchedulerState:
             (docs/execution.md; persisted).
         finished_task_retention_s: a finished task leaves the state (memory and snapshots)
             this long [s of event clock] after it finished; the engine keeps it in the state
-            file's archive, where it stays readable (issue "A year of service"; persisted).
+            file's archive, where it stays readable (docs/operations.md, "Retention"; persisted).
     """
 
     def __init__(self, tfwd_s: float = 10.0, max_running_tasks: int = 10,
