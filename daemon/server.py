@@ -9,6 +9,7 @@ their own), server streams wait on the loop holding no thread (docs/architecture
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -170,36 +171,13 @@ class OffcutServer:
         check_state_dir(config.state)
         #: the exclusive lock on the state (held until :meth:`stop`)
         self.state_lock = StateLock(config.state)
-        try:
+        # a failure before the registry is up releases what was taken (lock, files, solver)
+        with contextlib.ExitStack() as undo:
+            undo.callback(self.state_lock.release)
             store = open_state(config, self.state_lock, init=init)
-        except BaseException:
-            self.state_lock.release()
-            raise
-        from offcut.daemon.solvers.dp import compiled_kernel_missing, warm_up
-
-        log.info("dp kernel ready in %.1f s", warm_up())  # the exact fallback of every backend
-        missing = compiled_kernel_missing()
-        if missing:
-            log.warning("%s: the dp solver runs its numpy version (same optimum, about 50x "
-                        "slower at whole-machine scale); pip install numba", missing)
-        allocator = Allocator(config.solver, time_limit_s=config.solver_time_limit_s,
-                              isolate=config.isolate_solver, trip_after=config.solver_trip_after,
-                              cooldown_s=config.solver_cooldown_s, on_trip=self._solver_tripped)
-        limits = config.limits()  # one set, shared by the engine and the Zeus registry
-        self.engine = Engine(store, allocator, tfwd_s=config.tfwd_s,
-                             max_running_tasks=config.max_running_tasks,
-                             record_instances=config.record_instances, limits=limits,
-                             objective=config.objective_settings(),
-                             max_failed_generations=config.max_failed_generations,
-                             finished_task_retention_s=config.finished_task_retention_s,
-                             task_archive_retention_s=config.task_archive_retention_s,
-                             journal_retention_s=config.journal_retention_s)
-        # The Zeus optimizers keep their own connection to the state file: their transactions
-        # must not interleave with the engine's on one connection (SQLite serialises writers).
-        self.zeus_store = Store(config.state, durability=config.durability)
-        self.zeus = ZeusRegistry(self.zeus_store, limits,
-                                 trial_retention=config.zeus_trial_retention,
-                                 request_retention_s=config.zeus_request_retention_s)
+            undo.callback(store.close)
+            self._open_engine(config, store, undo)
+            undo.pop_all()
         store.on_storage = self.zeus_store.on_storage = self._storage_changed
         #: why the state cannot be written now (None while it can)
         self.storage_problem: str | None = None
@@ -301,6 +279,38 @@ class OffcutServer:
         if getattr(self, "health", None) is not None and not self._stopped:
             for name in ("", STATE_HEALTH):
                 self.health.set(name, status)
+
+    def _open_engine(self, config: DaemonConfig, store: Store,
+                     undo: contextlib.ExitStack) -> None:
+        """The solver, the engine on ``store`` and the Zeus registry on a second connection
+        (each registered with ``undo`` for a failed start). Raises like the constructor."""
+        from offcut.daemon.solvers.dp import compiled_kernel_missing, warm_up
+
+        log.info("dp kernel ready in %.1f s", warm_up())  # the exact fallback of every backend
+        missing = compiled_kernel_missing()
+        if missing:
+            log.warning("%s: the dp solver runs its numpy version (same optimum, about 50x "
+                        "slower at whole-machine scale); pip install numba", missing)
+        allocator = Allocator(config.solver, time_limit_s=config.solver_time_limit_s,
+                              isolate=config.isolate_solver, trip_after=config.solver_trip_after,
+                              cooldown_s=config.solver_cooldown_s, on_trip=self._solver_tripped)
+        undo.callback(allocator.close)
+        limits = config.limits()  # one set, shared by the engine and the Zeus registry
+        self.engine = Engine(store, allocator, tfwd_s=config.tfwd_s,
+                             max_running_tasks=config.max_running_tasks,
+                             record_instances=config.record_instances, limits=limits,
+                             objective=config.objective_settings(),
+                             max_failed_generations=config.max_failed_generations,
+                             finished_task_retention_s=config.finished_task_retention_s,
+                             task_archive_retention_s=config.task_archive_retention_s,
+                             journal_retention_s=config.journal_retention_s)
+        # The Zeus optimizers keep their own connection to the state file: their transactions
+        # must not interleave with the engine's on one connection (SQLite serialises writers).
+        self.zeus_store = Store(config.state, durability=config.durability)
+        undo.callback(self.zeus_store.close)
+        self.zeus = ZeusRegistry(self.zeus_store, limits,
+                                 trial_retention=config.zeus_trial_retention,
+                                 request_retention_s=config.zeus_request_retention_s)
 
     def start(self) -> None:
         """Start serving (and the metrics endpoint when configured); marks every service

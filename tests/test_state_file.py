@@ -113,6 +113,16 @@ def test_a_second_daemon_on_the_same_state_or_socket_is_refused(tmp_path):
 
 
 # ----------------------------------------------------------------------------- permissions
+def test_a_start_that_fails_after_the_state_was_opened_releases_it(tmp_path):
+    """A start that fails once the state is locked and open (here: the solver-instance record
+    file cannot be created) closes what it opened and releases the lock: the next start in
+    the same process is not refused as "in use by another offcutd"."""
+    with pytest.raises(OSError):
+        OffcutServer(_config(tmp_path, record_instances=str(tmp_path / "missing" / "x.jsonl")))
+    srv = OffcutServer(_config(tmp_path))
+    srv.stop(0.1)
+
+
 def test_new_state_is_private_and_an_open_folder_is_refused(tmp_path):
     folder = tmp_path / "new" / "deeper"
     cfg = DaemonConfig(listen=f"unix://{tmp_path}/s.sock", state=str(folder / "state.sqlite"),
