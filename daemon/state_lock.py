@@ -65,15 +65,16 @@ def check_state_dir(state: str | Path, uid: int | None = None) -> None:
 
 def read_mark(state: str | Path) -> tuple[int | None, int | None]:
     """``(pid, last journal id)`` recorded in ``state``'s lock file, None where absent or
-    unreadable."""
+    unreadable (a damaged file is read as far as it makes sense, never raises)."""
     try:
-        text = lock_path(state).read_text()
+        text = lock_path(state).read_bytes().decode("ascii", "replace")
     except OSError:
         return None, None
     values: dict[str, int] = {}
     for line in text.splitlines():
         key, _, value = line.partition(" ")
-        if value.strip().isdigit():
+        value = value.strip()
+        if value.isascii() and value.isdigit():
             values[key] = int(value)
     return values.get("pid"), values.get("last_journal_id")
 

@@ -350,3 +350,15 @@ def test_check_and_backup_while_the_daemon_runs(tmp_path):
     out = _offcutd("check", "--state", str(empty))
     assert out.returncode == 1 and "FAIL" in out.stdout and "0-byte" in out.stdout
     assert "check" in _offcutd("--help").stdout and "backup" in _offcutd("--help").stdout
+
+
+def test_a_damaged_lock_file_is_read_as_no_mark(tmp_path):
+    """A lock file with non-ASCII digits or bytes that are not text is no mark, not a
+    start-up traceback."""
+    from offcut.daemon.state_lock import lock_path, read_mark
+
+    state = tmp_path / "state.sqlite"
+    lock_path(state).write_bytes("pid ²\nlast_journal_id 7\xb2\n".encode() + b"\xff\xfe\n")
+    assert read_mark(state) == (None, None)
+    lock_path(state).write_bytes(b"pid 42\nlast_journal_id 7\n")
+    assert read_mark(state) == (42, 7)
