@@ -23,7 +23,9 @@ class StateFull(ResourceExhausted):
     """The state file's storage is full (``SQLITE_FULL``)."""
 
 
-_READ_ONLY = {"SQLITE_READONLY", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_PERM"}
+#: SQLite's primary result codes of storage that cannot be written now
+_READ_ONLY = {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN,
+              sqlite3.SQLITE_PERM}
 
 
 def classify(exc: sqlite3.Error, path: object) -> Exception | None:
@@ -31,16 +33,16 @@ def classify(exc: sqlite3.Error, path: object) -> Exception | None:
     None when it is something else (a bug, a constraint).
 
     Args:
-        exc: the ``sqlite3`` error (its ``sqlite_errorname``, else its message, is read).
+        exc: the ``sqlite3`` error (its ``sqlite_errorcode``, Python >= 3.11; the primary
+            code is its low byte).
         path: the state file, named in the message.
     """
-    name = (getattr(exc, "sqlite_errorname", None) or "").split("_")[:2]
-    base = "_".join(name)
-    text = str(exc).lower()
-    if base == "SQLITE_FULL" or "disk is full" in text:
+    code = getattr(exc, "sqlite_errorcode", None)
+    base = code & 0xFF if code is not None else None
+    if base == sqlite3.SQLITE_FULL:
         return StateFull(f"state {path}: storage is full ({exc}); nothing was written, retry "
                          f"once space is freed")
-    if base in _READ_ONLY or "readonly" in text or "read-only" in text or "disk i/o" in text:
+    if base in _READ_ONLY:
         return StateReadOnly(f"state {path}: cannot be written ({exc}); nothing was written, "
                              f"retry once the storage is writable")
     return None

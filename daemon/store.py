@@ -476,10 +476,11 @@ class Store:
                     self.db.execute("ROLLBACK")
                 except sqlite3.Error:
                     pass
-            log.error("%s", error)
-            self.storage_problem = str(error)
-            if self.on_storage is not None:
-                self.on_storage(self.storage_problem)
+            if str(error) != self.storage_problem:  # logged and reported once per problem
+                log.error("%s", error)
+                self.storage_problem = str(error)
+                if self.on_storage is not None:
+                    self.on_storage(self.storage_problem)
             raise error from exc
         if self.storage_problem is not None:
             self.storage_problem = None
