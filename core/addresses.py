@@ -100,10 +100,11 @@ def untrusted_socket(socket_path: str) -> str | None:
     return untrusted_socket_dir(socket_path, os.getuid(), (owner,))
 
 
-def make_socket_dir(socket_path: str) -> None:
-    """Create the missing folders of unix socket ``socket_path``, each with mode 0700 (so the
-    default ``/tmp/offcut-<uid>`` and its ``offcut/`` both pass :func:`untrusted_socket_dir`)."""
-    folder = os.path.dirname(os.path.abspath(socket_path))
+def make_private_parents(path: str) -> None:
+    """Create the missing folders above ``path`` (a unix socket, the state file), each with
+    mode 0700 (so the default ``/tmp/offcut-<uid>`` and its ``offcut/`` both pass
+    :func:`untrusted_socket_dir`); existing ones are left as they are."""
+    folder = os.path.dirname(os.path.abspath(path))
     missing = []
     while folder and not os.path.lexists(folder):
         missing.append(folder)

@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from offcut.addresses import make_socket_dir, untrusted_socket_dir
+from offcut.addresses import make_private_parents, untrusted_socket_dir
 from offcut.daemon.auth import (AuthInterceptor, Authenticator, TokensFileError, check_private,
                                 load_tokens)
 from offcut.daemon.config import RPC_WORKERS, DaemonConfig, split_host_port
@@ -35,7 +35,7 @@ from offcut.daemon.request_guard import (NODE_EVENT_METHODS, SMALL_REQUEST_BYTES
                                          transport_limit)
 from offcut.daemon.service import NodeEventsService, StatusService, TasksService
 from offcut.daemon.solvers.allocator import Allocator
-from offcut.daemon.state_lock import StateLock, check_state_dir, make_state_dir
+from offcut.daemon.state_lock import StateLock, check_state_dir
 from offcut.daemon.store import Store, StoreError
 from offcut.daemon.streams import StreamSlots
 from offcut.daemon.workers import NODE_EVENT_WORKERS, ReservedLaneInterceptor, RpcWorkers
@@ -70,7 +70,7 @@ def _prepare_unix_socket(address: str) -> Path:
     another user's (another process could then put its own socket in the daemon's place:
     docs/security.md), the path is taken by something else, or a live process listens on it."""
     path = Path(address[len("unix://"):] if address.startswith("unix://") else address[len("unix:"):])
-    make_socket_dir(str(path))
+    make_private_parents(str(path))
     reason = untrusted_socket_dir(str(path), os.getuid())
     if reason:
         raise RuntimeError(f"refusing to listen on {path}: {reason}")
@@ -167,7 +167,7 @@ class OffcutServer:
         self.auth = Authenticator(tokens)
         credentials = _tls_credentials(config)
         # then the state: a second daemon or a damaged file refuses the start at once
-        make_state_dir(config.state)
+        make_private_parents(str(config.state))
         check_state_dir(config.state)
         #: the exclusive lock on the state (held until :meth:`stop`)
         self.state_lock = StateLock(config.state)

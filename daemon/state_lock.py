@@ -27,20 +27,6 @@ def lock_path(state: str | Path) -> Path:
     return state.with_name(state.name + ".lock")
 
 
-def make_state_dir(state: str | Path) -> None:
-    """Create the state file's missing folders 0700 (existing ones are left as they are)."""
-    parent = Path(state).absolute().parent
-    missing = []
-    while not parent.exists():
-        missing.append(parent)
-        parent = parent.parent
-    for folder in reversed(missing):
-        try:
-            folder.mkdir(mode=0o700)
-        except FileExistsError:
-            pass
-
-
 def check_state_dir(state: str | Path, uid: int | None = None) -> None:
     """Refuse a state folder writable by group or others, or not owned by ``uid`` (default:
     this process's user); root-owned folders are accepted for any user only when not writable
