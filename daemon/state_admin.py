@@ -8,14 +8,13 @@ while ``offcutd`` runs on it.
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import json
 import os
 import sqlite3
 from pathlib import Path
 
 from offcut.daemon.state_lock import StateOwnershipError, check_state_dir, lock_path, read_mark
-from offcut.daemon.store import SCHEMA_VERSION, StoreError, check_identity, inspect_file
+from offcut.daemon.store import (SCHEMA_VERSION, StoreError, check_identity, inspect_file,
+                                 snapshots)
 
 
 class BackupError(RuntimeError):
@@ -103,28 +102,16 @@ def check_state(state: str | Path) -> tuple[list[str], bool]:
         complete = first == 1 and n == last
         out.append(f"{'ok' if complete else 'note'}: journal rows {first}..{last} ({n} rows"
                    f"{'' if complete else ', some missing'})")
-        has_sums = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'snapshot_checksums'"
-                              ).fetchone() is not None
-        sql = ("SELECT s.journal_id, s.state, c.sha256 FROM snapshots s LEFT JOIN "
-               "snapshot_checksums c ON c.journal_id = s.journal_id" if has_sums else
-               "SELECT journal_id, state, NULL FROM snapshots")
-        good = 0
-        snapshots = db.execute(sql + " ORDER BY 1 DESC").fetchall()
-        for journal_id, text, digest in snapshots:
-            bad = digest is not None and hashlib.sha256(text.encode()).hexdigest() != digest
-            if not bad:
-                try:
-                    json.loads(text)
-                except ValueError:
-                    bad = True
-            if bad:
-                out.append(f"note: snapshot at journal row {journal_id} is corrupt; offcutd "
-                           f"falls back to an older one (or the journal's start)")
+        good, found = 0, []
+        for journal_id, state_, why in snapshots(db):  # as the daemon's start checks them
+            found.append(journal_id)
+            if state_ is None:
+                out.append(f"note: snapshot at journal row {journal_id} is corrupt ({why}); "
+                           f"offcutd falls back to an older one (or the journal's start)")
             else:
                 good += 1
-                out.append(f"ok: snapshot at journal row {journal_id}"
-                           f"{'' if digest else ' (no checksum: written by an older release)'}")
-        if snapshots and not good and not complete:
+                out.append(f"ok: snapshot at journal row {journal_id}")
+        if found and not good and not complete:
             fail("no good snapshot and the journal does not start at row 1: restore a backup")
         mark = read_mark(state)[1]
         if mark is not None and not holder:

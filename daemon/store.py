@@ -148,6 +148,50 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _tasks_at(db: sqlite3.Connection, journal_id: int) -> list[dict[str, Any]]:
+    """The tasks of the incremental snapshot at ``journal_id``: per task the newest
+    ``snapshot_tasks`` row at or before it, in submit order, without the tasks that left.
+
+    Raises:
+        ValueError: a row whose sha256 does not match (the snapshot is corrupt)."""
+    tasks = []
+    for task_id, text, digest in db.execute(
+            "SELECT t.task_id, t.task, t.sha256 FROM snapshot_tasks t WHERE t.journal_id = "
+            "(SELECT MAX(journal_id) FROM snapshot_tasks u WHERE u.task_id = t.task_id AND "
+            "u.journal_id <= ?) ORDER BY t.number", (journal_id,)):
+        if text is None:
+            continue
+        if digest is not None and _sha256(text) != digest:
+            raise ValueError(f"sha256 mismatch of task {task_id}")
+        tasks.append(json.loads(text))
+    return tasks
+
+
+def snapshots(db: sqlite3.Connection) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
+    """The snapshots of the state file open as ``db``, newest first, each checked as
+    :meth:`Store.load` takes it: ``(journal id, state, "")`` for a good one (its tasks
+    assembled; ``"incremental"`` popped), ``(journal id, None, why)`` for a corrupt one (a
+    sha256 of the snapshot or of one of its task rows that does not match, JSON that does not
+    parse). Shared by the daemon's start and ``offcutd check``."""
+    has_sums = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'snapshot_checksums'"
+                          ).fetchone() is not None
+    sql = ("SELECT s.journal_id, s.state, c.sha256 FROM snapshots s LEFT JOIN "
+           "snapshot_checksums c ON c.journal_id = s.journal_id" if has_sums else
+           "SELECT journal_id, state, NULL FROM snapshots")
+    for journal_id, text, digest in db.execute(sql + " ORDER BY 1 DESC").fetchall():
+        try:
+            if digest is not None and _sha256(text) != digest:
+                raise ValueError("sha256 mismatch")
+            state = json.loads(text)
+            if state.pop("incremental", False):
+                state["tasks"] = _tasks_at(db, journal_id)
+                state["incremental"] = True
+        except (ValueError, TypeError, sqlite3.Error) as exc:
+            yield journal_id, None, str(exc)
+            continue
+        yield journal_id, state, ""
+
+
 def create_private(path: Path) -> None:
     """Create ``path`` empty with mode 0600 when missing (SQLite then creates the ``-wal``
     and ``-shm`` files with the same mode)."""
@@ -365,23 +409,15 @@ class Store:
         state, after = None, 0
         self.bad_snapshots = []
         self.loaded_incremental = False
-        for journal_id, text, digest in self.db.execute(
-                "SELECT s.journal_id, s.state, c.sha256 FROM snapshots s LEFT JOIN "
-                "snapshot_checksums c ON c.journal_id = s.journal_id "
-                "ORDER BY s.journal_id DESC").fetchall():
-            try:
-                if digest is not None and _sha256(text) != digest:
-                    raise ValueError("sha256 mismatch")
-                loaded = json.loads(text)
-                if loaded.pop("incremental", False):
-                    loaded["tasks"] = self._tasks_at(journal_id)
-                    self.loaded_incremental = True
-                state, after = loaded, journal_id
-                break
-            except (ValueError, TypeError) as exc:
+        for journal_id, loaded, why in snapshots(self.db):
+            if loaded is None:
                 log.warning("state %s: snapshot at journal row %d is corrupt (%s); falling back "
-                            "to an older one and the journal after it", self.path, journal_id, exc)
+                            "to an older one and the journal after it", self.path, journal_id, why)
                 self.bad_snapshots.append(journal_id)
+                continue
+            self.loaded_incremental = bool(loaded.pop("incremental", False))
+            state, after = loaded, journal_id
+            break
         if state is None and self.bad_snapshots and not self.journal_complete():
             raise StoreError(f"{self.path}: every snapshot is corrupt (journal rows "
                              f"{', '.join(map(str, self.bad_snapshots))}) and the journal does not "
@@ -660,24 +696,6 @@ class Store:
                             [(i, oldest) for i in ids])
         self.db.execute("DELETE FROM snapshot_tasks WHERE journal_id = ? AND task IS NULL",
                         (oldest,))
-
-    def _tasks_at(self, journal_id: int) -> list[dict[str, Any]]:
-        """The tasks of the incremental snapshot at ``journal_id``: per task the newest row at
-        or before it, in submit order, without the tasks that left.
-
-        Raises:
-            ValueError: a row whose sha256 does not match (the snapshot is corrupt)."""
-        tasks = []
-        for task_id, text, digest in self.db.execute(
-                "SELECT t.task_id, t.task, t.sha256 FROM snapshot_tasks t WHERE t.journal_id = "
-                "(SELECT MAX(journal_id) FROM snapshot_tasks u WHERE u.task_id = t.task_id AND "
-                "u.journal_id <= ?) ORDER BY t.number", (journal_id,)):
-            if text is None:
-                continue
-            if digest is not None and _sha256(text) != digest:
-                raise ValueError(f"sha256 mismatch of task {task_id}")
-            tasks.append(json.loads(text))
-        return tasks
 
     # ------------------------------------------------------------------ Zeus optimizers
     # A Zeus job is stored as rows (docs/architecture.md §6): its small summary (spec, RNG,

@@ -26,7 +26,7 @@ from offcut.daemon.state_lock import StateOwnershipError
 from offcut.daemon.store import APPLICATION_ID, SCHEMA_VERSION, Store, StoreError
 from offcut.errors import ResourceExhausted, Unavailable
 
-from daemon_helpers import T0
+from daemon_helpers import T0, make_spec
 
 OFFCUTD = [sys.executable, "-m", "offcut.daemon"]
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -281,6 +281,33 @@ def test_a_corrupt_snapshot_falls_back_to_the_previous_one_and_the_journal(tmp_p
     db.close()
     os.unlink(cfg.state + ".lock")  # the deleted row is not a lost -wal here
     assert "every snapshot is corrupt" in _refusal(cfg)
+
+
+def test_a_corrupt_task_row_is_a_corrupt_snapshot_for_the_daemon_and_for_check(tmp_path, caplog):
+    """Snapshots keep their tasks as rows with their own sha256 (docs/architecture.md §6): a
+    changed row makes its snapshot corrupt at start (the daemon falls back to the older one and
+    the journal) and in ``offcutd check`` alike."""
+    cfg = _config(tmp_path / "a", snapshot_every=2)
+    with Running(cfg) as d:
+        d.report()
+        task_id = d.client.submit(make_spec("x"), owner="u").task.task_id
+        for _ in range(3):
+            d.report()
+    with sqlite3.connect(cfg.state) as db:
+        changed = db.execute(
+            "UPDATE snapshot_tasks SET task = replace(task, '\"owner\":\"u\"', "
+            "'\"owner\":\"v\"') WHERE journal_id = (SELECT MAX(journal_id) FROM snapshots)"
+            ).rowcount
+        newest = db.execute("SELECT MAX(journal_id) FROM snapshots").fetchone()[0]
+    db.close()
+    assert changed == 1
+    out = _offcutd("check", "--state", cfg.state)
+    assert (f"snapshot at journal row {newest} is corrupt (sha256 mismatch of task {task_id})"
+            in out.stdout), out.stdout
+    caplog.set_level(logging.WARNING, logger="offcut.daemon")
+    with Running(cfg) as d:
+        assert d.client.get_task(task_id).owner == "u"
+    assert f"snapshot at journal row {newest} is corrupt" in caplog.text
 
 
 # ----------------------------------------------------------------------------- storage
