@@ -35,6 +35,7 @@ from offcut.daemon.replies import (Decision, PlacementUpdate, Reply, SolverStati
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.solvers.problem import AllocationProblem
 from offcut.daemon.model import task_number
+from offcut.daemon.storage_errors import StateFull, StateReadOnly
 from offcut.daemon.store import SnapshotDelta, Store
 
 log = logging.getLogger("offcut.daemon")
@@ -274,8 +275,12 @@ class Engine:
                 request_id=_request_key(event, caller),
                 state=self._snapshot_state() if snapshot else None,
                 archive=[t.to_dict() for t in out.retired])
-        except Exception:
-            log.exception("committing revision %d failed; reloading state", out.revision)
+        except Exception as exc:
+            if isinstance(exc, (StateReadOnly, StateFull)):  # the store logged it, once
+                log.warning("revision %d not committed (%s); reloading state", out.revision,
+                            type(exc).__name__)
+            else:
+                log.exception("committing revision %d failed; reloading state", out.revision)
             self.scheduler = self._recover()
             self.archived_counts = self._count_archived()
             raise

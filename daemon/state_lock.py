@@ -73,13 +73,19 @@ class StateLock:
         state: the state file's path.
 
     Raises:
-        StateOwnershipError: another live process holds the lock (its pid is named).
+        StateOwnershipError: another live process holds the lock (its pid is named), or the
+            lock file cannot be opened (e.g. it is a symbolic link).
     """
 
     def __init__(self, state: str | Path):
         self.path = lock_path(state)
-        self.previous_mark = read_mark(state)[1]
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:  # O_NOFOLLOW: a link planted as the lock file is refused, never written through
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise StateOwnershipError(
+                f"cannot open the lock file {self.path}: {exc.strerror}"
+                + (" (it is a symbolic link: remove it)" if self.path.is_symlink() else "")
+                + " (docs/operations.md)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -89,6 +95,8 @@ class StateLock:
                 f"state {state} is in use by another offcutd (pid {pid if pid else 'unknown'}, "
                 f"lock {self.path}); stop it first, or give this daemon another --state") from None
         os.fchmod(fd, 0o600)
+        # read under the lock: a daemon still stopping writes its last mark before it lets go
+        self.previous_mark = read_mark(state)[1]
         self._fd: int | None = fd
         self.mark(self.previous_mark)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from offcut.addresses import make_private_parents
 from offcut.daemon.model import task_number
 from offcut.daemon.storage_errors import classify
 
@@ -308,7 +309,7 @@ class Store:
         self._reader_lock = threading.Lock()
         if durability not in ("full", "normal"):
             raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_parents(str(self.path))  # missing folders 0700 (docs/operations.md)
         new = inspect_file(self.path, init=init)
         if new:
             create_private(self.path)

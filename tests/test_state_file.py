@@ -311,8 +311,9 @@ def test_a_corrupt_task_row_is_a_corrupt_snapshot_for_the_daemon_and_for_check(t
 
 
 # ----------------------------------------------------------------------------- storage
-def test_read_only_storage_is_unavailable_and_recovers(tmp_path):
+def test_read_only_storage_is_unavailable_and_recovers(tmp_path, caplog):
     cfg = _config(tmp_path / "a")
+    caplog.set_level(logging.WARNING, logger="offcut")
     with Running(cfg) as d:
         d.report()
         # the engine's connection can no longer write (SQLite's own SQLITE_READONLY; root
@@ -324,6 +325,10 @@ def test_read_only_storage_is_unavailable_and_recovers(tmp_path):
         assert d.srv.storage_problem is not None
         _wait(lambda: d.health() == NOT_SERVING and d.health(STATE_HEALTH) == NOT_SERVING)
         assert d.client.status().revision == 1  # reads still answer
+        # the problem is logged once, in words; the engine adds one line, no traceback
+        assert caplog.text.count("cannot be written") == 1, caplog.text
+        assert "revision 2 not committed (StateReadOnly)" in caplog.text
+        assert "Traceback" not in caplog.text
         d.srv.engine.store.db.execute("PRAGMA query_only = 0")
         assert d.report() == 2  # the retried event (same seq) is applied now
         _wait(lambda: d.health() == SERVING and d.health(STATE_HEALTH) == SERVING)
@@ -389,3 +394,22 @@ def test_a_damaged_lock_file_is_read_as_no_mark(tmp_path):
     assert read_mark(state) == (None, None)
     lock_path(state).write_bytes(b"pid 42\nlast_journal_id 7\n")
     assert read_mark(state) == (42, 7)
+
+
+def test_a_linked_lock_file_is_refused_and_direct_stores_make_private_folders(tmp_path):
+    """A symbolic link planted as the lock file is refused with its name, never written
+    through; a Store opened directly (replay, tools) makes its missing folders 0700."""
+    from offcut.daemon.state_lock import StateLock, lock_path
+
+    state = tmp_path / "state.sqlite"
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    lock_path(state).symlink_to(target)
+    with pytest.raises(StateOwnershipError) as info:
+        StateLock(state)
+    assert "symbolic link" in str(info.value) and str(lock_path(state)) in str(info.value)
+    assert target.read_text() == "keep"
+    store = Store(tmp_path / "new" / "deeper" / "s.sqlite")
+    store.close()
+    for folder in (tmp_path / "new", tmp_path / "new" / "deeper"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
