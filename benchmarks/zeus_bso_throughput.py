@@ -28,15 +28,18 @@ rows + group commit         166 (1 thr) 5.62        5.92 / 5.76 (0.97x), 4,000 t
 The flat-cost goal passes; 700 rt/s from 4 threads does not on this machine: the run is CPU
 bound (server 3.35 ms CPU per round trip, of which the Zeus registry incl. SQLite ~1.4 ms and
 the gRPC/asyncio plumbing, interceptors and metrics the rest, plus the 4 client threads on the
-same 2 cores), not fsync bound (group commit shares fsyncs between the callers). The floor of
-that plumbing, measured the same way with ``GetJob`` of a job without trials from 4 threads
-(next to no Zeus work): 0.93 ms server CPU per RPC, 1,127 RPC/s, i.e. at most ~560 round
-trips/s of two RPCs even if the optimizer cost nothing.
+same 2 cores), not fsync bound (group commit shares fsyncs between the callers). The ``gRPC
+floor`` rows (``--floor``, on by default) measure the ceiling the same way: two EMPTY unary
+calls per round trip to an empty ``grpc.aio`` server built as offcutd's (handler on a
+migration thread pool), from the same client threads; offcutd's row over the floor's is
+printed.
 
 - offcutd: a real daemon subprocess on a unix socket in a temporary folder with durability
   ``--durability`` (default ``full``: SQLite WAL, fsync on every commit before answering), and
   with ``--tcp`` (default on) a second one on TCP loopback. Client: ``offcut.client.Client``,
   one per thread; predictions carry a request id (retry-safe, as a real client sends).
+- gRPC floor: a subprocess serving only gRPC health ``Check`` (no interceptors, no state, no
+  fsync), driven by the same :func:`drive` over plain ``grpc`` channels.
 - Zeus: ``zeus.optimizer.batch_size.server.router:app`` (FastAPI) under uvicorn on 127.0.0.1,
   one worker, SQLite through aiosqlite (``ZEUS_BSO_DATABASE_URL=sqlite+aiosqlite:///...``,
   SQLite's default rollback journal with synchronous=FULL, i.e. also durable), tables created
@@ -266,6 +269,69 @@ def offcut_scenario(daemon: Offcutd, transport: str, threads: int, args) -> Resu
     return result
 
 
+# ---------------------------------------------------------------------- the gRPC floor
+#: an empty gRPC server as offcutd's is built: grpc.aio on its loop, the plain (unary) handler
+#: on a migration thread pool of offcutd's size; it answers gRPC health ``Check`` and does
+#: nothing else (no interceptors, no state, no fsync)
+FLOOR_SERVER = r"""
+import asyncio, sys
+from concurrent.futures import ThreadPoolExecutor
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+class Empty(health_pb2_grpc.HealthServicer):
+    def Check(self, request, context):
+        return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+
+async def serve():
+    server = grpc.aio.server(migration_thread_pool=ThreadPoolExecutor(int(sys.argv[2])))
+    health_pb2_grpc.add_HealthServicer_to_server(Empty(), server)
+    server.add_insecure_port(sys.argv[1])
+    await server.start()
+    await server.wait_for_termination()
+
+asyncio.run(serve())
+"""
+
+
+def floor_scenario(folder: Path, threads: int, args) -> Result:
+    """Two empty unary calls per round trip against :data:`FLOOR_SERVER` from ``threads``
+    client threads (one channel each, as offcutd's clients): the most round trips/s gRPC
+    Python itself allows on this machine, with no optimizer, no state and no fsync."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from offcut.daemon.config import RPC_WORKERS
+
+    address = f"unix://{folder / 'floor.sock'}"
+    proc = subprocess.Popen([sys.executable, "-c", FLOOR_SERVER, address, str(RPC_WORKERS)])
+    try:
+        with grpc.insecure_channel(address) as ch:
+            grpc.channel_ready_future(ch).result(timeout=30)
+
+        def make_worker(i: int):
+            channel = grpc.insecure_channel(address)
+            stub = health_pb2_grpc.HealthStub(channel)
+            request = health_pb2.HealthCheckRequest()
+
+            def round_trip() -> bool:
+                stub.Check(request, timeout=60)
+                stub.Check(request, timeout=60)
+                return True
+
+            return round_trip, channel.close
+
+        result = Result("grpc floor", "unix", threads)
+        cpu0 = cpu_seconds(proc.pid)
+        drive(result, threads, args.seconds, args.trials, make_worker)
+        cpu1 = cpu_seconds(proc.pid)
+        result.server_cpu_s = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
+        return result
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 # ---------------------------------------------------------------------- Zeus's BSO server
 class ZeusServer:
     """Zeus's BSO server under uvicorn from ``venv``, SQLite database in ``folder``."""
@@ -452,6 +518,9 @@ def main() -> None:
                          "/tmp/zeus-bso-venv); see the description for how to create it")
     ap.add_argument("--no-zeus", action="store_true", help="only measure offcutd")
     ap.add_argument("--no-offcut", action="store_true", help="only measure Zeus's server")
+    ap.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
+                    help="also measure the gRPC floor: two empty calls per round trip to an "
+                         "empty grpc.aio server built as offcutd's (default on)")
     ap.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
@@ -477,6 +546,11 @@ def main() -> None:
         finally:
             daemon.close()
 
+    if args.floor:
+        for k in thread_counts:
+            rows.append(floor_scenario(folder, k, args).row())
+            print(f"  gRPC floor x{k}: {rows[-1]['rt_per_s']:.1f} rt/s", flush=True)
+
     zeus_note = None
     if not args.no_zeus:
         sub = folder / "zeus"
@@ -501,13 +575,21 @@ def main() -> None:
     print_table(rows)
     if zeus_note:
         print(zeus_note)
-    zeus = {r["threads"]: r for r in rows if r["server"] != "offcutd"}
+    zeus = {r["threads"]: r for r in rows if r["server"] == "Zeus BSO server"}
     for r in rows:
         z = zeus.get(r["threads"])
         if r["server"] == "offcutd" and z and z["rt_per_s"]:
             print(f"offcutd {r['transport']} / Zeus, {r['threads']} thread(s): "
                   f"{r['rt_per_s'] / z['rt_per_s']:.2f}x round trips/s, "
                   f"p50 latency {r['p50_ms']:.2f} vs {z['p50_ms']:.2f} ms")
+    floor = {r["threads"]: r for r in rows if r["server"] == "grpc floor"}
+    for r in rows:
+        f = floor.get(r["threads"])
+        if r["server"] == "offcutd" and f and f["rt_per_s"]:
+            print(f"offcutd {r['transport']} / gRPC floor, {r['threads']} thread(s): "
+                  f"{r['rt_per_s'] / f['rt_per_s']:.2f}x round trips/s (floor "
+                  f"{f['rt_per_s']:.0f} rt/s, {fmt(f['server_cpu_ms_per_rt'], '.2f', 0)} ms "
+                  f"server CPU per round trip)")
     goals(rows, args)
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
