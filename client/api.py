@@ -194,10 +194,20 @@ class Client:
         return self.tasks.GetTask(tasks_pb2.GetTaskRequest(task_id=task_id), timeout=self.timeout_s)
 
     @_translate
-    def list_tasks(self, states: Iterable[int] = (), owner: str = "") -> list[tasks_pb2.Task]:
-        """Tasks, optionally filtered by ``offcut.v1.TaskState`` values and owner."""
-        return list(self.tasks.ListTasks(tasks_pb2.ListTasksRequest(
-            states=list(states), owner=owner), timeout=self.timeout_s).tasks)
+    def list_tasks(self, states: Iterable[int] = (), owner: str = "",
+                   page_size: int = 0) -> list[tasks_pb2.Task]:
+        """Tasks in submit order, optionally filtered by ``offcut.v1.TaskState`` values and
+        owner: every page of ListTasks (``page_size`` tasks a call; 0: the daemon's default,
+        1,000), read one after the other."""
+        request = tasks_pb2.ListTasksRequest(states=list(states), owner=owner,
+                                             page_size=page_size)
+        tasks: list[tasks_pb2.Task] = []
+        while True:
+            page = self.tasks.ListTasks(request, timeout=self.timeout_s)
+            tasks.extend(page.tasks)
+            if not page.next_page_token:
+                return tasks
+            request.page_token = page.next_page_token
 
     @_translate
     def cancel(self, task_id: str, time: float | datetime | None = None) -> tasks_pb2.CancelTaskResponse:

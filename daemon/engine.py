@@ -334,24 +334,37 @@ class Engine:
                 raise NotFound(f"no task {task_id!r}", "task_id")
             return task_view(task, self.scheduler)
 
-    def tasks(self, states: set[TaskState] | None = None, owner: str = "") -> list[TaskView]:
-        """Tasks in submit order, those in ``states`` (None or empty: all) of ``owner``
-        (empty: every owner), the archived finished tasks included when finished states are
-        asked for. The archive is read after the engine's lock is released (committed rows,
-        :meth:`Store.archived_tasks`), so a long list never holds up an event; a task retired
-        in between is in both and answered once."""
+    def tasks(self, states: set[TaskState] | None = None, owner: str = "", *,
+              after: int = 0, limit: int | None = None) -> tuple[list[TaskView], bool]:
+        """``(views, more)``: tasks in submit order, those in ``states`` (None or empty: all)
+        of ``owner`` (empty: every owner) with a submit number above ``after``, at most
+        ``limit`` (None: all); ``more`` is True when tasks past the last one returned match
+        too (a page of ListTasks). The archived finished tasks are included when finished
+        states are asked for; the archive is read after the engine's lock is released
+        (committed rows, :meth:`Store.archived_tasks`), so a long list never holds up an
+        event; a task retired in between is in both and answered once."""
         with self.lock:
             scheduler = self.scheduler
-            views = [task_view(t, scheduler) for t in scheduler.tasks.values()
-                     if (not states or t.state in states) and (not owner or t.owner == owner)]
+            matching = sorted((t for t in scheduler.tasks.values()
+                               if task_number(t.task_id) > after
+                               and (not states or t.state in states)
+                               and (not owner or t.owner == owner)),
+                              key=lambda t: task_number(t.task_id))
+            views = [task_view(t, scheduler)
+                     for t in (matching if limit is None else matching[:limit + 1])]
         finished = [s.value for s in (states or TaskState) if s.finished]
-        if not finished:
-            return views
-        seen = {v.task_id for v in views}
-        archived = [task_view(Task.from_dict(d), scheduler)  # finished: no engine state read
-                    for d in self.store.archived_tasks(finished, owner)
-                    if d["task_id"] not in seen]
-        return sorted(views + archived, key=lambda v: task_number(v.task_id))
+        if finished:
+            seen = {v.task_id for v in views}
+            archived = [task_view(Task.from_dict(d), scheduler)  # finished: no engine state
+                        for d in self.store.archived_tasks(
+                            finished, owner, after=after,
+                            limit=None if limit is None else limit + 1)
+                        if d["task_id"] not in seen]
+            views += archived
+        views.sort(key=lambda v: task_number(v.task_id))
+        if limit is None or len(views) <= limit:
+            return views, False
+        return views[:limit], True
 
     def status(self, include_idle: bool, with_solver: bool = True) -> StatusView:
         """The state in figures (idle node names only when ``include_idle``; the solver

@@ -135,7 +135,7 @@ class Task:
 def task_number(task_id: str) -> int:
     """The submit number of a task id ``t<number>`` (``t000042`` -> 42; 0 when malformed)."""
     digits = task_id[1:]
-    return int(digits) if digits.isdigit() else 0
+    return int(digits) if digits.isascii() and digits.isdigit() else 0  # ("²".isdigit())
 
 
 def check_node_names(names: list[str], field_name: str) -> None:

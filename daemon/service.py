@@ -27,6 +27,7 @@ from offcut.errors import InvalidArgument, NotFound, OffcutError, PermissionDeni
 from offcut.daemon.auth import LOCAL_ADMIN, USER, Authenticator, Principal
 from offcut.daemon import protocol
 from offcut.daemon.engine import Engine, clock_now
+from offcut.daemon.model import task_number
 from offcut.daemon.event_times import EventTimes
 from offcut.daemon.replies import Reply
 from offcut.daemon.streams import PlacementFeed, StreamSlots
@@ -178,6 +179,23 @@ class NodeEventsService(nodes_pb2_grpc.NodeEventsServicer):
         return self._apply(request, context, snapshot=True)
 
 
+#: ListTasks' page size when the request gives none, and the largest it may ask for (a page
+#: of 10,000 tasks with 100-point curves stays far below the 4 MiB a client accepts by default)
+DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 1000, 10_000
+
+
+def _page_after(token: str) -> int:
+    """The submit number a ListTasks page starts after: ``token`` is the previous page's
+    ``next_page_token`` (the last task id it answered; empty: the start). Raises
+    InvalidArgument naming ``page_token`` for anything else."""
+    if not token:
+        return 0
+    number = task_number(token)
+    if len(token) > 32 or not token.startswith("t") or number <= 0:
+        raise InvalidArgument("is not a next_page_token of ListTasks", "page_token")
+    return number
+
+
 def _visible(engine: Engine, who: Principal, task_id: str) -> bool:
     """Whether ``who`` may see task ``task_id`` (admin and slurm: all; users: their own)."""
     return who.sees_all_tasks or engine.owner_of(task_id) == who.user
@@ -276,8 +294,14 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
             if s not in protocol.PB_TO_STATE:
                 raise InvalidArgument(f"unknown state {s}", "states")
             wanted.add(protocol.PB_TO_STATE[s])
-        views = self.engine.tasks(wanted, owner)
-        return tasks_pb2.ListTasksResponse(tasks=[protocol.task_to_pb(t) for t in views])
+        after = _page_after(request.page_token)
+        size = request.page_size or DEFAULT_PAGE_SIZE
+        if size > MAX_PAGE_SIZE:
+            raise InvalidArgument(f"at most {MAX_PAGE_SIZE}, got {size}", "page_size")
+        views, more = self.engine.tasks(wanted, owner, after=after, limit=size)
+        return tasks_pb2.ListTasksResponse(
+            tasks=[protocol.task_to_pb(t) for t in views],
+            next_page_token=views[-1].task_id if more else "")
 
     @_rpc
     def CancelTask(self, request, context):

@@ -580,11 +580,13 @@ class Store:
                               (task_id,)).fetchone()
         return json.loads(row[0]) if row else None
 
-    def archived_tasks(self, states: Iterable[str] = (), owner: str = "") -> list[dict[str, Any]]:
+    def archived_tasks(self, states: Iterable[str] = (), owner: str = "", *,
+                       after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         """Archived tasks in submit order, those in ``states`` (task state values; empty: all)
-        of ``owner`` (empty: every owner); committed rows, read without the writer's
-        connection (:meth:`_read`), so callers need not hold the engine's lock."""
-        sql, args = "SELECT task FROM task_archive WHERE 1", []
+        of ``owner`` (empty: every owner) whose submit number is above ``after``, at most
+        ``limit`` (None: all); committed rows, read without the writer's connection
+        (:meth:`_read`), so callers need not hold the engine's lock."""
+        sql, args = "SELECT task FROM task_archive WHERE number > ?", [int(after)]
         states = list(states)
         if states:
             sql += f" AND state IN ({','.join('?' * len(states))})"
@@ -592,7 +594,11 @@ class Store:
         if owner:
             sql += " AND owner = ?"
             args.append(owner)
-        return [json.loads(r[0]) for r in self._read(sql + " ORDER BY number", args)]
+        sql += " ORDER BY number"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        return [json.loads(r[0]) for r in self._read(sql, args)]
 
     def archived_counts(self) -> dict[str, int]:
         """Archived tasks per state value."""

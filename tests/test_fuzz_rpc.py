@@ -458,12 +458,16 @@ def req_get_task(data, ctx, adv):
 
 
 def req_list_tasks(data, ctx, adv):
-    bad = _bad_fields(data, ["states", "owner"], adv)
+    bad = _bad_fields(data, ["states", "owner", "page_size", "page_token"], adv)
     states = data.draw(st.one_of(st.lists(adv_int32, max_size=5),
                                  st.just(list(range(-5, 10_000)))) if "states" in bad
                        else st.lists(st.integers(1, 6), max_size=3))
     owner = data.draw(adv_strings if "owner" in bad else st.sampled_from(["", *OWNERS]))
-    return tasks_pb2.ListTasksRequest(states=states, owner=owner)
+    page_size = data.draw(st.integers(0, 2**32 - 1) if "page_size" in bad else st.integers(0, 3))
+    page_token = data.draw(adv_strings if "page_token" in bad
+                           else st.sampled_from(["", "t000001", "t000003"]))
+    return tasks_pb2.ListTasksRequest(states=states, owner=owner, page_size=page_size,
+                                      page_token=page_token)
 
 
 def req_cancel(data, ctx, adv):

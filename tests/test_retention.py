@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
+import grpc
 import pytest
 
 from offcut.errors import FailedPrecondition, NotFound
@@ -131,3 +132,43 @@ def test_the_journal_keeps_its_retention_window_and_no_more(daemons):
     daemons.stop(srv)
     srv, c = daemons.start(**kw)
     assert srv.engine.scheduler.fingerprint() == key
+
+
+def test_list_pages_cover_memory_and_archive_once_each_in_submit_order(daemons):
+    """ListTasks answers in pages (``page_size``, ``next_page_token``) over the tasks in
+    memory and the archive together: every matching task exactly once, in submit order, per
+    owner and state; a page size over the bound or a forged token is INVALID_ARGUMENT naming
+    the field, and a user's token cannot reach another user's tasks."""
+    srv, c = daemons.start(finished_task_retention_s=HOUR, snapshot_every=1)
+    c.report_nodes(T0, "slurm", 1, idle=["n1"])
+    ids = [c.submit(make_spec(f"job{i}", max_nodes=1), submit_time=T0 + i, owner=f"u{i % 3}")
+           .task.task_id for i in range(11)]
+    for k, tid in enumerate(ids[:7]):  # finished in turn, then retired to the archive
+        if k % 2:
+            c.cancel(tid, time=T0 + 20 + k)
+        else:
+            finish(c, tid, T0 + 20 + k)
+    c.report_nodes(T0 + 2 * HOUR, "slurm", 2, idle=["n1"])
+    assert set(srv.engine.scheduler.tasks) == set(ids[7:])  # the rest in memory
+    for size in (1, 2, 3, 4, 11, 50):
+        pages, token = [], ""
+        while True:
+            page = c.tasks.ListTasks(tasks_pb2.ListTasksRequest(page_size=size, page_token=token))
+            assert len(page.tasks) <= size
+            pages.append([t.task_id for t in page.tasks])
+            token = page.next_page_token
+            if not token:
+                break
+        assert [t for p in pages for t in p] == ids, size
+        assert all(pages[:-1]) and len(pages) == -(-len(ids) // size), size
+    assert [t.task_id for t in c.list_tasks(owner="u1", page_size=1)] == ids[1::3]
+    finished = [tasks_pb2.TASK_STATE_COMPLETED, tasks_pb2.TASK_STATE_CANCELLED]
+    assert [t.task_id for t in c.list_tasks(states=finished, page_size=2)] == ids[:7]
+    assert len(c.list_tasks()) == len(ids)  # the default page holds them all
+    for request, field in [(tasks_pb2.ListTasksRequest(page_size=10_001), "page_size")] + [
+            (tasks_pb2.ListTasksRequest(page_token=forged), "page_token")
+            for forged in ("x12", "t", "t-1", "t²", "t" + "9" * 40)]:
+        with pytest.raises(grpc.RpcError) as info:
+            c.tasks.ListTasks(request)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details().startswith(f"{field}: "), info.value.details()

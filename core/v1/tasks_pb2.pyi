@@ -186,18 +186,24 @@ class GetTaskRequest(_message.Message):
     def __init__(self, task_id: _Optional[str] = ...) -> None: ...
 
 class ListTasksRequest(_message.Message):
-    __slots__ = ("states", "owner")
+    __slots__ = ("states", "owner", "page_size", "page_token")
     STATES_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[TaskState]
     owner: str
-    def __init__(self, states: _Optional[_Iterable[_Union[TaskState, str]]] = ..., owner: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, states: _Optional[_Iterable[_Union[TaskState, str]]] = ..., owner: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListTasksResponse(_message.Message):
-    __slots__ = ("tasks",)
+    __slots__ = ("tasks", "next_page_token")
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
-    def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class CancelTaskRequest(_message.Message):
     __slots__ = ("task_id", "time")
