@@ -346,6 +346,23 @@ def test_seq_not_increasing_is_failed_precondition(busy_core):
     _rejected(core, NodeEvent(T0 + 6, "src", 0, idle=("c1n4",)), InvalidArgument, "seq")
 
 
+def test_sources_are_bounded(busy_core):
+    """No sender grows the state by inventing node-event sources: past MAX_SOURCES a new
+    source is RESOURCE_EXHAUSTED and changes nothing; known sources go on."""
+    from offcut.daemon.scheduler.validation import MAX_SOURCES
+    from offcut.errors import ResourceExhausted
+
+    core, _ = busy_core
+    for i in range(MAX_SOURCES - 1):  # "src" is the first
+        core.apply(NodeEvent(T0 + 6, f"s{i}", 1, idle=(f"x{i}",)), Scripted())
+    assert len(core.last_seq) == MAX_SOURCES
+    error = _rejected(core, NodeEvent(T0 + 7, "one-more", 1, idle=("c1n4",)),
+                      ResourceExhausted, "source")
+    assert f"{MAX_SOURCES} sources" in str(error)
+    core.apply(NodeEvent(T0 + 7, "s0", 2, idle=("c1n4",)), Scripted())
+    assert "c1n4" in core.pool
+
+
 @pytest.mark.parametrize("idle,preempted,field", [
     (("bad name",), (), "idle"),
     (("",), (), "idle"),

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import math
 
-from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
+from offcut.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from offcut.daemon.model import (RUN_STATES, CancelEvent, Event, NodeEvent, ProgressEvent,
                                  SubmitEvent, TaskRunEvent, check_node_names)
 
 
 MAX_SOURCE_LEN = 200
+#: distinct node-event sources the state remembers a last seq of (every snapshot holds them):
+#: Slurm's side uses a handful (the prolog, the epilog, the watcher); a source past this many is
+#: RESOURCE_EXHAUSTED, so no sender can grow the state by inventing sources
+MAX_SOURCES = 1024
 MAX_MESSAGE_LEN = 2000
 
 
@@ -28,6 +32,9 @@ class EventValidation:
             if event.seq < 1:
                 raise InvalidArgument("must be >= 1", "seq")
             last = self.last_seq.get(event.source, 0)
+            if not last and len(self.last_seq) >= MAX_SOURCES:
+                raise ResourceExhausted(f"the daemon already knows {MAX_SOURCES} sources; send "
+                                        "with one of them (Slurm's side needs a few)", "source")
             if event.seq <= last:
                 raise FailedPrecondition(
                     f"{event.seq} is not after the last applied seq {last} of source "
