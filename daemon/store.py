@@ -679,10 +679,11 @@ class Store:
         self.db.execute("DELETE FROM snapshot_checksums WHERE journal_id NOT IN "
                         "(SELECT journal_id FROM snapshots)")
         # the task rows no kept snapshot reads, a bounded number per snapshot (as many as it
-        # wrote and PRUNE_ROWS_PER_SNAPSHOT more), so that a snapshot's cost stays that of the
-        # tasks that changed even when the one that just became the oldest wrote every task
-        snapshot_prune.prune(self.db, snapshot_prune.PRUNE_ROWS_PER_SNAPSHOT + len(rows),
-                             self._prune_default)
+        # wrote and PRUNE_MIN_ROWS more, then more for PRUNE_SECONDS), so that its cost stays
+        # that of the tasks that changed even when the one that just became the oldest kept
+        # snapshot wrote every task
+        snapshot_prune.prune(self.db, len(rows) + snapshot_prune.PRUNE_MIN_ROWS,
+                             snapshot_prune.PRUNE_SECONDS, self._prune_default)
 
     # ------------------------------------------------------------------ Zeus optimizers
     # A Zeus job is stored as rows (docs/architecture.md §6): its small summary (spec, RNG,

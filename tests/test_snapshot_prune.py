@@ -14,13 +14,15 @@ import pytest
 from offcut.daemon import snapshot_prune
 from offcut.daemon.store import SnapshotDelta, Store, snapshots
 
-#: rows walked per snapshot beyond the rows it writes, in these tests (the daemon's is 4,096)
+#: rows walked per snapshot beyond the rows it writes, in these tests (the daemon's is 256)
 BUDGET = 7
 
 
 @pytest.fixture(autouse=True)
 def small_budget(monkeypatch):
-    monkeypatch.setattr(snapshot_prune, "PRUNE_ROWS_PER_SNAPSHOT", BUDGET)
+    """Walk exactly the rows written plus BUDGET per snapshot (no time-bounded steps)."""
+    monkeypatch.setattr(snapshot_prune, "PRUNE_MIN_ROWS", BUDGET)
+    monkeypatch.setattr(snapshot_prune, "PRUNE_SECONDS", 0.0)
 
 
 class Model:
@@ -65,15 +67,15 @@ class Model:
         walked = []
         prune = snapshot_prune.prune
         try:  # count the rows the snapshot walks
-            snapshot_prune.prune = lambda db, budget, default: walked.append(
-                (prune(db, budget, default), budget)) or walked[-1][0]
+            snapshot_prune.prune = lambda db, budget, seconds, default: walked.append(
+                (prune(db, budget, seconds, default), budget)) or walked[-1][0]
             self.store.append(kind="nodes", event={"time": float(self.journal_id)}, solves=[],
                               response=b"{}", state=delta)
         finally:
             snapshot_prune.prune = prune
         (n, budget), = walked
         assert budget == BUDGET + len(changed) + len(self.removed)
-        assert n <= budget
+        assert n <= budget or snapshot_prune.PRUNE_SECONDS > 0
         self.walked.append(n)
         self.expected[self.journal_id] = {i: dict(t) for i, t in self.tasks.items()}
         self.changed, self.removed = set(), set()
@@ -185,3 +187,18 @@ def test_a_file_without_a_cursor_starts_after_its_oldest_kept_snapshot(tmp_path)
     m.snapshot()
     assert m.walked[-1] == 1  # the newer kept snapshot's one row, nothing older
     assert snapshot_prune.cursor(m.store.db)[0] == oldest + 1
+
+
+def test_time_left_in_a_snapshot_walks_on_in_steps(tmp_path, monkeypatch):
+    """Beyond its minimum a snapshot walks on in steps of CHUNK_ROWS while PRUNE_SECONDS last:
+    with time enough, the rows of a snapshot of every task go with the next snapshot."""
+    monkeypatch.setattr(snapshot_prune, "PRUNE_SECONDS", 60.0)
+    monkeypatch.setattr(snapshot_prune, "CHUNK_ROWS", 5)
+    m = Model(tmp_path / "state.sqlite")
+    m.submit(80)
+    m.snapshot()
+    m.snapshot(every_task=True)
+    m.touch(["t000003"])
+    m.snapshot()  # the first snapshot of every task is now the oldest kept one: walked at once
+    assert m.walked[-1] == 80  # the snapshot of every task, in steps: each deletes a row
+    assert m.rows() == m.needed_rows() == 80 + 1
