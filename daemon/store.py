@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from offcut.addresses import make_private_parents
+from offcut.daemon import snapshot_prune
 from offcut.daemon.model import task_number
 from offcut.daemon.storage_errors import classify
 
@@ -343,6 +344,9 @@ class Store:
                 self.db.execute(f"PRAGMA application_id={APPLICATION_ID}")
             if self.db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
                 self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            #: where the walk over unread snapshot task rows starts when the file stores no
+            #: cursor (taken now, before any new snapshot: snapshot_prune.default_cursor)
+            self._prune_default = snapshot_prune.default_cursor(self.db)
         except sqlite3.DatabaseError as exc:
             if getattr(self, "db", None) is not None:
                 self.db.close()
@@ -661,6 +665,7 @@ class Store:
         and snapshot that changed it, with their sha256; ``task`` NULL: the task left), and
         a snapshot's tasks are, per task, the newest row at or before it (:meth:`_tasks_at`).
         """
+        rows = []
         if isinstance(state, SnapshotDelta):
             header = dict(state.header, incremental=True)
             rows = [(d["task_id"], journal_id, task_number(d["task_id"]), text, _sha256(text))
@@ -680,29 +685,12 @@ class Store:
                         "(SELECT journal_id FROM snapshots ORDER BY journal_id DESC LIMIT 2)")
         self.db.execute("DELETE FROM snapshot_checksums WHERE journal_id NOT IN "
                         "(SELECT journal_id FROM snapshots)")
-        self._prune_snapshot_tasks()
-
-    def _prune_snapshot_tasks(self) -> None:
-        """Delete the task rows no kept snapshot reads (inside the caller's transaction): rows
-        older than the oldest kept snapshot's own row for the same task, and rows saying a task
-        left, once no kept snapshot still has it. Each snapshot becomes the oldest kept one
-        once, so the cost is the rows of the tasks that snapshot wrote (a snapshot that wrote
-        every task, after a fallback, costs one pass over them then)."""
-        row = self.db.execute("SELECT MIN(journal_id) FROM snapshots").fetchone()
-        oldest = row[0] if row else None
-        if oldest is None:
-            return
-        if self.db.execute("SELECT 1 FROM snapshot_tasks WHERE journal_id < ? LIMIT 1",
-                           (oldest,)).fetchone() is None:
-            ids = []  # nothing older (e.g. the oldest kept is the first, whole one)
-        else:
-            ids = [r[0] for r in self.db.execute(
-                "SELECT task_id FROM snapshot_tasks WHERE journal_id = ?", (oldest,))]
-        # by primary key (task_id, journal_id): O(rows of those tasks), not O(all rows)
-        self.db.executemany("DELETE FROM snapshot_tasks WHERE task_id = ? AND journal_id < ?",
-                            [(i, oldest) for i in ids])
-        self.db.execute("DELETE FROM snapshot_tasks WHERE journal_id = ? AND task IS NULL",
-                        (oldest,))
+        # the task rows no kept snapshot reads, a bounded number per snapshot (as many as it
+        # wrote and PRUNE_MIN_ROWS more, then more for PRUNE_SECONDS), so that its cost stays
+        # that of the tasks that changed even when the one that just became the oldest kept
+        # snapshot wrote every task
+        snapshot_prune.prune(self.db, len(rows) + snapshot_prune.PRUNE_MIN_ROWS,
+                             snapshot_prune.PRUNE_SECONDS, self._prune_default)
 
     # ------------------------------------------------------------------ Zeus optimizers
     # A Zeus job is stored as rows (docs/architecture.md §6): its small summary (spec, RNG,
