@@ -772,14 +772,9 @@ class Store:
                     self.db.execute("INSERT OR REPLACE INTO zeus_state VALUES (?, ?, ?, ?)",
                                     (w.kind, w.job_id, w.batch_size, state))
                 if w.trials:
-                    self.db.executemany(
-                        "INSERT OR REPLACE INTO zeus_trials VALUES (?, ?, ?, ?, ?)",
-                        [(w.job_id, t["trial_number"], t["batch_size"], t["status"],
-                          json.dumps(t, separators=(",", ":"))) for t in w.trials])
+                    put_zeus_trials(self.db, w.job_id, w.trials)
                 if w.observations:
-                    self.db.executemany(
-                        "INSERT OR REPLACE INTO zeus_observations VALUES (?, ?, ?, ?)",
-                        [(w.job_id, seq, b, r) for seq, b, r in w.observations])
+                    put_zeus_observations(self.db, w.job_id, w.observations)
                 if w.request_id:
                     self.db.execute("INSERT OR REPLACE INTO zeus_requests VALUES (?, ?, ?, ?)",
                                     (w.request_id, w.job_id, w.response, w.created_at))
@@ -799,6 +794,24 @@ class Store:
         if self._reader is not None:
             self._reader.close()
         self.db.close()
+
+
+def put_zeus_trials(db: sqlite3.Connection, job_id: str, trials: Iterable[dict[str, Any]]
+                    ) -> None:
+    """Write (insert or replace) ``zeus_trials`` rows of ``job_id``'s trial records: the one
+    row format, shared by :meth:`Store.zeus_write` and the format upgrade
+    (:func:`offcut.daemon.migrations.upgrade_2_to_3`)."""
+    db.executemany("INSERT OR REPLACE INTO zeus_trials VALUES (?, ?, ?, ?, ?)",
+                   [(job_id, int(t["trial_number"]), int(t["batch_size"]), t["status"],
+                     json.dumps(t, separators=(",", ":"))) for t in trials])
+
+
+def put_zeus_observations(db: sqlite3.Connection, job_id: str,
+                          observations: Iterable[tuple[int, int, float]]) -> None:
+    """Write (insert or replace) ``zeus_observations`` rows of ``job_id``'s observed runs
+    ``(seq, batch size, reward = -cost [J])``: shared like :func:`put_zeus_trials`."""
+    db.executemany("INSERT OR REPLACE INTO zeus_observations VALUES (?, ?, ?, ?)",
+                   [(job_id, int(seq), int(b), float(r)) for seq, b, r in observations])
 
 
 @dataclass
