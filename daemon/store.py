@@ -712,6 +712,32 @@ class Store:
         return [(kind, job_id, bs, json.loads(state)) for kind, job_id, bs, state in
                 self.db.execute("SELECT kind, job_id, batch_size, state FROM zeus_state")]
 
+    def zeus_observation_rows(self, job_id: str) -> list[tuple[int, int, float]]:
+        """The job's kept observed runs ``(seq, batch size, reward = -cost [J])`` by seq."""
+        return [(int(s), int(b), float(r)) for s, b, r in self._read(
+            "SELECT seq, batch_size, reward FROM zeus_observations WHERE job_id = ? "
+            "ORDER BY seq", (job_id,))]
+
+    def zeus_trial_page(self, job_id: str, before: int, limit: int) -> list[dict[str, Any]]:
+        """The stored records of the job's ``limit`` newest trials numbered below ``before``,
+        newest first (by primary key: O(limit))."""
+        return [json.loads(r) for r, in self._read(
+            "SELECT record FROM zeus_trials WHERE job_id = ? AND trial_number < ? "
+            "ORDER BY trial_number DESC LIMIT ?", (job_id, int(before), max(0, int(limit))))]
+
+    def zeus_first_finished_trial(self, job_id: str) -> int | None:
+        """The lowest number of the job's stored finished trials (None: none)."""
+        rows = self._read("SELECT trial_number FROM zeus_trials WHERE job_id = ? AND status "
+                          "NOT IN ('running', 'suspended') ORDER BY trial_number LIMIT 1",
+                          (job_id,))
+        return int(rows[0][0]) if rows else None
+
+    def zeus_trial_batch_sizes(self, job_id: str) -> set[int]:
+        """The batch sizes of the job's stored trials (read once, for summaries stored before
+        they listed them)."""
+        return {int(b) for b, in self._read(
+            "SELECT DISTINCT batch_size FROM zeus_trials WHERE job_id = ?", (job_id,))}
+
     def zeus_observations(self, job_id: str) -> list[tuple[int, float]]:
         """The job's observed runs ``(batch size, reward = -cost [J])`` in order."""
         return [(int(b), float(r)) for b, r in self._read(
@@ -740,11 +766,6 @@ class Store:
         rows = self._read("SELECT record FROM zeus_trials WHERE job_id = ? AND "
                                "trial_number = ?", (job_id, int(trial_number)))
         return json.loads(rows[0][0]) if rows else None
-
-    def zeus_has_trial(self, job_id: str, batch_size: int) -> bool:
-        """Whether a trial of ``batch_size`` was ever stored for the job."""
-        return bool(self._read("SELECT 1 FROM zeus_trials WHERE job_id = ? AND "
-                                    "batch_size = ? LIMIT 1", (job_id, int(batch_size))))
 
     def zeus_response(self, request_id: str, job_id: str | None = None) -> bytes | None:
         """The stored reply to the Zeus call with ``request_id`` (a key of
@@ -775,6 +796,19 @@ class Store:
                     put_zeus_trials(self.db, w.job_id, w.trials)
                 if w.observations:
                     put_zeus_observations(self.db, w.job_id, w.observations)
+                if w.prune_trials is not None:  # (a bounded range of the primary key)
+                    self.db.execute(
+                        "DELETE FROM zeus_trials WHERE job_id = ? AND trial_number BETWEEN ? "
+                        "AND ? AND status NOT IN ('running', 'suspended')",
+                        (w.job_id, *w.prune_trials))
+                if w.drop_trials:
+                    self.db.executemany(
+                        "DELETE FROM zeus_trials WHERE job_id = ? AND trial_number = ?",
+                        [(w.job_id, int(n)) for n in w.drop_trials])
+                if w.drop_observations:
+                    self.db.executemany(
+                        "DELETE FROM zeus_observations WHERE job_id = ? AND seq = ?",
+                        [(w.job_id, int(s)) for s in w.drop_observations])
                 if w.request_id:
                     self.db.execute("INSERT OR REPLACE INTO zeus_requests VALUES (?, ?, ?, ?)",
                                     (w.request_id, w.job_id, w.response, w.created_at))
@@ -819,8 +853,8 @@ class ZeusWrite:
     """The rows one Zeus call changes (:meth:`Store.zeus_write`): the object's summary
     (``state``, a dict or its JSON text; None = unchanged) under ``(kind, job_id, batch_size)``, the job's trial
     records that changed (each replaces its row), its newly observed runs ``(seq, batch
-    size, reward = -cost [J])`` and the answer to ``request_id`` stored at ``created_at`` [s,
-    wall clock]."""
+    size, reward = -cost [J])``, the answer to ``request_id`` stored at ``created_at`` [s,
+    wall clock], and the rows its retention deletes (in the same transaction)."""
 
     kind: str
     job_id: str
@@ -831,3 +865,8 @@ class ZeusWrite:
     request_id: str | None = None
     response: bytes | None = None
     created_at: float = 0.0
+    #: retention (docs/operations.md): delete the finished trials numbered in this inclusive
+    #: range, the trials numbered here, and the observed runs of these seqs
+    prune_trials: tuple[int, int] | None = None
+    drop_trials: list[int] = field(default_factory=list)
+    drop_observations: list[int] = field(default_factory=list)
