@@ -708,7 +708,7 @@ class Store:
     def zeus_load(self) -> list[tuple[str, str, int, dict[str, Any]]]:
         """Every stored optimizer object's summary as ``(kind, job_id, batch_size, state)``
         (a job's trials and observed runs: :meth:`zeus_trial_records`,
-        :meth:`zeus_observations`)."""
+        :meth:`zeus_observation_rows`)."""
         return [(kind, job_id, bs, json.loads(state)) for kind, job_id, bs, state in
                 self.db.execute("SELECT kind, job_id, batch_size, state FROM zeus_state")]
 
@@ -737,12 +737,6 @@ class Store:
         they listed them)."""
         return {int(b) for b, in self._read(
             "SELECT DISTINCT batch_size FROM zeus_trials WHERE job_id = ?", (job_id,))}
-
-    def zeus_observations(self, job_id: str) -> list[tuple[int, float]]:
-        """The job's observed runs ``(batch size, reward = -cost [J])`` in order."""
-        return [(int(b), float(r)) for b, r in self._read(
-            "SELECT batch_size, reward FROM zeus_observations WHERE job_id = ? ORDER BY seq",
-            (job_id,))]
 
     def zeus_trial_records(self, job_id: str, last: int | None = None) -> list[dict[str, Any]]:
         """The job's trial records ascending by number: all (``last`` None), or the open ones

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+from collections import Counter
 
 import grpc
 import pytest
@@ -47,6 +48,13 @@ def test_a_users_active_tasks_are_capped_and_others_go_on(daemons, zeus_tokens):
     assert alice.submit(make_spec("a5")).task.owner == "alice"
     with pytest.raises(ResourceExhausted):
         alice.submit(make_spec("a6"))
+    # the count is the state's: rebuilt after a restart, equal to the unfinished tasks
+    daemons.stop(srv)
+    srv, c = start_secured(daemons, zeus_tokens, max_active_tasks_per_owner=3)
+    with pytest.raises(ResourceExhausted, match="'alice' has 3"):
+        c["alice"].submit(make_spec("a7"))
+    active = srv.engine.scheduler.active.values()
+    assert srv.engine.scheduler.active_owners == Counter(t.owner for t in active)
 
 
 def test_a_users_zeus_jobs_are_capped(daemons, zeus_tokens):

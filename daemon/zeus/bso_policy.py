@@ -34,10 +34,11 @@ class BatchSizePolicy:
     """Pruning, Thompson sampling and the early-stopping bound of one job.
 
     Attributes (persisted by :class:`offcut.daemon.zeus.bso.BatchSizeJob`): ``rng`` (seeded
-    from ``spec.seed``), ``observations`` [(batch size, reward = -cost [J])] of every finished
-    run observed, in order (kept as packed arrays, 24 bytes per run, with each batch size's
-    rewards apart, so a Thompson sample costs O(arms + that arm's history) and never scans
-    every run: the same numbers in the same order as filtering the list, so the same floats); ``min_cost`` [J] the lowest cost of a converged run (None: none);
+    from ``spec.seed``), ``observations`` [(batch size, reward = -cost [J])] of the finished
+    runs observed, in order (kept as packed arrays per batch size, seq and reward, 16 bytes per
+    run, so a Thompson sample costs O(arms + that arm's history) and never scans every run:
+    the same numbers in the same order as filtering the list, so the same floats; with a
+    ``retention`` only each arm's newest :meth:`keep` runs are read, and older ones dropped); ``min_cost`` [J] the lowest cost of a converged run (None: none);
     ``best_batch_size`` its batch size (the default before); ``phase``; ``arms`` the survivors
     of pruning; ``pruning`` the current round: ``{"round", "sizes", "default", "plan"
     (directions still to walk), "good" (sizes that converged), "best_cost", "trial" (the

@@ -12,11 +12,15 @@ their seeded RNG state, so a restarted daemon continues each job's batch-size se
 
 Bounded memory: a job holds its open trials and at most ``trial_retention`` trial records in
 memory (the newest; a finished trial leaves once its record is durable); older records are read
-from the file when a call names them (a report on an ended trial) or GetJob lists them. The
-observed runs (batch size, reward) stay in memory: Thompson sampling refits each arm from its
-whole (or windowed) history (Zeus NSDI '23 §4.3), 2 numbers per finished run. Stored answers to
+from the file when a call names them (a report on an ended trial) or GetJob pages them
+(:meth:`ZeusRegistry.job_view`). Bounded file: finished trials beyond ``trial_rows_retention``
+lose their rows, in bounded ranges within a later call's own transaction. The observed runs
+(seq, reward) stay in memory per batch size, the newest ``observation_retention`` of each
+(:meth:`BatchSizePolicy.keep`): Thompson sampling refits each arm from them or its window
+(Zeus NSDI '23 §4.3); older ones leave memory and the file together. Stored answers to
 request ids are kept ``request_retention_s`` seconds (a retry within that window gets the
-first answer; after it, the request is a new one).
+first answer; after it, the request is a new one). Caps: a user registers at most
+``max_jobs_per_owner`` jobs (RESOURCE_EXHAUSTED beyond; admins are not capped).
 
 The registry's ``clock`` (wall-clock seconds, :func:`time.time` by default; it must survive a
 restart) stamps suspended trials and decides, at each Predict, which of them are stale
@@ -383,8 +387,9 @@ class ZeusRegistry:
         return JobView(spec, view, count, next_before), power, owner
 
     def trial_records(self, job_id: str, who: Caller) -> list[dict]:
-        """Every trial record of the job, ascending (the file's, with memory's newer ones);
-        NOT_FOUND if unknown or not ``who``'s."""
+        """Every kept trial record of the job, ascending (the file's, with memory's newer
+        ones; up to ``trial_rows_retention`` and the open ones, so for tests and tools: GetJob
+        pages, :meth:`job_view`); NOT_FOUND if unknown or not ``who``'s."""
         with self.lock:
             entry = self._entry(job_id, who)
             held = {n: dict(t) for n, t in entry.job.ledger.held.items()}
@@ -436,6 +441,7 @@ class ZeusRegistry:
             trials = [t for t in trials if t["trial_number"] not in gone]
             for n in gone:
                 ledger.held.pop(n, None)
+                self._row_ticket.pop((job_id, n), None)
         drop_observations = job.policy.take_dropped(DROP_BATCH)
         state = json.dumps(entry.stored(), separators=(",", ":"))
         unchanged = state == entry.__dict__.get("_queued_state")  # (e.g. a report mid-run)
