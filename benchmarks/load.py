@@ -937,7 +937,8 @@ def check_state(address: str, result: LoadResult, timeout_s: float = 600.0) -> S
         for r in runs:
             if not r.latencies_ms.get("zeus_register") or any(e.startswith("zeus_register") for e in r.errors):
                 continue
-            trials = json.loads(admin.get_zeus_job(r.source).state_json)["trials"]
+            trials = [{"trial_number": t.trial_number, "status": t.status}
+                      for t in admin.zeus_trials(r.source)]  # (GetJob pages the trials)
             if len(trials) != r.predictions:
                 problems.append(f"zeus job {r.source}: {len(trials)} trials, {r.predictions} predictions")
                 continue

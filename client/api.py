@@ -313,9 +313,26 @@ class Client:
                                  timeout=self.timeout_s)
 
     @_translate
-    def get_zeus_job(self, job_id: str) -> zeus_pb2.ZeusJob:
-        """The job's spec, owner and optimizer state; NotFound if unknown or another user's."""
-        return self.bso.GetJob(zeus_pb2.GetJobRequest(job_id=job_id), timeout=self.timeout_s)
+    def get_zeus_job(self, job_id: str, page_size: int = 0,
+                     before_trial_number: int = 0) -> zeus_pb2.ZeusJob:
+        """The job's spec, owner and optimizer state with one page of trials: the newest
+        ``page_size`` (0 = 100, at most 1000) numbered below ``before_trial_number`` (0 = from
+        the newest); the reply's ``next_before_trial_number`` asks for the next older page (0:
+        none). NotFound if unknown or another user's."""
+        return self.bso.GetJob(zeus_pb2.GetJobRequest(
+            job_id=job_id, page_size=page_size, before_trial_number=before_trial_number),
+            timeout=self.timeout_s)
+
+    def zeus_trials(self, job_id: str, page_size: int = 1000):
+        """Every kept trial of the job, newest page first (each page ascending), reading page
+        by page (GetJob)."""
+        before = 0
+        while True:
+            page = self.get_zeus_job(job_id, page_size=page_size, before_trial_number=before)
+            yield from page.trials
+            before = page.next_before_trial_number
+            if not before:
+                return
 
     @_translate
     def delete_zeus_job(self, job_id: str) -> None:

@@ -320,7 +320,7 @@ class RecurDriver:
                  f"{job.spec.power.max_power_limit_w:g} W step {job.spec.power.step_w:g}"
                  if job.spec.HasField("power") else "")
         self.echo(f"job {self.job_id}: batch sizes {list(job.spec.batch_sizes)}, default "
-                  f"{job.spec.default_batch_size}, phase {job.phase}, {len(job.trials)} earlier "
+                  f"{job.spec.default_batch_size}, phase {job.phase}, {job.trial_count} earlier "
                   f"trials{power}")
 
     def _predict(self, recurrence: int, attempt: int) -> zeus_pb2.Prediction:
@@ -335,7 +335,8 @@ class RecurDriver:
         raise AssertionError("unreachable")
 
     def _trial(self, trial_number: int) -> zeus_pb2.ZeusTrial:
-        job = self.client.get_zeus_job(self.job_id)
+        job = self.client.get_zeus_job(self.job_id, page_size=1,
+                                       before_trial_number=trial_number + 1)
         for trial in job.trials:
             if trial.trial_number == trial_number:
                 return trial

@@ -199,7 +199,8 @@ def _reconcile_report_epoch(client: "Client", a: dict[str, Any], exc: OffcutErro
         return None  # (the daemon names the offending field first in the details)
     from offcut.v1 import zeus_pb2
 
-    job = client.get_zeus_job(a["job_id"])
+    job = client.get_zeus_job(a["job_id"], page_size=1,  # (the page of that trial)
+                              before_trial_number=int(a["trial_number"]) + 1)
     trial = next((t for t in job.trials if t.trial_number == a["trial_number"]), None)
     if (trial is None or trial.status != "running" or trial.epochs != a["epoch"]
             or trial.time_s != a["time_s"] or trial.energy_j != a["energy_j"]):

@@ -297,8 +297,30 @@ class DaemonConfig(BaseModel):
                             "kill -9, about 1 ms per event faster")
     zeus_trial_retention: int = Field(1000, ge=0, le=1_000_000, description=(
         "trial records a Zeus job keeps in memory, 0 to 1,000,000: its open trials and the "
-        "newest finished ones; older finished trials stay in the state file (GetJob lists "
-        "them, a report naming one reads it); the optimizer's decisions do not depend on it"))
+        "newest finished ones; older finished trials stay in the state file for "
+        "zeus_trial_rows_retention (GetJob pages them, a report naming one reads it); the "
+        "optimizer's decisions do not depend on it"))
+    zeus_trial_rows_retention: int = Field(10_000, ge=1, le=10_000_000, description=(
+        "trial records a Zeus job keeps in the state file, 1 to 10,000,000 (at least "
+        "zeus_trial_retention): its open trials and the finished ones among its newest this "
+        "many; older finished trials are deleted (in batches of at most 1,000 rows, in the "
+        "transaction of a later call on the job): GetJob no longer lists them and a report "
+        "naming one is NOT_FOUND. The optimizer never reads trial records, so its decisions do "
+        "not depend on it"))
+    zeus_observation_retention: int = Field(10_000, ge=100, le=10_000_000, description=(
+        "observed runs a Zeus job keeps per batch size (memory and state file), 100 to "
+        "10,000,000: Thompson sampling fits each batch size to its newest this many runs "
+        "(never fewer than the job's window_size or mab_num_explorations); decisions are "
+        "unchanged for a job with a window_size up to it and for every batch size with no more "
+        "runs; older runs' rows are deleted with a later call on the job; docs/operations.md"))
+    max_zeus_jobs_per_owner: int = Field(1000, ge=1, le=1_000_000, description=(
+        "Zeus jobs one owner may have registered, 1 to 1,000,000; one more RegisterJob is "
+        "RESOURCE_EXHAUSTED (registering an identical spec again still answers); admins are "
+        "not capped (docs/security.md)"))
+    max_active_tasks_per_owner: int = Field(10_000, ge=1, le=10_000_000, description=(
+        "queued and running tasks one owner may have, 1 to 10,000,000; one more SubmitTask "
+        "from a user is RESOURCE_EXHAUSTED (a retried request id still gets its stored "
+        "reply); admins are not capped (docs/security.md)"))
     zeus_request_retention_s: float = Field(7 * 86400.0, ge=3600, le=3650 * 86400.0, description=(
         "seconds a stored answer to a Zeus request id (Predict, ResumeTrial) is kept, 1 hour "
         "to 10 years: a retry within it gets the first answer, a later one is a new request; "
@@ -372,6 +394,15 @@ class DaemonConfig(BaseModel):
                                description="the Slurm launcher's site settings")
     power: PowerConfig = Field(default_factory=PowerConfig,
                                description="power figures of the nodes (energy objectives)")
+
+    @model_validator(mode="after")
+    def _check_zeus_rows(self) -> "DaemonConfig":
+        if self.zeus_trial_rows_retention < self.zeus_trial_retention:
+            raise ValueError(
+                f"zeus_trial_rows_retention ({self.zeus_trial_rows_retention}) must be at least "
+                f"zeus_trial_retention ({self.zeus_trial_retention}): records held in memory "
+                "stay in the state file")
+        return self
 
     @model_validator(mode="after")
     def _merge_policy_alias(self) -> "DaemonConfig":

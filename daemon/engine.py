@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from offcut.errors import FailedPrecondition, NotFound, OffcutError
+from offcut.errors import FailedPrecondition, NotFound, OffcutError, ResourceExhausted
 from offcut.daemon.decision_times import DecisionTimes
 from offcut.daemon.scheduler import Outcome, Scheduler, SolveRecord
 from offcut.daemon.model import (CancelEvent, Event, Limits, NodeEvent, ObjectiveSettings,
@@ -76,6 +76,8 @@ class Engine:
             stored setting).
         task_archive_retention_s: how long an archived task is kept after it finished [s]
             (pruned at each snapshot; inf: for ever).
+        max_active_tasks_per_owner: the most unfinished (queued, admitted, running) tasks of
+            one owner when a ``capped`` caller submits (:meth:`apply`; None: no cap).
         journal_retention_s: how long journal rows are kept [s of event clock]: the window
             in which a repeated request id or ``(source, seq)`` is answered from the journal
             and ``ExportHistory`` reaches back (compacted at each snapshot; inf: for ever).
@@ -90,8 +92,11 @@ class Engine:
                  max_failed_generations: int | None = None,
                  finished_task_retention_s: float | None = None,
                  task_archive_retention_s: float = float("inf"),
-                 journal_retention_s: float = float("inf")):
+                 journal_retention_s: float = float("inf"),
+                 max_active_tasks_per_owner: int | None = None):
         self.store = store
+        #: unfinished tasks one owner may have when a capped caller submits (None: no cap)
+        self.max_active_tasks_per_owner = max_active_tasks_per_owner
         self.task_archive_retention_s = float(task_archive_retention_s)
         self.journal_retention_s = float(journal_retention_s)
         self._fresh_retention_s = finished_task_retention_s
@@ -181,7 +186,7 @@ class Engine:
 
     # ------------------------------------------------------------------ events
     def apply(self, event: Event, *, stamp: bool = False, caller: str = LOCAL_CALLER,
-              sees_all: bool = True) -> Reply:
+              sees_all: bool = True, capped: bool = False) -> Reply:
         """Apply ``event``; return its :class:`Reply` (``duplicate`` set when a repeated
         ``(source, seq)``, or a request id ``caller`` sent before for this kind of event, is
         answered from the journal).
@@ -191,8 +196,12 @@ class Engine:
         (:mod:`offcut.daemon.event_times`) stay in the order they are applied.
         ``caller``: who sends it (the idempotency namespace of its request id); ``sees_all``:
         the caller may see every task (a reply stored by an earlier release, whose request ids
-        shared one namespace, answers only a caller who may see all its tasks). Raises
-        :class:`OffcutError` for rejected events (state unchanged).
+        shared one namespace, answers only a caller who may see all its tasks). ``capped``: a
+        submission is refused (ResourceExhausted naming ``max_active_tasks_per_owner``) when
+        its owner already has that many unfinished tasks; checked after a repeated request id
+        was answered and before anything changes, under the lock (never when the journal is
+        re-applied: rows met the cap of their time). Raises :class:`OffcutError` for rejected
+        events (state unchanged).
         """
         with self.lock:
             if self.closed:
@@ -200,6 +209,8 @@ class Engine:
             reply = self._stored_reply(event, caller, sees_all)
             if reply is not None:
                 return reply
+            if capped and isinstance(event, SubmitEvent):
+                self._check_owner_cap(event.owner)
             if stamp and self.scheduler.clock is not None and event.time < self.scheduler.clock:
                 event = dataclasses.replace(event, time=self.scheduler.clock)
             try:
@@ -229,6 +240,17 @@ class Engine:
                     placements=reply.decision.placements,
                     owners=self._owners(reply.decision.placements)))
             return reply
+
+    def _check_owner_cap(self, owner: str) -> None:
+        """ResourceExhausted (field ``max_active_tasks_per_owner``) when ``owner`` has as many
+        unfinished tasks as the cap allows (call under the lock)."""
+        cap = self.max_active_tasks_per_owner
+        held = self.scheduler.active_owners.get(owner, 0)
+        if cap is not None and held >= cap:
+            raise ResourceExhausted(
+                f"owner {owner!r} has {held} queued or running tasks, the most this daemon "
+                f"allows ({cap}); cancel some or wait until they finish",
+                "max_active_tasks_per_owner")
 
     def _refuse_archived(self, event: Event, exc: NotFound) -> None:
         """FAILED_PRECONDITION instead of ``exc`` when the event names a task that finished

@@ -26,6 +26,7 @@ import time
 
 from offcut.daemon import protocol
 from offcut.daemon.replies import Reply
+from offcut.daemon.store import put_zeus_observations, put_zeus_trials
 from offcut.daemon.zeus.bso import Prediction, Resumed
 from offcut.daemon.zeus.registry import RESUME_KEY, stored_answer
 from offcut.v1 import decision_pb2, tasks_pb2
@@ -110,11 +111,9 @@ def upgrade_2_to_3(db: sqlite3.Connection, now: float | None = None) -> None:
         summary, trials, observations = split_zeus_job(json.loads(text))
         db.execute("UPDATE zeus_state SET state = ? WHERE kind = 'bso' AND job_id = ?",
                    (json.dumps(summary, separators=(",", ":")), job_id))
-        db.executemany("INSERT OR REPLACE INTO zeus_trials VALUES (?, ?, ?, ?, ?)",
-                       [(job_id, t["trial_number"], t["batch_size"], t["status"],
-                         json.dumps(t, separators=(",", ":"))) for t in trials])
-        db.executemany("INSERT OR REPLACE INTO zeus_observations VALUES (?, ?, ?, ?)",
-                       [(job_id, seq, b, r) for seq, (b, r) in enumerate(observations)])
+        put_zeus_trials(db, job_id, trials)
+        put_zeus_observations(db, job_id, [(seq, b, r) for seq, (b, r) in
+                                           enumerate(observations)])
 
 
 #: the upgrades offcutd applies when it opens an older state file (``Store(upgrades=...)``)

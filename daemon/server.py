@@ -303,14 +303,18 @@ class OffcutServer:
                              max_failed_generations=config.max_failed_generations,
                              finished_task_retention_s=config.finished_task_retention_s,
                              task_archive_retention_s=config.task_archive_retention_s,
-                             journal_retention_s=config.journal_retention_s)
+                             journal_retention_s=config.journal_retention_s,
+                             max_active_tasks_per_owner=config.max_active_tasks_per_owner)
         # The Zeus optimizers keep their own connection to the state file: their transactions
         # must not interleave with the engine's on one connection (SQLite serialises writers).
         self.zeus_store = Store(config.state, durability=config.durability)
         undo.callback(self.zeus_store.close)
         self.zeus = ZeusRegistry(self.zeus_store, limits,
                                  trial_retention=config.zeus_trial_retention,
-                                 request_retention_s=config.zeus_request_retention_s)
+                                 request_retention_s=config.zeus_request_retention_s,
+                                 trial_rows_retention=config.zeus_trial_rows_retention,
+                                 observation_retention=config.zeus_observation_retention,
+                                 max_jobs_per_owner=config.max_zeus_jobs_per_owner)
 
     def start(self) -> None:
         """Start serving (and the metrics endpoint when configured); marks every service

@@ -251,7 +251,9 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
     def SubmitTask(self, request, context):
         """Validate the spec (INVALID_ARGUMENT naming ``spec.<field>``), queue the task, re-allocate.
         A user submits as themselves (another ``owner`` is PERMISSION_DENIED); a
-        ``spec.zeus_job_id`` must name a Zeus job the task's owner may act on (NOT_FOUND)."""
+        ``spec.zeus_job_id`` must name a Zeus job the task's owner may act on (NOT_FOUND). A
+        user's submission over ``max_active_tasks_per_owner`` is RESOURCE_EXHAUSTED (admins
+        are not capped; docs/security.md)."""
         who = self.auth.of(context)
         owner = request.owner
         if self.auth.enabled and owner != who.user:
@@ -264,7 +266,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
             event = dataclasses.replace(event, owner=owner)
         self._check_zeus_job(event.spec.zeus_job_id, event.owner)
         event, stamp = self.times.place(event, now, who)
-        reply = self.engine.apply(event, stamp=stamp, **_caller(who))
+        reply = self.engine.apply(event, stamp=stamp, capped=not who.is_admin, **_caller(who))
         if reply.tasks[0].owner != who.user and not who.is_admin:  # someone else's request id
             raise PermissionDenied("belongs to another user's submission", "request_id")
         return tasks_pb2.SubmitTaskResponse(task=protocol.task_to_pb(reply.tasks[0]),

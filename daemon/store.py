@@ -703,15 +703,35 @@ class Store:
     def zeus_load(self) -> list[tuple[str, str, int, dict[str, Any]]]:
         """Every stored optimizer object's summary as ``(kind, job_id, batch_size, state)``
         (a job's trials and observed runs: :meth:`zeus_trial_records`,
-        :meth:`zeus_observations`)."""
+        :meth:`zeus_observation_rows`)."""
         return [(kind, job_id, bs, json.loads(state)) for kind, job_id, bs, state in
                 self.db.execute("SELECT kind, job_id, batch_size, state FROM zeus_state")]
 
-    def zeus_observations(self, job_id: str) -> list[tuple[int, float]]:
-        """The job's observed runs ``(batch size, reward = -cost [J])`` in order."""
-        return [(int(b), float(r)) for b, r in self._read(
-            "SELECT batch_size, reward FROM zeus_observations WHERE job_id = ? ORDER BY seq",
-            (job_id,))]
+    def zeus_observation_rows(self, job_id: str) -> list[tuple[int, int, float]]:
+        """The job's kept observed runs ``(seq, batch size, reward = -cost [J])`` by seq."""
+        return [(int(s), int(b), float(r)) for s, b, r in self._read(
+            "SELECT seq, batch_size, reward FROM zeus_observations WHERE job_id = ? "
+            "ORDER BY seq", (job_id,))]
+
+    def zeus_trial_page(self, job_id: str, before: int, limit: int) -> list[dict[str, Any]]:
+        """The stored records of the job's ``limit`` newest trials numbered below ``before``,
+        newest first (by primary key: O(limit))."""
+        return [json.loads(r) for r, in self._read(
+            "SELECT record FROM zeus_trials WHERE job_id = ? AND trial_number < ? "
+            "ORDER BY trial_number DESC LIMIT ?", (job_id, int(before), max(0, int(limit))))]
+
+    def zeus_first_finished_trial(self, job_id: str) -> int | None:
+        """The lowest number of the job's stored finished trials (None: none)."""
+        rows = self._read("SELECT trial_number FROM zeus_trials WHERE job_id = ? AND status "
+                          "NOT IN ('running', 'suspended') ORDER BY trial_number LIMIT 1",
+                          (job_id,))
+        return int(rows[0][0]) if rows else None
+
+    def zeus_trial_batch_sizes(self, job_id: str) -> set[int]:
+        """The batch sizes of the job's stored trials (read once, for summaries stored before
+        they listed them)."""
+        return {int(b) for b, in self._read(
+            "SELECT DISTINCT batch_size FROM zeus_trials WHERE job_id = ?", (job_id,))}
 
     def zeus_trial_records(self, job_id: str, last: int | None = None) -> list[dict[str, Any]]:
         """The job's trial records ascending by number: all (``last`` None), or the open ones
@@ -735,11 +755,6 @@ class Store:
         rows = self._read("SELECT record FROM zeus_trials WHERE job_id = ? AND "
                                "trial_number = ?", (job_id, int(trial_number)))
         return json.loads(rows[0][0]) if rows else None
-
-    def zeus_has_trial(self, job_id: str, batch_size: int) -> bool:
-        """Whether a trial of ``batch_size`` was ever stored for the job."""
-        return bool(self._read("SELECT 1 FROM zeus_trials WHERE job_id = ? AND "
-                                    "batch_size = ? LIMIT 1", (job_id, int(batch_size))))
 
     def zeus_response(self, request_id: str, job_id: str | None = None) -> bytes | None:
         """The stored reply to the Zeus call with ``request_id`` (a key of
@@ -767,14 +782,22 @@ class Store:
                     self.db.execute("INSERT OR REPLACE INTO zeus_state VALUES (?, ?, ?, ?)",
                                     (w.kind, w.job_id, w.batch_size, state))
                 if w.trials:
-                    self.db.executemany(
-                        "INSERT OR REPLACE INTO zeus_trials VALUES (?, ?, ?, ?, ?)",
-                        [(w.job_id, t["trial_number"], t["batch_size"], t["status"],
-                          json.dumps(t, separators=(",", ":"))) for t in w.trials])
+                    put_zeus_trials(self.db, w.job_id, w.trials)
                 if w.observations:
+                    put_zeus_observations(self.db, w.job_id, w.observations)
+                if w.prune_trials is not None:  # (a bounded range of the primary key)
+                    self.db.execute(
+                        "DELETE FROM zeus_trials WHERE job_id = ? AND trial_number BETWEEN ? "
+                        "AND ? AND status NOT IN ('running', 'suspended')",
+                        (w.job_id, *w.prune_trials))
+                if w.drop_trials:
                     self.db.executemany(
-                        "INSERT OR REPLACE INTO zeus_observations VALUES (?, ?, ?, ?)",
-                        [(w.job_id, seq, b, r) for seq, b, r in w.observations])
+                        "DELETE FROM zeus_trials WHERE job_id = ? AND trial_number = ?",
+                        [(w.job_id, int(n)) for n in w.drop_trials])
+                if w.drop_observations:
+                    self.db.executemany(
+                        "DELETE FROM zeus_observations WHERE job_id = ? AND seq = ?",
+                        [(w.job_id, int(s)) for s in w.drop_observations])
                 if w.request_id:
                     self.db.execute("INSERT OR REPLACE INTO zeus_requests VALUES (?, ?, ?, ?)",
                                     (w.request_id, w.job_id, w.response, w.created_at))
@@ -796,13 +819,31 @@ class Store:
         self.db.close()
 
 
+def put_zeus_trials(db: sqlite3.Connection, job_id: str, trials: Iterable[dict[str, Any]]
+                    ) -> None:
+    """Write (insert or replace) ``zeus_trials`` rows of ``job_id``'s trial records: the one
+    row format, shared by :meth:`Store.zeus_write` and the format upgrade
+    (:func:`offcut.daemon.migrations.upgrade_2_to_3`)."""
+    db.executemany("INSERT OR REPLACE INTO zeus_trials VALUES (?, ?, ?, ?, ?)",
+                   [(job_id, int(t["trial_number"]), int(t["batch_size"]), t["status"],
+                     json.dumps(t, separators=(",", ":"))) for t in trials])
+
+
+def put_zeus_observations(db: sqlite3.Connection, job_id: str,
+                          observations: Iterable[tuple[int, int, float]]) -> None:
+    """Write (insert or replace) ``zeus_observations`` rows of ``job_id``'s observed runs
+    ``(seq, batch size, reward = -cost [J])``: shared like :func:`put_zeus_trials`."""
+    db.executemany("INSERT OR REPLACE INTO zeus_observations VALUES (?, ?, ?, ?)",
+                   [(job_id, int(seq), int(b), float(r)) for seq, b, r in observations])
+
+
 @dataclass
 class ZeusWrite:
     """The rows one Zeus call changes (:meth:`Store.zeus_write`): the object's summary
     (``state``, a dict or its JSON text; None = unchanged) under ``(kind, job_id, batch_size)``, the job's trial
     records that changed (each replaces its row), its newly observed runs ``(seq, batch
-    size, reward = -cost [J])`` and the answer to ``request_id`` stored at ``created_at`` [s,
-    wall clock]."""
+    size, reward = -cost [J])``, the answer to ``request_id`` stored at ``created_at`` [s,
+    wall clock], and the rows its retention deletes (in the same transaction)."""
 
     kind: str
     job_id: str
@@ -813,3 +854,8 @@ class ZeusWrite:
     request_id: str | None = None
     response: bytes | None = None
     created_at: float = 0.0
+    #: retention (docs/operations.md): delete the finished trials numbered in this inclusive
+    #: range, the trials numbered here, and the observed runs of these seqs
+    prune_trials: tuple[int, int] | None = None
+    drop_trials: list[int] = field(default_factory=list)
+    drop_observations: list[int] = field(default_factory=list)

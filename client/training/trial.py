@@ -195,6 +195,10 @@ class ZeusTrial:
 
     def _continue(self, job: zeus_pb2.ZeusJob, trial_number: int, request_id: str) -> None:
         trial = next((t for t in job.trials if t.trial_number == trial_number), None)
+        if trial is None and trial_number > 0:  # (GetJob pages: an older trial, by number)
+            page = self.client.get_zeus_job(self.job_id, page_size=1,
+                                            before_trial_number=trial_number + 1)
+            trial = next((t for t in page.trials if t.trial_number == trial_number), None)
         if trial is None:
             raise NotFound(f"job {self.job_id!r} has no trial {trial_number}", "trial_number")
         if trial.status == "suspended":  # a previous process of this run was interrupted

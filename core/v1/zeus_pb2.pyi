@@ -95,7 +95,7 @@ class ZeusTrial(_message.Message):
     def __init__(self, trial_number: _Optional[int] = ..., batch_size: _Optional[int] = ..., status: _Optional[str] = ..., epochs: _Optional[int] = ..., time_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., cost_j: _Optional[float] = ..., generation: _Optional[int] = ..., interruptions: _Optional[int] = ...) -> None: ...
 
 class ZeusJob(_message.Message):
-    __slots__ = ("spec", "phase", "best_batch_size", "min_cost_j", "trials", "state_json", "owner")
+    __slots__ = ("spec", "phase", "best_batch_size", "min_cost_j", "trials", "state_json", "owner", "next_before_trial_number", "trial_count")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     BEST_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,8 @@ class ZeusJob(_message.Message):
     TRIALS_FIELD_NUMBER: _ClassVar[int]
     STATE_JSON_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    NEXT_BEFORE_TRIAL_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    TRIAL_COUNT_FIELD_NUMBER: _ClassVar[int]
     spec: BatchSizeJobSpec
     phase: str
     best_batch_size: int
@@ -110,7 +112,9 @@ class ZeusJob(_message.Message):
     trials: _containers.RepeatedCompositeFieldContainer[ZeusTrial]
     state_json: str
     owner: str
-    def __init__(self, spec: _Optional[_Union[BatchSizeJobSpec, _Mapping]] = ..., phase: _Optional[str] = ..., best_batch_size: _Optional[int] = ..., min_cost_j: _Optional[float] = ..., trials: _Optional[_Iterable[_Union[ZeusTrial, _Mapping]]] = ..., state_json: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
+    next_before_trial_number: int
+    trial_count: int
+    def __init__(self, spec: _Optional[_Union[BatchSizeJobSpec, _Mapping]] = ..., phase: _Optional[str] = ..., best_batch_size: _Optional[int] = ..., min_cost_j: _Optional[float] = ..., trials: _Optional[_Iterable[_Union[ZeusTrial, _Mapping]]] = ..., state_json: _Optional[str] = ..., owner: _Optional[str] = ..., next_before_trial_number: _Optional[int] = ..., trial_count: _Optional[int] = ...) -> None: ...
 
 class PredictRequest(_message.Message):
     __slots__ = ("job_id", "request_id", "generation")
@@ -233,10 +237,14 @@ class DeleteJobResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class GetJobRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "page_size", "before_trial_number")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_TRIAL_NUMBER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    page_size: int
+    before_trial_number: int
+    def __init__(self, job_id: _Optional[str] = ..., page_size: _Optional[int] = ..., before_trial_number: _Optional[int] = ...) -> None: ...
 
 class PowerPlanRequest(_message.Message):
     __slots__ = ("job_id", "batch_size")

@@ -19,6 +19,7 @@ class TaskLifecycle:
         self.next_task_number += 1
         self.tasks[task.task_id] = task
         self.active[task.task_id] = task
+        self.active_owners[task.owner] += 1
         if event.spec.reports:
             task.learner = TaskLearner()
         out.task_id = task.task_id
@@ -114,6 +115,11 @@ class TaskLifecycle:
         task.state = state
         task.finish_time = t
         del self.active[task.task_id]
+        left = self.active_owners[task.owner] - 1
+        if left > 0:
+            self.active_owners[task.owner] = left
+        else:
+            del self.active_owners[task.owner]
         self.finished.append((t, task.task_id))
         self._objective.pop(task.task_id, None)
         out.placements.append(self._change(task, state.value, before, t))

@@ -4,7 +4,7 @@ persistence (snapshots, docs/architecture.md §6) and the step-log figures."""
 from __future__ import annotations
 
 import itertools
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict
 from typing import Any
 
@@ -59,6 +59,7 @@ class SchedulerState:
         self.holder: dict[str, str] = {}        # idle node -> task id holding it
         self.tasks: dict[str, Task] = {}        # submit order
         self.active: dict[str, Task] = {}       # unfinished tasks, submit order
+        self.active_owners: Counter[str] = Counter()  # owner -> its tasks in ``active``
         #: (finish time [s], task id) of the finished tasks still in ``tasks``, oldest first
         self.finished: deque[tuple[float, str]] = deque()
         #: ids of the tasks that may have changed, and of those retired, since the last
@@ -177,6 +178,7 @@ class SchedulerState:
         core.pool = dict(d["pool"])
         core.tasks = {t["task_id"]: Task.from_dict(t) for t in d["tasks"]}
         core.active = {k: t for k, t in core.tasks.items() if not t.state.finished}
+        core.active_owners = Counter(t.owner for t in core.active.values())
         core.finished = deque(sorted((t.finish_time or 0.0, k) for k, t in core.tasks.items()
                                      if t.state.finished))
         core.holder = {n: t.task_id for t in core.tasks.values() for n in t.nodes}

@@ -270,16 +270,19 @@ class BatchSizeJob:
         if self._spec_dict is None:
             self._spec_dict = self.spec.to_dict()  # (the spec is frozen)
         return {"spec": self._spec_dict, "rng": self.rng.bit_generator.state,
-                "trial_count": self.ledger.count, **self.policy.summary()}
+                "trial_count": self.ledger.count, "predicted": sorted(self.ledger.predicted),
+                **self.policy.summary()}
 
     @classmethod
     def from_parts(cls, summary: dict[str, Any], observations: list[tuple[int, float]],
                    trials: list[dict[str, Any]]) -> "BatchSizeJob":
-        """The job of a :meth:`summary`, its observed runs ``(batch size, reward = -cost
-        [J])`` in order and the trial records to hold in memory (any subset that includes
+        """The job of a :meth:`summary`, its observed runs (``(batch size, reward = -cost
+        [J])`` in order, or the state file's ``(seq, batch size, reward)`` rows) and the trial
+        records to hold in memory (any subset that includes
         every open trial)."""
         job = cls.from_dict({**summary, "observations": observations, "trials": trials})
         job.ledger.count = max(job.ledger.count, int(summary["trial_count"]))
+        job.ledger.predicted.update(int(b) for b in summary.get("predicted", ()))
         return job
 
     def state(self) -> dict[str, Any]:

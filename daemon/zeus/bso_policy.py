@@ -25,28 +25,38 @@ if TYPE_CHECKING:  # (bso imports this module)
     from offcut.daemon.zeus.bso import BatchSizeJobSpec
 
 PRUNING, MAB, EXHAUSTED = "pruning", "mab", "exhausted"
+#: an arm's runs beyond its retention are dropped from memory (and their rows from the state
+#: file) once this many more have accumulated: amortised, in batches of this size
+TRIM_BATCH = 1000
 
 
 class BatchSizePolicy:
     """Pruning, Thompson sampling and the early-stopping bound of one job.
 
     Attributes (persisted by :class:`offcut.daemon.zeus.bso.BatchSizeJob`): ``rng`` (seeded
-    from ``spec.seed``), ``observations`` [(batch size, reward = -cost [J])] of every finished
-    run observed, in order (kept as packed arrays, 24 bytes per run, with each batch size's
-    rewards apart, so a Thompson sample costs O(arms + that arm's history) and never scans
-    every run: the same numbers in the same order as filtering the list, so the same floats); ``min_cost`` [J] the lowest cost of a converged run (None: none);
+    from ``spec.seed``), ``observations`` [(batch size, reward = -cost [J])] of the finished
+    runs observed, in order (kept as packed arrays per batch size, seq and reward, 16 bytes per
+    run, so a Thompson sample costs O(arms + that arm's history) and never scans every run:
+    the same numbers in the same order as filtering the list, so the same floats; with a
+    ``retention`` only each arm's newest :meth:`keep` runs are read, and older ones dropped); ``min_cost`` [J] the lowest cost of a converged run (None: none);
     ``best_batch_size`` its batch size (the default before); ``phase``; ``arms`` the survivors
     of pruning; ``pruning`` the current round: ``{"round", "sizes", "default", "plan"
     (directions still to walk), "good" (sizes that converged), "best_cost", "trial" (the
     trial it waits for, or None)}``.
     """
 
-    def __init__(self, spec: "BatchSizeJobSpec"):
+    def __init__(self, spec: "BatchSizeJobSpec", retention: int | None = None):
         self.spec = spec
         self.rng = np.random.default_rng(spec.seed)
-        self._sizes = array("q")  # every observed run's batch size, in order
-        self._rewards = array("d")  # ... and its reward (-cost [J])
-        self._by_arm: dict[int, array] = {}  # batch size -> its rewards, in order
+        #: runs kept per arm (None: all): never fewer than the window and the explorations,
+        #: so a windowed job's decisions never depend on it (:meth:`keep`)
+        self.retention = retention
+        self._count = 0  # runs ever observed (the next run's seq)
+        self._by_arm: dict[int, array] = {}  # batch size -> its kept rewards, in order
+        self._seqs: dict[int, array] = {}  # batch size -> the seqs of those rewards
+        #: seqs of runs dropped from memory whose rows are not deleted yet (the registry
+        #: takes them into its next write: :meth:`take_dropped`)
+        self.dropped: list[int] = []
         self._posteriors: dict[int, tuple[float, float]] = {}  # arm -> cached _posterior
         self.min_cost: float | None = None
         self.best_batch_size = spec.default_batch_size
@@ -56,25 +66,63 @@ class BatchSizePolicy:
         self._start_round(0, list(spec.batch_sizes), spec.default_batch_size)
 
     # ------------------------------------------------------------------ observed runs
+    def keep(self) -> int | None:
+        """Runs of an arm that Thompson sampling reads: ``retention``, at least the window and
+        ``mab_num_explorations`` (None: every run)."""
+        if self.retention is None:
+            return None
+        return max(int(self.retention), self.spec.window_size or 0,
+                   self.spec.mab_num_explorations)
+
+    def _kept(self) -> list[tuple[int, int, float]]:
+        """(seq, batch size, reward) of every run in memory, by seq."""
+        rows = [(int(s), arm, float(r)) for arm, rewards in self._by_arm.items()
+                for s, r in zip(self._seqs[arm], rewards)]
+        return sorted(rows)
+
     @property
     def observations(self) -> list[tuple[int, float]]:
-        """(batch size, reward = -cost [J]) of every observed run, in order (a new list)."""
-        return list(zip(map(int, self._sizes), map(float, self._rewards)))
+        """(batch size, reward = -cost [J]) of every observed run still kept (all of them
+        unless an arm has more than :meth:`keep`), in order (a new list)."""
+        return [(b, r) for _, b, r in self._kept()]
 
     @property
     def observed(self) -> int:
-        """How many runs were observed."""
-        return len(self._sizes)
+        """How many runs were observed (ever)."""
+        return self._count
 
-    def observations_since(self, start: int) -> list[tuple[int, float]]:
-        """The observed runs from index ``start`` on (what a call added)."""
-        return list(zip(map(int, self._sizes[start:]), map(float, self._rewards[start:])))
+    def observations_since(self, start: int) -> list[tuple[int, int, float]]:
+        """``(seq, batch size, reward)`` of the runs observed from seq ``start`` on (what a
+        call added; O(arms + those runs))."""
+        rows = []
+        for arm, seqs in self._seqs.items():
+            i = len(seqs)
+            while i and seqs[i - 1] >= start:
+                i -= 1
+            rewards = self._by_arm[arm]
+            rows.extend((int(seqs[j]), arm, float(rewards[j])) for j in range(i, len(seqs)))
+        return sorted(rows)
 
-    def _record(self, batch_size: int, reward: float) -> None:
-        self._sizes.append(int(batch_size))
-        self._rewards.append(float(reward))
-        self._by_arm.setdefault(int(batch_size), array("d")).append(float(reward))
-        self._posteriors.pop(int(batch_size), None)
+    def take_dropped(self, limit: int) -> list[int]:
+        """Up to ``limit`` seqs of dropped runs whose rows are to be deleted (removed from
+        :attr:`dropped`)."""
+        taken, self.dropped = self.dropped[:limit], self.dropped[limit:]
+        return taken
+
+    def _record(self, batch_size: int, reward: float, seq: int | None = None) -> None:
+        arm = int(batch_size)
+        seq = self._count if seq is None else int(seq)
+        self._count = max(self._count, seq + 1)
+        self._by_arm.setdefault(arm, array("d")).append(float(reward))
+        seqs = self._seqs.setdefault(arm, array("q"))
+        seqs.append(seq)
+        self._posteriors.pop(arm, None)
+        keep = self.keep()
+        if keep is not None and len(seqs) >= keep + TRIM_BATCH:
+            cut = len(seqs) - keep  # (only runs no decision reads any more: arm_rewards)
+            self.dropped.extend(seqs[:cut])
+            del seqs[:cut]
+            del self._by_arm[arm][:cut]
 
     # ------------------------------------------------------------------ choosing
     def choose(self) -> tuple[int, bool]:
@@ -172,20 +220,24 @@ class BatchSizePolicy:
 
     # ------------------------------------------------------------------ Thompson sampling
     def arm_rewards(self, arm: int) -> np.ndarray:
-        """Rewards (-cost [J]) of ``arm``'s runs, the last ``window_size`` when windowed (a
-        new array, float64, in the order observed)."""
+        """Rewards (-cost [J]) of ``arm``'s runs, the last ``window_size`` when windowed, else
+        the last :meth:`keep` (a new array, float64, in the order observed)."""
         rewards = self._by_arm.get(int(arm))
         if rewards is None:
             return np.asarray([], dtype=float)
-        if self.spec.window_size:
-            rewards = rewards[-self.spec.window_size:]
+        window = self.spec.window_size or self.keep()
+        if window:
+            rewards = rewards[-window:]
         return np.frombuffer(rewards, dtype=float).copy() if len(rewards) else \
             np.asarray([], dtype=float)
 
     def arm_runs(self, arm: int) -> int:
-        """How many runs of ``arm`` were observed (all, not only the window)."""
+        """How many runs of ``arm`` were observed (all, not only the window), counted up to
+        :meth:`keep` (>= ``mab_num_explorations``, the only number it is compared with)."""
         rewards = self._by_arm.get(int(arm))
-        return 0 if rewards is None else len(rewards)
+        n = 0 if rewards is None else len(rewards)
+        keep = self.keep()
+        return n if keep is None else min(n, keep)
 
     def _posterior(self, rewards: np.ndarray) -> tuple[float, float]:
         """(mean, precision) of an arm's expected reward: the conjugate Gaussian update with
@@ -234,11 +286,16 @@ class BatchSizePolicy:
 
     def restore(self, d: dict[str, Any]) -> None:
         """Take the fields of :meth:`to_dict` from ``d``, as copies (the RNG's state is the
-        job's to restore: it comes first in the stored form)."""
-        self._sizes, self._rewards, self._by_arm = array("q"), array("d"), {}
+        job's to restore: it comes first in the stored form). ``d["observations"]`` holds
+        ``(batch size, reward)`` pairs (seqs 0, 1, ...) or the state file's ``(seq, batch
+        size, reward)`` rows."""
+        self._count, self._by_arm, self._seqs, self.dropped = 0, {}, {}, []
         self._posteriors = {}
-        for b, r in d["observations"]:
-            self._record(int(b), float(r))
+        for i, row in enumerate(d["observations"]):
+            if len(row) == 3:
+                self._record(int(row[1]), float(row[2]), int(row[0]))
+            else:
+                self._record(int(row[0]), float(row[1]), i)
         self.min_cost = d["min_cost"]
         self.best_batch_size = d["best_batch_size"]
         self.phase = d["phase"]

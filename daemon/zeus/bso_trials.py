@@ -93,6 +93,8 @@ class TrialLedger:
         self._suspended: set[int] = set()  # (may hold numbers no longer suspended: stale())
         self.touched: set[int] = set()
         self.loader: Callable[[int], dict[str, Any] | None] | None = None
+        #: batch sizes ever predicted (a power profile may only be asked for one of them)
+        self.predicted: set[int] = set()
 
     @property
     def trials(self) -> list[dict[str, Any]]:
@@ -104,6 +106,7 @@ class TrialLedger:
     def trials(self, records: list[dict[str, Any]]) -> None:
         self.held = {int(t["trial_number"]): t for t in records}
         self.count = max(self.held, default=0)
+        self.predicted = {int(t["batch_size"]) for t in records}
         self._suspended = {n for n, t in self.held.items() if t["status"] == SUSPENDED}
 
     # ------------------------------------------------------------------ records
@@ -116,6 +119,7 @@ class TrialLedger:
                              "generation": generation, "interruptions": 0, "suspended_at": None}
         self.count = number
         self.touched.add(number)
+        self.predicted.add(int(batch_size))
         return number
 
     def get(self, trial_number: int) -> dict[str, Any]:
@@ -130,6 +134,9 @@ class TrialLedger:
             trial = self.loader(trial_number)
             if trial is not None:
                 return self.restore([trial])[0]
+            raise NotFound(f"trial {trial_number} of job {self.spec.job_id!r} ended and its "
+                           "record is no longer kept (zeus_trial_rows_retention)",
+                           "trial_number")
         raise NotFound(f"job {self.spec.job_id!r} has no trial {trial_number}", "trial_number")
 
     def evict(self, keep: int, durable: Callable[[int], bool] | None = None) -> list[int]:

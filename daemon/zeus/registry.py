@@ -12,11 +12,15 @@ their seeded RNG state, so a restarted daemon continues each job's batch-size se
 
 Bounded memory: a job holds its open trials and at most ``trial_retention`` trial records in
 memory (the newest; a finished trial leaves once its record is durable); older records are read
-from the file when a call names them (a report on an ended trial) or GetJob lists them. The
-observed runs (batch size, reward) stay in memory: Thompson sampling refits each arm from its
-whole (or windowed) history (Zeus NSDI '23 §4.3), 2 numbers per finished run. Stored answers to
+from the file when a call names them (a report on an ended trial) or GetJob pages them
+(:meth:`ZeusRegistry.job_view`). Bounded file: finished trials beyond ``trial_rows_retention``
+lose their rows, in bounded ranges within a later call's own transaction. The observed runs
+(seq, reward) stay in memory per batch size, the newest ``observation_retention`` of each
+(:meth:`BatchSizePolicy.keep`): Thompson sampling refits each arm from them or its window
+(Zeus NSDI '23 §4.3); older ones leave memory and the file together. Stored answers to
 request ids are kept ``request_retention_s`` seconds (a retry within that window gets the
-first answer; after it, the request is a new one).
+first answer; after it, the request is a new one). Caps: a user registers at most
+``max_jobs_per_owner`` jobs (RESOURCE_EXHAUSTED beyond; admins are not capped).
 
 The registry's ``clock`` (wall-clock seconds, :func:`time.time` by default; it must survive a
 restart) stamps suspended trials and decides, at each Predict, which of them are stale
@@ -50,7 +54,9 @@ from offcut.daemon.store import Store, ZeusWrite
 from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Resumed, Verdict
 from offcut.daemon.zeus.group_commit import CommitFailed, GroupCommit
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
-from offcut.errors import AlreadyExists, FailedPrecondition, NotFound, OffcutError
+from offcut.daemon.zeus.bso_trials import OPEN
+from offcut.errors import (AlreadyExists, FailedPrecondition, NotFound, OffcutError,
+                           ResourceExhausted)
 
 T = TypeVar("T")
 
@@ -69,6 +75,19 @@ ANSWER_FORMAT = 2
 #: bounds are the settings' (``DaemonConfig.zeus_trial_retention``, ``zeus_request_retention_s``)
 DEFAULT_TRIAL_RETENTION = 1000
 DEFAULT_REQUEST_RETENTION_S = 7 * 86400.0
+#: defaults of ``trial_rows_retention`` (trial records a job keeps in the state file: its open
+#: trials and the finished ones among its newest this many) and ``observation_retention``
+#: (observed runs kept per batch size; :meth:`BatchSizePolicy.keep`); docs/operations.md
+DEFAULT_TRIAL_ROWS_RETENTION = 10_000
+DEFAULT_OBSERVATION_RETENTION = 10_000
+#: trial rows are pruned once this many are beyond the retention, at most PRUNE_BATCH per call
+PRUNE_MIN = 100
+PRUNE_BATCH = 1000
+#: most rows of dropped observed runs deleted by one call
+DROP_BATCH = 1000
+#: GetJob's trials per page: default and largest page_size
+DEFAULT_TRIAL_PAGE = 100
+MAX_TRIAL_PAGE = 1000
 #: seconds between two expiries of stored answers (each a DELETE in a group commit)
 EXPIRY_INTERVAL_S = 60.0
 
@@ -111,6 +130,9 @@ class _Entry:
     power: PowerLimitSpec | None
     seed_given: bool
     owner: str = ""  # "" = none (stored before owners, or registered without tokens)
+    #: finished trials numbered up to this have no row any more (retention; memory only,
+    #: rebuilt from the file at load)
+    pruned_through: int = 0
 
     def to_dict(self) -> dict:
         return {"job": self.job.to_dict(), "power": self.power.to_dict() if self.power else None,
@@ -138,11 +160,14 @@ class _Entry:
 
 @dataclass(frozen=True)
 class JobView:
-    """A copy of a job's readable state (:meth:`BatchSizeJob.state`, all trials included) that
-    later calls do not change: what GetJob shows."""
+    """A copy of a job's readable state (:meth:`BatchSizeJob.state`, with one page of trials)
+    that later calls do not change: what GetJob shows. ``trial_count``: trials ever opened;
+    ``next_before``: the ``before`` of the next, older page (0: no older trial is kept)."""
 
     spec: BatchSizeJobSpec
     view: dict
+    trial_count: int = 0
+    next_before: int = 0
 
     def state(self) -> dict:
         """The state, as :meth:`BatchSizeJob.state`."""
@@ -165,11 +190,19 @@ class ZeusRegistry:
     def __init__(self, store: Store, limits: Limits | None = None,
                  clock: Callable[[], float] = time.time, *,
                  trial_retention: int = DEFAULT_TRIAL_RETENTION,
-                 request_retention_s: float = DEFAULT_REQUEST_RETENTION_S):
+                 request_retention_s: float = DEFAULT_REQUEST_RETENTION_S,
+                 trial_rows_retention: int = DEFAULT_TRIAL_ROWS_RETENTION,
+                 observation_retention: int | None = DEFAULT_OBSERVATION_RETENTION,
+                 max_jobs_per_owner: int | None = None):
         self.store = store
         self.clock = clock
         self.limits = limits if limits is not None else Limits()
         self.trial_retention = max(0, int(trial_retention))
+        #: records in memory stay in the file: at least ``trial_retention``
+        self.trial_rows_retention = max(self.trial_retention, int(trial_rows_retention))
+        self.observation_retention = observation_retention
+        #: jobs one owner may have registered when a user registers one (None: no cap)
+        self.max_jobs_per_owner = max_jobs_per_owner
         self.request_retention_s = float(request_retention_s)
         self.lock = threading.RLock()
         self.commits = GroupCommit(store, self._expiry)
@@ -196,12 +229,17 @@ class ZeusRegistry:
     def _entry_from(self, job_id: str, stored: dict) -> _Entry:
         """A job from its stored summary, observed runs and newest trial records."""
         job = BatchSizeJob.from_parts(
-            stored["job"], self.store.zeus_observations(job_id),
+            stored["job"], self.store.zeus_observation_rows(job_id),
             self.store.zeus_trial_records(job_id, last=self.trial_retention))
+        job.policy.retention = self.observation_retention
+        if "predicted" not in stored["job"]:  # (stored before summaries listed them)
+            job.ledger.predicted |= self.store.zeus_trial_batch_sizes(job_id)
         job.ledger.loader = functools.partial(self.store.zeus_trial_record, job_id)
         job.ledger.evict(self.trial_retention)
+        first = self.store.zeus_first_finished_trial(job_id)
         return _Entry(job, PowerLimitSpec.from_dict(stored["power"]) if stored["power"] else None,
-                      bool(stored["seed_given"]), str(stored.get("owner", "")))
+                      bool(stored["seed_given"]), str(stored.get("owner", "")),
+                      pruned_through=max(0, (first or 1) - 1))
 
     def _reload_job(self, job_id: str) -> None:
         """Make the job's memory the file's again, after a call that raised part-way (call
@@ -295,7 +333,15 @@ class ZeusRegistry:
                 self._commit_now(ZeusWrite(_BSO, spec.job_id, 0, stored))
                 existing.owner = owner  # an admin hands a job without an owner to its user
                 return existing.job, existing.power, existing.owner
+            cap = self.max_jobs_per_owner
+            if cap is not None and not who.is_admin:
+                held = sum(1 for e in self.jobs.values() if e.owner == owner)
+                if held >= cap:
+                    raise ResourceExhausted(
+                        f"owner {owner!r} has {held} Zeus jobs, the most this daemon allows "
+                        f"({cap}); delete one first (DeleteJob)", "max_zeus_jobs_per_owner")
             entry = _Entry(BatchSizeJob(spec), power, seed_given, owner)
+            entry.job.policy.retention = self.observation_retention
             entry.job.ledger.loader = functools.partial(self.store.zeus_trial_record,
                                                         spec.job_id)
             self._commit_now(ZeusWrite(_BSO, spec.job_id, 0, entry.stored()))
@@ -315,19 +361,35 @@ class ZeusRegistry:
             entry = self._entry(job_id, who)
             return entry.job, entry.power, entry.owner
 
-    def job_view(self, job_id: str, who: Caller
-                 ) -> tuple["JobView", PowerLimitSpec | None, str]:
-        """A consistent copy of the job's readable state with EVERY trial record (memory's
-        and the file's), its power spec and owner; NOT_FOUND if unknown or not ``who``'s."""
+    def job_view(self, job_id: str, who: Caller, page_size: int = DEFAULT_TRIAL_PAGE,
+                 before: int = 0) -> tuple["JobView", PowerLimitSpec | None, str]:
+        """A copy of the job's readable state with one page of trial records: the newest
+        ``page_size`` (1 to :data:`MAX_TRIAL_PAGE`) numbered below ``before`` (0: from the
+        newest), ascending; its power spec and owner; NOT_FOUND if unknown or not ``who``'s.
+        The records in memory are copied under the lock; older ones are read from the file
+        after it (O(page_size) by primary key), so a long history never holds the lock."""
+        page_size = min(max(1, int(page_size)), MAX_TRIAL_PAGE)
         with self.lock:
             entry = self._entry(job_id, who)
-            state = json.loads(json.dumps(entry.job.state()))
-            trials = self.trial_records(job_id, who)
-            return JobView(entry.job.spec, {**state, "trials": trials}), entry.power, entry.owner
+            count = entry.job.ledger.count
+            bound = count + 1 if not before else min(int(before), count + 1)
+            state = {k: v for k, v in entry.job.state().items() if k != "trials"}
+            state = json.loads(json.dumps(state))
+            held = {n: dict(t) for n, t in entry.job.ledger.held.items() if n < bound}
+            spec, power, owner = entry.job.spec, entry.power, entry.owner
+        merged = {t["trial_number"]: t for t in self.store.zeus_trial_page(
+            job_id, bound, page_size + 1)}
+        merged.update(held)  # (memory's records are at least as new as the file's)
+        numbers = sorted(merged, reverse=True)[:page_size + 1]
+        page = sorted(numbers[:page_size])
+        next_before = page[0] if len(numbers) > page_size else 0
+        view = {**state, "trials": [merged[n] for n in page]}
+        return JobView(spec, view, count, next_before), power, owner
 
     def trial_records(self, job_id: str, who: Caller) -> list[dict]:
-        """Every trial record of the job, ascending (the file's, with memory's newer ones);
-        NOT_FOUND if unknown or not ``who``'s."""
+        """Every kept trial record of the job, ascending (the file's, with memory's newer
+        ones; up to ``trial_rows_retention`` and the open ones, so for tests and tools: GetJob
+        pages, :meth:`job_view`); NOT_FOUND if unknown or not ``who``'s."""
         with self.lock:
             entry = self._entry(job_id, who)
             held = {n: dict(t) for n, t in entry.job.ledger.held.items()}
@@ -362,14 +424,32 @@ class ZeusRegistry:
             raise
         trials = [dict(ledger.held[n]) for n in sorted(ledger.touched) if n in ledger.held]
         ledger.touched.clear()
-        observed = [(seen + i, b, r)
-                    for i, (b, r) in enumerate(job.policy.observations_since(seen))]
+        observed = job.policy.observations_since(seen)
+        # retention (docs/operations.md): a trial that ends after its number was pruned loses
+        # its row now; finished trials beyond trial_rows_retention are deleted in a bounded
+        # range; observed runs no decision reads any more (BatchSizePolicy.keep) likewise
+        drop_trials = [t["trial_number"] for t in trials if t["trial_number"]
+                       <= entry.pruned_through and t["status"] not in OPEN]
+        prune = None
+        limit = ledger.count - self.trial_rows_retention
+        if limit - entry.pruned_through >= PRUNE_MIN:
+            prune = (entry.pruned_through + 1, min(limit, entry.pruned_through + PRUNE_BATCH))
+            entry.pruned_through = prune[1]
+        if drop_trials or prune:
+            gone = set(drop_trials) | {n for n, t in ledger.held.items() if n
+                                       <= entry.pruned_through and t["status"] not in OPEN}
+            trials = [t for t in trials if t["trial_number"] not in gone]
+            for n in gone:
+                ledger.held.pop(n, None)
+                self._row_ticket.pop((job_id, n), None)
+        drop_observations = job.policy.take_dropped(DROP_BATCH)
         state = json.dumps(entry.stored(), separators=(",", ":"))
         unchanged = state == entry.__dict__.get("_queued_state")  # (e.g. a report mid-run)
         entry.__dict__["_queued_state"] = state
         write = ZeusWrite(_BSO, job_id, 0, None if unchanged else state,
                           trials, observed, request_key or None,
-                          stored_answer(result) if request_key else None, self.clock())
+                          stored_answer(result) if request_key else None, self.clock(),
+                          prune, drop_trials, drop_observations)
         try:
             ticket = self.commits.submit(write)
         except CommitFailed:  # a commit failed meanwhile: drop this call's change too
@@ -478,8 +558,7 @@ class ZeusRegistry:
         if batch_size not in entry.job.spec.batch_sizes:
             raise NotFound(f"batch size {batch_size} is not one of job {job_id!r}'s "
                            f"{list(entry.job.spec.batch_sizes)}", "batch_size")
-        if not (any(t["batch_size"] == batch_size for t in entry.job.ledger.held.values())
-                or self.store.zeus_has_trial(job_id, batch_size)):
+        if batch_size not in entry.job.ledger.predicted:
             raise FailedPrecondition(f"batch size {batch_size} was never predicted for job "
                                      f"{job_id!r}; call Predict first", "batch_size")
         return (self.profiles.get((job_id, batch_size))

@@ -12,7 +12,7 @@ from offcut.daemon.auth import Authenticator
 from offcut.daemon.service import _rpc
 from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Resumed, Verdict
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
-from offcut.daemon.zeus.registry import ZeusRegistry
+from offcut.daemon.zeus.registry import DEFAULT_TRIAL_PAGE, MAX_TRIAL_PAGE, ZeusRegistry
 from offcut.daemon.model import Limits
 from offcut.errors import InvalidArgument, PermissionDenied
 from offcut.v1 import zeus_pb2, zeus_pb2_grpc
@@ -108,10 +108,15 @@ def job_to_pb(job: BatchSizeJob, power: PowerLimitSpec | None, owner: str = ""
         generation=t["generation"], interruptions=t["interruptions"])
         for t in state["trials"]]
     min_cost = state["min_cost_j"]
+    count = getattr(job, "trial_count", None)
+    if count is None:  # (a BatchSizeJob: every trial it holds)
+        count = job.ledger.count
     return zeus_pb2.ZeusJob(spec=pb_spec, phase=state["phase"],
                             best_batch_size=state["best_batch_size"],
                             min_cost_j=math.inf if min_cost is None else min_cost,
-                            trials=trials, state_json=json.dumps(state), owner=owner)
+                            trials=trials, state_json=json.dumps(state), owner=owner,
+                            next_before_trial_number=getattr(job, "next_before", 0),
+                            trial_count=count)
 
 
 def prediction_to_pb(p: Prediction) -> zeus_pb2.Prediction:
@@ -174,8 +179,9 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
         power = (power_spec_from_pb(request.spec.power, spec.eta_knob, limits)
                  if request.spec.HasField("power") else None)
         owner = request.owner or (who.user if self.auth.enabled else "")
-        return job_to_pb(*self.registry.register(spec, power, who, owner,
-                                                 assign=bool(request.owner)))
+        job, _, _ = self.registry.register(spec, power, who, owner, assign=bool(request.owner))
+        # (the reply shows the newest page of trials, as GetJob's first page)
+        return job_to_pb(*self.registry.job_view(job.spec.job_id, who))
 
     @_rpc
     def Predict(self, request, context):
@@ -223,8 +229,20 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
 
     @_rpc
     def GetJob(self, request, context):
-        """The job's spec, owner, phase and trials; NOT_FOUND if unknown."""
-        return job_to_pb(*self.registry.job_view(_job_id(request.job_id), self.auth.of(context)))
+        """The job's spec, owner, phase and one page of its trials: the newest ``page_size``
+        (0 = 100, at most 1000) numbered below ``before_trial_number`` (0 = from the newest),
+        with ``next_before_trial_number`` for the next older page; NOT_FOUND if unknown,
+        INVALID_ARGUMENT naming ``page_size`` or ``before_trial_number`` for a bad value."""
+        page_size = request.page_size
+        if not 0 <= page_size <= MAX_TRIAL_PAGE:
+            raise InvalidArgument(f"must be 0 (= {DEFAULT_TRIAL_PAGE}) to {MAX_TRIAL_PAGE}, "
+                                  f"got {page_size}", "page_size")
+        if request.before_trial_number < 0:
+            raise InvalidArgument(f"must be >= 0 (0 = from the newest trial), got "
+                                  f"{request.before_trial_number}", "before_trial_number")
+        return job_to_pb(*self.registry.job_view(
+            _job_id(request.job_id), self.auth.of(context), page_size or DEFAULT_TRIAL_PAGE,
+            request.before_trial_number))
 
 
 class PowerLimitOptimizerService(zeus_pb2_grpc.PowerLimitOptimizerServicer):
