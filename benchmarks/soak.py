@@ -18,11 +18,17 @@ virtual-time order, what a site sends it:
   virtual day (predict, two epochs, end of trial) until ``--zeus-trials`` a job.
 
 Per simulated month (30 virtual days, ``--month-days``) it prints: the daemon's RSS [MiB], the state file's size
-(database + WAL) [MiB], the journal's rows and bytes, the p99 of the node events' and
+(database + WAL) [MiB] and the task archive's share of it, the journal's rows and bytes, the p99 of the node events' and
 submissions' round trips [ms], and the snapshot stall: the p50 round trip of the node events
 whose reply carried a snapshot (revision a multiple of ``--snapshot-every``) minus the p50 of
 the others [ms]. Then the ratios month N / month 1 of each, with PASS when all are <= 1.2
 (the issue's goal: month 12 / month 1), and the wall time. ``--json`` writes every figure.
+
+Every table has a retention window (docs/operations.md, "Retention"); the state file is flat
+once the longest window is full. The task archive's default window is 400 days, longer than the
+year: with it the archive grows all year (about 1.4 MiB a month at 48 tasks a day, shown as
+``archive``), as configured. ``--task-archive-retention-s 2592000`` (30 days) fills every
+window in the first month, so month 12 / month 1 measures what is not a window filling.
 
 Usage::
 
@@ -69,6 +75,7 @@ class Month:
     submissions: int = 0
     rss_mb: float = 0.0
     db_mb: float = 0.0
+    archive_mb: float = 0.0
     journal_rows: int = 0
     journal_mb: float = 0.0
     node_p99_ms: float = 0.0
@@ -85,8 +92,9 @@ def _p(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else 0.0
 
 
-def _sizes(state: Path) -> tuple[float, int, float]:
-    """(database + WAL [MiB], journal rows, journal bytes [MiB]) of the state file."""
+def _sizes(state: Path) -> tuple[float, int, float, float]:
+    """(database + WAL [MiB], journal rows, journal bytes [MiB], task archive [MiB]: the pages
+    of ``task_archive`` and its indexes, SQLite's ``dbstat``) of the state file."""
     size = sum(p.stat().st_size for p in (state, state.with_name(state.name + "-wal"))
                if p.exists())
     db = sqlite3.connect(state.resolve().as_uri() + "?mode=ro", uri=True)
@@ -94,9 +102,15 @@ def _sizes(state: Path) -> tuple[float, int, float]:
         rows, nbytes = db.execute(
             "SELECT COUNT(*), COALESCE(SUM(LENGTH(event) + LENGTH(solves) + LENGTH(response)), 0) "
             "FROM journal").fetchone()
+        try:
+            archive = db.execute("SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name IN "
+                                 "(SELECT name FROM sqlite_master WHERE tbl_name = "
+                                 "'task_archive')").fetchone()[0]
+        except sqlite3.OperationalError:  # an SQLite built without dbstat
+            archive = 0
     finally:
         db.close()
-    return size / 2**20, int(rows), nbytes / 2**20
+    return size / 2**20, int(rows), nbytes / 2**20, archive / 2**20
 
 
 class Soak:
@@ -158,13 +172,14 @@ class Soak:
         m = self.month
         m.complete = complete
         m.rss_mb = load._proc_figures(self.pid)["rss_mb"] or 0.0
-        m.db_mb, m.journal_rows, m.journal_mb = _sizes(self.state)
+        m.db_mb, m.journal_rows, m.journal_mb, m.archive_mb = _sizes(self.state)
         m.node_p99_ms = _p(m.node_ms, 99)
         m.submit_p99_ms = _p(m.submit_ms, 99)
         m.snapshot_stall_ms = max(0.0, _p(m.snapshot_ms, 50) - _p(m.node_ms, 50))
         m.wall_s = time.perf_counter() - self.month_started
         self.months.append(m)
-        tqdm.write(f"month {m.month:2d}: RSS {m.rss_mb:7.1f} MiB, state {m.db_mb:7.1f} MiB, "
+        tqdm.write(f"month {m.month:2d}: RSS {m.rss_mb:7.1f} MiB, state {m.db_mb:7.1f} MiB "
+                   f"(archive {m.archive_mb:5.1f}), "
                    f"journal {m.journal_rows:7d} rows {m.journal_mb:6.1f} MiB, node p99 "
                    f"{m.node_p99_ms:6.1f} ms, submit p99 {m.submit_p99_ms:6.1f} ms, snapshot "
                    f"stall {m.snapshot_stall_ms:6.1f} ms ({m.node_events} node events, "
@@ -257,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--month-days", type=float, default=MONTH_DAYS, help="virtual days a reported month (default %(default)s)")
     ap.add_argument("--journal-retention-s", type=float, default=None, help="the daemon's journal_retention_s (default: its default, 7 days)")
     ap.add_argument("--finished-task-retention-s", type=float, default=None, help="the daemon's finished_task_retention_s (default: its default, a day)")
+    ap.add_argument("--task-archive-retention-s", type=float, default=None, help="the daemon's task_archive_retention_s (default: its default, 400 days: the archive then fills for all of a year, about 1 KiB a task)")
     ap.add_argument("--max-ratio", type=float, default=1.2, help="the goal for month N / month 1 (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="write every figure here")
@@ -277,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--journal-retention-s", str(a.journal_retention_s)]
         if a.finished_task_retention_s is not None:
             cmd += ["--finished-task-retention-s", str(a.finished_task_retention_s)]
+        if a.task_archive_retention_s is not None:
+            cmd += ["--task-archive-retention-s", str(a.task_archive_retention_s)]
         proc = start_offcutd(cmd, address, folder / "offcutd.log")
         try:
             with Client(address, timeout_s=120) as client:
