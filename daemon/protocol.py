@@ -294,8 +294,8 @@ def decision_to_pb(d: Decision, duplicate: bool = False) -> decision_pb2.Decisio
     msg = decision_pb2.Decision(
         time=time_to_pb(d.time), source=d.source, seq=d.seq, revision=d.revision,
         duplicate=duplicate, placements=[placement_to_pb(p) for p in d.placements],
-        stats=decision_pb2.EventStats(**asdict(d.stats)),
-        solve=decision_pb2.SolveStats(**asdict(d.solve)),
+        stats=decision_pb2.EventStats(**vars(d.stats)),  # (flat dataclasses: no asdict copy)
+        solve=decision_pb2.SolveStats(**vars(d.solve)),
         ignored_nodes=d.ignored_nodes, completed_task_ids=d.completed_task_ids)
     if d.sent_time is not None:
         msg.sent_time.CopyFrom(time_to_pb(d.sent_time))

@@ -346,6 +346,30 @@ def test_seq_not_increasing_is_failed_precondition(busy_core):
     _rejected(core, NodeEvent(T0 + 6, "src", 0, idle=("c1n4",)), InvalidArgument, "seq")
 
 
+def test_a_decisions_stored_form_is_asdicts_without_the_copies():
+    """``Decision.to_dict`` (the journal's stored reply, once per event) equals
+    ``dataclasses.asdict`` field for field and in order, for decisions with placements of
+    every kind of change, completions and ignored nodes; and it reads back equal."""
+    from offcut.daemon.replies import Decision, decision_of
+
+    core, feed = Scheduler(), Feed("src")
+    events = [submit(T0, spec()), submit(T0 + 1, spec(), owner="bob"),
+              feed(T0 + 2, idle=["c1n1", "c1n2", "c1n3", "c1n4"]),
+              feed(T0 + 3, preempted=["c1n1"]), feed(T0 + 4, idle=["c1n1", "c1n9"]),
+              CancelEvent(T0 + 5, "t000001"), feed(T0 + 1e6, idle=["c1n5"])]
+    kinds = set()
+    for event in events:
+        out = core.apply(event, Scripted())
+        decision = decision_of(out, "dp", sent_time=event.time - 1)
+        kinds |= {p.change for p in decision.placements}
+        stored = decision.to_dict()
+        assert stored == dataclasses.asdict(decision)
+        assert list(stored) == list(dataclasses.asdict(decision))
+        assert json.dumps(stored) == json.dumps(dataclasses.asdict(decision))
+        assert Decision.from_dict(json.loads(json.dumps(stored))) == decision
+    assert {"start", "preempted", "cancelled"} <= kinds, kinds
+
+
 def test_sources_are_bounded(busy_core):
     """No sender grows the state by inventing node-event sources: past MAX_SOURCES a new
     source is RESOURCE_EXHAUSTED and changes nothing; known sources go on."""
