@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Any
 
 from offcut.errors import InvalidArgument
-from offcut.nodes import is_node_name
+from offcut.nodes import all_node_names, is_node_name
 # the task spec, its limits and its validator live in the shared core (one validator for
 # every part: the daemon, the client, the replay); re-exported for the daemon's modules
 from offcut.taskspec import (MAX_COMMAND_ARG_LEN, MAX_NAME_LEN, Limits, TaskSpec,  # noqa: F401
@@ -139,7 +139,10 @@ def task_number(task_id: str) -> int:
 
 
 def check_node_names(names: list[str], field_name: str) -> None:
-    """Raise :class:`InvalidArgument` naming ``field_name`` if any name is malformed or repeated."""
+    """Raise :class:`InvalidArgument` naming ``field_name`` if any name is malformed or repeated
+    (the message names the first bad entry)."""
+    if all_node_names(names) and len(set(names)) == len(names):
+        return  # the common case, checked at once; the loop below finds what is wrong
     seen: set[str] = set()
     for i, name in enumerate(names):
         if not is_node_name(name):

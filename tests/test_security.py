@@ -17,6 +17,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from grpc_health.v1 import health_pb2
 
 from offcut.addresses import untrusted_socket_dir
@@ -97,6 +99,29 @@ def test_a_node_name_with_a_trailing_newline_is_refused(site, name):
         c["slurm"].report_nodes(time.time(), "slurm-hook", 1, idle=[name])
     after = c["admin"].status()
     assert (after.revision, after.idle_nodes) == (before.revision, before.idle_nodes)
+
+
+@pytest.mark.parametrize("names", [["n1", "n2\nn3"], ["n1", "n2\n"], ["n1", "bad name"],
+                                   ["n1", "n1"], ["\n", "n1"], ["n1", ""]])
+def test_a_bad_name_among_good_ones_is_refused_by_entry(site, names):
+    """The whole list is checked at once (offcut.nodes.all_node_names); a bad or repeated
+    entry, also one that hides a newline among good names, is still named by its index."""
+    _, c = site
+    before = c["admin"].status()
+    bad = 0 if names[0] == "\n" else 1
+    with pytest.raises(InvalidArgument, match=rf"idle: .*(entry {bad}|listed twice)"):
+        c["slurm"].report_nodes(time.time(), "slurm-hook", 1, idle=names)
+    assert c["admin"].status().revision == before.revision
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(alphabet="ab1.-_ \n\r", max_size=6),
+                          st.sampled_from(["n1", "a" * 128, "a" * 129])), max_size=8))
+def test_the_list_check_agrees_with_the_name_rule(names):
+    """``all_node_names`` is ``all(is_node_name(n) for n in names)``, whatever the entries."""
+    from offcut.nodes import all_node_names, is_node_name
+
+    assert all_node_names(names) == all(is_node_name(n) for n in names)
 
 
 # ----------------------------------------------------------------------------- socket folders
