@@ -80,7 +80,8 @@ class Engine:
             one owner when a ``capped`` caller submits (:meth:`apply`; None: no cap).
         journal_retention_s: how long journal rows are kept [s of event clock]: the window
             in which a repeated request id or ``(source, seq)`` is answered from the journal
-            and ``ExportHistory`` reaches back (compacted at each snapshot; inf: for ever).
+            and ``ExportHistory`` reaches back (marked at each snapshot, deleted a few rows per
+            following event: :meth:`Store.retire_journal`; inf: for ever).
         record_instances: optional JSONL path; every solved problem is appended to it.
         limits: request size limits checked for new events (default: :class:`Limits`'s
             defaults); the journal is re-applied without them.
@@ -324,8 +325,8 @@ class Engine:
                 for state, n in self.store.prune_archive(
                         now - self.task_archive_retention_s).items():
                     self.archived_counts[TaskState(state)] -= n
-            if self.journal_retention_s < float("inf"):
-                self.store.compact_journal(now - self.journal_retention_s)
+            if self.journal_retention_s < float("inf"):  # deleted a few per next event
+                self.store.retire_journal(now - self.journal_retention_s)
         except Exception:  # noqa: BLE001 - retention is housekeeping, retried next time
             log.exception("retention at the snapshot of %s failed", self.store.path)
 

@@ -30,6 +30,9 @@ from offcut.daemon.storage_errors import classify
 
 log = logging.getLogger("offcut.daemon")
 
+#: journal rows past the retention deleted in each append's transaction (:meth:`Store.retire_journal`)
+JOURNAL_DELETES_PER_APPEND = 16
+
 #: the state-file format written by this release: 1 stored ``offcut.v1`` replies in
 #: ``journal.response`` and ``zeus_requests.response``; 2 stores the application's JSON
 #: (docs/architecture.md §6); 3 stores a Zeus job's trials and observed runs as rows
@@ -297,6 +300,9 @@ class Store:
         #: called with the id of each committed journal row (the commit mark of
         #: :class:`offcut.daemon.state_lock.StateLock`), or None
         self.on_commit: Callable[[int], None] | None = None
+        #: journal rows up to this id are past the retention, deleted a few per append
+        #: (:meth:`retire_journal`; 0: none pending; memory only: the next snapshot marks again)
+        self._journal_horizon = 0
         #: called with the reason when a write fails for lack of writable storage
         #: (:mod:`offcut.daemon.storage_errors`), and with None at the next write that succeeds
         self.on_storage: Callable[[str | None], None] | None = None
@@ -458,7 +464,7 @@ class Store:
         A row's id equals the core revision of its event: each applied event bumps the
         revision by one and appends exactly one row in the same order, and a failed commit
         reloads the core from this file. So paging by id is paging by ``Decision.revision``.
-        Rows older than the journal's retention are deleted (:meth:`compact_journal`): an
+        Rows older than the journal's retention are deleted (:meth:`retire_journal`): an
         ``after_id`` before the oldest kept row starts at that row.
 
         Reads ``chunk_rows`` rows per query on a private read-only connection (WAL: it never
@@ -545,6 +551,13 @@ class Store:
                  json.dumps(solves, separators=(",", ":")), response))
             if state is not None:
                 self._put_snapshot(cur.lastrowid, state)
+            elif self._journal_horizon:  # rows past the retention, a few per event
+                deleted = self.db.execute(
+                    "DELETE FROM journal WHERE id IN (SELECT id FROM journal WHERE id <= ? "
+                    "ORDER BY id LIMIT ?)",
+                    (self._journal_horizon, JOURNAL_DELETES_PER_APPEND)).rowcount
+                if deleted < JOURNAL_DELETES_PER_APPEND:
+                    self._journal_horizon = 0  # caught up
         self._rows_since_snapshot = 0 if state is not None else self._rows_since_snapshot + 1
         if self.on_commit is not None:
             self.on_commit(cur.lastrowid)
@@ -635,27 +648,34 @@ class Store:
                 lo = mid + 1
         return lo
 
-    def compact_journal(self, before_time: float) -> int:
-        """Delete the journal rows of events before ``before_time`` [s since epoch] that no
-        kept snapshot needs (rows up to the older of the two kept snapshots); returns how many.
-        Their idempotency keys and history go with them (the retention window: docs/operations.md)."""
-        with self._writing():
-            kept = [r[0] for r in self.db.execute(
-                "SELECT journal_id FROM snapshots ORDER BY journal_id DESC LIMIT 2")]
-            if not kept:
-                return 0
-            lo, hi = self.db.execute("SELECT MIN(id), MAX(id) FROM journal").fetchone()
-            if lo is None:
-                return 0
-            limit = min(min(kept), hi)
-            cut = self._first_row_at_or_after(before_time, lo, limit) - 1
-            if cut < lo:
-                return 0
-            return self.db.execute("DELETE FROM journal WHERE id <= ?", (cut,)).rowcount
+    def _journal_cut(self, before_time: float) -> int:
+        """The last journal id that retention may delete: rows of events before
+        ``before_time`` [s since epoch] that no kept snapshot needs (up to the older of the two
+        kept snapshots); 0 when none (reads only)."""
+        kept = [r[0] for r in self.db.execute(
+            "SELECT journal_id FROM snapshots ORDER BY journal_id DESC LIMIT 2")]
+        if not kept:
+            return 0
+        lo, hi = self.db.execute("SELECT MIN(id), MAX(id) FROM journal").fetchone()
+        if lo is None:
+            return 0
+        cut = self._first_row_at_or_after(before_time, lo, min(min(kept), hi)) - 1
+        return cut if cut >= lo else 0
+
+    def retire_journal(self, before_time: float) -> int:
+        """Mark for deletion the journal rows of events before ``before_time`` [s since
+        epoch] that no kept snapshot needs (:meth:`_journal_cut`): the next appends delete
+        :data:`JOURNAL_DELETES_PER_APPEND` of them each, in their own transaction (reads only
+        here: a snapshot's event does not wait for a thousand deletes; a steady daemon appends
+        one row per event, so the deletes keep up). Their idempotency keys and history go with
+        them (the retention window: docs/operations.md). Returns the last id marked (the
+        horizon, never lowered)."""
+        self._journal_horizon = max(self._journal_horizon, self._journal_cut(before_time))
+        return self._journal_horizon
 
     def _put_snapshot(self, journal_id: int, state: "dict[str, Any] | SnapshotDelta") -> None:
         """Store a snapshot with its sha256 and keep the two newest (inside the caller's
-        transaction; the journal keeps every row after the older one (compact_journal), so a
+        transaction; the journal keeps every row after the older one (retire_journal), so a
         fallback to it has the rows it needs; a fallback to the journal's start needs a journal
         that was never compacted).
 

@@ -172,3 +172,45 @@ def test_list_pages_cover_memory_and_archive_once_each_in_submit_order(daemons):
             c.tasks.ListTasks(request)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert info.value.details().startswith(f"{field}: "), info.value.details()
+
+
+def test_journal_rows_past_the_window_are_deleted_a_few_per_event(tmp_path):
+    """The snapshot's retention step only marks the rows past the journal's retention (no
+    deletes in any transaction of its event); each following append deletes at most JOURNAL_DELETES_PER_APPEND of them,
+    never a row the older kept snapshot needs, until none is left; a reopened store has
+    forgotten the mark (the next snapshot marks again)."""
+    from offcut.daemon.store import JOURNAL_DELETES_PER_APPEND as K, Store
+
+    def append(store, t, state=None):
+        store.append(kind="nodes", event={"kind": "nodes", "time": t}, solves=[],
+                     response=b"{}", state=state)
+
+    store = Store(tmp_path / "s.sqlite", snapshot_every=10**9)
+    for i in range(100):
+        append(store, T0 + i)
+    append(store, T0 + 100, state={"tasks": []})   # snapshot at row 101
+    for i in range(101, 150):
+        append(store, T0 + i)
+    append(store, T0 + 150, state={"tasks": []})   # snapshot at row 151: kept are 101, 151
+    assert store.retire_journal(T0 + 80) == 80     # events before T0 + 80: rows 1-80
+    assert journal_rows(store.path)[:2] == (151, 1)  # marking deletes nothing
+    append(store, T0 + 151)
+    assert journal_rows(store.path)[:2] == (151 + 1 - K, K + 1)
+    for i in range(10):
+        append(store, T0 + 152 + i)
+    assert journal_rows(store.path)[1] == 81       # caught up: row 81 on are kept
+    # the older kept snapshot bounds the deletes, whatever the time says
+    assert store.retire_journal(T0 + 10**6) == 101  # up to the older snapshot's own row
+    for i in range(5):
+        append(store, T0 + 200 + i)
+    assert journal_rows(store.path)[1] == 102
+    append(store, T0 + 250, state={"tasks": []})   # kept: 151 and this one
+    assert store.retire_journal(T0 + 10**6) == 151
+    store.close()
+    store = Store(tmp_path / "s.sqlite", snapshot_every=10**9)
+    append(store, T0 + 300)
+    assert journal_rows(store.path)[1] == 102      # the mark is not kept across a reopen
+    store.retire_journal(T0 + 10**6)
+    append(store, T0 + 301)
+    assert journal_rows(store.path)[1] == 102 + K  # marked again, deleted again
+    store.close()
