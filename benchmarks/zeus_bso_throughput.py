@@ -23,7 +23,17 @@ before (one JSON document)  83 (1 thr)  4.7         4.7 / 18.7 after 1,000 trial
                             67 (4 thr)
 rows + group commit         166 (1 thr) 5.62        5.92 / 5.76 (0.97x), 4,000 trials
                             298 (4 thr) 13.13       13.40 / 15.21 (1.14x), 4,003 trials
+bounded rows, later code    312 (1 thr) 3.05        3.80 / 2.92 (0.77x), 4,000 trials
+(a quiet hour, c1a8851)     458 (4 thr) 8.58        8.16 / 8.30 (1.02x), 4,003 trials
+gRPC floor, same hour       850 (1 thr) 1.15        (two empty calls, no state)
+                           1157 (4 thr) 3.41
 =========================  ==========  ==========  ==============================
+
+The machine's speed varies by up to 2x over an hour (the same daemon measured 298 and 458
+rt/s from 4 threads); compare rows taken in one run, and offcutd's ratio to the floor (0.37x
+from 1 thread, 0.40x from 4 in the run above: server CPU 2.28 ms per round trip against the
+floor's 0.91, of which the Zeus registry with its SQLite commits about 1.0 ms, measured
+in-process).
 
 The flat-cost goal passes; 700 rt/s from 4 threads does not on this machine: the run is CPU
 bound (server 3.35 ms CPU per round trip, of which the Zeus registry incl. SQLite ~1.4 ms and
