@@ -481,6 +481,17 @@ def print_table(rows: list[dict]) -> None:
             print(f"{'':16}stopped by the time cap before the trial count: not comparable")
 
 
+def compare(rows: list[dict], server: str, label: str, detail) -> None:
+    """Print offcutd's round trips/s over ``server``'s (named ``label``) at each thread count
+    both ran, with ``detail(offcutd_row, other_row)``."""
+    others = {r["threads"]: r for r in rows if r["server"] == server}
+    for r in rows:
+        o = others.get(r["threads"])
+        if r["server"] == "offcutd" and o and o["rt_per_s"]:
+            print(f"offcutd {r['transport']} / {label}, {r['threads']} thread(s): "
+                  f"{r['rt_per_s'] / o['rt_per_s']:.2f}x round trips/s, {detail(r, o)}")
+
+
 #: the goals (docs/architecture.md §6, "Zeus rows"; offcutd, durability full): round trips/s from the
 #: K-thread run, and the p50 of the last 200 round trips over the first 200's (a flat cost per
 #: call) once a job has 4,000 trials
@@ -585,21 +596,11 @@ def main() -> None:
     print_table(rows)
     if zeus_note:
         print(zeus_note)
-    zeus = {r["threads"]: r for r in rows if r["server"] == "Zeus BSO server"}
-    for r in rows:
-        z = zeus.get(r["threads"])
-        if r["server"] == "offcutd" and z and z["rt_per_s"]:
-            print(f"offcutd {r['transport']} / Zeus, {r['threads']} thread(s): "
-                  f"{r['rt_per_s'] / z['rt_per_s']:.2f}x round trips/s, "
-                  f"p50 latency {r['p50_ms']:.2f} vs {z['p50_ms']:.2f} ms")
-    floor = {r["threads"]: r for r in rows if r["server"] == "grpc floor"}
-    for r in rows:
-        f = floor.get(r["threads"])
-        if r["server"] == "offcutd" and f and f["rt_per_s"]:
-            print(f"offcutd {r['transport']} / gRPC floor, {r['threads']} thread(s): "
-                  f"{r['rt_per_s'] / f['rt_per_s']:.2f}x round trips/s (floor "
-                  f"{f['rt_per_s']:.0f} rt/s, {fmt(f['server_cpu_ms_per_rt'], '.2f', 0)} ms "
-                  f"server CPU per round trip)")
+    compare(rows, "Zeus BSO server", "Zeus", lambda r, o: (
+        f"p50 latency {r['p50_ms']:.2f} vs {o['p50_ms']:.2f} ms"))
+    compare(rows, "grpc floor", "gRPC floor", lambda r, o: (
+        f"floor {o['rt_per_s']:.0f} rt/s, {fmt(o['server_cpu_ms_per_rt'], '.2f', 0)} ms server "
+        "CPU per round trip"))
     goals(rows, args)
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
