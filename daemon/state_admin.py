@@ -12,6 +12,7 @@ import os
 import sqlite3
 from pathlib import Path
 
+from offcut.daemon import snapshot_prune
 from offcut.daemon.state_lock import StateOwnershipError, check_state_dir, lock_path, read_mark
 from offcut.daemon.store import (SCHEMA_VERSION, StoreError, check_identity, inspect_file,
                                  snapshots)
@@ -113,6 +114,10 @@ def check_state(state: str | Path) -> tuple[list[str], bool]:
                 out.append(f"ok: snapshot at journal row {journal_id}")
         if found and not good and not complete:
             fail("no good snapshot and the journal does not start at row 1: restore a backup")
+        waiting = snapshot_prune.backlog(db, snapshot_prune.default_cursor(db))
+        if waiting:
+            out.append(f"note: {waiting} task rows of older snapshots are still to be deleted "
+                       f"(a few hundred at each snapshot; they only take disk space)")
         mark = read_mark(state)[1]
         if mark is not None and not holder:
             if last < mark:

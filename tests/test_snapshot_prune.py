@@ -125,6 +125,30 @@ def test_a_snapshot_of_every_task_is_pruned_in_bounded_steps_and_never_too_early
     assert m.rows() == m.needed_rows() == 60 + 1
 
 
+def test_offcutd_check_reports_the_rows_still_to_delete(tmp_path):
+    """``offcutd check`` tells an operator how many unread snapshot rows wait (disk only),
+    and stops telling once the walk has caught up."""
+    from offcut.daemon.state_admin import check_state
+
+    m = Model(tmp_path / "state.sqlite")
+    m.submit(60)
+    m.snapshot()
+    m.snapshot(every_task=True)
+    m.touch(["t000001"])
+    m.snapshot()
+    m.touch(["t000002"])
+    m.snapshot()  # the snapshot of every task is now the oldest kept: 60 rows to walk
+    waiting = snapshot_prune.backlog(m.store.db, snapshot_prune.default_cursor(m.store.db))
+    assert waiting > 0
+    lines, ok = check_state(m.path)
+    assert ok and any(f"note: {waiting} task rows of older snapshots" in line for line in lines)
+    for k in range(3, 30):
+        m.touch([f"t{k:06d}"])
+        m.snapshot()
+    lines, ok = check_state(m.path)
+    assert ok and not any("task rows of older snapshots" in line for line in lines), lines
+
+
 def test_rows_of_tasks_that_left_go_only_after_their_older_rows(tmp_path):
     m = Model(tmp_path / "state.sqlite")
     m.submit(40)
