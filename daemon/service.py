@@ -82,16 +82,17 @@ def _rpc(method):
 
 
 def _rpc_stream(method):
-    """A server-streaming handler: a coroutine on the event loop that sends with
-    ``await context.write(message)``. An error while producing the stream ends it with the
-    matching status (:func:`_rpc`'s mapping); entries already sent stay sent. A cancelled
-    call raises ``asyncio.CancelledError`` where the coroutine waits, so its ``finally``
-    blocks run at once."""
+    """A handler that is a coroutine on the event loop: a server stream that sends with
+    ``await context.write(message)``, or a unary call that returns its reply (``_rpc_async``:
+    the Zeus round trip, docs/architecture.md §1). An error ends the call with the matching
+    status (:func:`_rpc`'s mapping); stream entries already sent stay sent. A cancelled call
+    raises ``asyncio.CancelledError`` where the coroutine waits, so its ``finally`` blocks run
+    at once."""
 
     @functools.wraps(method)
     async def wrapper(self, request, context):
         try:
-            await method(self, request, context)
+            return await method(self, request, context)
         except AbortError:
             raise
         except OffcutError as exc:
@@ -103,6 +104,9 @@ def _rpc_stream(method):
 
     return wrapper
 
+
+#: a unary handler served as a coroutine on the event loop (see :func:`_rpc_stream`)
+_rpc_async = _rpc_stream
 
 #: journal kinds whose stored reply answers about one task (shown as the entry's ``task``)
 _ONE_TASK_KINDS = ("submit", "cancel", "run")

@@ -308,3 +308,50 @@ def test_a_failed_commit_fails_the_writes_queued_behind_it_and_keeps_its_error(t
     commits.wait(commits.submit(ZeusWrite("plo", "j", 4, {"n": 4})))
     assert [(k, j, b) for k, j, b, _ in store.zeus_load()] == [("plo", "j", 4)]
     store.close()
+
+
+def test_callers_on_an_event_loop_get_their_commit_and_its_failure_from_the_committer(tmp_path):
+    """``wait_async`` (the Zeus round trip served on the event loop): the committer thread
+    commits and settles the futures; concurrent coroutines share transactions; a failed
+    transaction fails its writes and those queued behind with the storage error, and the
+    registry's async calls recover as the threaded ones do."""
+    import asyncio
+
+    from offcut.daemon.storage_errors import StateReadOnly
+
+    path = tmp_path / "state.sqlite"
+    store = Store(path, durability="full")
+    registry = ZeusRegistry(store, trial_retention=10)
+    registry.register(spec(max_epochs=1), None, Admin(), "")
+
+    async def round_trip(i: int):
+        p = await registry.predict_async("big", f"r-{i}", Admin())
+        v = await registry.report_async("big", p.trial_number, 1, 10.0, 1000.0 + i, 0.6,
+                                        Admin())
+        return p, v
+
+    async def many(n: int):
+        return await asyncio.gather(*(round_trip(i) for i in range(n)))
+
+    answers = asyncio.run(many(40))
+    assert sorted(p.trial_number for p, _ in answers) == list(range(1, 41))
+    commits = registry.commits
+    assert commits.transactions < commits.writes  # concurrent coroutines shared commits
+    assert any(t.name == "offcut-zeus-commit" for t in threading.enumerate())
+    again = ZeusRegistry(Store(path, durability="full"), trial_retention=10)
+    assert again.jobs["big"].job.summary() == registry.jobs["big"].job.summary()
+    # a repeated request id is answered with the first answer, from memory or the file
+    first = answers[0][0]
+    assert asyncio.run(registry.predict_async("big", "r-0", Admin())) == first
+
+    store.db.execute("PRAGMA query_only = ON")  # every write refused: read-only storage
+
+    async def failing():
+        return await asyncio.gather(*(registry.predict_async("big", f"x-{i}", Admin())
+                                      for i in range(3)), return_exceptions=True)
+
+    results = asyncio.run(failing())
+    assert all(isinstance(r, StateReadOnly) for r in results), results
+    store.db.execute("PRAGMA query_only = OFF")
+    p = asyncio.run(registry.predict_async("big", "after", Admin()))
+    assert p.trial_number == 41  # the failed calls left nothing behind

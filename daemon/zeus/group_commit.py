@@ -9,8 +9,11 @@ way becomes the leader: it takes every write queued so far, commits them in one 
 (:meth:`offcut.daemon.store.Store.zeus_write`) and wakes the others; writes queued meanwhile go
 in the next transaction. A call answers only after its own write is durable, and since
 transactions commit in queue order, every write it may have read (an earlier call on the same
-job) is durable too. No thread of its own: with one caller a commit is that caller's, as
-before.
+job) is durable too. A caller on a worker thread may lead a commit itself; a caller on the
+event loop (the Zeus methods served as coroutines: ``Predict``, ``ReportEpoch``) waits with
+:meth:`GroupCommit.wait_async` for a future that the committer thread (``offcut-zeus-commit``)
+settles after committing, so the loop never waits for an fsync and a round trip needs no
+worker thread (docs/architecture.md §1, "Threads").
 
 If a transaction fails, every write in it fails, and so does every write queued behind it
 (those calls changed memory that held the failed changes); ``broken`` is set and further
@@ -22,6 +25,7 @@ RESOURCE_EXHAUSTED), else :class:`CommitFailed`.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Callable
 
@@ -55,6 +59,10 @@ class GroupCommit:
         #: transactions committed and writes in them (for tests and metrics)
         self.transactions = 0
         self.writes = 0
+        #: ticket -> (its caller's event loop, the future to settle): waiters on an event
+        #: loop (:meth:`wait_async`), settled by the committer thread
+        self._async: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._committer: threading.Thread | None = None
 
     def submit(self, write: ZeusWrite) -> int:
         """Queue ``write``; its ticket (increasing). Raises CommitFailed while ``broken`` (a
@@ -105,12 +113,57 @@ class GroupCommit:
                 if batch:
                     self.settled = max(self.settled, batch[-1][0])
                 self._cond.notify_all()
-            error = self._failed.pop(ticket, None) if _owner else None
+            error = self._error_of(ticket) if _owner else None
             if error is not None:
-                if isinstance(error, OffcutError):
-                    raise error
-                raise CommitFailed(f"the state file did not take a Zeus write (ticket "
-                                   f"{ticket}): {error}") from error
+                raise error
+
+    def wait_async(self, ticket: int) -> "asyncio.Future[None]":
+        """A future of the running event loop that is done once ``ticket``'s write is durable
+        (its exception as :meth:`wait` raises it if it failed). The commit runs on the
+        committer thread (started at the first call), so the loop never waits for an fsync."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._cond:
+            if self.settled >= ticket:
+                _settle(future, self._error_of(ticket))
+                return future
+            self._async[ticket] = (loop, future)
+            if self._committer is None:
+                self._committer = threading.Thread(target=self._commit_for_loops, daemon=True,
+                                                   name="offcut-zeus-commit")
+                self._committer.start()
+            self._cond.notify_all()
+        return future
+
+    def _error_of(self, ticket: int) -> BaseException | None:
+        """``ticket``'s failure as its waiter gets it (the transaction's OffcutError, else
+        CommitFailed), or None; forgotten once taken (call holding ``_cond``)."""
+        error = self._failed.pop(ticket, None)
+        if error is None or isinstance(error, OffcutError):
+            return error
+        failed = CommitFailed(f"the state file did not take a Zeus write (ticket {ticket}): "
+                              f"{error}")
+        failed.__cause__ = error
+        return failed
+
+    def _commit_for_loops(self) -> None:
+        """The committer thread (``offcut-zeus-commit``, started by the first
+        :meth:`wait_async`): waits for writes that callers on an event loop wait for, commits
+        them (as a leader, with whatever else is queued; or waits for the leading caller) and
+        settles their futures on their loops. Runs for the process's life (a daemon thread)."""
+        while True:
+            with self._cond:
+                while not self._async:
+                    self._cond.wait()
+                target = max(self._async)
+            try:
+                self.wait(target, _owner=False)
+            except Exception:  # noqa: BLE001 (errors are the waiters', below)
+                pass
+            with self._cond:
+                for ticket in [t for t in self._async if t <= self.settled]:
+                    loop, future = self._async.pop(ticket)
+                    loop.call_soon_threadsafe(_settle, future, self._error_of(ticket))
 
     def flush(self) -> None:
         """Wait until every write queued so far is durable (failures are the callers' to
@@ -118,3 +171,13 @@ class GroupCommit:
         with self._cond:
             last = self._next - 1
         self.wait(last, _owner=False)
+
+
+def _settle(future: "asyncio.Future[None]", error: BaseException | None) -> None:
+    """Finish ``future`` (on its loop) with ``error`` or done."""
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

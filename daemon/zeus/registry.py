@@ -290,10 +290,26 @@ class ZeusRegistry:
             self._recover()
             raise
         finally:
-            if key:
-                with self.lock:
-                    if self._pending.get(key, (None,))[0] == ticket:
-                        del self._pending[key]
+            self._settled(ticket, key)
+
+    async def _await_async(self, ticket: int, key: str = "") -> None:
+        """:meth:`_await` on the event loop: the commit runs on the committer thread
+        (:meth:`GroupCommit.wait_async`), the loop never waits for an fsync (only a failed
+        commit's reload, rare, reads the file on it)."""
+        try:
+            await self.commits.wait_async(ticket)
+        except Exception:
+            self._recover()
+            raise
+        finally:
+            self._settled(ticket, key)
+
+    def _settled(self, ticket: int, key: str) -> None:
+        """Forget the pending answer to ``key`` once its write ``ticket`` settled."""
+        if key:
+            with self.lock:
+                if self._pending.get(key, (None,))[0] == ticket:
+                    del self._pending[key]
 
     # ------------------------------------------------------------------ batch size
     def register(self, spec: BatchSizeJobSpec, power: PowerLimitSpec | None, who: Caller,
@@ -476,21 +492,38 @@ class ZeusRegistry:
         """Open a trial (abandoning stale suspended ones first, see
         :meth:`BatchSizeJob.predict`). A repeated ``request_id`` of the same caller for the
         same job returns the first answer (within ``request_retention_s``)."""
+        result, ticket, key = self._begin_predict(job_id, request_id, who, generation)
+        if ticket:
+            self._await(ticket, key)
+        return result
+
+    async def predict_async(self, job_id: str, request_id: str, who: Caller,
+                            generation: int = 0) -> Prediction:
+        """:meth:`predict` for a caller on the event loop: the same work under the lock, and
+        the wait for its commit on :class:`GroupCommit`'s committer thread."""
+        result, ticket, key = self._begin_predict(job_id, request_id, who, generation)
+        if ticket:
+            await self._await_async(ticket, key)
+        return result
+
+    def _begin_predict(self, job_id: str, request_id: str, who: Caller, generation: int
+                       ) -> tuple[Prediction, int, str]:
+        """:meth:`predict` up to its commit: ``(answer, ticket to wait for (0: a stored
+        answer, nothing to wait for), request key)``."""
         with self.lock:
             self._entry(job_id, who)
             key = request_key("Predict", who, job_id, request_id) if request_id else ""
             if key in self._pending:
                 ticket, result = self._pending[key]
-            else:
-                if key:
-                    stored = self._replay(job_id, key, request_id)
-                    if stored is not None:
-                        return Prediction(**stored)
-                now = self.clock()
-                result, ticket = self._mutate_job(job_id, who, lambda job: job.predict(
-                    generation, now), request_key=key)
-        self._await(ticket, key)
-        return result
+                return result, ticket, key
+            if key:
+                stored = self._replay(job_id, key, request_id)
+                if stored is not None:
+                    return Prediction(**stored), 0, key
+            now = self.clock()
+            result, ticket = self._mutate_job(job_id, who, lambda job: job.predict(
+                generation, now), request_key=key)
+            return result, ticket, key
 
     def report(self, job_id: str, trial_number: int, epoch: int, time_s: float, energy_j: float,
                metric: float, who: Caller, batch_size: int = 0, generation: int = 0) -> Verdict:
@@ -499,6 +532,16 @@ class ZeusRegistry:
             result, ticket = self._mutate_job(job_id, who, lambda job: job.report(
                 trial_number, epoch, time_s, energy_j, metric, batch_size, generation))
         self._await(ticket)
+        return result
+
+    async def report_async(self, job_id: str, trial_number: int, epoch: int, time_s: float,
+                           energy_j: float, metric: float, who: Caller, batch_size: int = 0,
+                           generation: int = 0) -> Verdict:
+        """:meth:`report` for a caller on the event loop (see :meth:`predict_async`)."""
+        with self.lock:
+            result, ticket = self._mutate_job(job_id, who, lambda job: job.report(
+                trial_number, epoch, time_s, energy_j, metric, batch_size, generation))
+        await self._await_async(ticket)
         return result
 
     def end_trial(self, job_id: str, trial_number: int, who: Caller, interrupted: bool = False,

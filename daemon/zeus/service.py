@@ -9,7 +9,7 @@ import json
 import math
 
 from offcut.daemon.auth import Authenticator
-from offcut.daemon.service import _rpc
+from offcut.daemon.service import _rpc, _rpc_async
 from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Resumed, Verdict
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
 from offcut.daemon.zeus.registry import DEFAULT_TRIAL_PAGE, MAX_TRIAL_PAGE, ZeusRegistry
@@ -183,19 +183,19 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
         # (the reply shows the newest page of trials, as GetJob's first page)
         return job_to_pb(*self.registry.job_view(job.spec.job_id, who))
 
-    @_rpc
-    def Predict(self, request, context):
+    @_rpc_async
+    async def Predict(self, request, context):
         """The next run's batch size; FAILED_PRECONDITION when every batch size failed;
         INVALID_ARGUMENT for a ``generation`` of 2^63 or more (checked by
         :meth:`BatchSizeJob.predict`)."""
-        return prediction_to_pb(self.registry.predict(
+        return prediction_to_pb(await self.registry.predict_async(
             _job_id(request.job_id), _short_id(request.request_id, "request_id"),
             self.auth.of(context), generation=request.generation))
 
-    @_rpc
-    def ReportEpoch(self, request, context):
+    @_rpc_async
+    async def ReportEpoch(self, request, context):
         """Cumulative time/energy and the metric after an epoch -> stop / converged."""
-        return verdict_to_pb(self.registry.report(
+        return verdict_to_pb(await self.registry.report_async(
             _job_id(request.job_id), request.trial_number, request.epoch, request.time_s,
             request.energy_j, request.metric, self.auth.of(context), request.batch_size,
             request.generation))
