@@ -27,7 +27,16 @@ bounded rows, later code    312 (1 thr) 3.05        3.80 / 2.92 (0.77x), 4,000 t
 (a quiet hour, c1a8851)     458 (4 thr) 8.58        8.16 / 8.30 (1.02x), 4,003 trials
 gRPC floor, same hour       850 (1 thr) 1.15        (two empty calls, no state)
                            1157 (4 thr) 3.41
+A/B in one later hour:
+  on worker threads         253 (1 thr) 3.80        3.28 / 4.08, 3,000 trials
+  (ec516ff)                 332 (4 thr) 11.86       11.51 / 13.02
+  on the event loop         363 (1 thr) 2.65        2.74 / 2.71
+  (0c8f496)                 574 (4 thr) 6.86        7.04 / 6.60 (floor 1,179)
 =========================  ==========  ==========  ==============================
+
+The round trip on the event loop (architecture §1, "Threads": ``Predict``/``ReportEpoch`` as
+coroutines, commits awaited on the committer thread) cut the server's CPU per round trip from
+3.03 to 1.81 ms and moved offcutd from 0.28x to 0.49x the floor in that hour.
 
 The machine's speed varies by up to 2x over an hour (the same daemon measured 298 and 458
 rt/s from 4 threads); compare rows taken in one run, and offcutd's ratio to the floor (0.37x

@@ -358,6 +358,7 @@ class OffcutServer:
             self.metrics_endpoint.stop()
             self.metrics_endpoint = None
         self.engine.close()
+        self.zeus.commits.close()  # its committer thread, before the file it commits to
         self.zeus_store.close()
         if self.socket_path is not None and self.socket_path.exists():
             self.socket_path.unlink()

@@ -355,3 +355,7 @@ def test_callers_on_an_event_loop_get_their_commit_and_its_failure_from_the_comm
     store.db.execute("PRAGMA query_only = OFF")
     p = asyncio.run(registry.predict_async("big", "after", Admin()))
     assert p.trial_number == 41  # the failed calls left nothing behind
+    committer = registry.commits._committer
+    assert committer is not None and committer.is_alive()
+    registry.commits.close()  # the daemon stops: the committer thread ends
+    assert not committer.is_alive()

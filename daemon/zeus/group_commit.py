@@ -63,6 +63,7 @@ class GroupCommit:
         #: loop (:meth:`wait_async`), settled by the committer thread
         self._async: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._committer: threading.Thread | None = None
+        self._closed = False
 
     def submit(self, write: ZeusWrite) -> int:
         """Queue ``write``; its ticket (increasing). Raises CommitFailed while ``broken`` (a
@@ -128,7 +129,7 @@ class GroupCommit:
                 _settle(future, self._error_of(ticket))
                 return future
             self._async[ticket] = (loop, future)
-            if self._committer is None:
+            if self._committer is None and not self._closed:
                 self._committer = threading.Thread(target=self._commit_for_loops, daemon=True,
                                                    name="offcut-zeus-commit")
                 self._committer.start()
@@ -153,8 +154,10 @@ class GroupCommit:
         settles their futures on their loops. Runs for the process's life (a daemon thread)."""
         while True:
             with self._cond:
-                while not self._async:
+                while not self._async and not self._closed:
                     self._cond.wait()
+                if not self._async:
+                    return  # closed, and nobody waits
                 target = max(self._async)
             try:
                 self.wait(target, _owner=False)
@@ -164,6 +167,16 @@ class GroupCommit:
                 for ticket in [t for t in self._async if t <= self.settled]:
                     loop, future = self._async.pop(ticket)
                     loop.call_soon_threadsafe(_settle, future, self._error_of(ticket))
+
+    def close(self) -> None:
+        """End the committer thread once no caller on a loop waits any more (the daemon
+        stops; in-flight calls were given their grace period). Waits for it up to 10 s."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            committer, self._committer = self._committer, None
+        if committer is not None:
+            committer.join(10)
 
     def flush(self) -> None:
         """Wait until every write queued so far is durable (failures are the callers' to
