@@ -318,6 +318,7 @@ def test_callers_on_an_event_loop_get_their_commit_and_its_failure_from_the_comm
     import asyncio
 
     from offcut.daemon.storage_errors import StateReadOnly
+    from offcut.daemon.zeus.group_commit import CommitFailed
 
     path = tmp_path / "state.sqlite"
     store = Store(path, durability="full")
@@ -359,3 +360,5 @@ def test_callers_on_an_event_loop_get_their_commit_and_its_failure_from_the_comm
     assert committer is not None and committer.is_alive()
     registry.commits.close()  # the daemon stops: the committer thread ends
     assert not committer.is_alive()
+    with pytest.raises(CommitFailed, match="stopping"):  # a late call is not left waiting
+        asyncio.run(registry.predict_async("big", "late", Admin()))

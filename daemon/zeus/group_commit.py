@@ -128,8 +128,12 @@ class GroupCommit:
             if self.settled >= ticket:
                 _settle(future, self._error_of(ticket))
                 return future
+            if self._closed:  # no committer any more: never leave a caller waiting
+                _settle(future, CommitFailed("the daemon is stopping; the write was not "
+                                             "committed"))
+                return future
             self._async[ticket] = (loop, future)
-            if self._committer is None and not self._closed:
+            if self._committer is None:
                 self._committer = threading.Thread(target=self._commit_for_loops, daemon=True,
                                                    name="offcut-zeus-commit")
                 self._committer.start()

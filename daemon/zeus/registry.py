@@ -528,19 +528,25 @@ class ZeusRegistry:
     def report(self, job_id: str, trial_number: int, epoch: int, time_s: float, energy_j: float,
                metric: float, who: Caller, batch_size: int = 0, generation: int = 0) -> Verdict:
         """Record an epoch of a trial (see :meth:`BatchSizeJob.report`)."""
-        with self.lock:
-            result, ticket = self._mutate_job(job_id, who, lambda job: job.report(
-                trial_number, epoch, time_s, energy_j, metric, batch_size, generation))
+        result, ticket = self._begin_report(job_id, trial_number, epoch, time_s, energy_j,
+                                            metric, who, batch_size, generation)
         self._await(ticket)
         return result
+
+    def _begin_report(self, job_id: str, trial_number: int, epoch: int, time_s: float,
+                      energy_j: float, metric: float, who: Caller, batch_size: int,
+                      generation: int) -> tuple[Verdict, int]:
+        """:meth:`report` up to its commit: ``(verdict, ticket to wait for)``."""
+        with self.lock:
+            return self._mutate_job(job_id, who, lambda job: job.report(
+                trial_number, epoch, time_s, energy_j, metric, batch_size, generation))
 
     async def report_async(self, job_id: str, trial_number: int, epoch: int, time_s: float,
                            energy_j: float, metric: float, who: Caller, batch_size: int = 0,
                            generation: int = 0) -> Verdict:
         """:meth:`report` for a caller on the event loop (see :meth:`predict_async`)."""
-        with self.lock:
-            result, ticket = self._mutate_job(job_id, who, lambda job: job.report(
-                trial_number, epoch, time_s, energy_j, metric, batch_size, generation))
+        result, ticket = self._begin_report(job_id, trial_number, epoch, time_s, energy_j,
+                                            metric, who, batch_size, generation)
         await self._await_async(ticket)
         return result
 
