@@ -10,9 +10,10 @@ import math
 
 from offcut.daemon.auth import Authenticator
 from offcut.daemon.service import _rpc, _rpc_async
-from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Resumed, Verdict
+from offcut.daemon.zeus.bso import BatchSizeJobSpec, Prediction, Resumed, Verdict
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
-from offcut.daemon.zeus.registry import DEFAULT_TRIAL_PAGE, MAX_TRIAL_PAGE, ZeusRegistry
+from offcut.daemon.zeus.registry import (DEFAULT_TRIAL_PAGE, MAX_TRIAL_PAGE, JobView,
+                                         ZeusRegistry)
 from offcut.daemon.model import Limits
 from offcut.errors import InvalidArgument, PermissionDenied
 from offcut.v1 import zeus_pb2, zeus_pb2_grpc
@@ -80,9 +81,10 @@ def job_spec_from_pb(pb: zeus_pb2.BatchSizeJobSpec, limits: Limits | None = None
     return BatchSizeJobSpec.create(**fields)
 
 
-def job_to_pb(job: BatchSizeJob, power: PowerLimitSpec | None, owner: str = ""
+def job_to_pb(job: JobView, power: PowerLimitSpec | None, owner: str = ""
               ) -> zeus_pb2.ZeusJob:
-    """The stored spec (defaults filled in), the owner and a view of the optimizer's state."""
+    """The stored spec (defaults filled in), the owner and a view of the optimizer's state
+    with one page of trials (:meth:`ZeusRegistry.job_view`)."""
     spec = job.spec
     pb_spec = zeus_pb2.BatchSizeJobSpec(
         job_id=spec.job_id, batch_sizes=list(spec.batch_sizes),
@@ -108,15 +110,12 @@ def job_to_pb(job: BatchSizeJob, power: PowerLimitSpec | None, owner: str = ""
         generation=t["generation"], interruptions=t["interruptions"])
         for t in state["trials"]]
     min_cost = state["min_cost_j"]
-    count = getattr(job, "trial_count", None)
-    if count is None:  # (a BatchSizeJob: every trial it holds)
-        count = job.ledger.count
     return zeus_pb2.ZeusJob(spec=pb_spec, phase=state["phase"],
                             best_batch_size=state["best_batch_size"],
                             min_cost_j=math.inf if min_cost is None else min_cost,
                             trials=trials, state_json=json.dumps(state), owner=owner,
-                            next_before_trial_number=getattr(job, "next_before", 0),
-                            trial_count=count)
+                            next_before_trial_number=job.next_before,
+                            trial_count=job.trial_count)
 
 
 def prediction_to_pb(p: Prediction) -> zeus_pb2.Prediction:
