@@ -97,6 +97,9 @@ class Client:
         token: bearer token; default ``$OFFCUT_TOKEN``, else the first line of ``token_file``
             / ``$OFFCUT_TOKEN_FILE`` (see :mod:`offcut.channel`).
         tls_ca: PEM file of the CA to trust for TCP with TLS; default ``$OFFCUT_TLS_CA``.
+        munge_socket: munged's socket; without a token every call carries a MUNGE credential
+            when munged runs (default ``$OFFCUT_MUNGE_SOCKET``, else
+            ``/run/munge/munge.socket.2``; :func:`offcut.channel.open_channel`).
         retry: retry idempotent calls while the daemon is unavailable (restarting), see
             :mod:`offcut.client.retry` for which calls, the backoff and the deadline; None
             (default): every failure is raised at once.
@@ -108,7 +111,7 @@ class Client:
     def __init__(self, address: str | None = None, timeout_s: float = 60.0, *,
                  token: str | None = None, token_file: str | None = None,
                  tls_ca: str | None = None, tls_server_name: str | None = None,
-                 retry: RetryPolicy | None = None):
+                 retry: RetryPolicy | None = None, munge_socket: str | None = None):
         self.retry = retry
         self.address = address or os.environ.get("OFFCUT_ADDRESS") or default_socket()
         self.timeout_s = timeout_s
@@ -116,7 +119,8 @@ class Client:
         token = resolve_token(token, token_file)
         self.authenticated = token is not None  # (the token itself is not kept)
         self.channel = open_channel(self.address, token=token, tls_ca=tls_ca,
-                                    tls_server_name=tls_server_name, options=[
+                                    tls_server_name=tls_server_name, munge_socket=munge_socket,
+                                    options=[
                                         ("grpc.max_receive_message_length", limit),
                                         ("grpc.max_send_message_length", limit)]
                                     + (retry.channel_options() if retry else []))

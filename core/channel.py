@@ -8,6 +8,12 @@ TLS: ``tls_ca`` or ``$OFFCUT_TLS_CA`` (PEM of the CA or self-signed certificate 
 ``tls_server_name`` (``$OFFCUT_TLS_SERVER_NAME``) when the certificate's name differs from the
 address's host. Tokens are sent as ``authorization: Bearer TOKEN`` metadata on every call
 and are never put in error messages.
+
+Without a token, a client identifies its user with MUNGE as Slurm does (:mod:`offcut.munge`):
+when munged's socket (``$OFFCUT_MUNGE_SOCKET``, else ``/run/munge/munge.socket.2``) exists,
+every call carries a fresh credential bound to that call (``authorization: MUNGE CRED``,
+:class:`MungeCredential`); a daemon with ``munge = true`` takes the uid from it, one without
+ignores it.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from pathlib import Path
 
 import grpc
 
+from offcut import munge
 from offcut.addresses import unix_socket_path, untrusted_socket
-from offcut.errors import InvalidArgument
+from offcut.errors import InvalidArgument, Unavailable
 
 
 def token_from_file(path: str, field: str = "token_file") -> str:
@@ -64,18 +71,17 @@ class _Details(collections.namedtuple("_Details", ("method", "timeout", "metadat
     pass
 
 
-class BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                  grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
-    """Adds ``authorization: Bearer TOKEN`` to every call of a channel."""
+class _Authorization(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                     grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds the ``authorization`` metadata of :meth:`header` to every call of a channel."""
 
-    def __init__(self, token: str):
-        self._header = ("authorization", f"Bearer {token}")
-
-    def __repr__(self) -> str:  # never show the token
-        return "BearerToken(***)"
+    def header(self, method: str) -> tuple[str, str]:
+        """``("authorization", VALUE)`` for a call of ``method`` (full gRPC name)."""
+        raise NotImplementedError
 
     def _details(self, d):
-        metadata = list(d.metadata or []) + [self._header]
+        method = d.method.decode() if isinstance(d.method, bytes) else d.method
+        metadata = list(d.metadata or []) + [self.header(method)]
         return _Details(d.method, d.timeout, metadata, d.credentials,
                         getattr(d, "wait_for_ready", None), getattr(d, "compression", None))
 
@@ -92,10 +98,68 @@ class BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterc
         return continuation(self._details(client_call_details), request_iterator)
 
 
+class BearerToken(_Authorization):
+    """Adds ``authorization: Bearer TOKEN`` to every call of a channel."""
+
+    def __init__(self, token: str):
+        self._header = ("authorization", f"Bearer {token}")
+
+    def __repr__(self) -> str:  # never show the token
+        return "BearerToken(***)"
+
+    def header(self, method: str) -> tuple[str, str]:
+        """The same header on every call."""
+        return self._header
+
+
+class MungeCredential(_Authorization):
+    """Adds ``authorization: MUNGE CRED`` to every call of a channel: a new credential per
+    call (munged accepts each once), its payload the call's method
+    (:func:`offcut.munge.call_payload`), decodable only by ``decoder_uid`` when given (the
+    unix socket's owner: the daemon's user).
+
+    Args:
+        socket: munged's socket (:func:`offcut.munge.socket_path`).
+        decoder_uid: the only uid that may decode the credentials (None: any).
+
+    A call raises :class:`offcut.errors.Unavailable` (field ``munge_socket``) when munged
+    does not answer.
+    """
+
+    def __init__(self, socket: str | None = None, decoder_uid: int | None = None):
+        self.socket = munge.socket_path(socket)
+        self.decoder_uid = decoder_uid
+
+    def header(self, method: str) -> tuple[str, str]:
+        """A fresh credential for ``method``."""
+        try:
+            credential = munge.encode(munge.call_payload(method), socket=self.socket,
+                                      decoder_uid=self.decoder_uid)
+        except munge.MungeError as exc:
+            raise Unavailable(f"cannot make a MUNGE credential with munged at {self.socket}: "
+                              f"{exc}", "munge_socket") from None
+        return ("authorization", f"MUNGE {credential}")
+
+
+def munge_socket_if_running(socket: str | None = None) -> str | None:
+    """munged's socket (:func:`offcut.munge.socket_path`) when it exists and libmunge loads,
+    else None: the test a client makes before identifying itself with MUNGE."""
+    path = munge.socket_path(socket)
+    try:
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            return None
+    except OSError:
+        return None
+    return path if munge.available() is None else None
+
+
 def open_channel(address: str, *, token: str | None = None, tls_ca: str | None = None,
-                 tls_server_name: str | None = None, options: list | None = None) -> grpc.Channel:
+                 tls_server_name: str | None = None, options: list | None = None,
+                 munge_socket: str | None = None) -> grpc.Channel:
     """A channel to ``address``: TLS when a CA is configured (argument or
-    ``$OFFCUT_TLS_CA``), with the bearer token when one is given.
+    ``$OFFCUT_TLS_CA``), with the bearer token when one is given, else with a MUNGE
+    credential per call when munged runs here (``munge_socket``, see
+    :func:`munge_socket_if_running`).
 
     Raises:
         InvalidArgument: the CA file cannot be read (``tls_ca``); a unix socket whose folder
@@ -121,5 +185,14 @@ def open_channel(address: str, *, token: str | None = None, tls_ca: str | None =
     else:
         channel = grpc.insecure_channel(address, options=options)
     if token:
-        channel = grpc.intercept_channel(channel, BearerToken(token))
+        return grpc.intercept_channel(channel, BearerToken(token))
+    munged = munge_socket_if_running(munge_socket)
+    if munged is not None:
+        owner = None
+        if socket is not None:
+            try:
+                owner = os.stat(socket).st_uid
+            except OSError:
+                owner = None  # (no socket yet: the call fails as UNAVAILABLE anyway)
+        channel = grpc.intercept_channel(channel, MungeCredential(munged, owner))
     return channel

@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -92,6 +92,11 @@ def serve(
     metrics_listen: Optional[str] = typer.Option(None, "--metrics-listen", help=flag_help("metrics_listen")),
     tokens_file: Optional[str] = typer.Option(None, "--tokens-file", help=flag_help("tokens_file")),
     insecure_local: Optional[bool] = typer.Option(None, "--insecure-local", help=flag_help("insecure_local")),
+    munge: Optional[bool] = typer.Option(None, "--munge", help=flag_help("munge")),
+    munge_socket: Optional[str] = typer.Option(None, "--munge-socket", help=flag_help("munge_socket")),
+    slurm_user: Optional[str] = typer.Option(None, "--slurm-user", help=flag_help("slurm_user")),
+    admin_users: Optional[List[str]] = typer.Option(None, "--admin-user", help=flag_help("admin_users") + " (repeat the flag for several)"),
+    admin_groups: Optional[List[str]] = typer.Option(None, "--admin-group", help=flag_help("admin_groups") + " (repeat the flag for several)"),
     clock: Optional[str] = typer.Option(None, help=flag_help("clock")),
     tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help=flag_help("tls_cert")),
     tls_key: Optional[str] = typer.Option(None, "--tls-key", help=flag_help("tls_key")),
@@ -110,7 +115,8 @@ def serve(
         raise typer.Exit(0)
     try:
         # every parameter named like a DaemonConfig option is that option's flag
-        flags = {k: v for k, v in locals().items() if k in DaemonConfig.model_fields}
+        flags = {k: v for k, v in locals().items() if k in DaemonConfig.model_fields
+                 and v != []}  # (a list flag not given is [], not None: the file's stays)
         cfg = load_config(config, flags)
     except ConfigError as exc:
         typer.echo(f"offcutd: {exc}", err=True)

@@ -41,11 +41,16 @@ import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
 from offcut.daemon.handlers import SYNC, behavior_of, kind_of, rebuild, refusal
 from offcut.errors import Unauthenticated
+from offcut.munge import PAYLOAD_PREFIX
+
+if TYPE_CHECKING:
+    from offcut.daemon.munge_auth import MungeIdentity
 
 ADMIN, SLURM, USER = "admin", "slurm", "user"
 ROLES = (ADMIN, SLURM, USER)
@@ -221,42 +226,81 @@ def add_token(path: str | Path, user: str, role: str) -> str:
     return token
 
 
-def bearer_token(metadata) -> str | None:
-    """The token of an ``authorization: Bearer TOKEN`` metadata entry (None if absent)."""
+def authorization(metadata, scheme: str) -> str | None:
+    """The value of the first ``authorization: SCHEME VALUE`` metadata entry of ``scheme``
+    (compared case-insensitively, as HTTP does), None if absent."""
     for key, value in metadata or ():
         if key == "authorization" and isinstance(value, str):
-            scheme, _, token = value.partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
+            given, _, credential = value.partition(" ")
+            if given.lower() == scheme and credential.strip():
+                return credential.strip()
     return None
 
 
-class Authenticator:
-    """Resolves callers: ``tokens`` (``{sha256: Principal}``, from :func:`load_tokens`) or None
-    (no auth: every caller is :data:`LOCAL_ADMIN`)."""
+def bearer_token(metadata) -> str | None:
+    """The token of an ``authorization: Bearer TOKEN`` metadata entry (None if absent)."""
+    return authorization(metadata, "bearer")
 
-    def __init__(self, tokens: dict[str, Principal] | None):
+
+def munge_credential(metadata) -> str | None:
+    """The credential of an ``authorization: MUNGE CRED`` metadata entry (None if absent)."""
+    return authorization(metadata, "munge")
+
+
+class Authenticator:
+    """Resolves callers: ``tokens`` (``{sha256: Principal}``, from :func:`load_tokens`) and/or
+    ``munge`` (MUNGE credentials, :class:`offcut.daemon.munge_auth.MungeIdentity`); with
+    neither, authentication is off and every caller is :data:`LOCAL_ADMIN`."""
+
+    def __init__(self, tokens: dict[str, Principal] | None, munge: "MungeIdentity | None" = None):
         self.tokens = tokens
+        self.munge = munge
 
     @property
     def enabled(self) -> bool:
-        """Whether tokens are required."""
-        return self.tokens is not None
+        """Whether callers must prove who they are (a token or a MUNGE credential)."""
+        return self.tokens is not None or self.munge is not None
 
-    def principal(self, metadata) -> Principal | None:
-        """The caller of a call with this metadata (``(key, value)`` pairs); None when the
-        token is missing or unknown.
+    @property
+    def wanted(self) -> str:
+        """What a caller must send, in words (for the UNAUTHENTICATED message)."""
+        ways = ([f"a MUNGE credential (authorization: MUNGE CRED, made by munge for "
+                 f"'{PAYLOAD_PREFIX}' + the method)"] if self.munge is not None else []) \
+            + (["a valid bearer token (authorization: Bearer TOKEN)"]
+               if self.tokens is not None else [])
+        return " or ".join(ways) + " is required"
 
-        One SHA-256 and one dict lookup by the digest. The lookup's timing can tell an
-        attacker at most something about the stored digests, never a token (SHA-256 is
-        preimage resistant), so no constant-time scan over all tokens is needed.
+    def principal(self, metadata, method: str = "") -> Principal | None:
+        """The caller of a call of ``method`` (full gRPC name) with this metadata (``(key,
+        value)`` pairs); None when it proves nobody (no or an unknown token, no credential).
+
+        A token costs one SHA-256 and one dict lookup by the digest. The lookup's timing can
+        tell an attacker at most something about the stored digests, never a token (SHA-256
+        is preimage resistant), so no constant-time scan over all tokens is needed. A MUNGE
+        credential is decoded by munged (blocking; the interceptor uses
+        :meth:`principal_async`).
+
+        Raises:
+            offcut.errors.Unauthenticated: a MUNGE credential that is refused (the message
+                says why: replayed, expired, another call's, an unknown uid).
         """
-        if self.tokens is None:
+        if not self.enabled:
             return LOCAL_ADMIN
-        token = bearer_token(metadata)
+        credential = munge_credential(metadata) if self.munge is not None else None
+        if credential is not None:
+            return self.munge.principal(credential, method)
+        token = bearer_token(metadata) if self.tokens is not None else None
         if token is None:
             return None
         return self.tokens.get(token_digest(token))
+
+    async def principal_async(self, metadata, method: str) -> Principal | None:
+        """:meth:`principal` for the event loop: a MUNGE credential is decoded on the
+        decoding threads, a token at once."""
+        credential = munge_credential(metadata) if self.munge is not None else None
+        if credential is not None:
+            return await self.munge.principal_async(credential, method)
+        return self.principal(metadata, method)
 
     def of(self, context) -> Principal:
         """The caller of a running call (the interceptor has already refused anonymous ones):
@@ -293,10 +337,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or not self.auth.enabled or method.startswith(OPEN_PREFIXES):
             return handler
-        who = self.auth.principal(handler_call_details.invocation_metadata)
+        try:
+            who = await self.auth.principal_async(handler_call_details.invocation_metadata,
+                                                  method)
+        except Unauthenticated as exc:
+            return refusal(handler, grpc.StatusCode.UNAUTHENTICATED, str(exc))
         if who is None:
-            return refusal(handler, grpc.StatusCode.UNAUTHENTICATED,
-                           "a valid bearer token is required (authorization: Bearer TOKEN)")
+            return refusal(handler, grpc.StatusCode.UNAUTHENTICATED, self.auth.wanted)
         if not who.may_call(method):
             allowed = [r for r in ROLES if r != ADMIN and r in METHOD_ROLES.get(method, ())]
             return refusal(handler, grpc.StatusCode.PERMISSION_DENIED,

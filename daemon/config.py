@@ -377,6 +377,21 @@ class DaemonConfig(BaseModel):
         None, examples=["/etc/offcut/tokens.toml"],
         description="bearer tokens -> user and role (admin | slurm | user), mode 0600 (offcut token new "
                     "adds one); unset = no authentication: whoever can open the socket is admin")
+    munge: bool = Field(False, description=(
+        "identify callers by MUNGE credentials, as Slurm does (authorization: MUNGE CRED, one "
+        "per call): local users and jobs on any node of the cluster need no token; the unix "
+        "socket then has mode 0666 (every call is authenticated); tokens_file may be set "
+        "too, for remote clients and service roles (docs/security.md)"))
+    munge_socket: str | None = Field(None, examples=["/run/munge/munge.socket.2"], description=(
+        "munged's socket on the daemon's host; unset = /run/munge/munge.socket.2"))
+    slurm_user: str = Field("slurm", min_length=1, max_length=200, description=(
+        "Slurm's SlurmUser (slurm.conf): its MUNGE credentials get the slurm role (the "
+        "prolog/epilog hooks, the watcher and the launcher); root's get admin"))
+    admin_users: list[str] = Field(default_factory=list, max_length=1000, examples=[["alice"]],
+                                   description="users whose MUNGE credentials get the admin role")
+    admin_groups: list[str] = Field(default_factory=list, max_length=1000, examples=[["hpcadmin"]],
+                                    description="groups whose members' MUNGE credentials get the "
+                                                "admin role")
     clock: Literal["live", "replay"] = Field(
         "live", description=(
             "live: every event is applied at the daemon's own receive time, and times in "
@@ -432,15 +447,16 @@ class DaemonConfig(BaseModel):
         if self.tls_cert is None and not is_loopback(host):
             raise ValueError(f"listen {self.listen} is reachable from other hosts: set tls_cert "
                              "and tls_key (TCP needs TLS), or listen on 127.0.0.1 or a unix socket")
-        if self.tokens_file is None and not is_loopback(host):
+        authenticated = self.tokens_file is not None or self.munge
+        if not authenticated and not is_loopback(host):
             raise ValueError(f"listen {self.listen} is reachable from other hosts without "
-                             "tokens_file: anyone could connect as admin; set tokens_file "
-                             "(offcut token new)")
-        if self.tokens_file is None and not self.insecure_local:
-            raise ValueError(f"listen {self.listen} is TCP without tokens_file: every local user "
-                             "could connect as admin. Set tokens_file (offcut token new), listen "
-                             "on a unix socket (mode 0600), or set insecure_local = true "
-                             "(--insecure-local) to accept it")
+                             "tokens_file or munge: anyone could connect as admin; set "
+                             "tokens_file (offcut token new) or munge = true")
+        if not authenticated and not self.insecure_local:
+            raise ValueError(f"listen {self.listen} is TCP without tokens_file or munge: every "
+                             "local user could connect as admin. Set tokens_file (offcut token "
+                             "new) or munge = true, listen on a unix socket (mode 0600), or set "
+                             "insecure_local = true (--insecure-local) to accept it")
         return self
 
     def limits(self):

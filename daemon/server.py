@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from offcut import munge
 from offcut.addresses import make_private_parents, untrusted_socket_dir
 from offcut.daemon.auth import (AuthInterceptor, Authenticator, TokensFileError, check_private,
                                 load_tokens)
@@ -30,6 +31,7 @@ from offcut.daemon.event_times import EventTimes
 from offcut.daemon.health import BoundedHealthServicer, HealthStatus
 from offcut.daemon.metrics import DaemonMetrics, MetricsEndpoint
 from offcut.daemon.migrations import UPGRADES
+from offcut.daemon.munge_auth import MungeIdentity
 from offcut.daemon.request_guard import (NODE_EVENT_METHODS, SMALL_REQUEST_BYTES,
                                          RequestGuardInterceptor, request_limits,
                                          transport_limit)
@@ -119,6 +121,36 @@ def open_state(config: DaemonConfig, lock: StateLock, *, init: bool = False) -> 
     return store
 
 
+def _munge_identity(config: DaemonConfig) -> MungeIdentity | None:
+    """The MUNGE identity of ``config.munge`` (None when off), checked once against munged:
+    a credential made and decoded at start, so that a missing libmunge, a munged that is
+    down or on another socket refuses the start instead of every later call.
+
+    Raises:
+        RuntimeError: naming ``munge``/``munge_socket`` and the reason.
+    """
+    if not config.munge:
+        return None
+    try:
+        identity = MungeIdentity(config.munge_socket, config.slurm_user, config.admin_users,
+                                 config.admin_groups)
+    except munge.MungeUnavailable as exc:
+        raise RuntimeError(f"munge: {exc}") from None
+    try:
+        munge.decode(munge.encode(b"offcut-start", socket=identity.socket),
+                     socket=identity.socket)
+    except munge.MungeError as exc:
+        identity.close()
+        raise RuntimeError(f"munge_socket: munged at {identity.socket} does not answer: {exc}"
+                           ) from None
+    return identity
+
+
+def _reachable_by_others(path: Path) -> bool:
+    """Whether every folder above ``path`` lets other users through (o+x)."""
+    return all(os.stat(d).st_mode & stat.S_IXOTH for d in path.resolve().parents)
+
+
 def _tls_credentials(config: DaemonConfig) -> grpc.ServerCredentials | None:
     """TLS server credentials from ``tls_cert``/``tls_key`` (None without them).
 
@@ -164,7 +196,7 @@ class OffcutServer:
             tokens = load_tokens(config.tokens_file) if config.tokens_file else None
         except TokensFileError as exc:
             raise RuntimeError(f"tokens_file: {exc}") from None
-        self.auth = Authenticator(tokens)
+        self.auth = Authenticator(tokens, _munge_identity(config))
         credentials = _tls_credentials(config)
         # then the state: a second daemon or a damaged file refuses the start at once
         make_private_parents(str(config.state))
@@ -201,7 +233,13 @@ class OffcutServer:
             self.state_lock.release()
             raise RuntimeError(f"cannot listen on {config.listen}: {exc}") from exc
         if self.socket_path is not None and self.socket_path.exists():
-            os.chmod(self.socket_path, 0o600)  # only the service user may connect
+            os.chmod(self.socket_path, self.socket_mode)
+
+    @property
+    def socket_mode(self) -> int:
+        """The unix socket's mode: 0600 (only the service user may connect) unless callers
+        are identified by MUNGE, then 0666 (every call proves its user; docs/security.md)."""
+        return 0o666 if self.auth.munge is not None else 0o600
 
     async def _build(self, credentials: grpc.ServerCredentials | None) -> None:
         """The gRPC server with its services, bound to ``config.listen`` (on the event loop,
@@ -336,7 +374,10 @@ class OffcutServer:
             log.info("Prometheus metrics on %s", self.metrics_endpoint.url)
         self._loop.run(self.server.start())
         if self.socket_path is not None:
-            os.chmod(self.socket_path, 0o600)  # only the service user may connect
+            os.chmod(self.socket_path, self.socket_mode)
+            if self.auth.munge is not None and not _reachable_by_others(self.socket_path):
+                log.warning("munge is on, but other users cannot reach %s (a folder above it "
+                            "lacks o+x); chmod 755 its folder", self.socket_path)
         for name in SERVICE_NAMES + ("", SOLVER_HEALTH, STATE_HEALTH):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.config.insecure_local and not self.auth.enabled and self.socket_path is None:
@@ -354,6 +395,8 @@ class OffcutServer:
         self._stopped = True
         self._loop.run(self._stop(grace_s))
         self.workers.shutdown(wait=False)
+        if self.auth.munge is not None:
+            self.auth.munge.close()
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.stop()
             self.metrics_endpoint = None

@@ -84,6 +84,7 @@ def watch(
     pyslurm: str = typer.Option("auto", "--pyslurm", help=PYSLURM_HELP),
     token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding a bearer token for the daemon"),
     tls_ca: Optional[Path] = typer.Option(None, "--tls-ca", help="PEM of the CA to trust for a TCP address [default: $OFFCUT_TLS_CA]"),
+    munge_socket: Optional[Path] = typer.Option(None, "--munge-socket", envvar="OFFCUT_MUNGE_SOCKET", help="munged's socket: without a token, calls carry a MUNGE credential when munged runs [default: /run/munge/munge.socket.2]"),
     dry_run: bool = typer.Option(False, "--dry-run", help="observe and log, send nothing"),
     log_file: Optional[Path] = typer.Option(None, "--log-file", help="log here instead of stderr"),
     log_level: str = typer.Option("info", "--log-level"),
@@ -123,7 +124,8 @@ def watch(
         try:
             token = token_from_file(str(token_file), "--token-file") if token_file else None
             sender = NodeEventSender(address or default_socket(), timeout_s=timeout_s,
-                                     token=token, tls_ca=str(tls_ca) if tls_ca else None)
+                                     token=token, tls_ca=str(tls_ca) if tls_ca else None,
+                                     munge_socket=str(munge_socket) if munge_socket else None)
         except InvalidArgument as exc:
             _fail(str(exc).replace("tls_ca:", "--tls-ca:", 1))
     w = Watcher(src, sender, rule=rule, node_partitions=parts, source_name=source,
@@ -180,6 +182,7 @@ def install_hooks(
     no_check: bool = typer.Option(False, "--no-check", help="epilog reports the job's nodes idle without asking Slurm"),
     token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding a bearer token (readable by SlurmUser, mode 0600)"),
     tls_ca: Optional[Path] = typer.Option(None, "--tls-ca", help="PEM of the CA to trust when --address is TCP (the daemon's TLS)"),
+    munge_socket: Optional[Path] = typer.Option(None, "--munge-socket", help="munged's socket, when not /run/munge/munge.socket.2: without --token-file the hooks identify themselves (as SlurmUser) with MUNGE"),
     python: Optional[Path] = typer.Option(None, "--python", help="interpreter with offcut installed [default: this one]"),
 ) -> None:
     """Write the PrologSlurmctld / EpilogSlurmctld wrappers and print the slurm.conf lines.
@@ -200,6 +203,7 @@ def install_hooks(
                      slurm_conf=str(slurm_conf) if slurm_conf else None,
                      token_file=str(token_file) if token_file else None,
                      tls_ca=str(tls_ca) if tls_ca else None, check=not no_check,
+                     munge_socket=str(munge_socket) if munge_socket else None,
                      job_name_prefix=job_name_prefix, job_comment=job_comment, **kw)
     paths = write_hooks(directory, cfg)
     for p in paths.values():

@@ -71,7 +71,12 @@ def _parse_args(argv):
     p.add_argument("--log-file", default=None, help="append log lines here (default stderr)")
     p.add_argument("--log-level", default="info")
     p.add_argument("--source", default=None, help="event source (default slurm-prolog / slurm-epilog)")
-    p.add_argument("--token-file", default=None, help="file holding a bearer token for the daemon")
+    p.add_argument("--token-file", default=None,
+                   help="file holding a bearer token for the daemon (without one, the hook "
+                        "identifies itself with a MUNGE credential when munged runs)")
+    p.add_argument("--munge-socket", default=None,
+                   help="munged's socket (default $OFFCUT_MUNGE_SOCKET, else "
+                        "/run/munge/munge.socket.2)")
     p.add_argument("--tls-ca", default=None,
                    help="PEM of the CA to trust for a TCP address (the daemon's TLS)")
     p.add_argument("--no-check", action="store_true",
@@ -162,7 +167,7 @@ def _sender(args, log):
             log.error("token file unusable (%s); sending without a token", exc)
     try:
         return NodeEventSender(args.address, timeout_s=args.timeout_s, token=token,
-                               tls_ca=args.tls_ca)
+                               tls_ca=args.tls_ca, munge_socket=args.munge_socket)
     except InvalidArgument as exc:
         log.error("cannot reach the daemon (%s); nothing sent", exc)
         return None

@@ -42,6 +42,7 @@ class HookConfig:
     squeue: str | None = None
     token_file: str | None = None
     tls_ca: str | None = None
+    munge_socket: str | None = None      # munged's socket, when not the default one
     check: bool = True
     slurm_timeout_s: float = 5.0
     job_name_prefix: str = ""
@@ -65,6 +66,8 @@ def hook_command(kind: str, cfg: HookConfig, log_file: str) -> list[str]:
         argv += ["--token-file", os.path.abspath(cfg.token_file)]
     if cfg.tls_ca:
         argv += ["--tls-ca", os.path.abspath(cfg.tls_ca)]
+    if cfg.munge_socket:
+        argv += ["--munge-socket", os.path.abspath(cfg.munge_socket)]
     if kind == "epilog":
         if not cfg.check:
             argv.append("--no-check")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from offcut.errors import OffcutError
+
 
 class DaemonError(Exception):
     """A failed call: ``code`` is the gRPC status name (``UNAVAILABLE``, ``FAILED_PRECONDITION``,
@@ -66,12 +68,14 @@ class NodeEventSender:
         token: bearer token sent as ``authorization`` metadata (None: none).
         tls_ca: PEM file of the CA to trust for a TCP address (None: ``$OFFCUT_TLS_CA``, else
             no TLS; :func:`offcut.channel.open_channel`).
+        munge_socket: munged's socket for MUNGE credentials when no token is given (None:
+            ``$OFFCUT_MUNGE_SOCKET``, else the default; :func:`offcut.channel.open_channel`).
 
     Raises :class:`offcut.errors.InvalidArgument` when the CA file cannot be read.
     """
 
     def __init__(self, address: str, timeout_s: float = 10.0, token: str | None = None,
-                 tls_ca: str | None = None):
+                 tls_ca: str | None = None, munge_socket: str | None = None):
         import grpc
         from offcut.channel import open_channel
         from offcut.v1 import nodes_pb2, nodes_pb2_grpc
@@ -79,7 +83,8 @@ class NodeEventSender:
         self._grpc, self._pb = grpc, nodes_pb2
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = open_channel(address, token=token, tls_ca=tls_ca)
+        self._channel = open_channel(address, token=token, tls_ca=tls_ca,
+                                     munge_socket=munge_socket)
         self._stub = nodes_pb2_grpc.NodeEventsStub(self._channel)
 
     def close(self) -> None:
@@ -101,6 +106,8 @@ class NodeEventSender:
             details = err.details() if hasattr(err, "details") else str(err)
             raise DaemonError(code.name if code is not None else "UNKNOWN",
                               f"{details} (daemon {self.address})") from None
+        except OffcutError as err:  # no credential could be made (munged down)
+            raise DaemonError(err.status, str(err)) from None
 
     def _time(self, time_ns: int):
         from google.protobuf.timestamp_pb2 import Timestamp

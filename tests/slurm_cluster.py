@@ -22,7 +22,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import random
+import secrets
 import shutil
 import socket
 import subprocess
@@ -332,3 +334,32 @@ def cluster_daemon(slurm_cluster, tmp_path):
     finally:
         client.close()
         srv.stop(0.2)
+
+
+@contextlib.contextmanager
+def made_local_user(cluster: SlurmCluster, groups: Iterable[str] = ()) -> Iterator[Any]:
+    """A real local user, made with ``useradd`` (a normal account: uid from login.defs'
+    UID_MIN..UID_MAX, >= 1000; its own group, and ``groups`` besides; bash), its home in the
+    cluster's folder (mode 0755 up to there, so the jobs reach it); its ``pwd`` entry. At the
+    end its jobs are cancelled, and once they are gone the user, its group and its home are
+    removed."""
+    name = f"oc{secrets.token_hex(5)}"
+    homes = cluster.root / "homes"
+    homes.mkdir(exist_ok=True)
+    homes.chmod(0o755)
+    extra = ["--groups", ",".join(groups)] if groups else []
+    proc = subprocess.run(["useradd", "--create-home", "--home-dir", str(homes / name),
+                           "--user-group", *extra, "--shell", "/bin/bash", "--comment",
+                           "Offcut test user", name], capture_output=True, text=True)
+    assert proc.returncode == 0, f"useradd {name}: {proc.stderr.strip()}"
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        cluster.run("scancel", "--quiet", f"--user={name}", check=False)
+        cluster.wait_for(
+            lambda: not any(j.get("user_name") == name and j["state"] in ACTIVE_JOB_STATES
+                            for j in cluster.jobs().values()),
+            timeout=60, what=f"the jobs of {name} to end")
+        proc = subprocess.run(["userdel", "--remove", name], capture_output=True, text=True)
+        if proc.returncode not in (0, 12):  # 12: the home could not be removed (is gone)
+            subprocess.run(["userdel", "--force", "--remove", name], capture_output=True)

@@ -25,7 +25,7 @@ import pytest
 from pydantic import ValidationError
 
 from daemon_helpers import make_spec
-from slurm_cluster import ACTIVE_JOB_STATES
+from slurm_cluster import made_local_user
 from test_slurm_launcher import ALL, FakeSlurm, fake_users, offcut_jobs, passwd
 
 from offcut.client import Client
@@ -202,29 +202,9 @@ def test_without_run_as_owner_tasks_run_as_the_launcher(daemon, tmp_path, monkey
 # ----------------------------------------------------------------------------- real Slurm
 @pytest.fixture
 def local_user(slurm_cluster):
-    """A real local user, made for the test with ``useradd`` (a normal account: uid from
-    login.defs' UID_MIN..UID_MAX, >= 1000; its own group; bash), its home in the cluster's
-    folder (mode 0755 up to there, so the jobs reach it). At the end its jobs are cancelled,
-    and once they are gone the user, its group and its home are removed."""
-    name = f"oc{secrets.token_hex(5)}"
-    homes = slurm_cluster.root / "homes"
-    homes.mkdir(exist_ok=True)
-    homes.chmod(0o755)
-    proc = subprocess.run(["useradd", "--create-home", "--home-dir", str(homes / name),
-                           "--user-group", "--shell", "/bin/bash", "--comment",
-                           "Offcut test task owner", name], capture_output=True, text=True)
-    assert proc.returncode == 0, f"useradd {name}: {proc.stderr.strip()}"
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        slurm_cluster.run("scancel", "--quiet", f"--user={name}", check=False)
-        slurm_cluster.wait_for(
-            lambda: not any(j.get("user_name") == name and j["state"] in ACTIVE_JOB_STATES
-                            for j in slurm_cluster.jobs().values()),
-            timeout=60, what=f"the jobs of {name} to end")
-        proc = subprocess.run(["userdel", "--remove", name], capture_output=True, text=True)
-        if proc.returncode not in (0, 12):  # 12: the home could not be removed (is gone)
-            subprocess.run(["userdel", "--force", "--remove", name], capture_output=True)
+    """A real local user made for the test (:func:`slurm_cluster.made_local_user`)."""
+    with made_local_user(slurm_cluster) as user:
+        yield user
 
 
 def jobs_since(slurm, tid: str, t0: float) -> list[dict]:
