@@ -104,6 +104,11 @@ class SlurmConfig(BaseModel):
     rescale_grace_s: float = Field(60.0, ge=0, le=86400, description=(
         "seconds a generation being replaced (grow, shrink, restart) has, after the signal, to "
         "checkpoint and exit before its jobs are cancelled; the new generation starts after"))
+    pending_timeout_s: float = Field(300.0, ge=0, le=604800, description=(
+        "a job of Offcut's still pending after this long [s] (its node was taken by a job "
+        "Offcut was not told about, or the partition cannot start it) is cancelled and its "
+        "node reported taken back, so the daemon re-places the task without it; 0 = wait "
+        "for ever"))
     checkpoint_root: str = Field("offcut-checkpoints", min_length=1, description=(
         "folder of the tasks' checkpoints, one sub-folder per task (OFFCUT_CHECKPOINT_DIR), "
         "made by the task's job as its owner (mode 0700); must be on storage every node sees; "

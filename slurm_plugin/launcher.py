@@ -31,6 +31,10 @@ Slurm call repairs itself on the next pass:
   held the nodes and the checkpoint) and none of its nodes is *held*: a node whose job
   Slurm preempted waits until the daemon's placement has dropped it (the prolog or the
   watcher tells the daemon), so there is no tug of war with the job that preempted it;
+* a job of a current generation still pending after ``slurm.pending_timeout_s`` (its node
+  is held by a job the daemon was not told about, or the partition cannot start it) is given
+  back: the node is reported taken back (``ReportNodes``, source ``slurm-launcher``), which
+  makes the daemon re-place the task without it, and then the job is cancelled;
 * a task that cannot run as its owner is reported ``failed`` once, with the reason (the
   daemon fails it) and nothing is submitted for it;
 * every job that started or ended is reported once to the daemon (``Tasks.ReportTaskRun``
@@ -291,6 +295,7 @@ class PassResult:
     held: list[tuple[str, str]] = field(default_factory=list)             # preempted, waiting
     waiting: list[str] = field(default_factory=list)  # tasks whose new generation waits
     refused: list[tuple[str, str]] = field(default_factory=list)  # (task, why): not launched
+    given_back: list[tuple[str, str, str]] = field(default_factory=list)  # pending too long
 
     @property
     def busy(self) -> bool:
@@ -329,6 +334,7 @@ class Launcher:
         self.submitted: set[tuple[str, int, str]] = set()  # (task, generation, node)
         self._errors: set[str] = set()
         self._first = True
+        self._node_seq = 0  # seq of the last node event sent (time-based, ns)
 
     # ------------------------------------------------------------------ helpers
     def _error(self, kind: str, message: str) -> None:
@@ -423,6 +429,11 @@ class Launcher:
             if active:
                 log.info("adopted %d running job(s) of Offcut", len(active))
             self._first = False
+        for job_id, (name, job) in active.items():
+            gen = desired.get(name.task_id)
+            if gen is not None and gen.generation == name.generation \
+                    and self._pending_too_long(job):
+                self._give_back(job_id, name, job, result)
         draining: set[str] = set()  # tasks with a job of a replaced generation still active
         for job_id, (name, job) in active.items():
             gen = desired.get(name.task_id)
@@ -498,6 +509,29 @@ class Launcher:
         self.submitted = {k for k in self.submitted
                           if k[0] in desired and k[1] == desired[k[0]].generation}
         self.refused &= desired.keys()
+
+    def _pending_too_long(self, job: JobInfo) -> bool:
+        """Whether ``job`` is pending for longer than ``pending_timeout_s`` (by Slurm's
+        submit time and this host's clock; never when either is unknown or the limit 0)."""
+        limit = self.cfg.pending_timeout_s
+        return bool(limit and "PENDING" in job.states and job.submit_time
+                    and self.clock() - job.submit_time > limit
+                    and job.job_id not in self.cancelled)
+
+    def _give_back(self, job_id: str, name: JobName, job: JobInfo, result: PassResult) -> None:
+        """Report ``name.node`` taken back to the daemon (source ``slurm-launcher``), then
+        cancel the pending job. The report comes first: if it fails, the job stays and the
+        next pass tries again, so a task never waits on a node the daemon still counts."""
+        now_ns = time.time_ns()
+        self._node_seq = max(now_ns, self._node_seq + 1)
+        self.client.report_nodes(now_ns / 1e9, "slurm-launcher", self._node_seq,
+                                 preempted=[name.node])
+        self.cli.cancel([job_id])
+        self.cancelled.add(job_id)
+        result.given_back.append((name.task_id, name.node, job_id))
+        log.warning("task %s generation %d: job %s pending on %s for over %g s; node given "
+                    "back to the daemon, job cancelled", name.task_id, name.generation, job_id,
+                    name.node, self.cfg.pending_timeout_s)
 
     def _refuse(self, gen: Generation, reason: str, result: PassResult) -> None:
         """Report once that ``gen``'s task cannot run as its owner (``reason``): a ``failed``

@@ -15,6 +15,8 @@ import time
 import hostlist
 import pytest
 
+from slurm_cluster import idle_set
+
 from offcut.client import Client, make_task_spec
 from offcut.daemon.config import SlurmConfig
 from offcut.slurm_plugin.launcher import (Generation, Launcher, batch_script, checkpoint_dir,
@@ -308,6 +310,44 @@ def test_generations_through_preemption_grow_and_shrink_with_fake_slurm(placed):
     assert sorted(n for _, n, _ in r.signalled) == ["n3", "n4"] and not r.submitted
 
 
+def test_a_job_pending_too_long_gives_its_node_back_and_the_task_moves_on(placed):
+    """A job of the current generation that Slurm does not start within pending_timeout_s
+    (its node taken by a job the daemon was not told about) is cancelled and its node
+    reported taken back: the daemon re-places the task on the other nodes, and the launcher
+    replaces the generation. Not before the limit, and never with the limit 0."""
+    client, tid = placed
+    slurm, mono = FakeSlurm(), Clock()
+    limit = 3.0
+    launcher = Launcher(client, SlurmConfig(pending_timeout_s=limit, rescale_grace_s=0), slurm,
+                        monotonic=mono, accounts=OWNERS)
+    unlimited = Launcher(client, SlurmConfig(pending_timeout_s=0), slurm, monotonic=mono,
+                         accounts=OWNERS)
+    launcher.reconcile()
+    unlimited.reconcile()
+    stuck = slurm.active()["n2"]
+    submitted = int(time.time())  # (Slurm's resolution: whole seconds)
+    slurm.jobs[stuck].update(job_state="PENDING", submit_time=submitted)
+    assert not launcher.reconcile().given_back
+    assert slurm.jobs[stuck]["job_state"] == "PENDING"
+    deadline = time.monotonic() + 60
+    while time.time() <= submitted + limit + 1:  # the behaviour under test is time passing
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert not unlimited.reconcile().given_back
+    assert "n2" in idle_set(client)
+    r = launcher.reconcile()
+    assert r.given_back == [(tid, "n2", stuck)]
+    assert slurm.jobs[stuck]["job_state"] == "CANCELLED"
+    assert "n2" not in idle_set(client)
+    task = client.get_task(tid)
+    assert task.generation == 2 and sorted(task.nodes) == ["n1", "n3", "n4"]
+    reported = []
+    for _ in range(3):  # the replaced generation is cancelled, then the new one submitted
+        reported += launcher.reconcile().reported
+    assert slurm.generations() == {"n1": 2, "n3": 2, "n4": 2}
+    assert not [r for r in reported if r[2] in ("preempted", "failed")]
+
+
 def test_failed_runs_restart_the_generation_then_fail_the_task(placed):
     client, tid = placed
     slurm, mono = FakeSlurm(), Clock()
@@ -395,6 +435,47 @@ def offcut_jobs(slurm, tid: str, active_only: bool = True) -> dict[tuple[int, st
 def running_on(slurm, tid) -> dict[str, int]:
     """node -> generation of the task's running jobs."""
     return {n: g for (g, n), j in offcut_jobs(slurm, tid).items() if j["state"] == "RUNNING"}
+
+
+def test_a_node_taken_behind_the_daemons_back_is_given_back_on_real_slurm(
+        slurm, cluster_daemon, tmp_path):
+    """The daemon was not told that a regular job took n2 (no hooks): the task's job there
+    stays PENDING (a scavenger job cannot preempt it); after pending_timeout_s the launcher
+    cancels it and reports n2 taken back, and the task runs on the three other nodes."""
+    srv, client = cluster_daemon
+    slurm.install_hooks(address=f"unix://{tmp_path}/nobody-listens.sock")  # the daemon is blind
+    regular = slurm.sbatch("-p", "batch", "-N1", "-w", "n2", wrap="sleep 300")
+    slurm.wait_state(regular, {"RUNNING"}, timeout=60)
+    client.sync_nodes(time.time(), "slurm-watch", 1, idle=ALL)  # a stale idle set
+    tmp_path.chmod(0o755)
+    tid = client.submit(spec(command=["sleep", "600"]), owner="test").task.task_id
+    assert sorted(client.get_task(tid).nodes) == ALL
+    cfg = SlurmConfig(workdir=str(tmp_path), output=str(tmp_path / "%x-%j.out"),
+                      rescale_grace_s=0, pending_timeout_s=3)
+    stop = threading.Event()
+    with Client(client.address, timeout_s=10) as launcher_client:
+        th = threading.Thread(target=Launcher(launcher_client, cfg,
+                                              SlurmCLI(slurm_conf=str(slurm.conf)),
+                                              accounts=AS_LAUNCHER).run,
+                              args=(0.5, stop), daemon=True)
+        th.start()
+        try:
+            pending = slurm.wait_for(
+                lambda: [j for (g, n), j in offcut_jobs(slurm, tid).items()
+                         if n == "n2" and j["state"] == "PENDING"],
+                timeout=60, what="the task's job on n2 to be pending")
+            slurm.wait_for(lambda: set(client.get_task(tid).nodes) == {"n1", "n3", "n4"},
+                           timeout=60, what="the task to be re-placed without n2")
+            assert "n2" not in idle_set(client)
+            slurm.wait_for(lambda: set(running_on(slurm, tid)) == {"n1", "n3", "n4"}
+                           and len(set(running_on(slurm, tid).values())) == 1,
+                           timeout=60, what="a new generation on n1, n3, n4")
+            assert slurm.job_state(pending[0]["job_id"]) == "CANCELLED"
+            assert slurm.job_state(regular) == "RUNNING"  # the regular job was never touched
+            assert client.get_task(tid).state == tasks_pb2.TASK_STATE_RUNNING
+        finally:
+            stop.set()
+            th.join(10)
 
 
 @pytest.mark.slow
