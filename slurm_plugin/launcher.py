@@ -35,6 +35,12 @@ Slurm call repairs itself on the next pass:
   is held by a job the daemon was not told about, or the partition cannot start it) is given
   back: the node is reported taken back (``ReportNodes``, source ``slurm-launcher``), which
   makes the daemon re-place the task without it, and then the job is cancelled;
+* a (task, generation, node) of a current generation that this launcher has not seen and
+  that ``squeue`` does not show (the launcher was down while its job ran and ended, and
+  Slurm has forgotten it after ``MinJobAge``) is looked up once in Slurm's accounting
+  (``sacct``, :meth:`Launcher.accounted`): an ended job found there is reported like one
+  ``squeue`` shows, and never submitted again; without accounting (no slurmdbd) this is
+  logged once and the job is submitted as before;
 * a task that cannot run as its owner is reported ``failed`` once, with the reason (the
   daemon fails it) and nothing is submitted for it;
 * every job that started or ended is reported once to the daemon (``Tasks.ReportTaskRun``
@@ -77,7 +83,7 @@ from offcut.slurm_plugin.owners import (JOB_UMASK, Account, OwnerAccounts, Owner
                                         RunAsPolicy, user_name)
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.slurm_plugin.slurm_json import (FINISHED_JOB_STATES, JobInfo, SlurmError,
-                                            parse_jobs, parse_nodes)
+                                            parse_jobs, parse_nodes, parse_sacct)
 
 log = logging.getLogger("offcut.slurm.launcher")
 
@@ -332,6 +338,7 @@ class Launcher:
         self.reported: set[tuple[str, str]] = set()  # (job id, state) sent to the daemon
         self.held: set[tuple[str, str]] = set()      # (task, node) preempted, not resubmitted
         self.submitted: set[tuple[str, int, str]] = set()  # (task, generation, node)
+        self.looked_up: set[tuple[str, int]] = set()  # (task, generation) asked of sacct
         self._errors: set[str] = set()
         self._first = True
         self._node_seq = 0  # seq of the last node event sent (time-based, ns)
@@ -375,7 +382,8 @@ class Launcher:
 
     def _report(self, name: JobName, job: JobInfo, state: str, result: PassResult) -> bool:
         """Send one run report (once per job and state; the daemon dedups retries by
-        request id, also across launcher restarts). True when it was new."""
+        request id, also across launcher restarts). True when the daemon took it as new
+        (False: a repeat, or refused as not applicable)."""
         key = (job.job_id, state)
         if key in self.reported:
             return False
@@ -388,15 +396,17 @@ class Launcher:
                     else "checkpointed, restart requested")
         if job.signal and state in ("failed", "interrupted"):
             text = (text + f"; killed by signal {job.signal}").lstrip("; ")
-        new = True
         try:
             reply = self.client.report_task_run(
                 name.task_id, state, node=name.node, job_id=job.job_id,
                 exit_code=job.exit_code, message=text, time=self.clock(),
                 request_id=f"{job.job_id}:{state}", generation=name.generation or None)
             new = not reply.decision.duplicate  # known before a launcher restart
-        except (NotFound, FailedPrecondition) as exc:  # the task is gone or already finished
+        except (NotFound, FailedPrecondition) as exc:  # the task is gone or already finished,
+            # or the job is not the task's (a generation it never had): nothing happened, so
+            # nothing follows from it (no node is held for a refused preemption report)
             log.debug("run report %s of job %s not needed: %s", state, job.job_id, exc)
+            new = False
         self.reported.add(key)
         if not new:
             return False
@@ -418,6 +428,7 @@ class Launcher:
         desired = self.desired()
         jobs = {j: (name, job) for j, (name, job) in self.own_jobs().items()
                 if not _older_than_task(job, desired.get(name.task_id))}
+        jobs.update(self.accounted(desired, jobs))
         active, ended, preempted = self._report_runs(jobs, result)
         if result.reported:  # a report may have started a new generation or ended a task
             desired = self.desired()
@@ -465,6 +476,49 @@ class Launcher:
         self._forget(jobs, desired)
         return result
 
+    def accounted(self, desired: dict[str, Generation],
+                  jobs: dict[str, tuple[JobName, JobInfo]]) -> dict[str, tuple[JobName, JobInfo]]:
+        """Ended jobs of current generations that ``squeue`` no longer shows, from Slurm's
+        accounting: job id -> (name, job). Asked once per (task, generation) this launcher
+        has not submitted or seen (a restarted launcher's first look at a generation), in
+        one ``sacct`` call; a generation with a job accounting still shows active is asked
+        again next pass. Without accounting: nothing (logged once)."""
+        shown = {(n.task_id, n.generation, n.node) for n, _ in jobs.values()}
+        missing = {job_name(self.cfg, t, g.generation, n): g
+                   for t, g in desired.items() if (t, g.generation) not in self.looked_up
+                   for n in g.nodes
+                   if (t, g.generation, n) not in self.submitted | shown}
+        if not missing:
+            return {}
+        groups = {(g.task_id, g.generation) for g in missing.values()}
+        try:
+            records = parse_sacct(self.cli.sacct(
+                sorted(missing), min(g.submit_time for g in missing.values()) - CLOCK_SLACK_S))
+            self._ok("sacct")
+        except SlurmError as exc:
+            self._error("sacct", f"Slurm's accounting cannot be read ({exc}); jobs that ended "
+                                 "while the launcher was down and that squeue no longer shows "
+                                 "cannot be told from jobs never submitted")
+            self.looked_up |= groups
+            return {}
+        found: dict[str, tuple[JobName, JobInfo]] = {}
+        for job in records:
+            gen = missing.get(job.name)
+            parsed = parse_job_name(self.cfg, job.name)
+            if gen is None or parsed is None or job.job_id in jobs \
+                    or self.cfg.partition not in job.partition.split(",") \
+                    or _older_than_task(job, gen):
+                continue
+            if not job.states & FINISHED_JOB_STATES:  # (squeue and sacct asked a moment apart)
+                groups.discard((gen.task_id, gen.generation))
+                continue
+            found[job.job_id] = (parsed, job)
+            log.info("task %s generation %d: job %s on %s ended while the launcher was away "
+                     "(%s in Slurm's accounting)", parsed.task_id, parsed.generation, job.job_id,
+                     parsed.node, ",".join(sorted(job.states)))
+        self.looked_up |= groups
+        return found
+
     def _report_runs(self, jobs: dict[str, tuple[JobName, JobInfo]], result: PassResult
                      ) -> tuple[dict[str, tuple[JobName, JobInfo]],
                                 dict[tuple[str, int], list[tuple[JobName, JobInfo, str]]],
@@ -507,6 +561,8 @@ class Launcher:
         self.cancelled &= jobs.keys()
         self.signalled = {j: t for j, t in self.signalled.items() if j in jobs}
         self.submitted = {k for k in self.submitted
+                          if k[0] in desired and k[1] == desired[k[0]].generation}
+        self.looked_up = {k for k in self.looked_up
                           if k[0] in desired and k[1] == desired[k[0]].generation}
         self.refused &= desired.keys()
 

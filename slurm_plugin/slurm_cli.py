@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -39,7 +40,8 @@ class SlurmCLI:
     (the hooks get absolute paths, resolved when they are installed).
 
     Args:
-        sinfo, squeue, sbatch, scancel, scontrol: the commands (name or path).
+        sinfo, squeue, sbatch, scancel, scontrol, sacct_command: the commands (name or
+            path).
         slurm_conf: ``SLURM_CONF`` given to the commands (None: the caller's environment).
         timeout_s: default limit per command [s].
         extra_env: further environment variables of the commands (win over everything).
@@ -50,6 +52,7 @@ class SlurmCLI:
     sbatch: str = "sbatch"
     scancel: str = "scancel"
     scontrol: str = "scontrol"
+    sacct_command: str = "sacct"
     slurm_conf: str | None = None
     timeout_s: float = 10.0
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -132,6 +135,21 @@ class SlurmCLI:
     def squeue_json(self) -> dict:
         """``squeue --json`` (all jobs, finished ones included while Slurm keeps them)."""
         return self.run_json([self.squeue, "--json"])
+
+    def sacct(self, names: Sequence[str], since: float) -> str:
+        """Slurm's accounting of the jobs named ``names`` submitted since ``since`` [s since
+        the epoch], every user's (``sacct -X -a --parsable2 --noheader``, columns
+        :data:`offcut.slurm_plugin.slurm_json.SACCT_FIELDS`, times as epoch seconds). The
+        text form rather than ``--json``: Slurm 22.05's JSON gives an allocation's exit code
+        as 0 whatever the batch script returned. Raises SlurmCommandError (e.g. accounting
+        storage disabled: no slurmdbd)."""
+        from offcut.slurm_plugin.slurm_json import SACCT_FIELDS
+
+        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(max(since, 0)))
+        return self.run([self.sacct_command, "-X", "-a", "--parsable2", "--noheader",
+                         f"--format={','.join(SACCT_FIELDS)}", f"--name={','.join(names)}",
+                         f"--starttime={start}"],
+                        env={**os.environ, "SLURM_TIME_FORMAT": "%s"})
 
     def version(self) -> tuple[int, int, int]:
         """Slurm's version from ``sinfo --version`` (e.g. ``slurm-wlm 22.05.8`` -> (22, 5, 8))."""

@@ -484,3 +484,46 @@ def idle_nodes(nodes: Mapping[str, NodeInfo], jobs: Iterable[JobInfo], rule: Own
         else:
             view.idle.append(name)
     return view
+
+
+# ----------------------------------------------------------------------------- accounting
+#: the columns :meth:`offcut.slurm_plugin.slurm_cli.SlurmCLI.sacct` asks for, in order
+SACCT_FIELDS = ("JobID", "JobName", "Partition", "State", "ExitCode", "NodeList", "Submit")
+
+
+def parse_sacct(text: str) -> list[JobInfo]:
+    """Jobs of ``sacct -X --parsable2 --noheader --format=`` :data:`SACCT_FIELDS` (times as
+    epoch seconds, ``SLURM_TIME_FORMAT=%s``), as :class:`JobInfo` records: ``State`` such as
+    ``CANCELLED by 0`` becomes ``{"CANCELLED"}``, ``ExitCode`` ``75:0`` the exit code 75 and
+    signal 0, ``NodeList`` ``None assigned`` no nodes.
+
+    Raises:
+        SlurmDataError: a line without the expected columns, naming it (1-based).
+    """
+    out = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        cols = line.split("|")
+        if len(cols) != len(SACCT_FIELDS):
+            raise SlurmDataError(f"sacct line {number}: {len(cols)} columns, expected "
+                                 f"{len(SACCT_FIELDS)} ({'|'.join(SACCT_FIELDS)}): {line[:120]!r}")
+        jid, name, partition, state, exit_code, nodes, submit = cols
+        if not jid.strip():
+            raise SlurmDataError(f"sacct line {number}: no job id")
+        code, _, sig = exit_code.partition(":")
+        try:
+            exit_status = (int(code or 0), int(sig or 0))
+            submitted = float(submit) if submit.strip() not in ("", "Unknown", "None") else 0.0
+        except ValueError:
+            raise SlurmDataError(f"sacct line {number}: exit code {exit_code!r} or submit time "
+                                 f"{submit!r} is not a number (SLURM_TIME_FORMAT=%s)") from None
+        try:
+            node_names = () if nodes in ("", "None assigned") else tuple(expand_nodelist(nodes))
+        except NodeListError as exc:
+            raise SlurmDataError(f"sacct line {number}: node list {nodes!r}: {exc}") from None
+        out.append(JobInfo(job_id=jid.strip(), name=name, partition=partition,
+                           states=state_tokens(state.split(" ")[0]), nodes=node_names,
+                           submit_time=submitted, exit_code=exit_status[0],
+                           signal=exit_status[1]))
+    return out

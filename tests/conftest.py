@@ -9,7 +9,8 @@ import pytest
 from offcut.client import Client
 from offcut.daemon.config import DaemonConfig
 from offcut.daemon.server import OffcutServer
-from slurm_cluster import cluster_daemon, slurm, slurm_cluster  # noqa: F401 - fixtures (real Slurm)
+from slurm_cluster import (cluster_daemon, slurm, slurm_accounting,  # noqa: F401 - fixtures
+                           slurm_cluster)  # (real Slurm)
 
 
 class Daemons:

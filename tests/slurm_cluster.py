@@ -93,8 +93,10 @@ def _free_port_block(n: int, tries: int = 200) -> int:
 class SlurmCluster:
     """A running test cluster and helpers to drive it."""
 
-    def __init__(self, root: Path, nodes: int = NODES):
+    def __init__(self, root: Path, nodes: int = NODES, accounting: bool = False,
+                 min_job_age_s: int = 300):
         self.root = root
+        self.accounting = accounting
         self.dir = root / "slurm"
         self.conf = self.dir / "slurm.conf"
         self.hook_dir = root / "hooks"
@@ -102,14 +104,15 @@ class SlurmCluster:
         self.socket = root / "offcut" / "offcutd.sock"
         self.address = f"unix://{self.socket}"
         self.nodes = [f"n{i}" for i in range(1, nodes + 1)]
-        base = _free_port_block(nodes)
+        base = _free_port_block(nodes + (2 if accounting else 0))  # (+ slurmdbd, MariaDB)
         self.env = dict(os.environ)
         self.env.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         self.env.update({
             "SLURM_CONF": str(self.conf), "SLURM_TEST_DIR": str(self.dir),
             "SLURM_TEST_NODES": str(nodes), "SLURM_TEST_PORT0": str(base),
             "SLURM_CTLD_PORT": str(base), "SLURM_HOOK_DIR": str(self.hook_dir),
-            "SLURM_PROLOG_EPILOG_TIMEOUT": "30",
+            "SLURM_PROLOG_EPILOG_TIMEOUT": "30", "SLURM_MIN_JOB_AGE": str(min_job_age_s),
+            "SLURM_ACCOUNTING": "1" if accounting else "0",
             # schedule a submitted batch job within ~1 s instead of ~3 s (test speed only)
             "SLURM_EXTRA_CONF": "SchedulerParameters=batch_sched_delay=0,sched_interval=1"})
         self.started = False
@@ -304,6 +307,39 @@ def slurm_cluster():
         t0 = time.monotonic()
         cluster.stop()
         print(f"\n[slurm] test cluster stopped in {time.monotonic() - t0:.2f} s")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def accounting_skip_reason() -> str | None:
+    """Why a cluster with accounting (slurmdbd and a private MariaDB) cannot run here."""
+    reason = skip_reason()
+    if reason:
+        return reason
+    missing = [b for b in ("slurmdbd", "mariadbd", "mariadb-install-db", "sacct", "sacctmgr")
+               if shutil.which(b) is None and shutil.which(b, path="/usr/sbin:/usr/bin") is None]
+    if missing:
+        return (f"Slurm accounting is not installed ({', '.join(missing)} missing); install "
+                "with: apt-get install slurmdbd mariadb-server (.ci/run does)")
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_accounting():
+    """A second test cluster (2 nodes) with Slurm's accounting (slurmdbd on a private MariaDB)
+    whose slurmctld forgets ended jobs after 2 s (``MinJobAge=2``, Slurm's least), so that
+    ``sacct`` is the only record of them; the hooks point at its ``address``."""
+    reason = accounting_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="offcut-slurm-acct-", dir="/tmp"))
+    root.chmod(0o755)
+    cluster = SlurmCluster(root, nodes=2, accounting=True, min_job_age_s=2)
+    try:
+        took = cluster.start()
+        print(f"\n[slurm] accounting test cluster up in {took:.2f} s ({cluster.conf})")
+        yield cluster
+    finally:
+        cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -1,5 +1,5 @@
 """Pure tests of the Slurm JSON parsing and the idle rule (offcut.slurm_plugin.slurm_json):
-recorded ``sinfo --json`` / ``squeue --json`` answers of the Slurm 22.05 test cluster
+recorded ``sinfo --json`` / ``squeue --json`` / ``sacct`` answers of the Slurm 22.05 test cluster
 (tests/data/slurm, captured from the real cluster of tests/slurm_cluster.py), hand-made answers
 in the shapes of later Slurm versions, and garbage. No Slurm needed."""
 
@@ -15,7 +15,7 @@ from offcut.slurm_plugin.nodelist import (NodeListError, compress, expand_nodeli
                                           split_valid)
 from offcut.slurm_plugin.slurm_json import (JobInfo, NodeInfo, OwnJobRule, SlurmDataError,
                                             idle_nodes, number, parse_jobs, parse_nodes,
-                                            state_tokens)
+                                            parse_sacct, state_tokens)
 
 DATA = Path(__file__).resolve().parent / "data" / "slurm"
 SCAV = frozenset({"scavenger"})
@@ -278,3 +278,39 @@ def test_squeue_garbage(doc, message):
 
 def test_empty_job_list_is_fine():
     assert parse_jobs({"jobs": [], "errors": []}) == []
+
+
+# ----------------------------------------------------------------------------- sacct
+def test_sacct_of_the_test_cluster():
+    """``sacct -X -a --parsable2 --noheader`` of the 22.05 accounting test cluster (captured
+    from tests/slurm/start-slurm.sh with SLURM_ACCOUNTING=1): a completed job, exit 75, a
+    failed regular job, one cancelled while pending (no node), one killed by signal 9, one
+    cancelled while running, one still running."""
+    jobs = {j.job_id: j for j in parse_sacct((DATA / "sacct-22.05.txt").read_text())}
+    assert sorted(jobs, key=int) == [str(i) for i in range(1, 9)]
+    assert jobs["1"].states == {"COMPLETED"} and jobs["1"].exit_code == 0
+    assert jobs["1"].name == "offcut-t000001.1-n1" and jobs["1"].nodes == ("n1",)
+    assert jobs["1"].partition == "scavenger" and jobs["1"].submit_time == 1795753338
+    assert jobs["2"].states == {"FAILED"} and jobs["2"].exit_code == 75
+    assert jobs["4"].states == {"CANCELLED"} and jobs["4"].nodes == ()  # "CANCELLED by 0"
+    assert jobs["5"].exit_code == 0 and jobs["5"].signal == 9
+    assert jobs["6"].states == {"CANCELLED"} and jobs["6"].nodes == ("n1",)
+    assert jobs["7"].states == {"RUNNING"} and jobs["7"].partition == "batch"
+
+
+def test_sacct_hostlists_are_expanded():
+    (job,) = parse_sacct("12|offcut-t1.1-n3|scavenger|TIMEOUT|0:15|n[3-4]|Unknown\n\n")
+    assert job.nodes == ("n3", "n4") and job.submit_time == 0.0 and job.signal == 15
+
+
+@pytest.mark.parametrize("text,message", [
+    ("1|name|scavenger|COMPLETED|0:0|n1\n", "line 1: 6 columns"),
+    ("1|a|p|COMPLETED|0:0|n1|1\n2|a|p|COMPLETED|0:0|n1|1|extra\n", "line 2: 8 columns"),
+    (" |a|p|COMPLETED|0:0|n1|1\n", "no job id"),
+    ("1|a|p|COMPLETED|x:0|n1|1\n", "exit code 'x:0'"),
+    ("1|a|p|COMPLETED|0:0|n1|2026-11-27T04:22:18\n", "SLURM_TIME_FORMAT"),
+    ("1|a|p|COMPLETED|0:0|n[1-|1\n", "node list"),
+])
+def test_sacct_garbage(text, message):
+    with pytest.raises(SlurmDataError, match=message):
+        parse_sacct(text)

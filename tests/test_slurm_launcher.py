@@ -163,6 +163,25 @@ class FakeSlurm(SlurmCLI):
         self.options: dict[str, list[str]] = {}   # job id -> its sbatch options
         self.envs: dict[str, dict[str, str]] = {}  # job id -> sbatch's environment
         self.signals: list[tuple[str, str]] = []  # (job id, signal)
+        self.forgotten: dict[str, dict] = {}      # ended jobs squeue no longer shows
+        self.accounting = True                    # False: sacct fails as without slurmdbd
+        self.sacct_calls: list[list[str]] = []    # the job names each sacct call asked for
+
+    def forget_ended(self) -> None:
+        """Slurm purges ended jobs from squeue (MinJobAge); accounting keeps them."""
+        for jid in [j for j, job in self.jobs.items() if job["job_state"] not in
+                    ("RUNNING", "PENDING")]:
+            self.forgotten[jid] = self.jobs.pop(jid)
+
+    def sacct(self, names, since) -> str:
+        self.sacct_calls.append(list(names))
+        if not self.accounting:
+            raise SlurmCommandError("sacct exited with status 1: Slurm accounting storage "
+                                    "is disabled")
+        return "".join(f"{j['job_id']}|{j['name']}|{j['partition']}|{j['job_state']}|"
+                       f"{j['exit_code'] >> 8}:0|{j['nodes']}|{j.get('submit_time', 0)}\n"
+                       for j in [*self.forgotten.values(), *self.jobs.values()]
+                       if j["name"] in names)
 
     def squeue_json(self) -> dict:
         if self.fail_squeue:
@@ -348,6 +367,47 @@ def test_a_job_pending_too_long_gives_its_node_back_and_the_task_moves_on(placed
     assert not [r for r in reported if r[2] in ("preempted", "failed")]
 
 
+def test_a_restarted_launcher_takes_ended_jobs_from_accounting_and_submits_nothing(placed):
+    """The launcher is down while the generation's jobs finish and Slurm forgets them
+    (MinJobAge): a new launcher finds them in sacct, reports them, and submits nothing; the
+    task completes with its four launches counted once."""
+    client, tid = placed
+    slurm = FakeSlurm()
+    first = Launcher(client, CFG, slurm, accounts=OWNERS)
+    first.reconcile()
+    first.reconcile()  # the starts reported
+    assert client.get_task(tid).launches == 4
+    for node in ALL:
+        slurm.end(node, state="COMPLETED", code=0)
+    slurm.forget_ended()
+    assert not slurm.jobs
+    asked = len(slurm.sacct_calls)  # (the first launcher asked once too, finding nothing)
+    second = Launcher(client, CFG, slurm, accounts=OWNERS)
+    r = second.reconcile()
+    # the first finished run completes the task; the others' reports find it complete
+    assert not r.submitted and {s for _, _, s in r.reported} == {"finished"}
+    task = client.get_task(tid)
+    assert task.state == tasks_pb2.TASK_STATE_COMPLETED and task.launches == 4
+    assert len(slurm.sacct_calls) == asked + 1 and len(slurm.sacct_calls[-1]) == 4
+    assert not second.reconcile().submitted and len(slurm.sacct_calls) == asked + 1
+
+
+def test_without_accounting_a_restarted_launcher_submits_as_before(placed, caplog):
+    client, tid = placed
+    slurm = FakeSlurm()
+    slurm.accounting = False
+    first = Launcher(client, CFG, slurm, accounts=OWNERS)
+    first.reconcile()
+    slurm.jobs.clear()  # gone from squeue with no trace
+    second = Launcher(client, CFG, slurm, accounts=OWNERS)
+    asked = len(slurm.sacct_calls)
+    r = second.reconcile()
+    assert sorted(n for _, n, _ in r.submitted) == ALL
+    second.reconcile()
+    assert len(slurm.sacct_calls) == asked + 1  # asked once per generation, not every pass
+    assert caplog.text.count("Slurm's accounting cannot be read") == 2  # once per launcher
+
+
 def test_failed_runs_restart_the_generation_then_fail_the_task(placed):
     client, tid = placed
     slurm, mono = FakeSlurm(), Clock()
@@ -419,11 +479,13 @@ def test_launch_once_cli_reports_what_it_did(placed, tmp_path, monkeypatch):
 
 
 # ----------------------------------------------------------------------------- real Slurm
-def offcut_jobs(slurm, tid: str, active_only: bool = True) -> dict[tuple[int, str], dict]:
-    """(generation, node) -> squeue record of the task's jobs, from Slurm's own view."""
+def offcut_jobs(slurm, tid: str, active_only: bool = True, cfg: SlurmConfig = CFG
+                ) -> dict[tuple[int, str], dict]:
+    """(generation, node) -> squeue record of the task's jobs (named as ``cfg`` names them),
+    from Slurm's own view."""
     out = {}
     for j in slurm.jobs().values():
-        parsed = parse_job_name(CFG, j.get("name", ""))
+        parsed = parse_job_name(cfg, j.get("name", ""))
         if not parsed or parsed.task_id != tid or j.get("partition") != "scavenger":
             continue
         if active_only and j["state"] not in ("PENDING", "CONFIGURING", "RUNNING"):
@@ -432,9 +494,10 @@ def offcut_jobs(slurm, tid: str, active_only: bool = True) -> dict[tuple[int, st
     return out
 
 
-def running_on(slurm, tid) -> dict[str, int]:
+def running_on(slurm, tid, cfg: SlurmConfig = CFG) -> dict[str, int]:
     """node -> generation of the task's running jobs."""
-    return {n: g for (g, n), j in offcut_jobs(slurm, tid).items() if j["state"] == "RUNNING"}
+    return {n: g for (g, n), j in offcut_jobs(slurm, tid, cfg=cfg).items()
+            if j["state"] == "RUNNING"}
 
 
 def test_a_node_taken_behind_the_daemons_back_is_given_back_on_real_slurm(
@@ -450,8 +513,10 @@ def test_a_node_taken_behind_the_daemons_back_is_given_back_on_real_slurm(
     tmp_path.chmod(0o755)
     tid = client.submit(spec(command=["sleep", "600"]), owner="test").task.task_id
     assert sorted(client.get_task(tid).nodes) == ALL
+    # (a prefix of its own: this daemon's task ids restart at t000001, and the next test's
+    # launcher must not take these cancelled jobs, which squeue shows for MinJobAge, as its own)
     cfg = SlurmConfig(workdir=str(tmp_path), output=str(tmp_path / "%x-%j.out"),
-                      rescale_grace_s=0, pending_timeout_s=3)
+                      rescale_grace_s=0, pending_timeout_s=3, job_name_prefix="offcut_giveback")
     stop = threading.Event()
     with Client(client.address, timeout_s=10) as launcher_client:
         th = threading.Thread(target=Launcher(launcher_client, cfg,
@@ -461,14 +526,14 @@ def test_a_node_taken_behind_the_daemons_back_is_given_back_on_real_slurm(
         th.start()
         try:
             pending = slurm.wait_for(
-                lambda: [j for (g, n), j in offcut_jobs(slurm, tid).items()
+                lambda: [j for (g, n), j in offcut_jobs(slurm, tid, cfg=cfg).items()
                          if n == "n2" and j["state"] == "PENDING"],
                 timeout=60, what="the task's job on n2 to be pending")
             slurm.wait_for(lambda: set(client.get_task(tid).nodes) == {"n1", "n3", "n4"},
                            timeout=60, what="the task to be re-placed without n2")
             assert "n2" not in idle_set(client)
-            slurm.wait_for(lambda: set(running_on(slurm, tid)) == {"n1", "n3", "n4"}
-                           and len(set(running_on(slurm, tid).values())) == 1,
+            slurm.wait_for(lambda: set(running_on(slurm, tid, cfg)) == {"n1", "n3", "n4"}
+                           and len(set(running_on(slurm, tid, cfg).values())) == 1,
                            timeout=60, what="a new generation on n1, n3, n4")
             assert slurm.job_state(pending[0]["job_id"]) == "CANCELLED"
             assert slurm.job_state(regular) == "RUNNING"  # the regular job was never touched

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Start/stop a throw-away single-machine Slurm 22.05 "cluster" (Debian 12 packages)
 # with N emulated compute nodes (several slurmd on 127.0.0.1, distinct ports).
-# Everything runs as root, no systemd, no cgroups, no slurmdbd.
+# Everything runs as root, no systemd, no cgroups; slurmdbd (with a private MariaDB) only
+# with SLURM_ACCOUNTING=1.
 # Adapted from ../shared/recipes/slurm/start-slurm.sh for Offcut's test suite
 # (tests/slurm_cluster.py): private ports by default, PrologEpilogTimeout, no libslurm-dev.
 #
@@ -15,6 +16,10 @@
 #         SLURM_CTLD_PORT  (default 26800; the defaults avoid a site's 6817/6818)
 #         SLURM_EXTRA_CONF (default empty) extra lines appended to slurm.conf
 #         SLURM_PROLOG_EPILOG_TIMEOUT (default 30) seconds before slurmctld kills a hung hook
+#         SLURM_MIN_JOB_AGE (default 300) seconds slurmctld keeps an ended job (squeue)
+#         SLURM_ACCOUNTING (default 0) 1: a private MariaDB on SLURM_MYSQL_PORT and slurmdbd
+#                          on SLURM_DBD_PORT, AccountingStorageType=accounting_storage/slurmdbd
+#                          (sacct works); needs slurmdbd and mariadb-server
 #         SLURM_HOOK_DIR   (default empty) if set and the files exist, wires
 #                          $SLURM_HOOK_DIR/prolog_ctld.sh -> PrologSlurmctld
 #                          $SLURM_HOOK_DIR/epilog_ctld.sh -> EpilogSlurmctld
@@ -27,6 +32,9 @@ P0=${SLURM_TEST_PORT0:-26800}
 CP=${SLURM_CTLD_PORT:-26800}
 HOST=$(hostname -s)
 export SLURM_CONF=$D/slurm.conf
+ACCT=${SLURM_ACCOUNTING:-0}
+DBDP=${SLURM_DBD_PORT:-$((P0+N+1))}
+MYP=${SLURM_MYSQL_PORT:-$((P0+N+2))}
 
 log() { echo "[start-slurm $(date +%T.%3N)] $*" >&2; }
 
@@ -35,13 +43,36 @@ do_install() {
   apt-get update -q
   # policy-rc.d / no systemd: the postinst "start" attempts are harmless no-ops
   apt-get install -y -q --no-install-recommends \
-      munge slurmctld slurmd slurm-client
+      munge slurmctld slurmd slurm-client slurmdbd mariadb-server
 }
 
 write_conf() {
   mkdir -p "$D/state" "$D/spool" "$D/munge"
   chmod 755 "$D"   # munged runs as user munge and must reach $D/munge (mktemp -d gives 700)
-  local prolog="" epilog=""
+  local prolog="" epilog="" accounting="AccountingStorageType=accounting_storage/none"
+  if [[ "$ACCT" == 1 ]]; then
+    accounting="AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$DBDP
+AccountingStoragePass=$D/munge/munge.socket.2"   # (the munge socket for slurmdbd's clients)
+    mkdir -p "$D/dbd"
+    cat > "$D/slurmdbd.conf" <<DBD
+AuthType=auth/munge
+AuthInfo=socket=$D/munge/munge.socket.2
+DbdHost=localhost
+DbdPort=$DBDP
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$MYP
+StorageUser=slurm
+StoragePass=offcut-test
+StorageLoc=slurm_acct_db
+PidFile=$D/dbd/slurmdbd.pid
+LogFile=$D/dbd/slurmdbd.log
+DBD
+    chmod 600 "$D/slurmdbd.conf"
+  fi
   if [[ -n "${SLURM_HOOK_DIR:-}" ]]; then
     [[ -x "$SLURM_HOOK_DIR/prolog_ctld.sh" ]] && prolog="PrologSlurmctld=$SLURM_HOOK_DIR/prolog_ctld.sh"
     [[ -x "$SLURM_HOOK_DIR/epilog_ctld.sh" ]] && epilog="EpilogSlurmctld=$SLURM_HOOK_DIR/epilog_ctld.sh"
@@ -72,12 +103,12 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+$accounting
 JobCompType=jobcomp/none
 SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
-MinJobAge=300
+MinJobAge=${SLURM_MIN_JOB_AGE:-300}
 KillWait=5
 PrologEpilogTimeout=${SLURM_PROLOG_EPILOG_TIMEOUT:-30}
 Waittime=0
@@ -107,6 +138,38 @@ do_start() {
     runuser -u munge -- /usr/sbin/munged --socket="$D/munge/munge.socket.2" \
         --pid-file="$D/munge/munged.pid" --log-file="$D/munge/munged.log" \
         --seed-file="$D/munge/munged.seed"
+  fi
+  # 1b. accounting: a private MariaDB (TCP on 127.0.0.1 only) and slurmdbd, before slurmctld
+  if [[ "$ACCT" == 1 ]]; then
+    if ! alive "$D/mysql/mariadbd.pid"; then
+      if [[ ! -d "$D/mysql/data" ]]; then
+        mkdir -p "$D/mysql"
+        mariadb-install-db --no-defaults --datadir="$D/mysql/data" --user=root \
+            --auth-root-authentication-method=socket --skip-test-db >"$D/mysql/install.log" 2>&1 \
+          || { log "mariadb-install-db failed"; tail -20 "$D/mysql/install.log" >&2; exit 1; }
+      fi
+      /usr/sbin/mariadbd --no-defaults --datadir="$D/mysql/data" --user=root --port="$MYP" \
+          --bind-address=127.0.0.1 --socket="$D/mysql/mysqld.sock" \
+          --pid-file="$D/mysql/mariadbd.pid" --log-error="$D/mysql/error.log" --skip-log-bin \
+          --innodb-buffer-pool-size=16M </dev/null >/dev/null 2>&1 &
+      local deadline=$((SECONDS+60))
+      until mariadb --no-defaults -S "$D/mysql/mysqld.sock" -u root -e "SELECT 1" >/dev/null 2>&1; do
+        (( SECONDS < deadline )) || { log "MariaDB not up after 60s"; tail -20 "$D/mysql/error.log" >&2; exit 1; }
+        sleep 0.2
+      done
+      mariadb --no-defaults -S "$D/mysql/mysqld.sock" -u root -e \
+        "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'offcut-test';
+         GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
+    fi
+    # slurmdbd reads slurmdbd.conf next to $SLURM_CONF (it has no -f)
+    alive "$D/dbd/slurmdbd.pid" || /usr/sbin/slurmdbd
+    local deadline=$((SECONDS+60))
+    until sacctmgr -i -n list cluster >/dev/null 2>&1; do
+      (( SECONDS < deadline )) || { log "slurmdbd not answering after 60s"; tail -20 "$D/dbd/slurmdbd.log" >&2; exit 1; }
+      sleep 0.2
+    done
+    sacctmgr -i -n list cluster format=cluster | grep -qw testcluster \
+      || sacctmgr -i add cluster testcluster >/dev/null
   fi
   # 2. slurmctld (forks into background, writes pid file)
   alive "$D/slurmctld.pid" || /usr/sbin/slurmctld -f "$SLURM_CONF"
@@ -148,6 +211,10 @@ do_stop() {
   fi
   # each daemon needs ~1-2 s to exit after SIGTERM, so signal them together
   stop_pids "$D"/slurmd-n*.pid "$D/slurmctld.pid"   # slurmctld's child "slurmscriptd" exits with it
+  if [[ "$ACCT" == 1 ]]; then
+    stop_pids "$D/dbd/slurmdbd.pid"
+    stop_pids "$D/mysql/mariadbd.pid"
+  fi
   stop_pids "$D/munge/munged.pid"
   log "stopped"
 }
