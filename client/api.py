@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import os
 from datetime import datetime, timezone
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -176,10 +176,15 @@ class Client:
             preempted=list(preempted)), timeout=self.timeout_s)
 
     @_translate
-    def sync_nodes(self, time: float | datetime, source: str, seq: int, idle: Iterable[str]):
-        """Send the full idle set; the daemon diffs it. Returns the ``Decision``."""
+    def sync_nodes(self, time: float | datetime, source: str, seq: int, idle: Iterable[str],
+                   kinds: Mapping[str, tuple[int, Iterable[str]]] | None = None):
+        """Send the full idle set; the daemon diffs it. ``kinds``: node -> (GPUs, features)
+        of every node known (replaces the daemon's table of node kinds; None: unchanged).
+        Returns the ``Decision``."""
         return self.nodes.SyncNodes(nodes_pb2.NodeSnapshot(
-            time=to_timestamp(time), source=source, seq=seq, idle=list(idle)),
+            time=to_timestamp(time), source=source, seq=seq, idle=list(idle),
+            kinds=[nodes_pb2.NodeKind(node=n, gpus=g, features=list(f))
+                   for n, (g, f) in (kinds or {}).items()]),
             timeout=self.timeout_s)
 
     # ------------------------------------------------------------------ tasks

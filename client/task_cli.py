@@ -110,6 +110,8 @@ def submit(
     rescale_down: float = typer.Option(30.0, "--rescale-down", help="Tcdw: seconds of progress lost when the task shrinks"),
     objective: str = typer.Option("throughput", "--objective", help="throughput (samples/s) | speedup (over the smallest measured count)"),
     zeus_job: str = typer.Option("", "--zeus-job", help="Zeus batch-size job (offcut recur / BatchSizeOptimizer.RegisterJob) whose batch size the task's runs use: passed to them as OFFCUT_ZEUS_JOB_ID (docs/execution.md)"),
+    gpus_per_node: int = typer.Option(0, "--gpus-per-node", help="GPUs every node of the task must have, as in sbatch (0: a CPU task, placed on nodes without GPUs only)"),
+    constraint: str = typer.Option("", "--constraint", "-C", help="node features every node must have, as in sbatch: FEATURE[&FEATURE...] (e.g. a100&ib)"),
     parsable: bool = typer.Option(False, "--parsable", help="print only the task id (like sbatch --parsable)"),
     address: Optional[str] = _address_option(),
     command: Optional[List[str]] = typer.Argument(None, help="training command (after --), run on the task's nodes in live mode"),
@@ -122,6 +124,7 @@ def submit(
       id=$(offcut submit --parsable -J bert -N 2-16 --work 5e8 --scalability bert.csv)
       offcut submit -J new-model -N 1-32 --work 3e9 -- python train.py   # curve learned online
       offcut submit -J digits -N 1-4 --work 40000 -- python examples/elastic_digits/train.py
+      offcut submit -J llm -N 2-8 --gpus-per-node 4 -C a100 --work 1e9 -- python train.py
     """
     from offcut.client.taskspec import make_task_spec, read_scalability_csv
 
@@ -129,7 +132,8 @@ def submit(
         curve = read_scalability_csv(scalability) if scalability is not None else None
         spec = make_task_spec(name, nodes=nodes, work_samples=work, scalability=curve,
                               rescale_up_s=rescale_up, rescale_down_s=rescale_down,
-                              objective=objective, command=command or [])
+                              objective=objective, command=command or [],
+                              gpus_per_node=gpus_per_node, constraint=constraint)
         spec.reports_progress = reports_progress
         spec.zeus_job_id = zeus_job
     except InvalidArgument as exc:
@@ -157,7 +161,8 @@ def _cli_field(message: str) -> str:
     """Name the CLI option rather than the API argument in client-side errors."""
     for api, option in (("work:", "--work:"), ("nodes:", "--nodes:"), ("scalability:", "--scalability:"),
                         ("rescale_up:", "--rescale-up:"), ("rescale_down:", "--rescale-down:"),
-                        ("objective:", "--objective:")):
+                        ("objective:", "--objective:"), ("constraint:", "--constraint:"),
+                        ("gpus_per_node:", "--gpus-per-node:")):
         if message.startswith(api):
             return option + message[len(api):]
     return message
@@ -233,6 +238,8 @@ def show(
         ("State", state_name(task.state)),
         ("Nodes", f"{len(task.nodes)} of {s.min_nodes}-{s.max_nodes}"),
         ("NodeList", hostlist.collect_hostlist(list(task.nodes)) if task.nodes else "(null)"),
+        ("TresPerNode", f"gres:gpu:{s.gpus_per_node}" if s.gpus_per_node else "(null)"),
+        ("Features", "&".join(s.constraint) or "(null)"),
         ("Progress", f"{progress_pct(task):.2f}% ({task.work_done_samples:.6g} of "
                      f"{s.total_work_samples:.6g} samples)"),
         ("Rate", f"{task.rate_samples_per_s:.6g} samples/s"),

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 from offcut.errors import InvalidArgument
-from offcut.taskspec import TaskSpec
+from offcut.taskspec import MAX_GPUS_PER_NODE, TaskSpec
 from offcut.v1 import tasks_pb2
 
 __all__ = ["OBJECTIVES", "Scalability", "check_spec", "make_task_spec", "parse_node_range",
@@ -142,7 +142,8 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
                    rescale_up_s: float = 30.0, rescale_down_s: float = 30.0,
                    objective: Literal["throughput", "speedup"] = "throughput",
                    command: Sequence[str] = (), zeus_job_id: str = "",
-                   reports_progress: bool = False) -> tasks_pb2.TaskSpec:
+                   reports_progress: bool = False, gpus_per_node: int = 0,
+                   constraint: str | Sequence[str] = ()) -> tasks_pb2.TaskSpec:
     """The ``TaskSpec`` of a task.
 
     Args:
@@ -160,6 +161,10 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
             (``OFFCUT_ZEUS_JOB_ID`` in their environment; docs/execution.md).
         reports_progress: the task reports its progress (``offcut.client.elastic`` does, at
             every checkpoint); implied without a curve.
+        gpus_per_node: GPUs every node of the task must have (as ``sbatch --gpus-per-node``;
+            0: a CPU task, kept off GPU nodes).
+        constraint: node features every node must have: ``"a100&ib"`` (as ``sbatch
+            --constraint``, AND only) or a sequence of feature names.
 
     Raises:
         InvalidArgument: naming ``nodes``, ``work``, ``scalability``, ``rescale_up``,
@@ -175,10 +180,15 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
             raise InvalidArgument(f"must be finite seconds >= 0, got {value}", field)
     if objective not in OBJECTIVES:
         raise InvalidArgument(f"{objective!r} is not one of {', '.join(OBJECTIVES)}", "objective")
+    if not 0 <= gpus_per_node <= MAX_GPUS_PER_NODE:
+        raise InvalidArgument(f"must be 0 to {MAX_GPUS_PER_NODE}, got {gpus_per_node}",
+                              "gpus_per_node")
     spec = tasks_pb2.TaskSpec(name=name, min_nodes=low, max_nodes=high,
                               total_work_samples=float(work_samples), rescale_up_s=rescale_up_s,
                               rescale_down_s=rescale_down_s, command=list(command),
-                              zeus_job_id=zeus_job_id, reports_progress=reports_progress)
+                              zeus_job_id=zeus_job_id, reports_progress=reports_progress,
+                              gpus_per_node=gpus_per_node,
+                              constraint=parse_constraint(constraint))
     if scalability is not None:
         _add_curve(spec, scalability, objective)
     check_spec(spec)
@@ -194,7 +204,25 @@ def check_spec(spec: tasks_pb2.TaskSpec) -> None:
                     rescale_up_s=spec.rescale_up_s, rescale_down_s=spec.rescale_down_s,
                     total_work_samples=spec.total_work_samples, command=list(spec.command),
                     reports_progress=spec.reports_progress, power_w=list(spec.power_w),
-                    zeus_job_id=spec.zeus_job_id)
+                    zeus_job_id=spec.zeus_job_id, gpus_per_node=spec.gpus_per_node,
+                    constraint=list(spec.constraint))
+
+
+def parse_constraint(constraint: str | Sequence[str]) -> list[str]:
+    """Feature names of a Slurm ``--constraint`` of the AND form (``"a100&ib"``; a sequence
+    is taken as the names), sorted without repeats. Slurm's other operators (``|``, ``[]``,
+    ``*``, ``!``) are refused: InvalidArgument naming ``constraint``."""
+    if isinstance(constraint, str):
+        bad = sorted(set(constraint) & set("|[]*!(),:"))
+        if bad:
+            raise InvalidArgument(f"{constraint!r}: only features joined with '&' are supported "
+                                  f"(not {' '.join(bad)})", "constraint")
+        names = [f.strip() for f in constraint.split("&")] if constraint.strip() else []
+    else:
+        names = [str(f) for f in constraint]
+    if any(not f for f in names):
+        raise InvalidArgument(f"{constraint!r} has an empty feature", "constraint")
+    return sorted(set(names))
 
 
 def _add_curve(spec: tasks_pb2.TaskSpec, scalability: Scalability, objective: str) -> None:

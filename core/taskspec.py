@@ -9,6 +9,7 @@ throughput in samples/s, times in s, power in W.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
@@ -32,6 +33,12 @@ MAX_RESCALE_S = 86_400.0
 MAX_WORK_SAMPLES = 1e18
 #: largest power draw of a task at any node count [W]
 MAX_TASK_POWER_W = 1e9
+#: largest ``spec.gpus_per_node`` (GPUs a task may ask of each node)
+MAX_GPUS_PER_NODE = 64
+#: most features in ``spec.constraint``
+MAX_CONSTRAINT_FEATURES = 16
+#: a node feature's name, as Slurm spells them (``Features=`` of slurm.conf): 1-64 of these
+FEATURE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,12 @@ class TaskSpec:
         zeus_job_id: the Zeus batch-size job whose batch size the task's runs use (the
             launcher passes it as ``OFFCUT_ZEUS_JOB_ID``; docs/execution.md); empty: none.
             At most :data:`MAX_NAME_LEN` printable characters.
+        gpus_per_node: GPUs every node of the task must have (Slurm's ``--gpus-per-node``),
+            0 to :data:`MAX_GPUS_PER_NODE`; 0: a CPU task, placed on nodes without GPUs only
+            (docs/architecture.md §4, "Node kinds").
+        constraint: node features every node of the task must have (Slurm's
+            ``--constraint``, joined with ``&``), at most :data:`MAX_CONSTRAINT_FEATURES`,
+            each matching :data:`FEATURE_RE`; sorted, without repeats.
 
     A spec without ``node_counts``/``throughputs`` (both empty) is *learned*: the daemon
     allocates it with the scalability model it fits from the task's progress reports
@@ -123,6 +136,8 @@ class TaskSpec:
     reports_progress: bool = False
     power_w: tuple[float, ...] = ()
     zeus_job_id: str = ""
+    gpus_per_node: int = 0
+    constraint: tuple[str, ...] = ()
 
     @property
     def learned(self) -> bool:
@@ -140,7 +155,8 @@ class TaskSpec:
                objective_values: Sequence[float] = (), rescale_up_s: float = 0.0,
                rescale_down_s: float = 0.0, total_work_samples: float = 0.0,
                command: Sequence[str] = (), reports_progress: bool = False,
-               power_w: Sequence[float] = (), zeus_job_id: str = "") -> "TaskSpec":
+               power_w: Sequence[float] = (), zeus_job_id: str = "",
+               gpus_per_node: int = 0, constraint: Sequence[str] = ()) -> "TaskSpec":
         """Build and validate a spec (against ``limits`` too when given, checked before the
         lists are converted); raises :class:`InvalidArgument` naming the field
         (``spec.<field>``) on the first problem found, ``TypeError`` for a misspelled
@@ -159,6 +175,9 @@ class TaskSpec:
             reports_progress=bool(reports_progress),
             power_w=tuple(float(x) for x in power_w),
             zeus_job_id=str(zeus_job_id),
+            gpus_per_node=gpus_per_node,
+            constraint=tuple(sorted({str(f) for f in constraint}))
+            if len(constraint) <= MAX_CONSTRAINT_FEATURES else tuple(constraint),
         )
         spec.validate(limits)
         return spec
@@ -242,6 +261,19 @@ class TaskSpec:
                 raise InvalidArgument(f"must be at most {bound:g}, got {v}", f"spec.{fname}")
 
     def _validate_scalars(self) -> None:
+        g = self.gpus_per_node
+        if isinstance(g, bool) or not isinstance(g, (int, np.integer)) \
+                or not 0 <= g <= MAX_GPUS_PER_NODE:
+            raise InvalidArgument(f"must be an integer from 0 to {MAX_GPUS_PER_NODE}, got {g!r}",
+                                  "spec.gpus_per_node")
+        if len(self.constraint) > MAX_CONSTRAINT_FEATURES:
+            raise InvalidArgument(f"has {len(self.constraint)} features, more than "
+                                  f"{MAX_CONSTRAINT_FEATURES}", "spec.constraint")
+        for i, feature in enumerate(self.constraint):
+            if not isinstance(feature, str) or not FEATURE_RE.fullmatch(feature):
+                raise InvalidArgument(f"feature {i} ({str(feature)[:70]!r}) must be 1-64 letters, "
+                                      "digits, '_', '.' or '-' (a Slurm node feature)",
+                                      "spec.constraint")
         if len(self.zeus_job_id) > MAX_NAME_LEN or not self.zeus_job_id.isprintable():
             raise InvalidArgument(f"must be at most {MAX_NAME_LEN} printable characters",
                                   "spec.zeus_job_id")
@@ -275,7 +307,8 @@ class TaskSpec:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (lists for the tuples)."""
         d = asdict(self)
-        for k in ("node_counts", "throughputs", "objective_values", "command", "power_w"):
+        for k in ("node_counts", "throughputs", "objective_values", "command", "power_w",
+                  "constraint"):
             d[k] = list(d[k])
         return d
 
@@ -284,7 +317,7 @@ class TaskSpec:
         """Inverse of :meth:`to_dict` (no validation: the data was validated when stored)."""
         return cls(**{**d, **{k: tuple(d.get(k, ())) for k in
                               ("node_counts", "throughputs", "objective_values", "command",
-                               "power_w")}})
+                               "power_w", "constraint")}})
 
 
 def check_spec_sizes(limits: Limits, *, max_nodes: Any, node_counts: Any, command: Any) -> None:

@@ -15,8 +15,55 @@ from offcut.errors import InvalidArgument
 from offcut.nodes import all_node_names, is_node_name
 # the task spec, its limits and its validator live in the shared core (one validator for
 # every part: the daemon, the client, the replay); re-exported for the daemon's modules
-from offcut.taskspec import (MAX_COMMAND_ARG_LEN, MAX_NAME_LEN, Limits, TaskSpec,  # noqa: F401
-                             check_finite, check_spec_sizes)
+from offcut.taskspec import (FEATURE_RE, MAX_COMMAND_ARG_LEN, MAX_NAME_LEN,  # noqa: F401
+                             Limits, TaskSpec, check_finite, check_spec_sizes)
+
+#: most gpu GRES a node may be reported with (``NodeKind.gpus``)
+MAX_NODE_GPUS = 1024
+#: most features a node may be reported with (``NodeKind.features``)
+MAX_NODE_FEATURES = 64
+
+
+@dataclass(frozen=True)
+class NodeKind:
+    """What one node has, as Slurm configures it (docs/architecture.md §4, "Node kinds"):
+    ``gpus``, its gpu GRES (0 to :data:`MAX_NODE_GPUS`); ``features``, its active features
+    (sorted, at most :data:`MAX_NODE_FEATURES`, each matching
+    :data:`offcut.taskspec.FEATURE_RE`). A node the daemon was never told about has no GPUs
+    and no features."""
+
+    gpus: int = 0
+    features: tuple[str, ...] = ()
+
+    def fits(self, spec: TaskSpec) -> bool:
+        """Whether a node of this kind may run a task of ``spec``: it has every feature of
+        ``spec.constraint`` and, for a GPU task, at least ``spec.gpus_per_node`` GPUs; a CPU
+        task (``gpus_per_node == 0``) runs only on nodes without GPUs (a GPU node is kept
+        for the tasks that need it)."""
+        if spec.gpus_per_node:
+            if self.gpus < spec.gpus_per_node:
+                return False
+        elif self.gpus:
+            return False
+        return all(f in self.features for f in spec.constraint)
+
+    def check(self, field_name: str) -> None:
+        """InvalidArgument naming ``field_name`` when a bound is broken."""
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) \
+                or not 0 <= self.gpus <= MAX_NODE_GPUS:
+            raise InvalidArgument(f"gpus must be 0 to {MAX_NODE_GPUS}, got {self.gpus!r}",
+                                  field_name)
+        if len(self.features) > MAX_NODE_FEATURES:
+            raise InvalidArgument(f"has {len(self.features)} features, more than "
+                                  f"{MAX_NODE_FEATURES}", field_name)
+        for feature in self.features:
+            if not isinstance(feature, str) or not FEATURE_RE.fullmatch(feature):
+                raise InvalidArgument(f"feature {str(feature)[:70]!r} must be 1-64 letters, "
+                                      "digits, '_', '.' or '-'", field_name)
+
+
+#: the kind of a node nothing was said of
+PLAIN_NODE = NodeKind()
 
 
 @dataclass(frozen=True)
@@ -167,6 +214,9 @@ class NodeEvent:
     preempted: tuple[str, ...] = ()
     snapshot: bool = False  # True: ``idle`` is the full idle set (SyncNodes)
     sent_time: float | None = None
+    #: (node, kind) of every node the sender knows (SyncNodes only): when non-empty it
+    #: replaces the daemon's table of node kinds; empty: the table stays as it is
+    kinds: tuple[tuple[str, NodeKind], ...] = ()
 
     @property
     def observed_time(self) -> float:
@@ -284,6 +334,8 @@ def event_to_dict(event: Event) -> dict[str, Any]:
         d = {"kind": "nodes", "time": event.time, "source": event.source, "seq": event.seq,
              "idle": list(event.idle), "preempted": list(event.preempted),
              "snapshot": event.snapshot}
+        if event.kinds:  # (absent otherwise: rows as an earlier release wrote them)
+            d["kinds"] = [[n, k.gpus, list(k.features)] for n, k in event.kinds]
     elif isinstance(event, SubmitEvent):
         d = {"kind": "submit", "time": event.time, "spec": event.spec.to_dict(),
              "owner": event.owner, "request_id": event.request_id}
@@ -306,7 +358,8 @@ def event_from_dict(d: dict[str, Any]) -> Event:
     sent = d.get("sent_time")
     if kind == "nodes":
         return NodeEvent(d["time"], d["source"], d["seq"], tuple(d["idle"]),
-                         tuple(d["preempted"]), d.get("snapshot", False), sent)
+                         tuple(d["preempted"]), d.get("snapshot", False), sent,
+                         tuple((n, NodeKind(g, tuple(f))) for n, g, f in d.get("kinds", ())))
     if kind == "submit":
         return SubmitEvent(d["time"], TaskSpec.from_dict(d["spec"]), d["owner"], d["request_id"],
                            sent)

@@ -14,8 +14,9 @@ from dataclasses import asdict, fields
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from offcut.errors import InvalidArgument
-from offcut.daemon.model import (CancelEvent, Limits, NodeEvent, ProgressEvent, ProgressItem,
-                                 ProgressReport, SubmitEvent, TaskRunEvent, TaskSpec, TaskState)
+from offcut.daemon.model import (CancelEvent, Limits, NodeEvent, NodeKind, ProgressEvent,
+                                 ProgressItem, ProgressReport, SubmitEvent, TaskRunEvent,
+                                 TaskSpec, TaskState)
 from offcut.daemon.replies import (Decision, EventFigures, MeasuredCount, ModelView,
                                    PlacementUpdate, SolverStatistics, SolveSummary, StatusView,
                                    TaskView)
@@ -99,7 +100,9 @@ def node_event_from_pb(msg: nodes_pb2.NodeEvent | nodes_pb2.NodeSnapshot, now: f
     return NodeEvent(
         time=now if sent is None else sent, source=msg.source, seq=msg.seq,
         idle=tuple(msg.idle), preempted=() if snapshot else tuple(msg.preempted),
-        snapshot=snapshot, sent_time=sent)
+        snapshot=snapshot, sent_time=sent,
+        kinds=tuple((k.node, NodeKind(k.gpus, tuple(sorted(set(k.features)))))
+                    for k in msg.kinds) if snapshot else ())
 
 
 def spec_from_pb(spec: tasks_pb2.TaskSpec, limits: Limits | None = None) -> TaskSpec:
@@ -111,7 +114,8 @@ def spec_from_pb(spec: tasks_pb2.TaskSpec, limits: Limits | None = None) -> Task
         objective_values=list(spec.objective_values), rescale_up_s=spec.rescale_up_s,
         rescale_down_s=spec.rescale_down_s, total_work_samples=spec.total_work_samples,
         command=list(spec.command), reports_progress=spec.reports_progress,
-        power_w=list(spec.power_w), zeus_job_id=spec.zeus_job_id)
+        power_w=list(spec.power_w), zeus_job_id=spec.zeus_job_id,
+        gpus_per_node=spec.gpus_per_node, constraint=list(spec.constraint))
 
 
 def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
@@ -122,7 +126,8 @@ def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
         objective_values=spec.objective_values, rescale_up_s=spec.rescale_up_s,
         rescale_down_s=spec.rescale_down_s, total_work_samples=spec.total_work_samples,
         command=spec.command, reports_progress=spec.reports_progress, power_w=spec.power_w,
-        zeus_job_id=spec.zeus_job_id)
+        zeus_job_id=spec.zeus_job_id, gpus_per_node=spec.gpus_per_node,
+        constraint=spec.constraint)
 
 
 def submit_from_pb(req: tasks_pb2.SubmitTaskRequest, now: float,

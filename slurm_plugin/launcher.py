@@ -178,6 +178,8 @@ class Generation:
     zeus_job_id: str = ""
     submit_time: float = 0.0  # the task's [s since epoch]
     owner: str = ""           # the task's owner (a user name), whose account runs its jobs
+    gpus_per_node: int = 0    # the task's spec.gpus_per_node: the jobs' --gres=gpu:N
+    constraint: tuple[str, ...] = ()  # the task's spec.constraint: the jobs' --constraint
 
 
 def _older_than_task(job: JobInfo, gen: Generation | None) -> bool:
@@ -249,12 +251,17 @@ def job_environment(cfg: SlurmConfig, environ: Mapping[str, str] | None = None,
 
 
 def sbatch_options(cfg: SlurmConfig, name: str, node: str,
-                   account: Account | None = None) -> list[str]:
+                   account: Account | None = None, gen: Generation | None = None) -> list[str]:
     """The sbatch options of one per-node job; with ``account``, the job runs as that user
     (``--uid``/``--gid`` last, after ``sbatch_args``, from a root launcher) in
-    :func:`job_workdir`."""
+    :func:`job_workdir`; ``gen``'s node needs as Slurm's ``--gres=gpu:N`` (Slurm then sets
+    ``CUDA_VISIBLE_DEVICES``) and ``--constraint=F1&F2``."""
     opts = ["-p", cfg.partition, "-w", node, "-N", "1", "--exclusive", "-J", name, "--no-requeue",
             f"--signal=B:{cfg.signal}@{cfg.signal_lead_s}", "-o", cfg.output]
+    if gen is not None and gen.gpus_per_node:
+        opts.append(f"--gres=gpu:{gen.gpus_per_node}")
+    if gen is not None and gen.constraint:
+        opts.append(f"--constraint={'&'.join(gen.constraint)}")
     if cfg.account:
         opts.append(f"--account={cfg.account}")
     workdir = job_workdir(cfg, account)
@@ -373,7 +380,7 @@ class Launcher:
                                       tuple(sorted(t.nodes)), tuple(t.spec.command),
                                       t.spec.zeus_job_id,
                                       t.submit_time.seconds + t.submit_time.nanos / 1e9,
-                                      t.owner)
+                                      t.owner, t.spec.gpus_per_node, tuple(t.spec.constraint))
                 for t in self.client.list_tasks(states=[tasks_pb2.TASK_STATE_RUNNING])}
 
     def node_addresses(self) -> dict[str, str]:
@@ -645,7 +652,7 @@ class Launcher:
         if node == gen.nodes[0] and account is None:
             checkpoint_dir(self.cfg, gen.task_id).mkdir(parents=True, exist_ok=True, mode=0o700)
         name = job_name(self.cfg, gen.task_id, gen.generation, node)
-        job_id = self.cli.submit(sbatch_options(self.cfg, name, node, account), script=script,
+        job_id = self.cli.submit(sbatch_options(self.cfg, name, node, account, gen), script=script,
                                  env=job_environment(self.cfg, account=account))
         self.submitted.add((gen.task_id, gen.generation, node))
         result.submitted.append((gen.task_id, node, job_id))

@@ -11,7 +11,7 @@ unreachable_reason`), never pays for it.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from offcut.errors import OffcutError
 
@@ -122,8 +122,13 @@ class NodeEventSender:
         return self._call(self._stub.ReportNodes, req, timeout_s)
 
     def sync(self, *, time_ns: int, source: str, seq: int, idle: Iterable[str],
+             kinds: Mapping[str, tuple[int, Iterable[str]]] | None = None,
              timeout_s: float | None = None) -> Sent:
-        """``SyncNodes`` (the full idle set); raises :class:`DaemonError`."""
+        """``SyncNodes`` (the full idle set; ``kinds``: node -> (GPUs, features) of every
+        node known, replacing the daemon's table; None: unchanged); raises
+        :class:`DaemonError`."""
         req = self._pb.NodeSnapshot(time=self._time(time_ns), source=source, seq=seq,
-                                    idle=list(idle))
+                                    idle=list(idle),
+                                    kinds=[self._pb.NodeKind(node=n, gpus=g, features=list(f))
+                                           for n, (g, f) in (kinds or {}).items()])
         return self._call(self._stub.SyncNodes, req, timeout_s)

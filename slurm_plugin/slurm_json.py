@@ -9,6 +9,14 @@ Tolerant across Slurm versions (docs/architecture.md §7):
   "node": {"state": [...]}, "partition": {"name"}}]}``; ``scontrol``/pyslurm spell states
   ``"IDLE+DRAIN"``, and the short forms carry suffixes (``idle*``, ``idle~``, ``mix#``,
   ``idle%``, ``drng``, ``plnd``). All of them normalise to a set of upper-case tokens.
+* node GPUs and features (:attr:`NodeInfo.gpus`, :attr:`NodeInfo.features`): 22.05 node
+  records have ``"gres": "gpu:1"`` and comma strings ``"features": "a100,ib"``,
+  ``"active_features": "a100,ib"`` (``""`` when none; measured on the 22.05 test cluster);
+  23.02+ node records (``scontrol``/slurmrestd) give the features as lists
+  (``["a100", "ib"]``, ``[]`` when none) and ``gres`` still as a string; the grouped rows of
+  23.11+ ``sinfo --json`` nest them, ``"features": {"total": "a100,ib", "active": "a100,ib"}``
+  and ``"gres": {"total": "gpu:a100:4(S:0-1)", "used": ...}``; pyslurm has ``gres`` as a list
+  of strings and ``features_active``. GRES strings are read by :func:`gpu_count`.
 * jobs: ``job_state`` a string or a list; ``nodes`` a hostlist string (else
   ``job_resources.nodes`` as a string or ``{"list": ...}``/``{"allocation": [{"name"}]}``, or
   ``job_resources.allocated_nodes[].nodename``); numbers either plain or
@@ -120,6 +128,10 @@ class NodeInfo:
     partitions: frozenset[str] | None = None  # None: the record did not say
     reason: str = ""
     address: str = ""  # NodeAddr ("" when the record did not say)
+    gpus: int = 0  # ``gpu`` GRES of the node, all types together (:func:`gpu_count`)
+    #: the node's active features (else its available ones when the record has no active
+    #: ones), in Slurm's order, without duplicates; () when none or not said
+    features: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -242,28 +254,178 @@ def _check_errors(doc: Any, command: str) -> Mapping:
     return doc
 
 
+_GRES_NAME = re.compile(r"[A-Za-z_][\w.\-]*")
+_GRES_TYPE = re.compile(r"[^\s:,()]+")
+_GRES_COUNT = re.compile(r"(\d+)([KMGTP]?)")
+_GRES_SUFFIX = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4, "P": 1024 ** 5}
+
+
+def _split_gres(gres: str) -> list[str]:
+    """Split a GRES string at the commas outside parentheses (``(S:0,2)`` stays whole)."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(gres):
+        if ch == "(":
+            depth += 1
+            if depth > 1:
+                raise SlurmDataError(f"gres {gres[:80]!r}: nested parentheses")
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise SlurmDataError(f"gres {gres[:80]!r}: unbalanced parentheses")
+        elif ch == "," and depth == 0:
+            items.append(gres[start:i])
+            start = i + 1
+    if depth:
+        raise SlurmDataError(f"gres {gres[:80]!r}: unbalanced parentheses")
+    items.append(gres[start:])
+    return items
+
+
+def gpu_count(gres: str | None) -> int:
+    """How many ``gpu`` GRES a Slurm GRES string names, summed over all types.
+
+    The format (a node's ``Gres`` in ``sinfo``, ``scontrol`` and their JSON, Slurm 22.05 to
+    24.x): a comma list of ``name[:type][:count][(detail)]`` items, e.g. ``gpu:1``,
+    ``gpu:a100:4``, ``gpu:a100:4(S:0-1)`` (the sockets, possibly ``(S:0,2)``),
+    ``gpu:a100:2,gpu:v100:1`` (3), ``gpu:2,mps:100`` (2), ``gpu:1g.10gb:7`` (MIG types).
+    A count is decimal digits with an optional ``K``/``M``/``G``/``T``/``P`` suffix (x1024
+    each, Slurm's rule); an item without count counts 1 (``gpu``, ``gpu:a100``, as in
+    slurm.conf); with two fields, one that starts with a digit is a count, else a type.
+    Other GRES (``mps``, ``shard``, ``nic`` ...) are checked but not counted. ``None``,
+    ``""``, ``"(null)"`` and ``"N/A"`` mean no GRES: 0.
+
+    Raises:
+        SlurmDataError: not a string, or an item that does not read so: an empty item or
+            name, more than three fields, a count that is not a number (``gpu:a100:x``,
+            ``gpu:1.5``, ``gpu:-1``), or unbalanced parentheses.
+    """
+    if gres is None:
+        return 0
+    if not isinstance(gres, str):
+        raise SlurmDataError(f"gres {gres!r:.60} is not a string")
+    text = gres.strip()
+    if text in ("", "(null)", "N/A"):
+        return 0
+    total = 0
+    for raw in _split_gres(text):
+        shown = item = raw.strip()
+        if "(" in item:  # the detail: (S:0-1), (IDX:0,2), (IDX:N/A)
+            if item.count("(") > 1 or not item.endswith(")"):
+                raise SlurmDataError(f"gres item {shown[:60]!r}: text after its '(...)'")
+            item = item[:item.index("(")]
+        fields = item.split(":")
+        if not item or len(fields) > 3:
+            raise SlurmDataError(f"gres item {shown[:60]!r} of {text[:80]!r} is not "
+                                 "name[:type][:count]")
+        name, count_text = fields[0], None
+        if not _GRES_NAME.fullmatch(name):
+            raise SlurmDataError(f"gres item {shown[:60]!r}: bad name {name!r}")
+        if len(fields) == 3:
+            if not _GRES_TYPE.fullmatch(fields[1]):
+                raise SlurmDataError(f"gres item {shown[:60]!r}: bad type {fields[1]!r}")
+            count_text = fields[2]
+        elif len(fields) == 2 and (not fields[1] or fields[1][0] in "0123456789+-."):
+            count_text = fields[1]  # else a type without count
+        if count_text is None:
+            count = 1
+        else:
+            m = _GRES_COUNT.fullmatch(count_text)
+            if not m:
+                raise SlurmDataError(f"gres item {shown[:60]!r}: count {count_text!r} is not "
+                                     "a number")
+            count = int(m.group(1)) * _GRES_SUFFIX[m.group(2)]
+        if name == "gpu":
+            total += count
+    return total
+
+
+def _gres_text(v: Any, what: str) -> str:
+    """A node's GRES as one string: a string, a list of strings (pyslurm), or the
+    ``{"total": ..., "used": ...}`` of 23.11+ grouped ``sinfo`` rows (the total)."""
+    if v is None or isinstance(v, str):
+        return v or ""
+    if isinstance(v, Mapping):
+        return _gres_text(v.get("total"), what)
+    if isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v):
+        return ",".join(x for x in v if x.strip())
+    raise SlurmDataError(f"{what} {v!r:.60} is neither a string nor a list of strings")
+
+
+def _feature_list(v: Any, what: str) -> tuple[str, ...]:
+    """Features from a comma string (22.05; ``""``/``"(null)"``: none) or a list of strings
+    (23.02+), stripped, in order, without duplicates."""
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        items = v.split(",")
+    elif isinstance(v, (list, tuple)):
+        items = []
+        for x in v:
+            if not isinstance(x, str):
+                raise SlurmDataError(f"{what}: entry {x!r:.40} is not a string")
+            items.extend(x.split(","))
+    else:
+        raise SlurmDataError(f"{what} {v!r:.60} is neither a comma string nor a list")
+    out: dict[str, None] = {}
+    for item in items:
+        item = item.strip()
+        if item and item != "(null)":
+            out.setdefault(item, None)
+    return tuple(out)
+
+
+def _node_features(rec: Mapping, what: str = "features") -> tuple[str, ...]:
+    """A node record's active features when it has them (``active_features``, pyslurm's
+    ``features_active``, or ``features.active`` of grouped rows; present, even if empty,
+    counts), else its available ones (``features``, ``features.total``)."""
+    feats = rec.get("features")
+    if isinstance(feats, Mapping):  # 23.11+ grouped sinfo rows
+        active, total = feats.get("active"), feats.get("total")
+    else:
+        active = rec.get("active_features", rec.get("features_active"))
+        total = feats
+    if active is not None:
+        return _feature_list(active, f"{what} (active)")
+    return _feature_list(total, what)
+
+
 def parse_nodes(doc: Any) -> dict[str, NodeInfo]:
     """Nodes of a ``sinfo --json`` answer (any of the shapes in the module docstring), by name.
 
+    A node's :attr:`~NodeInfo.gpus` and :attr:`~NodeInfo.features` come from its ``gres``
+    and ``active_features``/``features`` (module docstring); a node listed several times
+    (one grouped row per partition) keeps the largest GPU count and the first non-empty
+    features.
+
     Raises:
         SlurmDataError: not an object, Slurm-reported errors, no node list, a node without a
-            name, a state that is not text, or no node at all (an empty cluster is treated as
-            bad data, so that a glitch never empties the daemon's idle pool).
+            name, a state that is not text, a GRES string :func:`gpu_count` cannot read or
+            features that are neither a comma string nor a list of strings (naming the
+            node), or no node at all (an empty cluster is treated as bad data, so that a
+            glitch never empties the daemon's idle pool).
     """
     doc = _check_errors(doc, "sinfo")
     merged: dict[str, dict] = {}
 
     def add(name: Any, states: frozenset[str], partitions: Iterable[str] | None, reason: str,
-            address: Any = ""):
+            address: Any = "", rec: Mapping | None = None):
         if not isinstance(name, str) or not name:
             raise SlurmDataError(f"sinfo: a node record has no name ({name!r:.40})")
         m = merged.setdefault(name, {"states": set(), "partitions": None, "reason": "",
-                                     "address": ""})
+                                     "address": "", "gpus": 0, "features": ()})
         m["states"] |= states
         if partitions is not None:
             m["partitions"] = (m["partitions"] or set()) | set(partitions)
         m["reason"] = m["reason"] or reason
         m["address"] = m["address"] or (address if isinstance(address, str) else "")
+        if rec is not None:
+            try:
+                gpus = gpu_count(_gres_text(rec.get("gres"), "gres"))
+                features = _node_features(rec)
+            except SlurmDataError as exc:
+                raise SlurmDataError(f"sinfo: node {name!r}: {exc}") from None
+            m["gpus"] = max(m["gpus"], gpus)
+            m["features"] = m["features"] or features
 
     if isinstance(doc.get("nodes"), list):
         for rec in doc["nodes"]:
@@ -277,7 +439,8 @@ def parse_nodes(doc: Any) -> dict[str, NodeInfo]:
                 parts = [p for p in parts.split(",") if p]
             elif parts is not None and not isinstance(parts, list):
                 raise SlurmDataError(f"sinfo: partitions of {rec.get('name')!r} is {parts!r:.40}")
-            add(rec.get("name"), states, parts, _text(rec.get("reason")), rec.get("address"))
+            add(rec.get("name"), states, parts, _text(rec.get("reason")), rec.get("address"),
+                rec)
     elif isinstance(doc.get("sinfo"), list):
         for row in doc["sinfo"]:
             if not isinstance(row, Mapping):
@@ -294,7 +457,7 @@ def parse_nodes(doc: Any) -> dict[str, NodeInfo]:
             reason = row.get("reason")
             reason = _text(reason.get("description") if isinstance(reason, Mapping) else reason)
             for name in names:
-                add(name, states, parts, reason)
+                add(name, states, parts, reason, rec=row)
     else:
         raise SlurmDataError("sinfo: the answer has neither a 'nodes' nor a 'sinfo' list "
                              f"(keys: {sorted(doc)[:8]})")
@@ -302,7 +465,8 @@ def parse_nodes(doc: Any) -> dict[str, NodeInfo]:
         raise SlurmDataError("sinfo: the answer lists no node")
     return {n: NodeInfo(n, frozenset(m["states"]),
                         None if m["partitions"] is None else frozenset(m["partitions"]),
-                        m["reason"], m["address"]) for n, m in merged.items()}
+                        m["reason"], m["address"], m["gpus"], m["features"])
+            for n, m in merged.items()}
 
 
 def _job_nodes(rec: Mapping) -> list[str]:

@@ -19,9 +19,10 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol
 
+from offcut.nodes import is_node_name
 from offcut.slurm_plugin.slurm_cli import SlurmCLI, default_slurm_conf
 from offcut.slurm_plugin.slurm_json import (IdleView, OwnJobRule, SlurmError, idle_nodes,
                                             parse_jobs, parse_nodes)
@@ -101,7 +102,12 @@ class PyslurmSource:
             node_recs.append({"name": _get(n, "name"), "state": _get(n, "state"),
                               "state_flags": _get(n, "state_flags", default=None),
                               "partitions": _get(n, "partitions", default=None),
-                              "reason": _get(n, "reason", default="") or ""})
+                              "reason": _get(n, "reason", default="") or "",
+                              "gres": _get(n, "gres", default=None),
+                              "features": _get(n, "available_features", "features",
+                                               default=None),
+                              "features_active": _get(n, "active_features", "features_active",
+                                                      default=None)})
         job_recs = []
         for j in _values(jobs):
             preempt = _get(j, "preempt_time_raw", "preempt_time", default=0)
@@ -184,6 +190,9 @@ class Observation:
     time_ns: int
     view: IdleView
     source: str
+    #: node -> (GPUs, features) of every node of ``node_partitions`` with a valid name (what
+    #: ``SyncNodes.kinds`` carries; docs/architecture.md §4, "Node kinds")
+    kinds: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
 
 
 def observe(source: Source, rule: OwnJobRule, node_partitions: Iterable[str] = (),
@@ -195,4 +204,9 @@ def observe(source: Source, rule: OwnJobRule, node_partitions: Iterable[str] = (
     jobs = parse_jobs(squeue_doc)
     view = idle_nodes(nodes, jobs, rule, node_partitions=node_partitions,
                       ignore_job_ids=ignore_job_ids)
-    return Observation(t_ns, view, source.name)
+    parts = set(node_partitions)
+    kinds = {name: (info.gpus, tuple(sorted(set(info.features))))
+             for name, info in nodes.items()
+             if is_node_name(name) and (not parts or not info.partitions
+                                        or parts & set(info.partitions))}
+    return Observation(t_ns, view, source.name, kinds)

@@ -58,6 +58,7 @@ class Watcher:
     source_name: str = "slurm-watch"
     last_seq: int = 0
     last_idle: list[str] | None = None
+    last_kinds: dict | None = None  # the node kinds of the last accepted snapshot
     resync_s: float = 600.0
     monotonic: Callable[[], float] = time.monotonic
     _sent_at: float | None = None  # monotonic time of the last accepted snapshot
@@ -107,7 +108,8 @@ class Watcher:
                 self.last_idle = idle
                 self._ok()
                 return True
-            if (idle == self.last_idle and self._sent_at is not None
+            if (idle == self.last_idle and obs.kinds == self.last_kinds
+                    and self._sent_at is not None
                     and self.monotonic() - self._sent_at < self.resync_s):
                 log.debug("no change: %d of %d nodes idle (not sent)", len(idle), obs.view.total)
                 self._ok()
@@ -115,7 +117,7 @@ class Watcher:
             seq = self._seq(obs.time_ns)
             try:
                 sent = self.sender.sync(time_ns=obs.time_ns, source=self.source_name, seq=seq,
-                                        idle=idle)
+                                        idle=idle, kinds=obs.kinds)
             except DaemonError as exc:
                 if exc.code == "FAILED_PRECONDITION" and attempt == 1:
                     log.info("snapshot refused (%s); asking Slurm again", exc.details)
@@ -128,6 +130,7 @@ class Watcher:
                 "snapshot seq %d: %d of %d nodes idle (%s): %s", seq, len(idle), obs.view.total,
                 compress(idle) or "-", sent)
             self.last_idle = idle
+            self.last_kinds = obs.kinds
             self._sent_at = self.monotonic()
             self._ok()
             return True

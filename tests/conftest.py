@@ -9,7 +9,7 @@ import pytest
 from offcut.client import Client
 from offcut.daemon.config import DaemonConfig
 from offcut.daemon.server import OffcutServer
-from slurm_cluster import (cluster_daemon, slurm, slurm_accounting,  # noqa: F401 - fixtures
+from slurm_cluster import (cluster_daemon, slurm, slurm_site,  # noqa: F401 - fixtures
                            slurm_cluster)  # (real Slurm)
 
 

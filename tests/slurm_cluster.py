@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import pytest
 
@@ -94,7 +94,8 @@ class SlurmCluster:
     """A running test cluster and helpers to drive it."""
 
     def __init__(self, root: Path, nodes: int = NODES, accounting: bool = False,
-                 min_job_age_s: int = 300):
+                 min_job_age_s: int = 300, gpu_nodes: Iterable[str] = (),
+                 features: Mapping[str, str] | None = None):
         self.root = root
         self.accounting = accounting
         self.dir = root / "slurm"
@@ -114,7 +115,10 @@ class SlurmCluster:
             "SLURM_PROLOG_EPILOG_TIMEOUT": "30", "SLURM_MIN_JOB_AGE": str(min_job_age_s),
             "SLURM_ACCOUNTING": "1" if accounting else "0",
             # schedule a submitted batch job within ~1 s instead of ~3 s (test speed only)
-            "SLURM_EXTRA_CONF": "SchedulerParameters=batch_sched_delay=0,sched_interval=1"})
+            "SLURM_EXTRA_CONF": "SchedulerParameters=batch_sched_delay=0,sched_interval=1",
+            # GPU nodes (gpu GRES with fake device files) and node features
+            "SLURM_GPU_NODES": ",".join(gpu_nodes),
+            "SLURM_NODE_FEATURES": ";".join(f"{n}={f}" for n, f in (features or {}).items())})
         self.started = False
 
     # ------------------------------------------------------------------ life cycle
@@ -323,20 +327,27 @@ def accounting_skip_reason() -> str | None:
     return None
 
 
+#: the GPU node of the ``slurm_site`` cluster (one gpu GRES, feature a100)
+SITE_GPU_NODE = "n3"
+
+
 @pytest.fixture(scope="session")
-def slurm_accounting():
-    """A second test cluster (2 nodes) with Slurm's accounting (slurmdbd on a private MariaDB)
-    whose slurmctld forgets ended jobs after 2 s (``MinJobAge=2``, Slurm's least), so that
-    ``sacct`` is the only record of them; the hooks point at its ``address``."""
+def slurm_site():
+    """A second test cluster as a site has it: 3 nodes, n1 and n2 plain, n3 with one GPU
+    (gpu GRES on a fake device file, ``AutoDetect=off``) and the feature ``a100``; Slurm's
+    accounting (slurmdbd on a private MariaDB) with a slurmctld that forgets ended jobs after
+    2 s (``MinJobAge=2``, Slurm's least), so that ``sacct`` is the only record of them; the
+    hooks point at its ``address``."""
     reason = accounting_skip_reason()
     if reason:
         pytest.skip(reason)
-    root = Path(tempfile.mkdtemp(prefix="offcut-slurm-acct-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix="offcut-slurm-site-", dir="/tmp"))
     root.chmod(0o755)
-    cluster = SlurmCluster(root, nodes=2, accounting=True, min_job_age_s=2)
+    cluster = SlurmCluster(root, nodes=3, accounting=True, min_job_age_s=2,
+                           gpu_nodes=[SITE_GPU_NODE], features={SITE_GPU_NODE: "a100"})
     try:
         took = cluster.start()
-        print(f"\n[slurm] accounting test cluster up in {took:.2f} s ({cluster.conf})")
+        print(f"\n[slurm] site test cluster up in {took:.2f} s ({cluster.conf})")
         yield cluster
     finally:
         cluster.stop()

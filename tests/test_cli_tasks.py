@@ -112,6 +112,11 @@ def test_submit_bad_input_is_one_line(curve, tmp_path, daemon):
     one_line_error(run(*base, "--nodes", "1-2", "--scalability", str(bad)), 2, "missing column")
     one_line_error(run(*base, "--nodes", "1-2", "--scalability", str(curve), "--objective", "fun"), 2,
                    "--objective")
+    one_line_error(run(*base, "--nodes", "1-2", "--constraint", "a100|v100"), 2, "--constraint",
+                   "only features joined with '&'")
+    one_line_error(run(*base, "--nodes", "1-2", "--gpus-per-node", "65"), 2, "--gpus-per-node",
+                   "0 to 64")
+    one_line_error(run(*base, "--nodes", "1-2", "--gpus-per-node", "-1"), 2, "--gpus-per-node")
     # nothing of it reached the daemon
     assert json.loads(run("queue", "--all", "--json", "--address", addr).stdout) == []
 
@@ -124,6 +129,18 @@ def test_submit_without_a_curve_is_learned(daemon):
     task = c.get_task(r.stdout.strip())
     assert not task.spec.node_counts and task.spec.total_work_samples == 1e6
     assert task.model.rescale_up_s == 30.0  # the prior until a rescale is measured
+
+
+def test_submit_with_node_needs_shows_them(daemon):
+    srv, c = daemon
+    r = run("submit", "-J", "gpu", "-N", "1-2", "--work", "1e6", "--parsable", "--gpus-per-node",
+            "2", "-C", "ib&a100", "--address", srv.address)
+    assert r.exit_code == 0, r.output
+    tid = r.stdout.strip()
+    spec = c.get_task(tid).spec
+    assert spec.gpus_per_node == 2 and list(spec.constraint) == ["a100", "ib"]
+    shown = run("show", tid, "--address", srv.address).stdout
+    assert "TresPerNode  gres:gpu:2" in shown and "Features     a100&ib" in shown
 
 
 def test_unreachable_daemon_says_where_and_how(tmp_path, curve):

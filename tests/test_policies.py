@@ -199,8 +199,8 @@ class LegacyScheduler(Scheduler):
     """The core's allocation rule before policies existed (daemon/core.py at 3593fb3, now offcut.daemon.scheduler), verbatim
     but for the hook it now lives in."""
 
-    def _allocation_counts(self, tasks, t, out, allocate):
-        problem = self.problem(tasks)
+    def _allocation_counts(self, tasks, t, out, allocate, idle_nodes=None):
+        problem = self.problem(tasks, idle_nodes)
         if self.objective.objective == "throughput":
             answer = allocate(problem)
             out.solves.append(answer)

@@ -4,7 +4,7 @@ forgets them, and after the restart the task's state is what ``sacct`` says, wit
 submitted or counted twice.
 
 Real parts: a second test cluster with slurmdbd on a private MariaDB and ``MinJobAge=2``
-(tests/slurm_cluster.py, ``slurm_accounting``), ``offcutd`` as a subprocess killed with
+(tests/slurm_cluster.py, ``slurm_site``), ``offcutd`` as a subprocess killed with
 SIGKILL, the launcher on the real ``squeue``/``sbatch``/``sacct``.
 """
 
@@ -37,8 +37,8 @@ def spawn_offcutd(address: str, state: Path, log: Path) -> subprocess.Popen:
 
 
 def test_jobs_that_ended_while_daemon_and_launcher_were_down_are_taken_from_sacct(
-        slurm_accounting, tmp_path):
-    cluster = slurm_accounting
+        slurm_site, tmp_path):
+    cluster = slurm_site
     tmp_path.chmod(0o755)
     go = tmp_path / "go"
     state, log = tmp_path / "state.sqlite", tmp_path / "offcutd.log"

@@ -14,8 +14,8 @@ import pytest
 from offcut.slurm_plugin.nodelist import (NodeListError, compress, expand_nodelist,
                                           split_valid)
 from offcut.slurm_plugin.slurm_json import (JobInfo, NodeInfo, OwnJobRule, SlurmDataError,
-                                            idle_nodes, number, parse_jobs, parse_nodes,
-                                            parse_sacct, state_tokens)
+                                            gpu_count, idle_nodes, number, parse_jobs,
+                                            parse_nodes, parse_sacct, state_tokens)
 
 DATA = Path(__file__).resolve().parent / "data" / "slurm"
 SCAV = frozenset({"scavenger"})
@@ -142,6 +142,71 @@ def test_recorded_jobs():
     assert jobs["5"].states == {"PENDING"} and not jobs["5"].holds_nodes
 
 
+def test_recorded_gpu_node_and_features():
+    """The 22.05 test cluster with SLURM_GPU_NODES=n2 SLURM_NODE_FEATURES='n2=a100,ib'
+    (tests/slurm/start-slurm.sh): job 1 (scavenger, --gpus-per-node=1 --constraint=a100) runs
+    on n2, job 2 (batch) on n1, job 3 (scavenger, --gres=gpu:1) waits for the GPU."""
+    nodes = parse_nodes(load("sinfo-22.05-gres.json"))
+    assert nodes["n2"].gpus == 1 and nodes["n2"].features == ("a100", "ib")
+    assert nodes["n1"].gpus == 0 and nodes["n1"].features == ()  # gres "", gres_used "gpu:0"
+    assert nodes["n2"].states == {"MIXED"} and nodes["n2"].partitions == {"batch", "scavenger"}
+    jobs = {j.job_id: j for j in parse_jobs(load("squeue-22.05-gres.json"))}
+    assert jobs["1"].nodes == ("n2",) and jobs["1"].partition == "scavenger"
+    assert jobs["3"].states == {"PENDING"} and not jobs["3"].holds_nodes
+    v = view("sinfo-22.05-gres.json", "squeue-22.05-gres.json")
+    assert v.idle == ["n2"] and v.not_idle == {"n1": "job 2 (batch)"}
+
+
+def test_recorded_files_without_gres_have_no_gpus_or_features():
+    for name in sorted(DATA.glob("sinfo-22.05-*.json")):
+        if "gres" not in name.name:
+            for node in parse_nodes(load(name.name)).values():
+                assert node.gpus == 0 and node.features == (), (name.name, node)
+
+
+@pytest.mark.parametrize("gres,expected", [
+    ("gpu:1", 1),
+    ("gpu:a100:4", 4),
+    ("gpu:a100:4(S:0-1)", 4),
+    ("gpu:a100:2(S:0,2)", 2),  # a comma inside the socket list
+    ("gpu:2,mps:100", 2),
+    ("mps:100,gpu:tesla:2(S:0)", 2),
+    ("gpu:a100:2,gpu:v100:1", 3),  # summed over types
+    ("gpu:nvidia_a100-sxm4-80gb:8(S:0-1),shard:32", 8),  # AutoDetect type names
+    ("gpu:1g.10gb:7", 7),  # MIG types start with a digit
+    ("gpu:a100:0(IDX:N/A)", 0),  # gres_used of an idle node
+    ("gpu", 1), ("gpu:a100", 1),  # no count: 1, as in slurm.conf
+    ("gpu:1K", 1024),
+    ("mps:100", 0), ("bandwidth:lustre:4G", 0),
+    ("(null)", 0), ("", 0), ("  ", 0), ("N/A", 0), (None, 0),
+])
+def test_gpu_count(gres, expected):
+    assert gpu_count(gres) == expected
+
+
+@pytest.mark.parametrize("gres,message", [
+    ("gpu:a100:x", "count 'x' is not a number"),
+    ("gpu:1.5", "not a number"),
+    ("gpu:-1", "not a number"),
+    ("gpu:4x", "not a number"),
+    ("gpu:", "not a number"),
+    ("gpu:a100:", "not a number"),
+    ("gpu:a:b:c", "not name\\[:type\\]\\[:count\\]"),
+    (":1", "bad name"),
+    ("gpu:1,,mps:2", "is not name"),
+    ("gpu:a b:1", "bad type"),
+    ("gpu:1(S:0", "unbalanced"),
+    ("gpu:1)", "unbalanced"),
+    ("gpu:1(S:0)x", "text after"),
+    ("gpu:1(S:(0))", "nested"),
+    (4, "not a string"),
+    (["gpu:1"], "not a string"),
+])
+def test_gpu_count_garbage(gres, message):
+    with pytest.raises(SlurmDataError, match=message):
+        gpu_count(gres)
+
+
 # ----------------------------------------------------------------------------- other versions
 V0039_NODES = {  # Slurm 23.02 style: state is a list, no state_flags, numbers as objects
     "nodes": [
@@ -192,6 +257,44 @@ def test_grouped_sinfo_of_later_versions():
     assert v.idle == ["c1", "c2"]
     assert v.not_idle["c3"] == "drain (bad dimm)"
     assert v.not_idle["c4"].startswith("not in partition")
+
+
+def test_gpus_and_features_of_later_versions():
+    """23.02+ node records (scontrol/slurmrestd, v0.0.39-v0.0.41): features as lists, gres a
+    string; pyslurm: gres a list, features_active; 23.11+ grouped sinfo rows: nested
+    features/gres objects, one row per partition."""
+    doc = {"nodes": [
+        {"name": "g1", "state": ["IDLE"], "gres": "gpu:a100:4(S:0-1)",
+         "features": ["a100", "ib"], "active_features": ["a100", "ib"]},
+        {"name": "g2", "state": ["IDLE"], "gres": "gpu:a100:2(S:0),gpu:v100:2(S:1),mps:200",
+         "features": ["knl", "quad", "flat"], "active_features": ["knl", "quad"]},
+        {"name": "g3", "state": ["IDLE"], "gres": "", "features": ["x"], "active_features": []},
+        {"name": "g4", "state": ["IDLE"], "gres": "(null)", "features": "a,b,a"},  # no active
+        {"name": "g5", "state": "IDLE", "gres": ["gpu:tesla:2", "mps:200"],  # pyslurm
+         "features": ["tesla"], "features_active": ["tesla"]},
+        {"name": "g6", "state": ["IDLE"]},  # neither said
+    ]}
+    nodes = parse_nodes(doc)
+    assert [(n, nodes[n].gpus, nodes[n].features) for n in sorted(nodes)] == [
+        ("g1", 4, ("a100", "ib")), ("g2", 4, ("knl", "quad")), ("g3", 0, ()),
+        ("g4", 0, ("a", "b")), ("g5", 2, ("tesla",)), ("g6", 0, ())]
+
+    grouped = {"sinfo": [
+        {"node": {"state": ["MIXED"]}, "nodes": {"nodes": ["h1", "h2"]},
+         "partition": {"name": "scavenger"},
+         "gres": {"total": "gpu:h100:8(S:0-1)", "used": "gpu:h100:2(IDX:0-1)"},
+         "features": {"total": "h100,nvlink", "active": "h100,nvlink"}},
+        {"node": {"state": ["MIXED"]}, "nodes": {"nodes": ["h1", "h2"]},
+         "partition": {"name": "batch"},
+         "gres": {"total": "gpu:h100:8(S:0-1)", "used": "gpu:h100:2(IDX:0-1)"},
+         "features": {"total": "h100,nvlink", "active": "h100,nvlink"}},
+        {"node": {"state": ["IDLE"]}, "nodes": {"nodes": ["c1"]}, "partition": {"name": "batch"},
+         "gres": {"total": "", "used": ""}, "features": {"total": "cpu", "active": None}},
+    ]}
+    nodes = parse_nodes(grouped)
+    assert nodes["h1"].gpus == 8 and nodes["h1"].features == ("h100", "nvlink")
+    assert nodes["h1"].partitions == {"scavenger", "batch"}
+    assert nodes["c1"].gpus == 0 and nodes["c1"].features == ("cpu",)  # active None: total
 
 
 def test_short_form_states():
@@ -253,6 +356,14 @@ def test_busy_node_without_jobs_is_not_idle_but_foreign_jobs_win():
     ({"errors": [{"error": "Unable to contact slurm controller (connect failure)"}], "nodes": []},
      "Unable to contact slurm controller"),
     ({"sinfo": [{"nodes": {"nodes": "n[1-"}, "node": {"state": ["IDLE"]}}]}, "malformed"),
+    ({"nodes": [{"name": "n1", "state": "idle", "gres": "gpu:a100:x"}]},
+     "node 'n1': gres item 'gpu:a100:x': count 'x' is not a number"),
+    ({"nodes": [{"name": "n1", "state": "idle", "gres": 2}]}, "node 'n1': gres 2 is neither"),
+    ({"nodes": [{"name": "n1", "state": "idle", "features": 5}]}, "node 'n1': features 5"),
+    ({"nodes": [{"name": "n1", "state": "idle", "active_features": ["a", 1]}]},
+     "node 'n1': features \\(active\\): entry 1 is not a string"),
+    ({"sinfo": [{"nodes": {"nodes": ["c1"]}, "node": {"state": ["IDLE"]},
+                 "gres": {"total": "gpu:(S:0)"}}]}, "node 'c1': gres item"),
 ])
 def test_sinfo_garbage(doc, message):
     with pytest.raises(SlurmDataError, match=message):

@@ -109,6 +109,10 @@ def test_batch_script_quotes_and_exports(tmp_path):
     assert opts[:7] == ["-p", "scavenger", "-w", "n1", "-N", "1", "--exclusive"]
     assert "--no-requeue" in opts and "--signal=B:USR1@60" in opts
     assert "--account=acct" in opts and opts[-1] == "--qos=low"
+    assert not [o for o in opts if o.startswith(("--gres", "--constraint"))]
+    gpu = Generation("t1", "x", 1, ("n1",), ("true",), gpus_per_node=2, constraint=("a100", "ib"))
+    opts = sbatch_options(CFG, "offcut-t1.1-n1", "n1", gen=gpu)
+    assert "--gres=gpu:2" in opts and "--constraint=a100&ib" in opts
 
 
 def test_checkpoint_dir_is_taken_from_workdir_when_relative(tmp_path):

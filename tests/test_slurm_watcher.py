@@ -262,3 +262,29 @@ def test_only_changes_are_sent_until_the_resync_interval(daemon):
         w.source = ScriptedSource([DRAIN])
         now[0] += 1
         assert w.step() is True and client.status().revision == 4
+
+
+def test_what_nodes_have_is_sent_and_a_change_of_it_alone_is_sent_again(daemon):
+    """The snapshot carries each node's GPUs and features (from sinfo's gres and
+    active_features); a change of those alone, the idle set unchanged, is sent at once."""
+    srv, client = daemon
+    sinfo = json.loads((DATA / "sinfo-22.05-gres.json").read_text())
+    squeue = {"jobs": [], "errors": []}
+
+    class Docs:
+        name = "docs"
+
+        def fetch(self):
+            return json.loads(json.dumps(sinfo)), squeue
+
+    with NodeEventSender(client.address, timeout_s=5) as sender:
+        w = Watcher(Docs(), sender, resync_s=600.0)
+        assert w.step() is True
+        assert w.last_kinds == {"n1": (0, ()), "n2": (1, ("a100", "ib"))}
+        revision = client.status().revision
+        assert w.step() is True and client.status().revision == revision  # nothing new
+        for node in sinfo["nodes"]:
+            if node["name"] == "n2":
+                node["gres"] = "gpu:2"
+        assert w.step() is True and client.status().revision == revision + 1
+        assert w.last_kinds["n2"] == (2, ("a100", "ib"))

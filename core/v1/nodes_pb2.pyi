@@ -25,13 +25,25 @@ class NodeEvent(_message.Message):
     def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., seq: _Optional[int] = ..., idle: _Optional[_Iterable[str]] = ..., preempted: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeSnapshot(_message.Message):
-    __slots__ = ("time", "source", "seq", "idle")
+    __slots__ = ("time", "source", "seq", "idle", "kinds")
     TIME_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     IDLE_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
     time: _timestamp_pb2.Timestamp
     source: str
     seq: int
     idle: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., seq: _Optional[int] = ..., idle: _Optional[_Iterable[str]] = ...) -> None: ...
+    kinds: _containers.RepeatedCompositeFieldContainer[NodeKind]
+    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., seq: _Optional[int] = ..., idle: _Optional[_Iterable[str]] = ..., kinds: _Optional[_Iterable[_Union[NodeKind, _Mapping]]] = ...) -> None: ...
+
+class NodeKind(_message.Message):
+    __slots__ = ("node", "gpus", "features")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    gpus: int
+    features: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[str] = ..., gpus: _Optional[int] = ..., features: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -26,53 +26,53 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from offcut.v1 import decision_pb2 as offcut_dot_v1_dot_decision__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15offcut/v1/tasks.proto\x12\toffcut.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18offcut/v1/decision.proto\"\x9d\x02\n\x08TaskSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tmin_nodes\x18\x02 \x01(\x05\x12\x11\n\tmax_nodes\x18\x03 \x01(\x05\x12\x13\n\x0bnode_counts\x18\x04 \x03(\x05\x12\x13\n\x0bthroughputs\x18\x05 \x03(\x01\x12\x18\n\x10objective_values\x18\x06 \x03(\x01\x12\x14\n\x0crescale_up_s\x18\x07 \x01(\x01\x12\x16\n\x0erescale_down_s\x18\x08 \x01(\x01\x12\x1a\n\x12total_work_samples\x18\t \x01(\x01\x12\x0f\n\x07\x63ommand\x18\n \x03(\t\x12\x18\n\x10reports_progress\x18\x0b \x01(\x08\x12\x0f\n\x07power_w\x18\x0c \x03(\x01\x12\x13\n\x0bzeus_job_id\x18\r \x01(\t\"\x8a\x01\n\x11SubmitTaskRequest\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.offcut.v1.TaskSpec\x12/\n\x0bsubmit_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\r\n\x05owner\x18\x04 \x01(\t\"Z\n\x12SubmitTaskResponse\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.offcut.v1.Task\x12%\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x13.offcut.v1.Decision\"\x9d\x04\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12!\n\x04spec\x18\x02 \x01(\x0b\x32\x13.offcut.v1.TaskSpec\x12\r\n\x05owner\x18\x03 \x01(\t\x12#\n\x05state\x18\x04 \x01(\x0e\x32\x14.offcut.v1.TaskState\x12/\n\x0bsubmit_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nadmit_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05nodes\x18\x08 \x03(\t\x12\x19\n\x11work_done_samples\x18\t \x01(\x01\x12\x1a\n\x12rate_samples_per_s\x18\n \x01(\x01\x12\x10\n\x08rescales\x18\x0b \x01(\x05\x12\x13\n\x0bpreemptions\x18\x0c \x01(\x05\x12\x10\n\x08launches\x18\r \x01(\x05\x12\x10\n\x08last_run\x18\x0e \x01(\t\x12\x10\n\x08\x65nergy_j\x18\x0f \x01(\x01\x12\x0f\n\x07power_w\x18\x10 \x01(\x01\x12&\n\x05model\x18\x11 \x01(\x0b\x32\x17.offcut.v1.LearnedModel\x12\x12\n\ngeneration\x18\x12 \x01(\x04\x12\x13\n\x0b\x66\x61iled_runs\x18\x13 \x01(\x05\x12\x16\n\x0e\x66\x61ilure_reason\x18\x14 \x01(\t\"\xd8\x03\n\x0cLearnedModel\x12*\n\x08measured\x18\x01 \x03(\x0b\x32\x18.offcut.v1.MeasuredCount\x12\x14\n\x0crescale_up_s\x18\x02 \x01(\x01\x12\x16\n\x0erescale_down_s\x18\x03 \x01(\x01\x12\x19\n\x11\x63urve_node_counts\x18\x04 \x03(\x05\x12\x19\n\x11\x63urve_throughputs\x18\x05 \x03(\x01\x12\x12\n\nhas_report\x18\x06 \x01(\x08\x12\x34\n\x10last_report_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11last_samples_done\x18\x08 \x01(\x01\x12\x1a\n\rlast_energy_j\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x11\n\tcurve_low\x18\n \x03(\x01\x12\x12\n\ncurve_high\x18\x0b \x03(\x01\x12\"\n\x15measured_rescale_up_s\x18\x0c \x01(\x01H\x01\x88\x01\x01\x12$\n\x17measured_rescale_down_s\x18\r \x01(\x01H\x02\x88\x01\x01\x42\x10\n\x0e_last_energy_jB\x18\n\x16_measured_rescale_up_sB\x1a\n\x18_measured_rescale_down_s\"W\n\rMeasuredCount\x12\r\n\x05nodes\x18\x01 \x01(\x05\x12\x15\n\rsamples_per_s\x18\x02 \x01(\x01\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x0f\n\x07power_w\x18\x04 \x01(\x01\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"n\n\x10ListTasksRequest\x12$\n\x06states\x18\x01 \x03(\x0e\x32\x14.offcut.v1.TaskState\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"L\n\x11ListTasksResponse\x12\x1e\n\x05tasks\x18\x01 \x03(\x0b\x32\x0f.offcut.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"N\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"Z\n\x12\x43\x61ncelTaskResponse\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.offcut.v1.Task\x12%\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x13.offcut.v1.Decision\"A\n\x16WatchPlacementsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_revision\x18\x02 \x01(\x04\"\x86\x01\n\x0fPlacementUpdate\x12\x10\n\x08revision\x18\x01 \x01(\x04\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\x12(\n\nplacements\x18\x04 \x03(\x0b\x32\x14.offcut.v1.Placement\"\xec\x01\n\rTaskRunReport\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.offcut.v1.RunState\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04node\x18\x04 \x01(\t\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x11\n\texit_code\x18\x06 \x01(\x05\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x17\n\ngeneration\x18\t \x01(\x04H\x00\x88\x01\x01\x42\r\n\x0b_generation\"\x94\x01\n\x0eProgressReport\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0csamples_done\x18\x03 \x01(\x01\x12\r\n\x05nodes\x18\x04 \x01(\x05\x12\x15\n\x08\x65nergy_j\x18\x05 \x01(\x01H\x00\x88\x01\x01\x42\x0b\n\t_energy_j\"W\n\x15ReportProgressRequest\x12*\n\x07reports\x18\x01 \x03(\x0b\x32\x19.offcut.v1.ProgressReport\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"_\n\x16ReportProgressResponse\x12%\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x13.offcut.v1.Decision\x12\x1e\n\x05tasks\x18\x02 \x03(\x0b\x32\x0f.offcut.v1.Task\"]\n\x15ReportTaskRunResponse\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.offcut.v1.Task\x12%\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x13.offcut.v1.Decision*\xba\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11TASK_STATE_QUEUED\x10\x01\x12\x17\n\x13TASK_STATE_ADMITTED\x10\x02\x12\x16\n\x12TASK_STATE_RUNNING\x10\x03\x12\x18\n\x14TASK_STATE_COMPLETED\x10\x04\x12\x18\n\x14TASK_STATE_CANCELLED\x10\x05\x12\x15\n\x11TASK_STATE_FAILED\x10\x06*\x9e\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATE_STARTED\x10\x01\x12\x17\n\x13RUN_STATE_PREEMPTED\x10\x02\x12\x16\n\x12RUN_STATE_FINISHED\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x19\n\x15RUN_STATE_INTERRUPTED\x10\x05\x32\x94\x04\n\x05Tasks\x12I\n\nSubmitTask\x12\x1c.offcut.v1.SubmitTaskRequest\x1a\x1d.offcut.v1.SubmitTaskResponse\x12\x35\n\x07GetTask\x12\x19.offcut.v1.GetTaskRequest\x1a\x0f.offcut.v1.Task\x12\x46\n\tListTasks\x12\x1b.offcut.v1.ListTasksRequest\x1a\x1c.offcut.v1.ListTasksResponse\x12I\n\nCancelTask\x12\x1c.offcut.v1.CancelTaskRequest\x1a\x1d.offcut.v1.CancelTaskResponse\x12R\n\x0fWatchPlacements\x12!.offcut.v1.WatchPlacementsRequest\x1a\x1a.offcut.v1.PlacementUpdate0\x01\x12K\n\rReportTaskRun\x12\x18.offcut.v1.TaskRunReport\x1a .offcut.v1.ReportTaskRunResponse\x12U\n\x0eReportProgress\x12 .offcut.v1.ReportProgressRequest\x1a!.offcut.v1.ReportProgressResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15offcut/v1/tasks.proto\x12\toffcut.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18offcut/v1/decision.proto\"\xc8\x02\n\x08TaskSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tmin_nodes\x18\x02 \x01(\x05\x12\x11\n\tmax_nodes\x18\x03 \x01(\x05\x12\x13\n\x0bnode_counts\x18\x04 \x03(\x05\x12\x13\n\x0bthroughputs\x18\x05 \x03(\x01\x12\x18\n\x10objective_values\x18\x06 \x03(\x01\x12\x14\n\x0crescale_up_s\x18\x07 \x01(\x01\x12\x16\n\x0erescale_down_s\x18\x08 \x01(\x01\x12\x1a\n\x12total_work_samples\x18\t \x01(\x01\x12\x0f\n\x07\x63ommand\x18\n \x03(\t\x12\x18\n\x10reports_progress\x18\x0b \x01(\x08\x12\x0f\n\x07power_w\x18\x0c \x03(\x01\x12\x13\n\x0bzeus_job_id\x18\r \x01(\t\x12\x15\n\rgpus_per_node\x18\x0e \x01(\r\x12\x12\n\nconstraint\x18\x0f \x03(\t\"\x8a\x01\n\x11SubmitTaskRequest\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.offcut.v1.TaskSpec\x12/\n\x0bsubmit_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\r\n\x05owner\x18\x04 \x01(\t\"Z\n\x12SubmitTaskResponse\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.offcut.v1.Task\x12%\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x13.offcut.v1.Decision\"\x9d\x04\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12!\n\x04spec\x18\x02 \x01(\x0b\x32\x13.offcut.v1.TaskSpec\x12\r\n\x05owner\x18\x03 \x01(\t\x12#\n\x05state\x18\x04 \x01(\x0e\x32\x14.offcut.v1.TaskState\x12/\n\x0bsubmit_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nadmit_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05nodes\x18\x08 \x03(\t\x12\x19\n\x11work_done_samples\x18\t \x01(\x01\x12\x1a\n\x12rate_samples_per_s\x18\n \x01(\x01\x12\x10\n\x08rescales\x18\x0b \x01(\x05\x12\x13\n\x0bpreemptions\x18\x0c \x01(\x05\x12\x10\n\x08launches\x18\r \x01(\x05\x12\x10\n\x08last_run\x18\x0e \x01(\t\x12\x10\n\x08\x65nergy_j\x18\x0f \x01(\x01\x12\x0f\n\x07power_w\x18\x10 \x01(\x01\x12&\n\x05model\x18\x11 \x01(\x0b\x32\x17.offcut.v1.LearnedModel\x12\x12\n\ngeneration\x18\x12 \x01(\x04\x12\x13\n\x0b\x66\x61iled_runs\x18\x13 \x01(\x05\x12\x16\n\x0e\x66\x61ilure_reason\x18\x14 \x01(\t\"\xd8\x03\n\x0cLearnedModel\x12*\n\x08measured\x18\x01 \x03(\x0b\x32\x18.offcut.v1.MeasuredCount\x12\x14\n\x0crescale_up_s\x18\x02 \x01(\x01\x12\x16\n\x0erescale_down_s\x18\x03 \x01(\x01\x12\x19\n\x11\x63urve_node_counts\x18\x04 \x03(\x05\x12\x19\n\x11\x63urve_throughputs\x18\x05 \x03(\x01\x12\x12\n\nhas_report\x18\x06 \x01(\x08\x12\x34\n\x10last_report_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11last_samples_done\x18\x08 \x01(\x01\x12\x1a\n\rlast_energy_j\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x11\n\tcurve_low\x18\n \x03(\x01\x12\x12\n\ncurve_high\x18\x0b \x03(\x01\x12\"\n\x15measured_rescale_up_s\x18\x0c \x01(\x01H\x01\x88\x01\x01\x12$\n\x17measured_rescale_down_s\x18\r \x01(\x01H\x02\x88\x01\x01\x42\x10\n\x0e_last_energy_jB\x18\n\x16_measured_rescale_up_sB\x1a\n\x18_measured_rescale_down_s\"W\n\rMeasuredCount\x12\r\n\x05nodes\x18\x01 \x01(\x05\x12\x15\n\rsamples_per_s\x18\x02 \x01(\x01\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x0f\n\x07power_w\x18\x04 \x01(\x01\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"n\n\x10ListTasksRequest\x12$\n\x06states\x18\x01 \x03(\x0e\x32\x14.offcut.v1.TaskState\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"L\n\x11ListTasksResponse\x12\x1e\n\x05tasks\x18\x01 \x03(\x0b\x32\x0f.offcut.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"N\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"Z\n\x12\x43\x61ncelTaskResponse\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.offcut.v1.Task\x12%\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x13.offcut.v1.Decision\"A\n\x16WatchPlacementsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_revision\x18\x02 \x01(\x04\"\x86\x01\n\x0fPlacementUpdate\x12\x10\n\x08revision\x18\x01 \x01(\x04\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\x12(\n\nplacements\x18\x04 \x03(\x0b\x32\x14.offcut.v1.Placement\"\xec\x01\n\rTaskRunReport\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.offcut.v1.RunState\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04node\x18\x04 \x01(\t\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12\x11\n\texit_code\x18\x06 \x01(\x05\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x17\n\ngeneration\x18\t \x01(\x04H\x00\x88\x01\x01\x42\r\n\x0b_generation\"\x94\x01\n\x0eProgressReport\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0csamples_done\x18\x03 \x01(\x01\x12\r\n\x05nodes\x18\x04 \x01(\x05\x12\x15\n\x08\x65nergy_j\x18\x05 \x01(\x01H\x00\x88\x01\x01\x42\x0b\n\t_energy_j\"W\n\x15ReportProgressRequest\x12*\n\x07reports\x18\x01 \x03(\x0b\x32\x19.offcut.v1.ProgressReport\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"_\n\x16ReportProgressResponse\x12%\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x13.offcut.v1.Decision\x12\x1e\n\x05tasks\x18\x02 \x03(\x0b\x32\x0f.offcut.v1.Task\"]\n\x15ReportTaskRunResponse\x12\x1d\n\x04task\x18\x01 \x01(\x0b\x32\x0f.offcut.v1.Task\x12%\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x13.offcut.v1.Decision*\xba\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11TASK_STATE_QUEUED\x10\x01\x12\x17\n\x13TASK_STATE_ADMITTED\x10\x02\x12\x16\n\x12TASK_STATE_RUNNING\x10\x03\x12\x18\n\x14TASK_STATE_COMPLETED\x10\x04\x12\x18\n\x14TASK_STATE_CANCELLED\x10\x05\x12\x15\n\x11TASK_STATE_FAILED\x10\x06*\x9e\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATE_STARTED\x10\x01\x12\x17\n\x13RUN_STATE_PREEMPTED\x10\x02\x12\x16\n\x12RUN_STATE_FINISHED\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x19\n\x15RUN_STATE_INTERRUPTED\x10\x05\x32\x94\x04\n\x05Tasks\x12I\n\nSubmitTask\x12\x1c.offcut.v1.SubmitTaskRequest\x1a\x1d.offcut.v1.SubmitTaskResponse\x12\x35\n\x07GetTask\x12\x19.offcut.v1.GetTaskRequest\x1a\x0f.offcut.v1.Task\x12\x46\n\tListTasks\x12\x1b.offcut.v1.ListTasksRequest\x1a\x1c.offcut.v1.ListTasksResponse\x12I\n\nCancelTask\x12\x1c.offcut.v1.CancelTaskRequest\x1a\x1d.offcut.v1.CancelTaskResponse\x12R\n\x0fWatchPlacements\x12!.offcut.v1.WatchPlacementsRequest\x1a\x1a.offcut.v1.PlacementUpdate0\x01\x12K\n\rReportTaskRun\x12\x18.offcut.v1.TaskRunReport\x1a .offcut.v1.ReportTaskRunResponse\x12U\n\x0eReportProgress\x12 .offcut.v1.ReportProgressRequest\x1a!.offcut.v1.ReportProgressResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'offcut.v1.tasks_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TASKSTATE']._serialized_start=2997
-  _globals['_TASKSTATE']._serialized_end=3183
-  _globals['_RUNSTATE']._serialized_start=3186
-  _globals['_RUNSTATE']._serialized_end=3344
+  _globals['_TASKSTATE']._serialized_start=3040
+  _globals['_TASKSTATE']._serialized_end=3226
+  _globals['_RUNSTATE']._serialized_start=3229
+  _globals['_RUNSTATE']._serialized_end=3387
   _globals['_TASKSPEC']._serialized_start=96
-  _globals['_TASKSPEC']._serialized_end=381
-  _globals['_SUBMITTASKREQUEST']._serialized_start=384
-  _globals['_SUBMITTASKREQUEST']._serialized_end=522
-  _globals['_SUBMITTASKRESPONSE']._serialized_start=524
-  _globals['_SUBMITTASKRESPONSE']._serialized_end=614
-  _globals['_TASK']._serialized_start=617
-  _globals['_TASK']._serialized_end=1158
-  _globals['_LEARNEDMODEL']._serialized_start=1161
-  _globals['_LEARNEDMODEL']._serialized_end=1633
-  _globals['_MEASUREDCOUNT']._serialized_start=1635
-  _globals['_MEASUREDCOUNT']._serialized_end=1722
-  _globals['_GETTASKREQUEST']._serialized_start=1724
-  _globals['_GETTASKREQUEST']._serialized_end=1757
-  _globals['_LISTTASKSREQUEST']._serialized_start=1759
-  _globals['_LISTTASKSREQUEST']._serialized_end=1869
-  _globals['_LISTTASKSRESPONSE']._serialized_start=1871
-  _globals['_LISTTASKSRESPONSE']._serialized_end=1947
-  _globals['_CANCELTASKREQUEST']._serialized_start=1949
-  _globals['_CANCELTASKREQUEST']._serialized_end=2027
-  _globals['_CANCELTASKRESPONSE']._serialized_start=2029
-  _globals['_CANCELTASKRESPONSE']._serialized_end=2119
-  _globals['_WATCHPLACEMENTSREQUEST']._serialized_start=2121
-  _globals['_WATCHPLACEMENTSREQUEST']._serialized_end=2186
-  _globals['_PLACEMENTUPDATE']._serialized_start=2189
-  _globals['_PLACEMENTUPDATE']._serialized_end=2323
-  _globals['_TASKRUNREPORT']._serialized_start=2326
-  _globals['_TASKRUNREPORT']._serialized_end=2562
-  _globals['_PROGRESSREPORT']._serialized_start=2565
-  _globals['_PROGRESSREPORT']._serialized_end=2713
-  _globals['_REPORTPROGRESSREQUEST']._serialized_start=2715
-  _globals['_REPORTPROGRESSREQUEST']._serialized_end=2802
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=2804
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=2899
-  _globals['_REPORTTASKRUNRESPONSE']._serialized_start=2901
-  _globals['_REPORTTASKRUNRESPONSE']._serialized_end=2994
-  _globals['_TASKS']._serialized_start=3347
-  _globals['_TASKS']._serialized_end=3879
+  _globals['_TASKSPEC']._serialized_end=424
+  _globals['_SUBMITTASKREQUEST']._serialized_start=427
+  _globals['_SUBMITTASKREQUEST']._serialized_end=565
+  _globals['_SUBMITTASKRESPONSE']._serialized_start=567
+  _globals['_SUBMITTASKRESPONSE']._serialized_end=657
+  _globals['_TASK']._serialized_start=660
+  _globals['_TASK']._serialized_end=1201
+  _globals['_LEARNEDMODEL']._serialized_start=1204
+  _globals['_LEARNEDMODEL']._serialized_end=1676
+  _globals['_MEASUREDCOUNT']._serialized_start=1678
+  _globals['_MEASUREDCOUNT']._serialized_end=1765
+  _globals['_GETTASKREQUEST']._serialized_start=1767
+  _globals['_GETTASKREQUEST']._serialized_end=1800
+  _globals['_LISTTASKSREQUEST']._serialized_start=1802
+  _globals['_LISTTASKSREQUEST']._serialized_end=1912
+  _globals['_LISTTASKSRESPONSE']._serialized_start=1914
+  _globals['_LISTTASKSRESPONSE']._serialized_end=1990
+  _globals['_CANCELTASKREQUEST']._serialized_start=1992
+  _globals['_CANCELTASKREQUEST']._serialized_end=2070
+  _globals['_CANCELTASKRESPONSE']._serialized_start=2072
+  _globals['_CANCELTASKRESPONSE']._serialized_end=2162
+  _globals['_WATCHPLACEMENTSREQUEST']._serialized_start=2164
+  _globals['_WATCHPLACEMENTSREQUEST']._serialized_end=2229
+  _globals['_PLACEMENTUPDATE']._serialized_start=2232
+  _globals['_PLACEMENTUPDATE']._serialized_end=2366
+  _globals['_TASKRUNREPORT']._serialized_start=2369
+  _globals['_TASKRUNREPORT']._serialized_end=2605
+  _globals['_PROGRESSREPORT']._serialized_start=2608
+  _globals['_PROGRESSREPORT']._serialized_end=2756
+  _globals['_REPORTPROGRESSREQUEST']._serialized_start=2758
+  _globals['_REPORTPROGRESSREQUEST']._serialized_end=2845
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=2847
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=2942
+  _globals['_REPORTTASKRUNRESPONSE']._serialized_start=2944
+  _globals['_REPORTTASKRUNRESPONSE']._serialized_end=3037
+  _globals['_TASKS']._serialized_start=3390
+  _globals['_TASKS']._serialized_end=3922
 # @@protoc_insertion_point(module_scope)

@@ -44,7 +44,7 @@ RUN_STATE_FAILED: RunState
 RUN_STATE_INTERRUPTED: RunState
 
 class TaskSpec(_message.Message):
-    __slots__ = ("name", "min_nodes", "max_nodes", "node_counts", "throughputs", "objective_values", "rescale_up_s", "rescale_down_s", "total_work_samples", "command", "reports_progress", "power_w", "zeus_job_id")
+    __slots__ = ("name", "min_nodes", "max_nodes", "node_counts", "throughputs", "objective_values", "rescale_up_s", "rescale_down_s", "total_work_samples", "command", "reports_progress", "power_w", "zeus_job_id", "gpus_per_node", "constraint")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MIN_NODES_FIELD_NUMBER: _ClassVar[int]
     MAX_NODES_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,8 @@ class TaskSpec(_message.Message):
     REPORTS_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     POWER_W_FIELD_NUMBER: _ClassVar[int]
     ZEUS_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GPUS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     name: str
     min_nodes: int
     max_nodes: int
@@ -71,7 +73,9 @@ class TaskSpec(_message.Message):
     reports_progress: bool
     power_w: _containers.RepeatedScalarFieldContainer[float]
     zeus_job_id: str
-    def __init__(self, name: _Optional[str] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., node_counts: _Optional[_Iterable[int]] = ..., throughputs: _Optional[_Iterable[float]] = ..., objective_values: _Optional[_Iterable[float]] = ..., rescale_up_s: _Optional[float] = ..., rescale_down_s: _Optional[float] = ..., total_work_samples: _Optional[float] = ..., command: _Optional[_Iterable[str]] = ..., reports_progress: _Optional[bool] = ..., power_w: _Optional[_Iterable[float]] = ..., zeus_job_id: _Optional[str] = ...) -> None: ...
+    gpus_per_node: int
+    constraint: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., node_counts: _Optional[_Iterable[int]] = ..., throughputs: _Optional[_Iterable[float]] = ..., objective_values: _Optional[_Iterable[float]] = ..., rescale_up_s: _Optional[float] = ..., rescale_down_s: _Optional[float] = ..., total_work_samples: _Optional[float] = ..., command: _Optional[_Iterable[str]] = ..., reports_progress: _Optional[bool] = ..., power_w: _Optional[_Iterable[float]] = ..., zeus_job_id: _Optional[str] = ..., gpus_per_node: _Optional[int] = ..., constraint: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SubmitTaskRequest(_message.Message):
     __slots__ = ("spec", "submit_time", "request_id", "owner")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from offcut.daemon import placement
-from offcut.daemon.model import Task, TaskState
+from offcut.daemon.model import PLAIN_NODE, Task, TaskState
 from offcut.daemon.policies import (AllocationPolicy, AllocationRequest, PolicyError, PolicyTask,
                                     check_counts, get_policy)
 from offcut.daemon.solvers.problem import AllocationProblem
@@ -20,12 +20,13 @@ log = logging.getLogger("offcut.daemon")
 class Allocation:
     """Builds allocation problems, asks the policy, applies its counts."""
 
-    def problem(self, tasks: list[Task]) -> AllocationProblem:
-        """The count-level allocation problem for ``tasks`` (docs/architecture.md §4)."""
+    def problem(self, tasks: list[Task], idle_nodes: int | None = None) -> AllocationProblem:
+        """The count-level allocation problem for ``tasks`` on ``idle_nodes`` nodes (None:
+        the whole idle pool; docs/architecture.md §4)."""
         curves = [self._curves(t) for t in tasks]
         costs = [self.rescale_costs(t) for t in tasks]
         return AllocationProblem(
-            idle_nodes=len(self.pool),
+            idle_nodes=len(self.pool) if idle_nodes is None else idle_nodes,
             current_nodes=[len(t.nodes) for t in tasks],
             min_nodes=[t.spec.min_nodes for t in tasks],
             max_nodes=[t.spec.max_nodes for t in tasks],
@@ -53,11 +54,13 @@ class Allocation:
             used[task.owner] = used.get(task.owner, 0.0) + task.node_seconds
         return used
 
-    def allocation_request(self, tasks: list[Task], t: float) -> AllocationRequest:
-        """The policy's view of re-allocating ``tasks`` (the admitted ones) at ``t``: their
-        problem (:meth:`problem`), ids, owners, submit times and node-seconds, the settings;
-        power values and the owners' usage on demand."""
-        problem = self.problem(tasks)
+    def allocation_request(self, tasks: list[Task], t: float,
+                           idle_nodes: int | None = None) -> AllocationRequest:
+        """The policy's view of re-allocating ``tasks`` (admitted ones) at ``t`` on
+        ``idle_nodes`` nodes (None: the pool): their problem (:meth:`problem`), ids, owners,
+        submit times and node-seconds, the settings; power values and the owners' usage on
+        demand."""
+        problem = self.problem(tasks, idle_nodes)
         return AllocationRequest(
             problem, [PolicyTask(task.task_id, task.owner, task.submit_time, task.node_seconds)
                       for task in tasks], self.objective, t,
@@ -66,7 +69,7 @@ class Allocation:
             owner_node_seconds=self.owner_node_seconds)
 
     def _allocation_counts(self, tasks: list[Task], t: float, out: Outcome,
-                           allocate: Allocate) -> list[int]:
+                           allocate: Allocate, idle_nodes: int | None = None) -> list[int]:
         """The configured policy's node counts for ``tasks``, checked; every answer of
         ``allocate`` it used is appended to ``out.solves`` (journaled, in order).
 
@@ -79,7 +82,7 @@ class Allocation:
         the name at start)."""
         policy = self.policy()
         name = self.objective.objective
-        request = self.allocation_request(tasks, t)
+        request = self.allocation_request(tasks, t, idle_nodes)
         failed: list[BaseException] = []  # errors of ``allocate`` itself pass unchanged
 
         def solve(p: AllocationProblem) -> SolveRecord:
@@ -105,7 +108,39 @@ class Allocation:
             record.fallback_reason = "; ".join(filter(None, [record.fallback_reason, reason]))
         return check_counts("throughput", record.counts, request.problem)
 
+    def node_groups(self, tasks: list[Task]) -> list[tuple[list[str], list[Task]]]:
+        """``tasks`` grouped by the idle nodes they may run on (docs/architecture.md §4, "Node
+        kinds"): ``(nodes in pool order, tasks in the given order)`` per group, the most
+        constrained group first (fewest nodes; ties by the requirement). Tasks whose
+        requirements (``gpus_per_node``, ``constraint``) select the same nodes share a group;
+        while no node kind is known and no task asks for GPUs or features, that is one group
+        of the whole pool."""
+        plain = lambda task: not task.spec.gpus_per_node and not task.spec.constraint  # noqa: E731
+        if not self.kinds and all(plain(task) for task in tasks):
+            return [(list(self.pool), tasks)]
+        by_need: dict[tuple[int, tuple[str, ...]], list[Task]] = {}
+        for task in tasks:
+            by_need.setdefault((task.spec.gpus_per_node, task.spec.constraint), []).append(task)
+        groups: dict[frozenset[str], tuple[tuple, list[str], list[Task]]] = {}
+        for need, members in sorted(by_need.items()):
+            spec = members[0].spec
+            nodes = [n for n in self.pool if self.kinds.get(n, PLAIN_NODE).fits(spec)]
+            key = frozenset(nodes)
+            if key in groups:
+                groups[key][2].extend(members)
+            else:
+                groups[key] = (need, nodes, list(members))
+        order = sorted(groups.values(), key=lambda g: (len(g[1]), g[0]))
+        rank = {task.task_id: i for i, task in enumerate(tasks)}
+        return [(nodes, sorted(members, key=lambda task: rank[task.task_id]))
+                for _, nodes, members in order]
+
     def _reallocate(self, t: float, out: Outcome, allocate: Allocate) -> None:
+        """Re-allocate the admitted tasks: per node group (:meth:`node_groups`, most
+        constrained first) the policy's counts on the group's nodes that no earlier group took;
+        a group may take nodes that tasks of later groups hold (they shrink), never the
+        other way round. With one group (no node kinds) this is the single BFTrainer problem
+        over the whole pool (docs/architecture.md §4)."""
         tasks = self.admitted()
         for task in tasks:
             if task.state is TaskState.QUEUED:
@@ -113,25 +148,14 @@ class Allocation:
                 task.admit_time = t
         if not tasks:
             return
-        counts = self._allocation_counts(tasks, t, out, allocate)
-        # shrink first: released nodes become free for growing tasks
         before = {task.task_id: len(task.nodes) for task in tasks}
-        for task, n in zip(tasks, counts):
-            if n < len(task.nodes):
-                kept, released = placement.shrink(task.nodes, n)
-                for node in released:
-                    del self.holder[node]
-                task.nodes = kept
-        free = [n for n in self.pool if n not in self.holder]
-        for task, n in zip(tasks, counts):
-            extra = n - len(task.nodes)
-            if extra > 0:
-                picked = placement.grow(task.nodes, extra, free, self.pool)
-                taken = set(picked)
-                free = [x for x in free if x not in taken]
-                for node in picked:
-                    self.holder[node] = task.task_id
-                task.nodes = sorted(task.nodes + picked)
+        groups = self.node_groups(tasks)
+        taken: set[str] = set()  # nodes of the groups placed so far
+        for i, (nodes, group) in enumerate(groups):
+            avail = [n for n in nodes if n not in taken] if taken else nodes
+            later = {task.task_id for _, g in groups[i + 1:] for task in g}
+            self._place_group(group, avail, later, t, out, allocate)
+            taken.update(n for task in group for n in task.nodes)
         for task in tasks:
             c, n = before[task.task_id], len(task.nodes)
             if n == c:
@@ -149,3 +173,47 @@ class Allocation:
             if task.learner is not None:
                 task.learner.on_allocation(t, n, kind)
             out.placements.append(self._change(task, kind, c, t))
+
+    def _place_group(self, tasks: list[Task], avail: list[str], later: set[str], t: float,
+                     out: Outcome, allocate: Allocate) -> None:
+        """Counts and node names for one node group: ``tasks`` on ``avail`` (pool order);
+        ``later``: ids of tasks of groups placed after this one, whose nodes in ``avail`` this
+        group may take. A task's nodes outside ``avail`` (their kind changed, or a more
+        constrained group took them) are released first."""
+        allowed = set(avail) if len(avail) != len(self.pool) else None
+        if allowed is not None:
+            for task in tasks:
+                if any(n not in allowed for n in task.nodes):
+                    for node in task.nodes:
+                        if node not in allowed and self.holder.get(node) == task.task_id:
+                            del self.holder[node]
+                    task.nodes = [n for n in task.nodes if n in allowed]
+        counts = (self._allocation_counts(tasks, t, out, allocate, len(avail)) if avail
+                  else [0] * len(tasks))
+        # shrink first: released nodes become free for growing tasks
+        for task, n in zip(tasks, counts):
+            if n < len(task.nodes):
+                kept, released = placement.shrink(task.nodes, n)
+                for node in released:
+                    del self.holder[node]
+                task.nodes = kept
+        free = [n for n in avail if n not in self.holder]
+        for task, n in zip(tasks, counts):
+            extra = n - len(task.nodes)
+            if extra <= 0:
+                continue
+            picked = placement.grow(task.nodes, min(extra, len(free)), free, self.pool)
+            if len(picked) < extra:  # the rest from tasks of less constrained groups
+                held = [x for x in avail if self.holder.get(x) in later]
+                picked += placement.grow(task.nodes + picked, extra - len(picked), held,
+                                         self.pool)
+                for node in picked:
+                    owner = self.holder.get(node)
+                    if owner is not None:
+                        loser = self.tasks[owner]
+                        loser.nodes = [x for x in loser.nodes if x != node]
+            taken = set(picked)
+            free = [x for x in free if x not in taken]
+            for node in picked:
+                self.holder[node] = task.task_id
+            task.nodes = sorted(task.nodes + picked)

@@ -3,7 +3,7 @@ change the pool; preempted tasks lose nodes and pay Tcdw."""
 
 from __future__ import annotations
 
-from offcut.daemon.model import NodeEvent, Task
+from offcut.daemon.model import PLAIN_NODE, NodeEvent, Task
 from offcut.daemon.scheduler.outcome import Outcome
 
 
@@ -11,6 +11,11 @@ class NodeEvents:
     """Applies ``ReportNodes`` / ``SyncNodes`` events to the pool."""
 
     def _apply_nodes(self, event: NodeEvent, t: float, out: Outcome) -> bool:
+        kinds_changed = False
+        if event.kinds:
+            kinds = {n: k for n, k in event.kinds if k != PLAIN_NODE}
+            kinds_changed = kinds != self.kinds
+            self.kinds = kinds
         if event.snapshot:
             now_idle = set(event.idle)
             joined = sorted(now_idle - self.pool.keys())
@@ -43,4 +48,4 @@ class NodeEvents:
         for n in joined:
             self.pool[n] = t
         out.nodes_left, out.nodes_joined, out.tasks_preempted = len(left), len(joined), len(hit)
-        return bool(joined or left)
+        return bool(joined or left or kinds_changed)

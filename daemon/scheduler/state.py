@@ -8,7 +8,7 @@ from collections import Counter, deque
 from dataclasses import asdict
 from typing import Any
 
-from offcut.daemon.model import Limits, ObjectiveSettings, Task, TaskState, task_number
+from offcut.daemon.model import Limits, NodeKind, ObjectiveSettings, Task, TaskState, task_number
 from offcut.daemon.policies import AllocationPolicy
 from offcut.daemon.scheduler.outcome import Outcome
 
@@ -57,6 +57,9 @@ class SchedulerState:
         self.revision = 0
         self.pool: dict[str, float] = {}        # idle node -> idle since [s]
         self.holder: dict[str, str] = {}        # idle node -> task id holding it
+        # node -> what it has (GPUs, features): replaced by each SyncNodes that carries kinds
+        # (retention: bounded by max_event_nodes); a node not in it is PLAIN_NODE
+        self.kinds: dict[str, NodeKind] = {}
         self.tasks: dict[str, Task] = {}        # submit order
         self.active: dict[str, Task] = {}       # unfinished tasks, submit order
         self.active_owners: Counter[str] = Counter()  # owner -> its tasks in ``active``
@@ -152,6 +155,7 @@ class SchedulerState:
             "tfwd_s": self.tfwd_s, "max_running_tasks": self.max_running_tasks,
             "clock": self.clock, "node_clock": self.node_clock, "revision": self.revision,
             "pool": self.pool,
+            "kinds": {n: [k.gpus, list(k.features)] for n, k in self.kinds.items()},
             "last_seq": self.last_seq,
             "next_task_number": self.next_task_number, "total_samples": self.total_samples,
             "idle_node_seconds": self.idle_node_seconds,
@@ -176,6 +180,7 @@ class SchedulerState:
         core.clock, core.revision = d["clock"], d["revision"]
         core.node_clock = d.get("node_clock")  # absent in snapshots of earlier releases
         core.pool = dict(d["pool"])
+        core.kinds = {n: NodeKind(g, tuple(f)) for n, (g, f) in d.get("kinds", {}).items()}
         core.tasks = {t["task_id"]: Task.from_dict(t) for t in d["tasks"]}
         core.active = {k: t for k, t in core.tasks.items() if not t.state.finished}
         core.active_owners = Counter(t.owner for t in core.active.values())
@@ -194,6 +199,7 @@ class SchedulerState:
     def fingerprint(self) -> tuple:
         """A comparable summary of the state (tests: state before == state after)."""
         return (self.clock, self.node_clock, self.revision, tuple(sorted(self.pool.items())),
+                tuple(sorted(self.kinds.items())),
                 tuple((t.task_id, t.state.value, tuple(t.nodes), round(t.work_done, 6))
                       for t in self.tasks.values()),
                 tuple(sorted(self.last_seq.items())))

@@ -51,6 +51,10 @@ class EventValidation:
                 self._check_event_size(event, self.limits.max_event_nodes)
             check_node_names(list(event.idle), "idle")
             check_node_names(list(event.preempted), "preempted")
+            if event.kinds:
+                check_node_names([n for n, _ in event.kinds], "kinds")
+                for node, kind in event.kinds:
+                    kind.check(f"kinds[{node}]")
             if not event.snapshot:
                 if not event.idle and not event.preempted:
                     raise InvalidArgument("an event must name at least one node", "idle")
@@ -88,6 +92,9 @@ class EventValidation:
         if len(event.idle) > limit:
             raise InvalidArgument(f"has {len(event.idle)} node names, more than max_event_nodes "
                                   f"({limit})", "idle")
+        if len(event.kinds) > limit:
+            raise InvalidArgument(f"has {len(event.kinds)} nodes, more than max_event_nodes "
+                                  f"({limit})", "kinds")
         if len(event.idle) + len(event.preempted) > limit:
             raise InvalidArgument(f"idle and preempted name {len(event.idle) + len(event.preempted)}"
                                   f" nodes together, more than max_event_nodes ({limit})",

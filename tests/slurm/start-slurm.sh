@@ -23,6 +23,19 @@
 #         SLURM_HOOK_DIR   (default empty) if set and the files exist, wires
 #                          $SLURM_HOOK_DIR/prolog_ctld.sh -> PrologSlurmctld
 #                          $SLURM_HOOK_DIR/epilog_ctld.sh -> EpilogSlurmctld
+#         SLURM_GPU_NODES  (default empty) comma list of nodes with fake GPUs, e.g. "n2" or
+#                          "n3,n4": GresTypes=gpu, Gres=gpu:K on their NodeName lines, and
+#                          $SLURM_TEST_DIR/gres.conf (AutoDetect=off) with one line per node,
+#                          File=$SLURM_TEST_DIR/dev/nX-nvidia[0-(K-1)] (fake character devices
+#                          made with mknod, distinct per node since all slurmd share the host;
+#                          a job then gets CUDA_VISIBLE_DEVICES=0..). Request them with
+#                          sbatch --gpus-per-node=1, --gres=gpu:1 or --gpus=1 (select/cons_tres,
+#                          configured anyway)
+#         SLURM_GPUS_PER_NODE (default 1) K, the GPUs of each node of SLURM_GPU_NODES
+#         SLURM_NODE_FEATURES (default empty) "n2=a100,ib;n1=cpuonly": Features= of those
+#                          nodes (sbatch --constraint=a100)
+#         With neither SLURM_GPU_NODES nor SLURM_NODE_FEATURES, slurm.conf is the same as
+#         without these variables (one NodeName=n[1-N] line, no gres.conf).
 # After "start":  export SLURM_CONF=$SLURM_TEST_DIR/slurm.conf   (for sinfo/srun/...)
 set -euo pipefail
 
@@ -35,6 +48,9 @@ export SLURM_CONF=$D/slurm.conf
 ACCT=${SLURM_ACCOUNTING:-0}
 DBDP=${SLURM_DBD_PORT:-$((P0+N+1))}
 MYP=${SLURM_MYSQL_PORT:-$((P0+N+2))}
+GPU_NODES=${SLURM_GPU_NODES:-}
+GPN=${SLURM_GPUS_PER_NODE:-1}
+NODE_FEATURES=${SLURM_NODE_FEATURES:-}
 
 log() { echo "[start-slurm $(date +%T.%3N)] $*" >&2; }
 
@@ -77,6 +93,63 @@ DBD
     [[ -x "$SLURM_HOOK_DIR/prolog_ctld.sh" ]] && prolog="PrologSlurmctld=$SLURM_HOOK_DIR/prolog_ctld.sh"
     [[ -x "$SLURM_HOOK_DIR/epilog_ctld.sh" ]] && epilog="EpilogSlurmctld=$SLURM_HOOK_DIR/epilog_ctld.sh"
   fi
+  # nodes: one NodeName line for all (the default), or one per node with GPUs/features
+  local nodelines="NodeName=n[1-$N] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[$((P0+1))-$((P0+N))] CPUs=2 RealMemory=1000 State=UNKNOWN"
+  local gres_types="" i name
+  rm -f "$D/gres.conf"
+  if [[ -n "$GPU_NODES$NODE_FEATURES" ]]; then
+    [[ "$GPN" =~ ^[1-9][0-9]*$ ]] || { log "SLURM_GPUS_PER_NODE=$GPN is not a positive number"; exit 2; }
+    local -A gpus=() feats=()
+    local item items=()
+    for name in ${GPU_NODES//,/ }; do
+      [[ "$name" =~ ^n([0-9]+)$ ]] && (( BASH_REMATCH[1] >= 1 && BASH_REMATCH[1] <= N )) \
+        || { log "SLURM_GPU_NODES: $name is not one of n1..n$N"; exit 2; }
+      gpus[$name]=$GPN
+    done
+    [[ -z "$GPU_NODES" || ${#gpus[@]} -gt 0 ]] || { log "SLURM_GPU_NODES='$GPU_NODES' names no node"; exit 2; }
+    IFS=';' read -ra items <<< "$NODE_FEATURES"
+    for item in "${items[@]}"; do
+      item=${item//[[:space:]]/}
+      [[ -z "$item" ]] && continue
+      name=${item%%=*}
+      [[ "$item" == *=?* && "$name" =~ ^n([0-9]+)$ ]] && (( BASH_REMATCH[1] >= 1 && BASH_REMATCH[1] <= N )) \
+        || { log "SLURM_NODE_FEATURES: '$item' is not nI=feature[,feature] with I in 1..$N"; exit 2; }
+      feats[$name]=${item#*=}
+    done
+    nodelines=""
+    for i in $(seq 1 "$N"); do
+      name=n$i
+      nodelines+="NodeName=$name NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((P0+i)) CPUs=2 RealMemory=1000"
+      [[ -n "${gpus[$name]:-}" ]] && nodelines+=" Gres=gpu:${gpus[$name]}"
+      [[ -n "${feats[$name]:-}" ]] && nodelines+=" Features=${feats[$name]}"
+      nodelines+=" State=UNKNOWN"$'\n'
+    done
+    nodelines=${nodelines%$'\n'}
+    if [[ -n "$GPU_NODES" ]]; then
+      # (no AccountingStorageTRES=gres/gpu: slurmctld refuses it without slurmdbd, so
+      # sinfo's tres shows no gres/gpu; the node's gres field has the GPUs)
+      gres_types=$'\nGresTypes=gpu'
+      # slurmd reads gres.conf next to slurm.conf; each slurmd (-N nX) takes its NodeName lines.
+      # A File= that is not a character/block device is dropped by slurmd ("not a valid
+      # character or block device"), and then the job gets no CUDA_VISIBLE_DEVICES: the fake
+      # GPUs are character devices 1:3 (what /dev/null is; no cgroup constraint with task/none
+      # uses the numbers), plain files where mknod is not allowed (GRES counts still work)
+      mkdir -p "$D/dev"
+      local dev
+      { echo "AutoDetect=off"
+        for name in $(printf '%s\n' "${!gpus[@]}" | sort -V); do
+          for ((i = 0; i < GPN; i++)); do
+            dev=$D/dev/$name-nvidia$i
+            [[ -c "$dev" ]] || { rm -f "$dev"; mknod "$dev" c 1 3 2>/dev/null || {
+              log "mknod not allowed: $dev is a plain file (jobs get no CUDA_VISIBLE_DEVICES)"
+              touch "$dev"; }; }
+          done
+          if (( GPN == 1 )); then echo "NodeName=$name Name=gpu File=$D/dev/$name-nvidia0"
+          else echo "NodeName=$name Name=gpu File=$D/dev/$name-nvidia[0-$((GPN-1))]"; fi
+        done
+      } > "$D/gres.conf"
+    fi
+  fi
   cat > "$SLURM_CONF" <<EOF
 ClusterName=testcluster
 SlurmctldHost=$HOST(127.0.0.1)
@@ -97,7 +170,7 @@ SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+SelectTypeParameters=CR_Core$gres_types
 SchedulerType=sched/backfill
 SlurmdParameters=config_overrides
 ReturnToService=2
@@ -119,7 +192,7 @@ PreemptMode=CANCEL
 SlurmctldParameters=preempt_send_user_signal
 $prolog
 $epilog
-NodeName=n[1-$N] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[$((P0+1))-$((P0+N))] CPUs=2 RealMemory=1000 State=UNKNOWN
+$nodelines
 PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 PartitionName=scavenger Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL GraceTime=${SLURM_SCAVENGER_GRACE_S:-10}
 ${SLURM_EXTRA_CONF:-}
