@@ -22,13 +22,12 @@ cannot apply it twice**:
   ``after_revision``). These raise :class:`~offcut.errors.Unavailable` at once, as without a
   policy.
 
-Backoff: the first retry waits ``initial_backoff_s`` (default 0.05 s), each later one
-``multiplier`` (2) times longer, at most ``max_backoff_s`` (1 s), each wait scaled by a random
-factor in ``[1 - jitter, 1 + jitter]`` (jitter 0.2). Overall deadline: no attempt starts
-later than ``deadline_s`` (default 60 s) after the first one began; then the last
-``Unavailable`` is raised. One attempt may itself run up to the client's ``timeout_s``, so a
-call returns or fails within ``deadline_s + timeout_s``. Only ``UNAVAILABLE`` is retried:
-``DEADLINE_EXCEEDED`` (a daemon that is up but slow) and every other error are raised at once.
+Backoff and deadline: :class:`offcut.retry.Backoff`, the policy every client shares (the
+Slurm hooks and watcher too): waits from ``initial_backoff_s`` (0.05 s) doubling to
+``max_backoff_s`` (1 s), jittered, until ``deadline_s`` (60 s) after the first attempt; one
+attempt may itself run up to the client's ``timeout_s``, so a call returns or fails within
+``deadline_s + timeout_s``. Only ``UNAVAILABLE`` is retried: ``DEADLINE_EXCEEDED`` (a daemon
+that is up but slow) and every other error are raised at once.
 
 With a policy the client also shortens gRPC's own reconnect backoff (:meth:`RetryPolicy.
 channel_options`), so a restarted daemon is found within about ``max_backoff_s``.
@@ -40,14 +39,13 @@ import functools
 import inspect
 import json
 import logging
-import random
-import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 import grpc
 
 from offcut.errors import FailedPrecondition, OffcutError
+from offcut.retry import Backoff
 
 if TYPE_CHECKING:  # pragma: no cover
     from offcut.client.api import Client
@@ -80,20 +78,10 @@ def retryable(name: str, arguments: dict[str, Any]) -> bool:
 
 
 @dataclass
-class RetryPolicy:
+class RetryPolicy(Backoff):
     """How a :class:`~offcut.client.api.Client` retries idempotent calls on UNAVAILABLE
-    (module docstring: which calls, and why each is safe).
-
-    Args:
-        deadline_s: no attempt starts later than this after the first one began [s].
-        initial_backoff_s: wait before the first retry [s].
-        max_backoff_s: longest wait between attempts [s]; also gRPC's reconnect backoff cap.
-        multiplier: each wait is this many times the previous one (>= 1).
-        jitter: each wait is scaled by a uniform factor in ``[1 - jitter, 1 + jitter]``
-            (0 <= jitter < 1).
-        seed: seed of the jitter's random numbers (None: fresh entropy). Only timing depends
-            on it, never what is sent.
-        sleep, clock: injectable for tests (``time.sleep``, ``time.monotonic``; seconds).
+    (module docstring: which calls, and why each is safe); the backoff parameters and their
+    bounds are :class:`offcut.retry.Backoff`'s.
 
     Attributes:
         retries: retries made so far through this policy (all calls).
@@ -101,46 +89,8 @@ class RetryPolicy:
             whose first attempt had been applied).
     """
 
-    deadline_s: float = 60.0
-    initial_backoff_s: float = 0.05
-    max_backoff_s: float = 1.0
-    multiplier: float = 2.0
-    jitter: float = 0.2
-    seed: int | None = None
-    sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
-    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
-    retries: int = field(default=0, init=False, compare=False)
     reconciled: int = field(default=0, init=False, compare=False)
 
-    def __post_init__(self) -> None:
-        if not self.deadline_s >= 0:
-            raise ValueError(f"deadline_s must be >= 0, got {self.deadline_s}")
-        if not 0 < self.initial_backoff_s <= self.max_backoff_s:
-            raise ValueError("need 0 < initial_backoff_s <= max_backoff_s, got "
-                             f"{self.initial_backoff_s}, {self.max_backoff_s}")
-        if not self.multiplier >= 1:
-            raise ValueError(f"multiplier must be >= 1, got {self.multiplier}")
-        if not 0 <= self.jitter < 1:
-            raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
-        self._rng = random.Random(self.seed)
-
-    def backoffs(self) -> Iterator[float]:
-        """The waits [s] between attempts, in order (endless; jitter applied)."""
-        wait = self.initial_backoff_s
-        while True:
-            yield wait * (1.0 + self.jitter * (2.0 * self._rng.random() - 1.0))
-            wait = min(self.max_backoff_s, wait * self.multiplier)
-
-    def channel_options(self) -> list[tuple[str, int]]:
-        """gRPC channel arguments that make the channel reconnect to a restarted daemon
-        within about ``max_backoff_s`` (gRPC's defaults back off up to 120 s)."""
-        cap_ms = max(1, int(self.max_backoff_s * 1000))
-        first_ms = min(cap_ms, max(1, int(self.initial_backoff_s * 1000)))
-        return [("grpc.initial_reconnect_backoff_ms", first_ms),
-                ("grpc.min_reconnect_backoff_ms", first_ms),
-                ("grpc.max_reconnect_backoff_ms", cap_ms)]
-
-    # ------------------------------------------------------------------ calling
     def call(self, client: "Client", method: Callable, args: tuple, kwargs: dict) -> Any:
         """Run ``method(client, *args, **kwargs)`` (an undecorated ``Client`` method),
         retrying UNAVAILABLE as this policy and the method allow; gRPC errors are raised as
@@ -148,34 +98,30 @@ class RetryPolicy:
         name = method.__name__
         bound = _bind(method, client, args, kwargs)
         allowed = retryable(name, bound)
-        started = self.clock()
-        waits = self.backoffs()
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return method(client, *args, **kwargs)
-            except grpc.RpcError as err:
-                code = err.code() if hasattr(err, "code") else None
-                if code != grpc.StatusCode.UNAVAILABLE:
-                    exc = client._error(err)
-                    if attempt > 1 and name in RECONCILED:
-                        answer = _RECONCILERS[name](client, bound, exc)
-                        if answer is not None:
-                            self.reconciled += 1
-                            return answer
-                    raise exc from None
-                if not allowed:
-                    raise client._error(err) from None
-                wait = next(waits)
-                if self.clock() + wait - started > self.deadline_s:
-                    log.warning("%s: offcutd still unavailable after %d attempt(s) in %.1f s",
-                                name, attempt, self.clock() - started)
-                    raise client._error(err) from None
-                log.info("%s: offcutd unavailable (%s); retry %d in %.2f s", name,
-                         err.details() if hasattr(err, "details") else err, attempt, wait)
-                self.retries += 1
-                self.sleep(wait)
+        attempts = 0
+
+        def attempt(_left: float | None) -> Any:
+            nonlocal attempts
+            attempts += 1
+            return method(client, *args, **kwargs)
+
+        try:
+            return self.run(attempt, lambda err: allowed and _unavailable(err), name,
+                            logger=log)
+        except grpc.RpcError as err:
+            exc = client._error(err)
+            if attempts > 1 and name in RECONCILED and not _unavailable(err):
+                answer = _RECONCILERS[name](client, bound, exc)
+                if answer is not None:
+                    self.reconciled += 1
+                    return answer
+            raise exc from None
+
+
+def _unavailable(err: BaseException) -> bool:
+    """Whether ``err`` is gRPC's UNAVAILABLE (the daemon down or restarting)."""
+    return (isinstance(err, grpc.RpcError) and hasattr(err, "code")
+            and err.code() == grpc.StatusCode.UNAVAILABLE)
 
 
 _signature = functools.cache(inspect.signature)  # of the few ``Client`` methods, once each

@@ -102,6 +102,7 @@ def watch(
     from offcut.addresses import default_socket
     from offcut.channel import token_from_file
     from offcut.errors import InvalidArgument
+    from offcut.retry import Backoff
     from offcut.slurm_plugin.rpc import NodeEventSender
     from offcut.slurm_plugin.slurm_json import SlurmError
     from offcut.slurm_plugin.sources import choose_source
@@ -125,7 +126,8 @@ def watch(
             token = token_from_file(str(token_file), "--token-file") if token_file else None
             sender = NodeEventSender(address or default_socket(), timeout_s=timeout_s,
                                      token=token, tls_ca=str(tls_ca) if tls_ca else None,
-                                     munge_socket=str(munge_socket) if munge_socket else None)
+                                     munge_socket=str(munge_socket) if munge_socket else None,
+                                     retry=Backoff(deadline_s=timeout_s))
         except InvalidArgument as exc:
             _fail(str(exc).replace("tls_ca:", "--tls-ca:", 1))
     w = Watcher(src, sender, rule=rule, node_partitions=parts, source_name=source,
@@ -238,6 +240,7 @@ def launch(
       offcut-slurm launch --once --address unix:///run/offcut/offcutd.sock
     """
     from offcut.client import Client
+    from offcut.client.retry import RetryPolicy
     from offcut.daemon.config import ConfigError, load_config
     from offcut.errors import OffcutError
     from offcut.slurm_plugin.launcher import Launcher
@@ -253,7 +256,10 @@ def launch(
     _setup_logging(log_file, log_level)
     log = logging.getLogger("offcut.slurm.launcher")
     cli = SlurmCLI(slurm_conf=str(slurm_conf) if slurm_conf else None, timeout_s=slurm_timeout_s)
-    with Client(address or cfg.listen, timeout_s=timeout_s) as client:
+    # idempotent calls (reads, node events, run reports with their request ids) ride
+    # through a daemon restart, as the researcher's client's do (offcut.client.retry)
+    with Client(address or cfg.listen, timeout_s=timeout_s,
+                retry=RetryPolicy(deadline_s=timeout_s)) as client:
         launcher = Launcher(client, cfg.slurm, cli)
         if once:
             try:

@@ -18,7 +18,10 @@ Every failure is logged (``--log-file``). The total run time is bounded by ``--t
 daemon calls) plus, in the epilog, ``--slurm-timeout-s`` per Slurm query; a watchdog thread ends
 the process with status 0 one second after that budget, as SIGTERM is blocked in the prolog and
 nothing else would stop a stuck hook before ``PrologEpilogTimeout``. A missing unix socket fails
-in microseconds, without importing grpc.
+in microseconds, without importing grpc. A daemon that refuses the connection (restarting) is
+tried again with the backoff every client uses (:class:`offcut.retry.Backoff`) until the time
+budget is spent: the event carries the same ``(source, seq)`` each time, so one applied twice is
+answered from the daemon's journal.
 
 Sources and sequence numbers (docs/architecture.md §2). Each hook kind is one source
 (``slurm-prolog``, ``slurm-epilog``), so the daemon's per-source ``last_seq`` map does not grow
@@ -157,6 +160,7 @@ def _sender(args, log):
         return None
     from offcut.channel import token_from_file
     from offcut.errors import InvalidArgument
+    from offcut.retry import Backoff
     from offcut.slurm_plugin.rpc import NodeEventSender
 
     token = None
@@ -167,7 +171,9 @@ def _sender(args, log):
             log.error("token file unusable (%s); sending without a token", exc)
     try:
         return NodeEventSender(args.address, timeout_s=args.timeout_s, token=token,
-                               tls_ca=args.tls_ca, munge_socket=args.munge_socket)
+                               tls_ca=args.tls_ca, munge_socket=args.munge_socket,
+                               retry=Backoff(deadline_s=args.timeout_s, max_backoff_s=0.5),
+                               log=log)
     except InvalidArgument as exc:
         log.error("cannot reach the daemon (%s); nothing sent", exc)
         return None

@@ -11,9 +11,12 @@ unreachable_reason`), never pays for it.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 from offcut.errors import OffcutError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from offcut.retry import Backoff
 
 
 class DaemonError(Exception):
@@ -70,12 +73,18 @@ class NodeEventSender:
             no TLS; :func:`offcut.channel.open_channel`).
         munge_socket: munged's socket for MUNGE credentials when no token is given (None:
             ``$OFFCUT_MUNGE_SOCKET``, else the default; :func:`offcut.channel.open_channel`).
+        retry: repeat a call that failed with UNAVAILABLE (the daemon restarting) with this
+            backoff, the researcher's client's (:class:`offcut.retry.Backoff`), within the
+            call's deadline; safe because the daemon answers a repeated ``(source, seq)``
+            from its journal. None: one attempt.
+        log: where the retries are logged (a hook's own logger; None: ``offcut.retry``).
 
     Raises :class:`offcut.errors.InvalidArgument` when the CA file cannot be read.
     """
 
     def __init__(self, address: str, timeout_s: float = 10.0, token: str | None = None,
-                 tls_ca: str | None = None, munge_socket: str | None = None):
+                 tls_ca: str | None = None, munge_socket: str | None = None,
+                 retry: "Backoff | None" = None, log=None):
         import grpc
         from offcut.channel import open_channel
         from offcut.v1 import nodes_pb2, nodes_pb2_grpc
@@ -83,8 +92,11 @@ class NodeEventSender:
         self._grpc, self._pb = grpc, nodes_pb2
         self.address = address
         self.timeout_s = timeout_s
+        self.retry = retry
+        self._log = log
         self._channel = open_channel(address, token=token, tls_ca=tls_ca,
-                                     munge_socket=munge_socket)
+                                     munge_socket=munge_socket,
+                                     options=retry.channel_options() if retry else None)
         self._stub = nodes_pb2_grpc.NodeEventsStub(self._channel)
 
     def close(self) -> None:
@@ -97,10 +109,18 @@ class NodeEventSender:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _unavailable(self, err: BaseException) -> bool:
+        return (isinstance(err, self._grpc.RpcError) and hasattr(err, "code")
+                and err.code() == self._grpc.StatusCode.UNAVAILABLE)
+
     def _call(self, method, request, timeout_s: float | None):
         limit = self.timeout_s if timeout_s is None else timeout_s
         try:
-            return _sent(method(request, timeout=max(limit, 0.001)))
+            if self.retry is None:
+                return _sent(method(request, timeout=max(limit, 0.001)))
+            return _sent(self.retry.run(
+                lambda left: method(request, timeout=max(limit if left is None else left, 0.001)),
+                self._unavailable, type(request).__name__, deadline_s=limit, logger=self._log))
         except self._grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else None
             details = err.details() if hasattr(err, "details") else str(err)
