@@ -23,7 +23,22 @@ replay_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
 app.add_typer(replay_app, name="replay")
 task_cli.register(app)
 
-SOLVER_HELP = "auto | gurobi | cbc | dp | greedy (auto: gurobi if installed and the model fits its licence, else cbc)"
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"offcut {version('offcut')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", "-V", callback=_version,
+                                          is_eager=True, help="print the version and exit "
+                                                               "(as sbatch --version)")) -> None:
+    """Offcut: elastic DL training on the idle nodes of a supercomputer."""
+
+SOLVER_HELP = "dp | gurobi | cbc | auto | greedy (dp: exact, fast, the same on every install; gurobi needs the gurobi extra; auto: gurobi if installed and the model fits its licence, else cbc)"
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -76,7 +91,7 @@ def _replay(node_log, tasks, out: Path, oracle: bool = False, **opts) -> None:
 @app.command()
 def demo(
     out: Path = typer.Option(Path("offcut-demo"), help="output folder"),
-    solver: str = typer.Option("auto", help=SOLVER_HELP),
+    solver: str = typer.Option("dp", help=SOLVER_HELP),
     progress: bool = typer.Option(True, help="show a progress bar"),
 ) -> None:
     """Replay the bundled demo log (synthetic, with the real log's statistics) and print the summary.
@@ -104,7 +119,7 @@ def replay_bftrainer(
     skip_rows: int = typer.Option(1000, "--skip-rows", min=0, help="log rows skipped at the start (as the original)"),
     max_tasks: int = typer.Option(10, "--max-tasks", min=1, help="maxJ: tasks admitted at once"),
     tfwd: float = typer.Option(10.0, "--tfwd", min=0.001, help="look-ahead Tfwd, s"),
-    solver: str = typer.Option("auto", "--solver", help=SOLVER_HELP),
+    solver: str = typer.Option("dp", "--solver", help=SOLVER_HELP),
     time_limit: float = typer.Option(10.0, "--time-limit", min=0.01, help="hard limit per MILP solve, s"),
     max_events: Optional[int] = typer.Option(None, "--max-events", min=1, help="stop after this many events"),
     seed: int = typer.Option(0, "--seed", help="recorded in summary.json (no current solver is randomised)"),
@@ -230,7 +245,7 @@ def replay_convert(
 @app.command()
 def solve(
     records: Path = typer.Argument(..., help="JSONL file of allocation problems (offcutd --record-instances)"),
-    solver: str = typer.Option("auto", "--solver", help=SOLVER_HELP),
+    solver: str = typer.Option("dp", "--solver", help=SOLVER_HELP),
     time_limit: float = typer.Option(10.0, "--time-limit", min=0.01, help="limit per solve, s"),
 ) -> None:
     """Re-solve recorded allocation problems; one JSON line per instance

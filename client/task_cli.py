@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import re
 import time
 import uuid
 from pathlib import Path
@@ -24,6 +25,30 @@ from offcut.v1 import decision_pb2, tasks_pb2
 ADDRESS_HELP = "daemon address: unix:///path.sock or HOST:PORT [default: $OFFCUT_ADDRESS, else the local socket]"
 ACTIVE_STATES = ("queued", "admitted", "running")
 ALL_STATES = ACTIVE_STATES + ("completed", "cancelled", "failed")
+#: squeue's compact state codes (``%t``, ``-t PD,R``) of each task state: a task waiting for
+#: admission or for nodes is PENDING to a Slurm user
+STATE_CODES = {"queued": "PD", "admitted": "PD", "running": "R", "completed": "CD",
+               "cancelled": "CA", "failed": "F"}
+#: what ``-t`` accepts besides the state names and the codes: Slurm's long names
+SLURM_STATE_NAMES = {"pending": ("queued", "admitted"), "running": ("running",),
+                     "completed": ("completed",), "cancelled": ("cancelled",),
+                     "failed": ("failed",)}
+#: ``offcut queue -o`` fields, as squeue's ``--format`` letters: letter -> (header, value)
+FORMAT_FIELDS = {
+    "i": ("TASK_ID", lambda t: t.task_id),
+    "j": ("NAME", lambda t: t.spec.name),
+    "u": ("USER", lambda t: t.owner),
+    "T": ("STATE", lambda t: state_name(t.state).upper()),
+    "t": ("ST", lambda t: STATE_CODES[state_name(t.state)]),
+    "D": ("NODES", lambda t: str(len(t.nodes))),
+    "N": ("NODELIST", lambda t: hostlist.collect_hostlist(list(t.nodes)) if t.nodes else ""),
+    "R": ("NODELIST(REASON)", lambda t: task_reason(t)),
+    "P": ("PROGRESS", lambda t: f"{progress_pct(t):.1f}%"),
+    "e": ("ETA", lambda t: format_duration(eta_seconds(t))),
+    "G": ("GENERATION", lambda t: str(t.generation)),
+}
+#: the default of ``offcut queue`` (``-o`` replaces it)
+DEFAULT_FORMAT = "%i  %j  %u  %T  %D  %R  %P  %e"
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -83,6 +108,84 @@ def task_row(task: tasks_pb2.Task) -> dict:
             "min_nodes": task.spec.min_nodes, "max_nodes": task.spec.max_nodes,
             "progress_pct": round(progress_pct(task), 2), "eta_s": eta_seconds(task),
             "rate_samples_per_s": task.rate_samples_per_s}
+
+
+def task_reason(task: tasks_pb2.Task) -> str:
+    """squeue's ``%R`` of a task: its node list while it holds nodes, else why not, in
+    parentheses: ``(MaxRunningTasks)`` (queued: the daemon admits at most
+    ``max_running_tasks``), ``(Resources)`` (admitted, no idle node it fits is free), the
+    failure reason of a failed task, ``(None)`` for other ended tasks."""
+    if task.nodes:
+        return hostlist.collect_hostlist(list(task.nodes))
+    state = state_name(task.state)
+    if state == "queued":
+        return "(MaxRunningTasks)"
+    if state in ("admitted", "running"):
+        return "(Resources)"
+    if state == "failed" and task.failure_reason:
+        return f"({task.failure_reason[:60]})"
+    return "(None)"
+
+
+def parse_format(fmt: str) -> list[tuple[str, str, int | None, bool]]:
+    """squeue's ``--format`` string: ``%[.][size]letter`` fields (letters of
+    :data:`FORMAT_FIELDS`), anything else literal. Returns ``(kind, text, size,
+    right_justified)`` parts, kind ``field`` (text: the letter) or ``text``. Raises
+    :class:`InvalidArgument` naming ``--format`` for an unknown letter or a dangling ``%``."""
+    parts: list[tuple[str, str, int | None, bool]] = []
+    i = 0
+    while i < len(fmt):
+        if fmt[i] != "%":
+            j = fmt.find("%", i)
+            j = len(fmt) if j < 0 else j
+            parts.append(("text", fmt[i:j], None, False))
+            i = j
+            continue
+        m = _FORMAT_RE.match(fmt, i)
+        if not m:
+            raise InvalidArgument(f"{fmt[i:i + 6]!r}: a field is %[.][size]LETTER", "--format")
+        letter = m["letter"]
+        if letter not in FORMAT_FIELDS:
+            raise InvalidArgument(f"%{letter} is not a field; fields: "
+                                  + " ".join(f"%{k} ({h})" for k, (h, _) in FORMAT_FIELDS.items()),
+                                  "--format")
+        parts.append(("field", letter, int(m["size"]) if m["size"] else None, bool(m["dot"])))
+        i = m.end()
+    return parts
+
+
+_FORMAT_RE = re.compile(r"%(?P<dot>\.?)(?P<size>\d*)(?P<letter>[A-Za-z])")
+
+
+def render_format(parts: list[tuple[str, str, int | None, bool]],
+                  tasks: Iterable[tasks_pb2.Task], header: bool = True) -> str:
+    """Lines of ``tasks`` in a :func:`parse_format` format, as squeue prints them: a field
+    with a size is padded to it (right-justified with ``.``) and cut to it, one without is
+    as wide as its column's longest value; the header line first unless ``header`` is
+    False."""
+    rows = [[FORMAT_FIELDS[text][1](t) if kind == "field" else text
+             for kind, text, _, _ in parts] for t in tasks]
+    heads = [FORMAT_FIELDS[text][0] if kind == "field" else text for kind, text, _, _ in parts]
+    widths = []
+    for k, (kind, _, size, _) in enumerate(parts):
+        if kind != "field":
+            widths.append(None)
+        elif size is not None:
+            widths.append(size)
+        else:
+            widths.append(max([len(heads[k])] + [len(r[k]) for r in rows]))
+
+    def line(cells: list[str]) -> str:
+        out = []
+        for (kind, _, size, right), cell, width in zip(parts, cells, widths):
+            if width is None:
+                out.append(cell)
+                continue
+            cell = cell[:width] if size is not None else cell
+            out.append(cell.rjust(width) if right else cell.ljust(width))
+        return "".join(out).rstrip()
+
+    return "\n".join(([line(heads)] if header else []) + [line(r) for r in rows])
 
 
 def render_table(headers: list[str], rows: Iterable[list[str]]) -> str:
@@ -172,47 +275,60 @@ def _states(values: list[str] | None, all_states: bool) -> list[int]:
     if all_states:
         return []
     names = values or list(ACTIVE_STATES)
-    out = []
+    codes = {}
+    for state, code in STATE_CODES.items():
+        codes.setdefault(code.lower(), []).append(state)
+    out: list[int] = []
     for n in names:
         for part in n.split(","):
             part = part.strip().lower()
-            if part not in ALL_STATES:
-                _fail(f"--state: {part!r} is not one of {', '.join(ALL_STATES)}", 2)
-            out.append(tasks_pb2.TaskState.Value(f"TASK_STATE_{part.upper()}"))
+            if part == "all":
+                return []
+            chosen = ([part] if part in ALL_STATES else codes.get(part)
+                      or SLURM_STATE_NAMES.get(part))
+            if not chosen:
+                _fail(f"--state: {part!r} is not a state ({', '.join(ALL_STATES)}), a code "
+                      f"({', '.join(sorted(set(STATE_CODES.values())))}), pending or all", 2)
+            out += [tasks_pb2.TaskState.Value(f"TASK_STATE_{s.upper()}") for s in chosen
+                    if tasks_pb2.TaskState.Value(f"TASK_STATE_{s.upper()}") not in out]
     return out
 
 
 def queue(
-    state: Optional[List[str]] = typer.Option(None, "--state", "-t", help="only these states (queued, admitted, running, completed, cancelled, failed; comma-separated or repeated) [default: the active ones]"),
+    state: Optional[List[str]] = typer.Option(None, "--state", "-t", help="only these states, as squeue -t: names (queued, admitted, running, completed, cancelled, failed), codes (PD, R, CD, CA, F), pending or all; comma-separated or repeated [default: the active ones]"),
     all_states: bool = typer.Option(False, "--all", help="every state, finished tasks included"),
     user: Optional[str] = typer.Option(None, "--user", "-u", help="only this owner's tasks"),
     me: bool = typer.Option(False, "--me", help="only my tasks"),
+    fmt: Optional[str] = typer.Option(None, "--format", "-o", help="the columns, as squeue -o: %[.][size]LETTER fields: %i task id, %j name, %u owner, %T state, %t state code, %D nodes, %N node list, %R node list or (reason), %P progress, %e ETA, %G generation [default: \"%i  %j  %u  %T  %D  %R  %P  %e\"]"),
+    noheader: bool = typer.Option(False, "--noheader", "-h", help="no header line (as squeue -h)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
     address: Optional[str] = _address_option(),
 ) -> None:
-    """List tasks like squeue: id, name, owner, state, nodes now, progress, ETA.
+    """List tasks like squeue: id, name, owner, state, nodes now (or why none), progress, ETA.
 
     \b
     Examples:
       offcut queue
       offcut queue --me --all
+      offcut queue -t R,PD -o "%i %u %T %D %N %R" -h
       offcut queue --state running --json
     """
+    try:
+        parts = parse_format(fmt if fmt is not None else DEFAULT_FORMAT)
+    except InvalidArgument as exc:
+        _fail(str(exc), 2)
     owner = getpass.getuser() if me else (user or "")
     try:
         with _client(address) as c:
             tasks = c.list_tasks(states=_states(state, all_states), owner=owner)
     except OffcutError as exc:
         _fail(str(exc))
-    rows = [task_row(t) for t in tasks]
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json.dumps([task_row(t) for t in tasks], indent=2))
         return
-    typer.echo(render_table(
-        ["TASK_ID", "NAME", "OWNER", "STATE", "NODES", "RANGE", "PROGRESS", "ETA"],
-        [[r["task_id"], r["name"], r["owner"], r["state"], r["nodes"],
-          f"{r['min_nodes']}-{r['max_nodes']}", f"{r['progress_pct']:.1f}%",
-          format_duration(r["eta_s"])] for r in rows]))
+    text = render_format(parts, tasks, header=not noheader)
+    if text:
+        typer.echo(text)
 
 
 def show(
@@ -222,7 +338,7 @@ def show(
 ) -> None:
     """Show one task in full, like scontrol show job.
 
-    Example: offcut show t-000001
+    Example: offcut show t000001
     """
     try:
         with _client(address) as c:
@@ -281,7 +397,7 @@ def cancel(
 
     Exits 1 if any id could not be cancelled (each failure is one line).
 
-    Example: offcut cancel t-000001 t-000002
+    Example: offcut cancel t000001 t000002
     """
     failed = 0
     try:
@@ -333,7 +449,7 @@ def watch(
     \b
     Examples:
       offcut watch
-      offcut watch t-000001 --json
+      offcut watch t000001 --json
       offcut watch --count 1 --timeout 60
     """
     seen = 0

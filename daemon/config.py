@@ -6,7 +6,7 @@ Example ``offcut.toml``::
 
     listen = "unix:///run/offcut/offcutd.sock"   # or "127.0.0.1:50051" (TCP)
     state = "/var/lib/offcut/state.sqlite"
-    solver = "auto"            # auto | gurobi | cbc | dp | greedy
+    solver = "dp"              # dp | gurobi | cbc | auto | greedy
     policy = "throughput"      # throughput | energy | zeus_cost | fair_share | a plugin's name
     solver_time_limit_s = 10.0
     tfwd_s = 10.0              # BFTrainer's look-ahead Tfwd
@@ -241,8 +241,12 @@ class DaemonConfig(BaseModel):
         examples=["/var/lib/offcut/state.sqlite"],
         description="SQLite state file (journal + snapshots; in a private 0700 folder, one daemon per file; back it up with offcutd backup: docs/operations.md)")
     solver: Literal["auto", "gurobi", "cbc", "dp", "greedy"] = Field(
-        "auto", description="allocation backend: auto = gurobi when installed and the model fits "
-                            "its licence, else cbc; dp = exact count-level dynamic programming")
+        "dp", description="allocation backend: dp = exact count-level dynamic programming, "
+                          "fast and the same decisions on every install; gurobi (the gurobi "
+                          "extra) / cbc = the MILP forms, for comparisons; auto = gurobi when "
+                          "installed and the model fits its licence, else cbc; greedy = "
+                          "BFTrainer's heuristic. offcutd refuses to start with gurobi when "
+                          "gurobipy is not installed")
     solver_time_limit_s: float = Field(
         10.0, gt=0, le=3600, description="limit per MILP solve, s; the incumbent is used when it "
                                          "is hit (flag --time-limit)")

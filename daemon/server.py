@@ -323,6 +323,11 @@ class OffcutServer:
         """The solver, the engine on ``store`` and the Zeus registry on a second connection
         (each registered with ``undo`` for a failed start). Raises like the constructor."""
         from offcut.daemon.solvers.dp import compiled_kernel_missing, warm_up
+        from offcut.daemon.solvers.gurobi import NOT_INSTALLED, gurobi_importable
+
+        if config.solver == "gurobi" and not gurobi_importable():
+            raise RuntimeError(f"solver = gurobi, but {NOT_INSTALLED}; choose solver = dp (exact, "
+                               "the default) or cbc")
 
         log.info("dp kernel ready in %.1f s", warm_up())  # the exact fallback of every backend
         missing = compiled_kernel_missing()

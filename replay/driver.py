@@ -75,7 +75,7 @@ class ReplayOptions:
     :func:`offcut.replay.owners.assign_owners` says.
     """
 
-    solver: str = "auto"
+    solver: str = "dp"
     tfwd_s: float = 10.0
     max_tasks: int = 10
     max_events: int | None = None

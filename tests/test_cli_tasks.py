@@ -9,6 +9,7 @@ import threading
 import time
 import urllib.request
 
+import hostlist
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
@@ -121,6 +122,23 @@ def test_submit_bad_input_is_one_line(curve, tmp_path, daemon):
     assert json.loads(run("queue", "--all", "--json", "--address", addr).stdout) == []
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["-o", "%i %q"], "%q is not a field"),
+    (["-o", "%"], "a field is %[.][size]LETTER"),
+    (["-t", "XX"], "'xx' is not a state"),
+])
+def test_queue_bad_format_and_state_are_one_line(daemon, args, needle):
+    srv, _ = daemon
+    one_line_error(run("queue", *args, "--address", srv.address), 2, needle)
+
+
+def test_version_is_the_installed_one():
+    from importlib.metadata import version
+
+    res = run("--version")
+    assert res.exit_code == 0 and res.stdout.strip() == f"offcut {version('offcut')}"
+
+
 def test_submit_without_a_curve_is_learned(daemon):
     srv, c = daemon
     r = run("submit", "-J", "new", "-N", "1-2", "--work", "1e6", "--parsable",
@@ -188,8 +206,23 @@ def test_researcher_session(daemons, curve):
         assert r["nodes"] == len(t.nodes) and r["owner"] == me and r["state"] == "running"
         assert r["eta_s"] == pytest.approx((1e9 - t.work_done_samples) / t.rate_samples_per_s)
     text = run("queue", "--address", addr).stdout.splitlines()
-    assert text[0].split() == ["TASK_ID", "NAME", "OWNER", "STATE", "NODES", "RANGE", "PROGRESS", "ETA"]
-    assert len(text) == 3 and text[1].split()[:4] == [ids[0], "alpha", me, "running"]
+    assert text[0].split() == ["TASK_ID", "NAME", "USER", "STATE", "NODES", "NODELIST(REASON)",
+                               "PROGRESS", "ETA"]
+    assert len(text) == 3 and text[1].split()[:4] == [ids[0], "alpha", me, "RUNNING"]
+    # as squeue: state codes, a format, no header
+    rows = run("queue", "-t", "R,PD", "-o", "%i %u %t %D %N %R", "-h", "--address", addr).stdout
+    tasks = {t.task_id: t for t in client.list_tasks()}
+    expected = []
+    for tid in ids:
+        t = tasks[tid]
+        nodelist = hostlist.collect_hostlist(list(t.nodes)) if t.nodes else ""
+        reason = nodelist or "(Resources)"
+        expected.append(" ".join(filter(None, [tid, me, "R" if t.nodes else "PD",
+                                               str(len(t.nodes)), nodelist, reason])))
+    assert [" ".join(ln.split()) for ln in rows.splitlines()] == expected
+    assert run("queue", "-t", "CD", "-h", "--address", addr).stdout == ""  # none completed
+    right = run("queue", "-o", "%.12i|%3j|", "--address", addr).stdout.splitlines()
+    assert right[0] == "     TASK_ID|NAM|" and right[1] == f"{ids[0]:>12}|alp|"
 
     # watch: a node event sent while the CLI waits shows up as placement changes
     revision = client.status().revision

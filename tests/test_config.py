@@ -76,3 +76,20 @@ def test_bad_config_names_the_key(tmp_path, body, needle):
         load_config(path, {})
     res = runner.invoke(offcutd, ["--config", str(path)])
     assert res.exit_code == 2 and needle in res.stderr and "Traceback" not in res.output
+
+
+def test_the_default_solver_is_dp_and_gurobi_without_gurobipy_is_refused(tmp_path, monkeypatch):
+    """dp is the default (exact, the same on every install); asking for gurobi where gurobipy
+    is missing stops offcutd with the reason, instead of answering with another backend, and
+    leaves nothing held (the same state then starts with dp)."""
+    from offcut.daemon.server import OffcutServer
+    from offcut.daemon.solvers import gurobi
+
+    assert DaemonConfig().solver == "dp"
+    monkeypatch.setattr(gurobi, "gurobi_importable", lambda: False)
+    kw = dict(listen=f"unix://{tmp_path}/s.sock", state=str(tmp_path / "st" / "s.sqlite"))
+    with pytest.raises(RuntimeError, match="solver = gurobi, but gurobipy is not installed"):
+        OffcutServer(DaemonConfig(solver="gurobi", **kw)).start()
+    srv = OffcutServer(DaemonConfig(**kw))
+    srv.start()
+    srv.stop(0.2)

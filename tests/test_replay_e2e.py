@@ -158,3 +158,45 @@ def test_whole_machine_replay_first_500_events(tmp_path):
     assert steps["nJob"].max() == 100  # admission cap reached, never exceeded
     assert (steps["nNrun"] <= steps["nNd"]).all() and steps["nNrun"].max() > 0
     assert s["daemon_peak_rss_mb"] is None or s["daemon_peak_rss_mb"] < 300
+
+
+def _replay_without(blocked: tuple[str, ...], args: list[str], out: Path, tmp_path: Path) -> str:
+    """``offcut ARGS --out OUT`` in a fresh process (its private offcutd too) where the modules
+    ``blocked`` cannot be imported, as on an install without those extras; the placements."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    if blocked:
+        shim = tmp_path / f"without-{'-'.join(blocked)}"
+        shim.mkdir()
+        (shim / "sitecustomize.py").write_text(
+            "import sys\n" + "".join(f"sys.modules[{m!r}] = None  # ImportError\n"
+                                     for m in blocked))
+        env["PYTHONPATH"] = os.pathsep.join([str(shim), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, "-m", "offcut.client.cli", *args, "--out", str(out),
+                           "--no-progress"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["solver"] == "dp" and set(summary["solves_by_backend"]) == {"dp"}
+    return (out / "placements.csv").read_text()
+
+
+@pytest.mark.parametrize("replay", ["demo", "hps-shufflenet-10x128"])
+def test_the_default_decides_the_same_whatever_is_installed(replay, tmp_path):
+    """The default solver (dp) makes the same decisions, event for event and count for count,
+    with gurobipy and python-mip installed (this environment: '.[dev]') and without them (an
+    install of '.' alone): nothing about the default depends on the extras."""
+    if replay == "demo":
+        args = ["demo"]
+    else:
+        if not DATA.is_dir():
+            pytest.skip(f"real BFTrainer data not found at {DATA}")
+        args = ["replay", "bftrainer", "--allow-pickle", "--node-log",
+                str(DATA / "ndstat-10sdn6-evt.tar.gz"), "--tasks",
+                str(DATA / "hps-shufflenet-Jbnd-10J.pkl"), "--num-nodes", "128"]
+    full = _replay_without((), args, tmp_path / "full", tmp_path)
+    bare = _replay_without(("gurobipy", "mip"), args, tmp_path / "bare", tmp_path)
+    assert full.count("\n") > 20  # the tasks were placed and rescaled many times
+    assert bare == full
