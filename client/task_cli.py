@@ -336,13 +336,17 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
     address: Optional[str] = _address_option(),
 ) -> None:
-    """Show one task in full, like scontrol show job.
+    """Show one task in full, like scontrol show job, and why it holds what it holds (the
+    idle nodes, the horizon, its rescale cost, its curve, and what would change it).
 
     Example: offcut show t000001
     """
+    from offcut.client.explain import explain
+
     try:
         with _client(address) as c:
             task = c.get_task(task_id)
+            status = c.status() if not as_json else None
     except OffcutError as exc:
         _fail(str(exc))
     if as_json:
@@ -387,6 +391,8 @@ def show(
     ]
     for key, value in fields:
         typer.echo(f"{key:12s} {value}")
+    for i, line in enumerate(explain(task, status)):
+        typer.echo(f"{'Why' if i == 0 else '':12s} {line}")
 
 
 def cancel(

@@ -9,7 +9,7 @@ Example ``offcut.toml``::
     solver = "dp"              # dp | gurobi | cbc | auto | greedy
     policy = "throughput"      # throughput | energy | zeus_cost | fair_share | a plugin's name
     solver_time_limit_s = 10.0
-    tfwd_s = 10.0              # BFTrainer's look-ahead Tfwd
+    tfwd_s = 60.0              # the look-ahead Tfwd (BFTrainer's replayer used 10)
     max_running_tasks = 10     # maxJ
     metrics_listen = "127.0.0.1:9464"   # Prometheus /metrics (unset: no endpoint)
 """
@@ -261,8 +261,11 @@ class DaemonConfig(BaseModel):
         60.0, gt=0, le=900, description="how long a tripped backend is skipped before it is "
                                         "tried again, s; doubled at each trip in a row (at most "
                                         "900 s)")
-    tfwd_s: float = Field(10.0, gt=0, le=86400,
-                          description="BFTrainer look-ahead Tfwd, s (flag --tfwd)")
+    tfwd_s: float = Field(60.0, gt=0, le=86400,
+                          description="BFTrainer look-ahead Tfwd, s (flag --tfwd); 60 s from "
+                                      "the sweep on the real log (docs/architecture.md §4: "
+                                      "python benchmarks/tfwd_sweep.py); replays keep "
+                                      "BFTrainer's 10 s unless --tfwd is given")
     max_running_tasks: int = Field(10, ge=1, le=100000,
                                    description="maxJ: tasks admitted at once, in submit order")
     max_failed_generations: int = Field(3, ge=1, le=1000, description=(
