@@ -20,7 +20,7 @@ from typing import Iterable, Mapping
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from offcut.addresses import default_socket
+from offcut.addresses import default_socket, normalize_address
 from offcut.channel import open_channel, resolve_token
 from offcut.client.retry import RetryPolicy
 from offcut.errors import InvalidArgument, OffcutError, Unavailable, from_rpc_error
@@ -63,13 +63,15 @@ def _translate(method):
 
 class Stream:
     """A server stream of the daemon: iterate it for the messages; ``cancel()`` (from any
-    thread) ends the iteration quietly. gRPC errors are raised while iterating as
-    :mod:`offcut.errors` exceptions."""
+    thread) ends the iteration quietly, and so does the stream's own time limit
+    (``timed=True``: a ``timeout_s`` the caller gave). Other gRPC errors are raised while
+    iterating as :mod:`offcut.errors` exceptions."""
 
-    def __init__(self, client: "Client", call):
+    def __init__(self, client: "Client", call, timed: bool = False):
         self._client = client
         self._call = call
         self._cancelled = False
+        self._timed = timed
 
     def __iter__(self):
         try:
@@ -77,6 +79,8 @@ class Stream:
         except grpc.RpcError as err:
             if self._cancelled and err.code() == grpc.StatusCode.CANCELLED:
                 return
+            if self._timed and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return  # the time asked for is over
             raise self._client._error(err) from None
         finally:
             self._call.cancel()
@@ -113,7 +117,8 @@ class Client:
                  tls_ca: str | None = None, tls_server_name: str | None = None,
                  retry: RetryPolicy | None = None, munge_socket: str | None = None):
         self.retry = retry
-        self.address = address or os.environ.get("OFFCUT_ADDRESS") or default_socket()
+        self.address = normalize_address(address or os.environ.get("OFFCUT_ADDRESS")
+                                         or default_socket())
         self.timeout_s = timeout_s
         limit = 64 * 1024 * 1024
         token = resolve_token(token, token_file)
@@ -271,14 +276,14 @@ class Client:
     def watch(self, task_id: str = "", after_revision: int = 0,
               timeout_s: float | None = None) -> "Stream":
         """Placement updates as they are decided (retained ones after ``after_revision``
-        first): a blocking iterable :class:`Stream` that ends after ``timeout_s`` seconds
-        (None: never) or when ``.cancel()`` is called (from any thread).
+        first): a blocking iterable :class:`Stream` that ends, without an error, after
+        ``timeout_s`` seconds (None: never) or when ``.cancel()`` is called (from any thread).
 
-        Raises, while iterating: :class:`NotFound` (unknown ``task_id``), :class:`Unavailable`,
-        and an :class:`OffcutError` with code ``DEADLINE_EXCEEDED`` when ``timeout_s`` passes.
+        Raises, while iterating: :class:`NotFound` (unknown ``task_id``), :class:`Unavailable`.
         """
         return Stream(self, self.tasks.WatchPlacements(tasks_pb2.WatchPlacementsRequest(
-            task_id=task_id, after_revision=after_revision), timeout=timeout_s))
+            task_id=task_id, after_revision=after_revision), timeout=timeout_s),
+            timed=timeout_s is not None)
 
     # ------------------------------------------------------------------ status
     @_translate

@@ -476,11 +476,9 @@ def watch(
     except KeyboardInterrupt:
         return
     except OffcutError as exc:
-        if exc.status == "DEADLINE_EXCEEDED" and timeout is not None:
-            if count is not None and seen < count:
-                _fail(f"only {seen} of {count} update(s) in {time.monotonic() - started:.0f} s")
-            return
         _fail(str(exc))
+    if count is not None and seen < count:  # the --timeout ended the stream first
+        _fail(f"only {seen} of {count} update(s) in {time.monotonic() - started:.0f} s")
 
 
 def register(app: typer.Typer) -> None:

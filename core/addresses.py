@@ -63,6 +63,15 @@ def _folders_from(top: str, folder: str) -> list[str]:
     return out
 
 
+def normalize_address(address: str) -> str:
+    """``address`` as gRPC takes it: a filesystem path (``/run/offcut/offcutd.sock``,
+    ``./s.sock``, ``~/s.sock``) becomes ``unix://`` + its absolute path, since gRPC would take
+    it for a host name and fail with a DNS error; anything else is returned as is."""
+    if address.startswith(("/", "./", "../", "~")):
+        return "unix://" + os.path.abspath(os.path.expanduser(address))
+    return address
+
+
 def unix_socket_path(address: str) -> str | None:
     """The filesystem path of a ``unix:`` address (None for TCP and abstract sockets)."""
     if address.startswith("unix://"):

@@ -22,7 +22,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from offcut.addresses import default_socket
+from offcut.addresses import default_socket, normalize_address
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
@@ -443,6 +443,12 @@ class DaemonConfig(BaseModel):
             self.policy = self.objective
         return self
 
+    @field_validator("listen")
+    @classmethod
+    def _listen_path(cls, value: str) -> str:
+        """A bare socket path means that unix socket (``unix://`` + absolute path)."""
+        return normalize_address(value)
+
     @model_validator(mode="after")
     def _check_transport(self) -> "DaemonConfig":
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -554,13 +560,13 @@ def default_text(name: str, model: type[BaseModel] | None = None) -> str:
 
 
 def _toml_value(value) -> str:
-    if isinstance(value, list):
+    """``value`` as TOML writes it (tomli-w), e.g. ``"a\\"b"``, ``true``; a list on one line,
+    ``[1, 2]`` (a table cell of docs/configuration.md)."""
+    import tomli_w
+
+    if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(value)
+    return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
 
 
 def flag_help(name: str) -> str:

@@ -747,6 +747,9 @@ def load_task_set(path: str | Path, jnps_path: str | Path | None = None, *,
             raise ReplayInputError(f"{path}: a tasks.csv is complete; do not pass a JNPs file too")
         tasks = _load_tasks_csv(path)
     else:
+        if not path.exists():
+            raise ReplayInputError(f"{path}: no such file (the task set: a tasks.csv, a folder "
+                                   "holding one, or a *-Jbnd-*.pkl bounds pickle)")
         if jnps_path is None:
             if "-Jbnd-" not in path.name:
                 raise ReplayInputError(

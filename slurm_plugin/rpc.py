@@ -90,7 +90,9 @@ class NodeEventSender:
         from offcut.v1 import nodes_pb2, nodes_pb2_grpc
 
         self._grpc, self._pb = grpc, nodes_pb2
-        self.address = address
+        from offcut.addresses import normalize_address
+
+        self.address = address = normalize_address(address)
         self.timeout_s = timeout_s
         self.retry = retry
         self._log = log

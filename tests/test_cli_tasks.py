@@ -298,3 +298,20 @@ def test_watch_timeout_without_updates(daemon):
     one_line_error(run("watch", "--timeout", "0.5", "--count", "2", "--address", srv.address), 1,
                    "only 0 of 2")
     one_line_error(run("watch", "t-none", "--timeout", "2", "--address", srv.address), 1, "t-none")
+
+
+def test_a_bare_socket_path_is_a_unix_socket(daemon, tmp_path, monkeypatch):
+    """gRPC would take ``/path/s.sock`` for a host name (a DNS error); every client and
+    offcutd's listen take a path for the unix socket it names."""
+    from offcut.addresses import normalize_address
+    from offcut.daemon.config import DaemonConfig
+
+    srv, _ = daemon
+    path = srv.address.removeprefix("unix://")
+    res = run("queue", "--address", path)
+    assert res.exit_code == 0 and res.stdout.startswith("TASK_ID"), res.output
+    monkeypatch.chdir(tmp_path)
+    assert normalize_address("./s.sock") == f"unix://{tmp_path}/s.sock"
+    assert normalize_address("127.0.0.1:50051") == "127.0.0.1:50051"
+    assert normalize_address("unix:///a/b.sock") == "unix:///a/b.sock"
+    assert DaemonConfig(listen="/run/x.sock").listen == "unix:///run/x.sock"

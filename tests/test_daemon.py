@@ -364,3 +364,14 @@ def test_tcp_loopback_listener(tmp_path):
             assert list(d.placements[0].nodes) == ["c01n01", "c01n02"]
     finally:
         srv.stop(0.2)
+
+
+def test_a_watch_ends_quietly_when_its_time_is_over(daemon):
+    """The README's example iterates ``c.watch(task_id, timeout_s=60)``: when the time is
+    over the loop ends, no traceback; an unknown task still raises."""
+    _, c = daemon
+    t0 = time.monotonic()
+    assert list(c.watch(timeout_s=0.5)) == []
+    assert time.monotonic() - t0 >= 0.4
+    with pytest.raises(NotFound):
+        list(c.watch(task_id="t999999", timeout_s=0.5))

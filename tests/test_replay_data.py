@@ -192,6 +192,9 @@ def test_error_missing_file(tmp_path):
     (tmp_path / "d").mkdir()
     with pytest.raises(ReplayInputError, match="nodes.csv.*not found"):
         load_node_log(tmp_path / "d")
+    for name in ("nope.pkl", "hps-Jbnd-10J.pkl"):  # a missing pickle is said to be missing
+        with pytest.raises(ReplayInputError, match=f"{name}: no such file"):
+            load_task_set(tmp_path / name, allow_pickle=True)
 
 
 def test_error_truncated_tarball(tmp_path):
