@@ -7,6 +7,8 @@
   (``ReScost``) and preemptions (``PreCost``), per event and cumulated;
 * ``decisions.png``: distribution of the allocation time per node event (``solve_ms``) and the
   same over time;
+* ``timeline.png``: one lane per task (the :data:`TIMELINE_TASKS` with the most node-hours),
+  the nodes it held over time, its preemptions marked (what a researcher opens first);
 * ``summary.txt``: a short text summary (period, events, node-hours, utilisation, samples,
   tasks, rescales and preemptions, decision time), also returned.
 
@@ -29,7 +31,7 @@ from .bftrainer_data import ReplayInputError
 from .history import PLACEMENT_COLUMNS, STEP_COLUMNS
 
 __all__ = ["Report", "build_report", "render_report", "summarise_history", "format_summary",
-           "STEPS_COLUMNS", "PLACEMENTS_COLUMNS"]
+           "task_timelines", "Lane", "STEPS_COLUMNS", "PLACEMENTS_COLUMNS"]
 
 #: required columns (the writer's, ``offcut.replay.history``)
 STEPS_COLUMNS = STEP_COLUMNS
@@ -40,8 +42,24 @@ STEPS_NUMERIC = ["Thr", "Rate", "ReScost", "Nleft", "Npre", "Njoin", "nNd", "nNr
 PLACEMENTS_NUMERIC = ["nodes", "work_done_samples", "total_work_samples"]
 #: placements.csv ``change`` values that count as a rescale (the daemon's ``Task.rescales``)
 RESCALE_CHANGES = ("start", "grow", "shrink", "stop")
-REPORT_FILES = ("report.png", "throughput.png", "decisions.png", "summary.txt")
+REPORT_FILES = ("report.png", "throughput.png", "decisions.png", "timeline.png", "summary.txt")
 _MAX_LEGEND = 12
+#: most lanes of timeline.png (the tasks with the most node-hours; the rest are counted)
+TIMELINE_TASKS = 40
+
+
+@dataclass
+class Lane:
+    """One task's lane of ``timeline.png``: ``times`` [s, the file's time base] and the nodes
+    held from each (a step function; the last value holds to the end), the times of its
+    preemptions (``change`` = ``preempted``), and node-hours held up to ``end`` [h]."""
+
+    key: str
+    label: str
+    times: list[float]
+    nodes: list[int]
+    preempted: list[float]
+    node_hours: float
 
 
 @dataclass
@@ -50,7 +68,8 @@ class Report:
 
     Attributes:
         out_dir: the folder.
-        files: ``report.png``, ``throughput.png``, ``decisions.png``, ``summary.txt`` paths.
+        files: ``report.png``, ``throughput.png``, ``decisions.png``, ``timeline.png``,
+            ``summary.txt`` paths.
         text: the content of ``summary.txt`` (several lines, newline-terminated).
         figures: the summary's numbers (see :func:`summarise_history`), plus ``"replay"``:
             facts taken from ``summary.json`` (empty dict without one).
@@ -353,6 +372,72 @@ def _plot_overview(out: Path, steps: pd.DataFrame, plc: pd.DataFrame, is_dt: boo
     return png
 
 
+def task_timelines(plc: pd.DataFrame, end_s: float) -> list[Lane]:
+    """Per task of ``placements.csv`` (as :func:`_load` returns it: ``_s`` seconds), the
+    nodes held over time and its preemptions, up to ``end_s`` [s]; sorted by node-hours,
+    most first. Empty for an empty table."""
+    if plc.empty:
+        return []
+    key = _task_key(plc)
+    lanes = []
+    for k, g in plc.groupby(key, sort=False):
+        times = [float(t) for t in g["_s"]]
+        nodes = [int(n) for n in g["nodes"]]
+        label = str(g["task_name"].iloc[0]) if pd.notna(g["task_name"].iloc[0]) else str(k)
+        hours = _held_integral(np.asarray(times), np.asarray(nodes, dtype=float),
+                               max(end_s, times[-1])) / 3600.0
+        lanes.append(Lane(str(k), label, times, nodes,
+                          [float(t) for t, c in zip(g["_s"], g["change"]) if c == "preempted"],
+                          hours))
+    lanes.sort(key=lambda lane: (-lane.node_hours, lane.key))
+    return lanes
+
+
+def _plot_timeline(out: Path, steps: pd.DataFrame, plc: pd.DataFrame, is_dt: bool) -> Path:
+    """``timeline.png``: a lane per task (the :data:`TIMELINE_TASKS` with most node-hours),
+    its held nodes as a filled step plot scaled to the lane, preemptions as red marks."""
+    end_s = float(steps["_s"].iloc[-1])
+    lanes = task_timelines(plc, end_s)
+    shown = lanes[:TIMELINE_TASKS]
+    fig = _new_figure((11, max(3.0, 0.45 * len(shown) + 1.6)))
+    ax = fig.subplots()
+    origin = float(steps["_s"].iloc[0])
+
+    def x(values):
+        values = np.asarray(values, dtype=float)
+        if is_dt:
+            return pd.to_datetime(values, unit="s")
+        return (values - origin) / 3600.0
+
+    peak = max([max(lane.nodes) for lane in shown] + [1])
+    for row, lane in enumerate(shown):
+        base = len(shown) - 1 - row
+        t = lane.times + [max(end_s, lane.times[-1])]
+        held = [n / peak * 0.8 for n in lane.nodes] + [lane.nodes[-1] / peak * 0.8]
+        ax.fill_between(x(t), base, [base + h for h in held], step="post", alpha=0.6,
+                        color="tab:blue", linewidth=0)
+        if lane.preempted:
+            ax.plot(x(lane.preempted), [base + 0.85] * len(lane.preempted), "v",
+                    color="tab:red", markersize=5,
+                    label="preempted" if row == 0 or "preempted" not in
+                    ax.get_legend_handles_labels()[1] else None)
+    ax.set_yticks([len(shown) - 1 - r + 0.4 for r in range(len(shown))])
+    ax.set_yticklabels([f"{lane.label} ({lane.node_hours:.0f} node-h)" for lane in shown],
+                       fontsize="small")
+    ax.set_ylim(-0.2, max(len(shown), 1))
+    if not shown:
+        ax.text(0.5, 0.5, "no task placements", ha="center", va="center", transform=ax.transAxes)
+    elif any(lane.preempted for lane in shown):
+        ax.legend(loc="upper right", fontsize="small")
+    ax.grid(alpha=0.3, axis="x")
+    _time_axis(ax, is_dt)
+    more = f"; {len(lanes) - len(shown)} more not shown" if len(lanes) > len(shown) else ""
+    ax.set_title(f"Nodes held per task (lane height: up to {peak} nodes){more}")
+    png = out / "timeline.png"
+    fig.savefig(png)
+    return png
+
+
 def _plot_throughput(out: Path, steps: pd.DataFrame, is_dt: bool) -> Path:
     fig = _new_figure((11, 7))
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
@@ -448,7 +533,7 @@ def build_report(out_dir: str | Path, use_summary_json: bool = True) -> Report:
     figures = summarise_history(steps, plc)
     text = format_summary(out.resolve().name, figures, is_dt, replay)
     files = [_plot_overview(out, steps, plc, is_dt), _plot_throughput(out, steps, is_dt),
-             _plot_decisions(out, steps, is_dt)]
+             _plot_decisions(out, steps, is_dt), _plot_timeline(out, steps, plc, is_dt)]
     summary_path = out / "summary.txt"
     summary_path.write_text(text)
     files.append(summary_path)

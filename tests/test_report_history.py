@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from offcut.client.cli import app
 from offcut.errors import OffcutError
 from offcut.replay.history import PLACEMENT_COLUMNS, STEP_COLUMNS, iso, seconds
-from offcut.replay.report import build_report, render_report
+from offcut.replay.report import REPORT_FILES, build_report, render_report
 from offcut.v1 import decision_pb2, tasks_pb2
 
 from daemon_helpers import T0
@@ -274,8 +274,30 @@ def test_report_cli_renders_plots_and_summary(tmp_path, numeric_times):
     assert "1 rescales (start/grow/shrink/stop), 1 preemptions" in text
     assert f"p50 0.500, p99 {np.percentile([0.25, 0.5, 1.0], 99):.3f}, max 1.000 (3 node events" in text
     assert "(0.167 h)" in text
-    for name in ("report.png", "throughput.png", "decisions.png"):
+    for name in ("report.png", "throughput.png", "decisions.png", "timeline.png"):
         assert (out / name).read_bytes()[:8] == PNG and str(out / name) in result.output
+
+
+def test_the_timeline_holds_each_tasks_nodes_and_preemptions(tmp_path):
+    """timeline.png's lanes: nodes held over time per task, preemptions, node-hours; the
+    task with the most node-hours first."""
+    from offcut.replay.report import _load, task_timelines
+
+    out = tmp_path / "r"
+    _write_csvs(out, numeric_times=True)
+    plc = pd.read_csv(out / "placements.csv")
+    extra = pd.DataFrame({"time": [100.0, 160.0], "task_id": "t000002", "task_name": "b",
+                          "change": ["start", "completed"], "nodes": [1, 0],
+                          "work_done_samples": [0.0, 10.0], "total_work_samples": 10.0})
+    pd.concat([plc, extra]).to_csv(out / "placements.csv", index=False)
+    steps, plc, _ = _load(out)
+    a, b = task_timelines(plc, end_s=600.0)
+    assert (a.key, a.label, a.times, a.nodes) == ("t000001", "a", [0.0, 60.0, 180.0, 600.0],
+                                                   [0, 4, 2, 0])
+    assert a.preempted == [180.0] and b.preempted == []
+    assert a.node_hours == pytest.approx((4 * 120 + 2 * 420) / 3600)
+    assert (b.key, b.nodes) == ("t000002", [1, 0]) and b.node_hours == pytest.approx(60 / 3600)
+    assert task_timelines(plc.iloc[0:0], 600.0) == []
 
 
 def test_report_uses_summary_json_facts(tmp_path):
@@ -283,7 +305,7 @@ def test_report_uses_summary_json_facts(tmp_path):
     _write_csvs(out)
     (out / "summary.json").write_text('{"stop_reason": "all tasks done", "solver": "dp", "events": 3}')
     rep = build_report(out)
-    assert [f.name for f in rep.files] == ["report.png", "throughput.png", "decisions.png", "summary.txt"]
+    assert [f.name for f in rep.files] == list(REPORT_FILES)
     assert rep.figures["events"] == 4 and rep.figures["tasks_completed"] == 1
     assert rep.figures["replay"] == {"stop_reason": "all tasks done", "solver": "dp"}
     assert "replay        stop_reason all tasks done; solver dp (summary.json)" in rep.text
