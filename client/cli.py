@@ -335,7 +335,7 @@ def recur(
 def status(
     address: Optional[str] = typer.Option(None, "--address", "-a", envvar="OFFCUT_ADDRESS", help=task_cli.ADDRESS_HELP),
     idle_nodes: bool = typer.Option(False, "--idle-nodes", help="also list the idle pool (hostlist)"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    as_json: bool = typer.Option(False, "--json", help="print the StatusResponse as JSON plus event_lag_s (README, \"JSON output\")"),
 ) -> None:
     """For admins: the idle pool, nodes in use, tasks by state, the solver and its decision
     times, and the event lag (wall clock minus the time of the last applied event).
@@ -348,9 +348,9 @@ def status(
     import time
 
     import hostlist
-    from google.protobuf.json_format import MessageToDict
 
     from offcut.client.api import Client
+    from offcut.client.json_out import to_json
 
     try:
         with Client(address) as c:
@@ -360,7 +360,7 @@ def status(
     has_clock = bool(st.clock.seconds or st.clock.nanos)
     lag_s = time.time() - st.clock.ToNanoseconds() / 1e9 if has_clock else None
     if as_json:
-        doc = MessageToDict(st, preserving_proto_field_name=True)
+        doc = to_json(st)
         doc["event_lag_s"] = lag_s
         typer.echo(json.dumps(doc, indent=2))
         return

@@ -17,7 +17,6 @@ from typing import Iterable, List, Optional
 
 import hostlist
 import typer
-from google.protobuf.json_format import MessageToDict
 
 from offcut.errors import InvalidArgument, NotFound, OffcutError
 from offcut.v1 import decision_pb2, tasks_pb2
@@ -101,13 +100,15 @@ def progress_pct(task: tasks_pb2.Task) -> float:
     return 100.0 * min(max(task.work_done_samples / total, 0.0), 1.0) if total > 0 else 0.0
 
 
-def task_row(task: tasks_pb2.Task) -> dict:
-    """One ``queue`` row (also the ``--json`` form)."""
-    return {"task_id": task.task_id, "name": task.spec.name, "owner": task.owner,
-            "state": state_name(task.state), "nodes": len(task.nodes),
-            "min_nodes": task.spec.min_nodes, "max_nodes": task.spec.max_nodes,
-            "progress_pct": round(progress_pct(task), 2), "eta_s": eta_seconds(task),
-            "rate_samples_per_s": task.rate_samples_per_s}
+def task_json(task: tasks_pb2.Task) -> dict:
+    """A task as ``offcut queue --json`` and ``offcut show --json`` print it: the ``Task``
+    message in the one JSON form (:mod:`offcut.client.json_out`) plus ``progress_pct`` (% of
+    its work done, 0-100) and ``eta_s`` (s to completion at its current rate; null when it
+    earns nothing now)."""
+    from offcut.client.json_out import to_json
+
+    return {**to_json(task), "progress_pct": round(progress_pct(task), 2),
+            "eta_s": eta_seconds(task)}
 
 
 def task_reason(task: tasks_pb2.Task) -> str:
@@ -301,7 +302,7 @@ def queue(
     me: bool = typer.Option(False, "--me", help="only my tasks"),
     fmt: Optional[str] = typer.Option(None, "--format", "-o", help="the columns, as squeue -o: %[.][size]LETTER fields: %i task id, %j name, %u owner, %T state, %t state code, %D nodes, %N node list, %R node list or (reason), %P progress, %e ETA, %G generation [default: \"%i  %j  %u  %T  %D  %R  %P  %e\"]"),
     noheader: bool = typer.Option(False, "--noheader", "-h", help="no header line (as squeue -h)"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    as_json: bool = typer.Option(False, "--json", help="print a JSON list of the tasks (each as offcut show --json prints it; README, \"JSON output\")"),
     address: Optional[str] = _address_option(),
 ) -> None:
     """List tasks like squeue: id, name, owner, state, nodes now (or why none), progress, ETA.
@@ -324,7 +325,7 @@ def queue(
     except OffcutError as exc:
         _fail(str(exc))
     if as_json:
-        typer.echo(json.dumps([task_row(t) for t in tasks], indent=2))
+        typer.echo(json.dumps([task_json(t) for t in tasks], indent=2))
         return
     text = render_format(parts, tasks, header=not noheader)
     if text:
@@ -333,7 +334,7 @@ def queue(
 
 def show(
     task_id: str = typer.Argument(..., help="task id (from submit or queue)"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    as_json: bool = typer.Option(False, "--json", help="print the task as JSON: the Task message's fields (null when unset, lower-case states) plus progress_pct and eta_s (README, \"JSON output\")"),
     address: Optional[str] = _address_option(),
 ) -> None:
     """Show one task in full, like scontrol show job, and why it holds what it holds (the
@@ -350,7 +351,7 @@ def show(
     except OffcutError as exc:
         _fail(str(exc))
     if as_json:
-        typer.echo(json.dumps(MessageToDict(task, preserving_proto_field_name=True), indent=2))
+        typer.echo(json.dumps(task_json(task), indent=2))
         return
     s = task.spec
     fields = [
@@ -446,7 +447,7 @@ def watch(
     after_revision: Optional[int] = typer.Option(None, "--after-revision", min=0, help="first print the changes the daemon retains after this revision (0: all it retains) [default: only new changes]"),
     count: Optional[int] = typer.Option(None, "--count", min=1, help="exit after this many updates"),
     timeout: Optional[float] = typer.Option(None, "--timeout", min=0.1, help="exit after this many seconds"),
-    as_json: bool = typer.Option(False, "--json", help="one JSON object per update"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object per update (README, \"JSON output\")"),
     address: Optional[str] = _address_option(),
 ) -> None:
     """Print placement changes (start, grow, shrink, preempted, completed ...) as they
@@ -464,9 +465,11 @@ def watch(
         with _client(address) as c:
             if after_revision is None:
                 after_revision = c.status().revision
+            from offcut.client.json_out import to_json
+
             for update in c.watch(task_id or "", after_revision=after_revision, timeout_s=timeout):
                 if as_json:
-                    typer.echo(json.dumps(MessageToDict(update, preserving_proto_field_name=True)))
+                    typer.echo(json.dumps(to_json(update)))
                 else:
                     for line in format_update(update):
                         typer.echo(line)
@@ -490,5 +493,5 @@ def register(app: typer.Typer) -> None:
     app.command()(watch)
 
 
-__all__ = ["register", "task_row", "format_duration", "eta_seconds", "progress_pct",
+__all__ = ["register", "task_json", "format_duration", "eta_seconds", "progress_pct",
            "render_table", "format_update", "state_name", "change_name"]

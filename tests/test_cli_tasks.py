@@ -14,6 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
+from daemon_helpers import make_spec
+
 from offcut.client.cli import app
 from offcut.client.taskspec import make_task_spec, parse_node_range, read_scalability_csv
 from offcut.errors import InvalidArgument
@@ -203,7 +205,7 @@ def test_researcher_session(daemons, curve):
     assert [r["task_id"] for r in rows] == ids
     for r in rows:
         t = tasks[r["task_id"]]
-        assert r["nodes"] == len(t.nodes) and r["owner"] == me and r["state"] == "running"
+        assert r["nodes"] == list(t.nodes) and r["owner"] == me and r["state"] == "running"
         assert r["eta_s"] == pytest.approx((1e9 - t.work_done_samples) / t.rate_samples_per_s)
     text = run("queue", "--address", addr).stdout.splitlines()
     assert text[0].split() == ["TASK_ID", "NAME", "USER", "STATE", "NODES", "NODELIST(REASON)",
@@ -238,7 +240,7 @@ def test_researcher_session(daemons, curve):
     assert update["cause"] == "nodes" and int(update["revision"]) == revision + 1
     grown = {p["task_id"]: p for p in update["placements"]}
     assert set(grown) <= set(ids) and grown
-    assert all(p["change"] == "PLACEMENT_CHANGE_GROW" for p in grown.values())
+    assert all(p["change"] == "grow" for p in grown.values())
     held = {t.task_id: len(t.nodes) for t in client.list_tasks()}
     assert sum(held.values()) == 4
     for tid, p in grown.items():
@@ -315,3 +317,27 @@ def test_a_bare_socket_path_is_a_unix_socket(daemon, tmp_path, monkeypatch):
     assert normalize_address("127.0.0.1:50051") == "127.0.0.1:50051"
     assert normalize_address("unix:///a/b.sock") == "unix:///a/b.sock"
     assert DaemonConfig(listen="/run/x.sock").listen == "unix:///run/x.sock"
+
+
+def test_every_json_output_has_one_form(daemon):
+    """queue, show, watch and status --json: proto field names, every field present, null
+    for an unset time, lower-case enum names, 64-bit integers as numbers; a task is the same
+    object in queue and show."""
+    srv, c = daemon
+    addr = srv.address
+    c.report_nodes(time.time(), "test", 1, idle=["n1", "n2"])
+    tid = c.submit(make_spec("j")).task.task_id
+    listed = json.loads(run("queue", "--json", "--address", addr).stdout)
+    shown = json.loads(run("show", tid, "--json", "--address", addr).stdout)
+    assert listed == [shown]
+    assert shown["state"] == "running" and shown["finish_time"] is None
+    assert shown["submit_time"].endswith("Z") and shown["generation"] == 1
+    assert shown["spec"]["gpus_per_node"] == 0 and shown["spec"]["constraint"] == []
+    assert shown["model"] is None  # a task with a curve has no learned model
+    assert 0 <= shown["progress_pct"] <= 100 and shown["eta_s"] > 0
+    update = json.loads(run("watch", "--after-revision", "0", "--count", "1", "--timeout", "5",
+                            "--json", "--address", addr).stdout.splitlines()[0])
+    assert isinstance(update["revision"], int) and update["cause"] == "submit"
+    status = json.loads(run("status", "--json", "--address", addr).stdout)
+    assert status["revision"] == c.status().revision and isinstance(status["last_seq"]["test"], int)
+    assert status["last_decision"]["placements"][0]["change"] == "start"
