@@ -224,9 +224,12 @@ class Client:
             request.page_token = page.next_page_token
 
     @_translate
-    def cancel(self, task_id: str, time: float | datetime | None = None) -> tasks_pb2.CancelTaskResponse:
-        """Cancel a task (releases its nodes); NotFound / FailedPrecondition for unknown or finished tasks."""
-        req = tasks_pb2.CancelTaskRequest(task_id=task_id)
+    def cancel(self, task_id: str, time: float | datetime | None = None,
+               request_id: str = "") -> tasks_pb2.CancelTaskResponse:
+        """Cancel a task (releases its nodes); NotFound / FailedPrecondition for unknown or
+        finished tasks. ``request_id`` makes a retry return the stored reply (and lets a
+        retry policy repeat the call)."""
+        req = tasks_pb2.CancelTaskRequest(task_id=task_id, request_id=request_id)
         if time is not None:
             req.time.CopyFrom(to_timestamp(time))
         return self.tasks.CancelTask(req, timeout=self.timeout_s)

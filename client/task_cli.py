@@ -411,7 +411,7 @@ def cancel(
         with _client(address) as c:
             for task_id in task_ids:
                 try:
-                    reply = c.cancel(task_id)
+                    reply = c.cancel(task_id, request_id=str(uuid.uuid4()))
                 except (NotFound, InvalidArgument) as exc:
                     typer.echo(f"offcut: {exc}", err=True)
                     failed += 1

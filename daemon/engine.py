@@ -490,7 +490,8 @@ class Engine:
 
 
 #: the kind of each event that may carry a ``request_id`` (its idempotency namespace)
-_REQUEST_KINDS = ((SubmitEvent, "submit"), (TaskRunEvent, "run"), (ProgressEvent, "progress"))
+_REQUEST_KINDS = ((SubmitEvent, "submit"), (TaskRunEvent, "run"), (ProgressEvent, "progress"),
+                  (CancelEvent, "cancel"))
 
 
 def _request_key(event: Event, caller: str) -> str | None:

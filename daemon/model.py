@@ -238,10 +238,11 @@ class SubmitEvent:
 @dataclass(frozen=True)
 class CancelEvent:
     """Cancellation of task ``task_id`` at ``time`` [s since epoch]; ``sent_time``: the
-    sender's time (data; None: unset)."""
+    sender's time (data; None: unset); ``request_id`` makes a retry idempotent (per caller)."""
     time: float
     task_id: str
     sent_time: float | None = None
+    request_id: str = ""
 
 
 #: run states a launcher reports (TaskRunEvent.state; docs/execution.md)
@@ -347,6 +348,8 @@ def event_to_dict(event: Event) -> dict[str, Any]:
                 "reports": [{"task_id": r.task_id, **asdict(r.report)} for r in event.reports]}
     else:
         d = {"kind": "cancel", "time": event.time, "task_id": event.task_id}
+        if event.request_id:  # (absent otherwise: rows as an earlier release wrote them)
+            d["request_id"] = event.request_id
     if event.sent_time is not None:
         d["sent_time"] = event.sent_time
     return d
@@ -364,7 +367,7 @@ def event_from_dict(d: dict[str, Any]) -> Event:
         return SubmitEvent(d["time"], TaskSpec.from_dict(d["spec"]), d["owner"], d["request_id"],
                            sent)
     if kind == "cancel":
-        return CancelEvent(d["time"], d["task_id"], sent)
+        return CancelEvent(d["time"], d["task_id"], sent, d.get("request_id", ""))
     if kind == "run":
         return TaskRunEvent(**{k: v for k, v in d.items() if k != "kind"})
     if kind == "progress":

@@ -147,7 +147,8 @@ def cancel_from_pb(req: tasks_pb2.CancelTaskRequest, now: float) -> CancelEvent:
     if not req.task_id:
         raise InvalidArgument("is required", "task_id")
     sent = sent_time_from_pb(req.time, "time")
-    return CancelEvent(time=now if sent is None else sent, task_id=req.task_id, sent_time=sent)
+    return CancelEvent(time=now if sent is None else sent, task_id=req.task_id, sent_time=sent,
+                       request_id=req.request_id)
 
 
 #: how far [s] a report's time may lie ahead of the daemon's wall clock (clock skew)

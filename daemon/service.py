@@ -311,13 +311,14 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
 
     @_rpc
     def CancelTask(self, request, context):
-        """Cancel a task, release its nodes, re-allocate (NOT_FOUND / FAILED_PRECONDITION)."""
+        """Cancel a task, release its nodes, re-allocate (NOT_FOUND / FAILED_PRECONDITION); a
+        repeated ``request_id`` of the same caller gets the stored reply."""
         who = self.auth.of(context)
         if request.task_id and not _visible(self.engine, who, request.task_id):
             raise NotFound(f"no task {request.task_id!r}", "task_id")
         now = clock_now()
         event, stamp = self.times.place(protocol.cancel_from_pb(request, now), now, who)
-        reply = self.engine.apply(event, stamp=stamp)
+        reply = self.engine.apply(event, stamp=stamp, **_caller(who))
         return tasks_pb2.CancelTaskResponse(task=protocol.task_to_pb(reply.tasks[0]),
                                             decision=_decision_for(self.engine, who, reply))
 

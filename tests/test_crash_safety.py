@@ -72,6 +72,7 @@ def test_policy_retries_only_calls_that_cannot_apply_twice():
     assert retryable("predict_batch_size", {"request_id": "x"})
     assert not retryable("predict_batch_size", {"request_id": ""})
     assert not any(retryable(n, {"request_id": "r"}) for n in NEVER)
+    assert retryable("cancel", {"request_id": "c1"}) and not retryable("cancel", {})
     assert not (ALWAYS | WITH_REQUEST_ID | RECONCILED) & NEVER
     clock = _FakeClock()
     policy = RetryPolicy(deadline_s=5.0, sleep=clock.sleep, clock=lambda: clock.now)
@@ -84,7 +85,7 @@ def test_policy_retries_only_calls_that_cannot_apply_twice():
 
     with _client(policy) as c, pytest.raises(Unavailable):
         policy.call(c, cancel, ("t1",), {})
-    assert n == 1 and clock.waits == []  # not idempotent: raised at once
+    assert n == 1 and clock.waits == []  # no request id, not idempotent: raised at once
 
 
 def test_every_client_call_has_a_retry_rule():

@@ -375,3 +375,25 @@ def test_a_watch_ends_quietly_when_its_time_is_over(daemon):
     assert time.monotonic() - t0 >= 0.4
     with pytest.raises(NotFound):
         list(c.watch(task_id="t999999", timeout_s=0.5))
+
+
+def test_a_retried_cancel_is_told_from_a_second_one(daemons):
+    """CancelTask with a request_id: a repeat gets the stored reply (the retry of a cancel
+    whose answer was lost), also after a restart; another id is a second cancel and finds the
+    task already cancelled."""
+    srv, c = daemons.start()
+    c.report_nodes(time.time(), "test", 1, idle=["n1", "n2"])
+    tid = c.submit(make_spec("x")).task.task_id
+    first = c.cancel(tid, request_id="cancel-1")
+    assert first.task.state == tasks_pb2.TASK_STATE_CANCELLED
+    again = c.cancel(tid, request_id="cancel-1")
+    assert again.decision.duplicate and again.task.task_id == tid
+    with pytest.raises(FailedPrecondition, match="already cancelled"):
+        c.cancel(tid, request_id="cancel-2")
+    with pytest.raises(InvalidArgument, match="request_id"):
+        c.cancel(tid, request_id="x" * 201)
+    revision = c.status().revision
+    daemons.stop(srv)
+    _, c = daemons.start()
+    assert c.cancel(tid, request_id="cancel-1").decision.duplicate
+    assert c.status().revision == revision

@@ -210,12 +210,14 @@ class ListTasksResponse(_message.Message):
     def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class CancelTaskRequest(_message.Message):
-    __slots__ = ("task_id", "time")
+    __slots__ = ("task_id", "time", "request_id")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     time: _timestamp_pb2.Timestamp
-    def __init__(self, task_id: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, task_id: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CancelTaskResponse(_message.Message):
     __slots__ = ("task", "decision")

@@ -73,6 +73,8 @@ class EventValidation:
         elif isinstance(event, ProgressEvent):
             self._validate_progress(event)
         elif isinstance(event, (CancelEvent, TaskRunEvent)):
+            if isinstance(event, CancelEvent) and len(event.request_id) > MAX_SOURCE_LEN:
+                raise InvalidArgument(f"must be at most {MAX_SOURCE_LEN} characters", "request_id")
             task = self.tasks.get(event.task_id)
             if task is None:
                 raise NotFound(f"no task {event.task_id!r}", "task_id")
