@@ -20,31 +20,23 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "bftrainer"
+from real_data import NODE_LOG, parser, require
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA,
-                    help="the BFTrainer data folder (node log and job sets; ../shared/data)")
+    ap = parser(__doc__)
     ap.add_argument("--tasks", default="hps-shufflenet-Jbnd-10J.pkl", help="task set file")
     ap.add_argument("--num-nodes", type=int, default=128, help="nodes of the log (0: all)")
     ap.add_argument("--max-tasks", type=int, default=10, help="tasks admitted at once")
     ap.add_argument("--values", default="10,30,60,120,300,600", help="Tfwd values [s]")
-    ap.add_argument("--out", type=Path, default=None, help="default: a temporary folder")
     args = ap.parse_args()
-
-    log_path = args.data_dir / "ndstat-10sdn6-evt.tar.gz"
+    require(args.data_dir, NODE_LOG, args.tasks)
+    log_path = args.data_dir / NODE_LOG
     tasks_path = args.data_dir / args.tasks
-    if not (log_path.exists() and tasks_path.exists()):
-        raise SystemExit(f"skipped: the real BFTrainer data is not at {args.data_dir} "
-                         "(see ../shared/data/README.md)")
 
     import pandas as pd
 

@@ -49,10 +49,16 @@ def _fail(message: str, code: int = 1) -> None:
 def _print_summary(summary: dict, out: Path) -> None:
     keys = ("events", "stop_reason", "tasks_submitted", "tasks_completed", "all_done_at", "total_samples",
             "oracle_total_samples", "samples_vs_oracle", "energy_j", "samples_per_joule",
-            "idle_node_hours", "used_node_hours", "utilisation", "solver", "objective", "curves")
+            "idle_node_hours", "used_node_hours", "utilisation", "dedicated_efficiency", "solver",
+            "objective", "curves")
     for k in keys:
         v = summary.get(k)
         if v is None and k in ("oracle_total_samples", "samples_vs_oracle"):
+            continue
+        if k == "dedicated_efficiency":  # (offcut.replay.efficiency)
+            if v is not None:
+                typer.echo(f"  {'efficiency':18s} {v:.4g} of the same node-hours on dedicated "
+                           "nodes (each task at its best count, no rescale)")
             continue
         typer.echo(f"  {k:18s} {v:.4g}" if isinstance(v, float) else f"  {k:18s} {v}")
     owners = summary.get("owners") or {}

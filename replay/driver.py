@@ -51,6 +51,7 @@ from offcut.client.retry import RetryPolicy
 from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.errors import OffcutError, Unavailable
 from offcut.replay.bftrainer_data import NodeLog, TaskRecord
+from offcut.replay.efficiency import dedicated_efficiency
 from offcut.replay.owners import SINGLE_OWNER, assign_owners, by_owner, fairness
 from offcut.replay.progress_sim import PowerModel, ProgressSimulator
 # steps.csv / placements.csv are written by the writer shared with ``offcut history``; the
@@ -208,7 +209,8 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
     decisions, see :class:`Recorder`), else the daemon's counters since its last start; the
     energy figures of :func:`energy_summary` (``sim``: the played tasks' truth, which then
     also gives ``total_samples``); per owner (:func:`owner_summary`, ``node_seconds``: per
-    task id, from the replay's placements)."""
+    task id, from the replay's placements) and the efficiency against dedicated nodes
+    (:func:`offcut.replay.efficiency.dedicated_efficiency`)."""
     status = client.status()
     tasks = client.list_tasks()
     completed = [t for t in tasks if t.state == tasks_pb2.TASK_STATE_COMPLETED]
@@ -246,6 +248,7 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
     summary.update(energy_summary(status, sim, opts))
     if node_seconds is not None:
         summary.update(owner_summary(tasks, node_seconds))
+        summary.update(dedicated_efficiency(tasks, node_seconds))
     return summary
 
 
