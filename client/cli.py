@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -176,6 +176,65 @@ def replay_bftrainer(
             until_log_end=until_log_end, progress=progress, curves=curves, noise=noise,
             report_every_s=report_every,
             objective=policy, eta=eta, owners=owners, oracle=oracle)
+
+
+@replay_app.command("slurm")
+def replay_slurm(
+    sacct: Path = typer.Option(..., "--sacct", help="Slurm's accounting of the window: the output of `SLURM_TIME_FORMAT=%s sacct -X -a --parsable2 --noheader --format=JobID,JobName,Partition,State,NodeList,Start,End --starttime=START --endtime=END`"),
+    nodes: str = typer.Option(..., "--nodes", help="the nodes to replay, a Slurm hostlist (e.g. n[1-4] or the partition's nodes from sinfo)"),
+    start: str = typer.Option(..., "--start", help="window start, ISO time in UTC (e.g. 2026-11-27T04:00:00)"),
+    end: str = typer.Option(..., "--end", help="window end, ISO time in UTC"),
+    tasks: Path = typer.Option(..., "--tasks", help="task set: tasks.csv (or its folder), or a *-Jbnd-*.pkl (needs --allow-pickle)"),
+    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="allow loading a pickled task set (runs code from the file: only for trusted data)"),
+    shift_tasks: bool = typer.Option(True, "--shift-tasks/--keep-task-times", help="move the task set's submissions so that the first is at --start (gaps kept), or keep their recorded times"),
+    scavenger_partition: List[str] = typer.Option(["scavenger"], "--scavenger-partition", help="jobs of these partitions (Offcut's own and other preemptable work) leave a node idle; repeat for several"),
+    max_tasks: int = typer.Option(10, "--max-tasks", min=1, help="maxJ: tasks admitted at once"),
+    tfwd: float = typer.Option(10.0, "--tfwd", min=0.001, help="look-ahead Tfwd, s"),
+    solver: str = typer.Option("dp", "--solver", help=SOLVER_HELP),
+    out: Path = typer.Option(Path("replay-out"), "--out", help="output folder"),
+    progress: bool = typer.Option(True, help="show a progress bar"),
+) -> None:
+    """Replay your own site: the node log built from Slurm's accounting of a window (a node
+    is idle unless a job outside the scavenger partitions ran on it), with a task set, through
+    offcutd, as offcut replay bftrainer does with BFTrainer's log.
+
+    \b
+    Example:
+      SLURM_TIME_FORMAT=%s sacct -X -a --parsable2 --noheader \\
+        --format=JobID,JobName,Partition,State,NodeList,Start,End \\
+        --starttime=2026-11-20T00:00:00 --endtime=2026-11-27T00:00:00 > week.sacct
+      offcut replay slurm --sacct week.sacct --nodes "$(sinfo -h -o %N -p batch)" \\
+        --start 2026-11-20T00:00:00 --end 2026-11-27T00:00:00 --tasks tasks.csv --out week
+    """
+    import hostlist
+    import pandas as pd
+
+    from offcut.replay.bftrainer_data import ReplayInputError, load_task_set
+    from offcut.replay.slurm_log import read_node_log_from_sacct
+
+    try:
+        t0, t1 = pd.Timestamp(start), pd.Timestamp(end)
+    except ValueError as exc:
+        _fail(f"--start/--end: {exc}", 2)
+    t0, t1 = (t.tz_convert(None) if t.tzinfo else t for t in (t0, t1))
+    try:
+        names = hostlist.expand_hostlist(nodes)
+    except hostlist.BadHostlist as exc:
+        _fail(f"--nodes: {nodes!r} is not a hostlist ({exc})", 2)
+    try:
+        log = read_node_log_from_sacct(sacct, names, t0, t1,
+                                       own_partitions=scavenger_partition)
+        task_set = load_task_set(tasks, allow_pickle=allow_pickle)
+    except ReplayInputError as exc:
+        _fail(str(exc), 2)
+    if shift_tasks and task_set:
+        offset = t0 - min(t.submit_time for t in task_set)
+        for t in task_set:
+            t.submit_time = t.submit_time + offset
+    typer.echo(f"replay: {len(log.node_names)} nodes from {log.initial_time} ({log.num_events} "
+               f"changes in the accounting), {len(task_set)} tasks")
+    _replay(log, task_set, out, solver=solver, tfwd_s=tfwd, max_tasks=max_tasks,
+            progress=progress)
 
 
 @replay_app.command("zeus")

@@ -664,14 +664,14 @@ def parse_sacct(text: str) -> list[JobInfo]:
     Raises:
         SlurmDataError: a line without the expected columns, naming it (1-based).
     """
+    from offcut.parsable import parsable_rows
+
     out = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        cols = line.split("|")
-        if len(cols) != len(SACCT_FIELDS):
-            raise SlurmDataError(f"sacct line {number}: {len(cols)} columns, expected "
-                                 f"{len(SACCT_FIELDS)} ({'|'.join(SACCT_FIELDS)}): {line[:120]!r}")
+    try:
+        records = list(parsable_rows(text, SACCT_FIELDS, "sacct"))
+    except ValueError as exc:
+        raise SlurmDataError(str(exc)) from None
+    for number, cols in records:
         jid, name, partition, state, exit_code, nodes, submit = cols
         if not jid.strip():
             raise SlurmDataError(f"sacct line {number}: no job id")
