@@ -178,9 +178,62 @@ def replay_bftrainer(
             objective=policy, eta=eta, owners=owners, oracle=oracle)
 
 
+def _site_log(sacct: Path, nodes: str, start: str, end: str, scavenger_partition: List[str]):
+    """The node log of ``offcut replay slurm`` / ``slurm-convert`` (exit 2 on bad input)."""
+    import hostlist
+    import pandas as pd
+
+    from offcut.replay.bftrainer_data import ReplayInputError
+    from offcut.replay.slurm_log import read_node_log_from_sacct
+
+    try:
+        t0, t1 = pd.Timestamp(start), pd.Timestamp(end)
+    except ValueError as exc:
+        _fail(f"--start/--end: {exc}", 2)
+    t0, t1 = (t.tz_convert(None) if t.tzinfo else t for t in (t0, t1))
+    try:
+        names = hostlist.expand_hostlist(nodes)
+    except hostlist.BadHostlist as exc:
+        _fail(f"--nodes: {nodes!r} is not a hostlist ({exc})", 2)
+    try:
+        return read_node_log_from_sacct(sacct, names, t0, t1, own_partitions=scavenger_partition)
+    except ReplayInputError as exc:
+        _fail(str(exc), 2)
+
+
+_SACCT_HELP = ("Slurm's accounting of the window: the output of `SLURM_TIME_FORMAT=%s sacct -X -a "
+               "--parsable2 --noheader --format=JobID,JobName,Partition,State,NodeList,Start,End "
+               "--starttime=START --endtime=END`")
+
+
+@replay_app.command("slurm-convert")
+def replay_slurm_convert(
+    sacct: Path = typer.Option(..., "--sacct", help=_SACCT_HELP),
+    nodes: str = typer.Option(..., "--nodes", help="the nodes, a Slurm hostlist"),
+    start: str = typer.Option(..., "--start", help="window start, ISO time in UTC"),
+    end: str = typer.Option(..., "--end", help="window end, ISO time in UTC"),
+    scavenger_partition: List[str] = typer.Option(["scavenger"], "--scavenger-partition", help="jobs of these partitions leave a node idle; repeat for several"),
+    out: Path = typer.Option(..., "--out", help="output folder: nodes.csv and events.csv.gz, the safe form offcut replay convert writes"),
+) -> None:
+    """Write the node log of a window of Slurm's accounting (as offcut replay slurm builds it)
+    in the documented CSV form of offcut replay convert; replay it later with offcut replay
+    bftrainer --node-log OUT --skip-rows 0.
+
+    \b
+    Example:
+      offcut replay slurm-convert --sacct week.sacct --nodes n[1-64] \\
+        --start 2026-11-20T00:00:00 --end 2026-11-27T00:00:00 --out data/week
+    """
+    from offcut.replay.bftrainer_data import write_node_log
+
+    log = _site_log(sacct, nodes, start, end, scavenger_partition)
+    write_node_log(out, log.node_names, log.initial_time, log.initial_idle, log.events())
+    typer.echo(f"wrote {out}: {len(log.node_names)} nodes, {log.num_events} changes")
+
+
 @replay_app.command("slurm")
 def replay_slurm(
-    sacct: Path = typer.Option(..., "--sacct", help="Slurm's accounting of the window: the output of `SLURM_TIME_FORMAT=%s sacct -X -a --parsable2 --noheader --format=JobID,JobName,Partition,State,NodeList,Start,End --starttime=START --endtime=END`"),
+    sacct: Path = typer.Option(..., "--sacct", help=_SACCT_HELP),
     nodes: str = typer.Option(..., "--nodes", help="the nodes to replay, a Slurm hostlist (e.g. n[1-4] or the partition's nodes from sinfo)"),
     start: str = typer.Option(..., "--start", help="window start, ISO time in UTC (e.g. 2026-11-27T04:00:00)"),
     end: str = typer.Option(..., "--end", help="window end, ISO time in UTC"),
@@ -206,29 +259,15 @@ def replay_slurm(
       offcut replay slurm --sacct week.sacct --nodes "$(sinfo -h -o %N -p batch)" \\
         --start 2026-11-20T00:00:00 --end 2026-11-27T00:00:00 --tasks tasks.csv --out week
     """
-    import hostlist
-    import pandas as pd
-
     from offcut.replay.bftrainer_data import ReplayInputError, load_task_set
-    from offcut.replay.slurm_log import read_node_log_from_sacct
 
+    log = _site_log(sacct, nodes, start, end, scavenger_partition)
     try:
-        t0, t1 = pd.Timestamp(start), pd.Timestamp(end)
-    except ValueError as exc:
-        _fail(f"--start/--end: {exc}", 2)
-    t0, t1 = (t.tz_convert(None) if t.tzinfo else t for t in (t0, t1))
-    try:
-        names = hostlist.expand_hostlist(nodes)
-    except hostlist.BadHostlist as exc:
-        _fail(f"--nodes: {nodes!r} is not a hostlist ({exc})", 2)
-    try:
-        log = read_node_log_from_sacct(sacct, names, t0, t1,
-                                       own_partitions=scavenger_partition)
         task_set = load_task_set(tasks, allow_pickle=allow_pickle)
     except ReplayInputError as exc:
         _fail(str(exc), 2)
     if shift_tasks and task_set:
-        offset = t0 - min(t.submit_time for t in task_set)
+        offset = log.initial_time - min(t.submit_time for t in task_set)
         for t in task_set:
             t.submit_time = t.submit_time + offset
     typer.echo(f"replay: {len(log.node_names)} nodes from {log.initial_time} ({log.num_events} "

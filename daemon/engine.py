@@ -129,12 +129,14 @@ class Engine:
 
     def _apply_settings(self, **settings) -> None:
         """Put the configured scheduler settings on top of the stored state (a None value keeps the
-        stored one); logs what changed and writes one snapshot when anything did."""
+        stored one); logs what changed in a state with history (a new state's built-in
+        defaults are not news) and writes one snapshot when anything did."""
         changed = False
         for name, value in settings.items():
             old = getattr(self.scheduler, name)
             if value is not None and value != old:
-                log.info("setting %s: %s -> %s", name, old, value)
+                (log.info if self.scheduler.revision else log.debug)(
+                    "setting %s: %s -> %s", name, old, value)
                 setattr(self.scheduler, name, value)
                 changed = True
         if changed:

@@ -167,3 +167,25 @@ def test_offcut_replay_slurm_replays_the_accounting_with_a_task_set(tmp_path):
         "--start", "2026-11-27T04:00:00", "--end", "2026-11-27T10:00:00",
         "--tasks", str(demo_data_dir()), "--out", str(out)])
     assert bad.exit_code == 2 and "--nodes" in bad.output
+
+
+def test_slurm_convert_writes_the_safe_form_that_replays_the_same_log(tmp_path):
+    from typer.testing import CliRunner
+
+    from offcut.client.cli import app
+    from offcut.replay.bftrainer_data import load_node_log
+
+    text = rows(("batch", "n[1-2]", S0, S0 + 7200), ("batch", "n3", S0 + 3600, S0 + 18000))
+    (tmp_path / "w.sacct").write_text(text)
+    res = CliRunner().invoke(app, [
+        "replay", "slurm-convert", "--sacct", str(tmp_path / "w.sacct"), "--nodes", "n[1-4]",
+        "--start", "2026-11-27T04:00:00", "--end", "2026-11-27T10:00:00",
+        "--out", str(tmp_path / "safe")])
+    assert res.exit_code == 0, res.output
+    assert "4 nodes, 3 changes" in res.output
+    direct = node_log_from_sacct(text, ["n1", "n2", "n3", "n4"], T0,
+                                 T0 + pd.Timedelta(hours=6))
+    stored = load_node_log(tmp_path / "safe", skip_rows=0)
+    assert stored.node_names == direct.node_names and stored.initial_time == T0
+    assert sorted(stored.initial_idle) == sorted(direct.initial_idle) == ["n3", "n4"]
+    assert intervals(stored) == intervals(direct)
