@@ -107,7 +107,7 @@ def node_log_from_sacct(text: str, nodes: Sequence[str], start: pd.Timestamp,
     initial_idle = [n for n in names if not busy_at_start.get(n)]
     order = {n: i for i, n in enumerate(names)}
 
-    def changes() -> Iterator[NodeChange]:
+    def sweep() -> Iterator[NodeChange]:
         count = dict(busy_at_start)
         for t in sorted(deltas):
             idle, busy = [], []
@@ -122,9 +122,9 @@ def node_log_from_sacct(text: str, nodes: Sequence[str], start: pd.Timestamp,
                 yield NodeChange(pd.Timestamp(t, unit="s"), sorted(idle, key=order.get),
                                  sorted(busy, key=order.get))
 
-    events = sum(1 for _ in changes())
-    return NodeLog(names, start, initial_idle, num_events=events, source=source,
-                   _events_factory=changes)
+    changes = list(sweep())  # once: its length is the log's num_events
+    return NodeLog(names, start, initial_idle, num_events=len(changes), source=source,
+                   _events_factory=lambda: iter(changes))
 
 
 def read_node_log_from_sacct(path: str | Path, nodes: Sequence[str], start: pd.Timestamp,

@@ -5,6 +5,7 @@ node names with the rescale costs."""
 from __future__ import annotations
 
 import logging
+from typing import Collection
 
 from offcut.daemon import placement
 from offcut.daemon.model import PLAIN_NODE, Task, TaskState
@@ -108,16 +109,17 @@ class Allocation:
             record.fallback_reason = "; ".join(filter(None, [record.fallback_reason, reason]))
         return check_counts("throughput", record.counts, request.problem)
 
-    def node_groups(self, tasks: list[Task]) -> list[tuple[list[str], list[Task]]]:
+    def node_groups(self, tasks: list[Task]) -> list[tuple[Collection[str], list[Task]]]:
         """``tasks`` grouped by the idle nodes they may run on (docs/architecture.md §4, "Node
         kinds"): ``(nodes in pool order, tasks in the given order)`` per group, the most
         constrained group first (fewest nodes; ties by the requirement). Tasks whose
         requirements (``gpus_per_node``, ``constraint``) select the same nodes share a group;
         while no node kind is known and no task asks for GPUs or features, that is one group
-        of the whole pool."""
+        of the whole pool (the pool itself, not a copy: the common case costs nothing per
+        event)."""
         plain = lambda task: not task.spec.gpus_per_node and not task.spec.constraint  # noqa: E731
         if not self.kinds and all(plain(task) for task in tasks):
-            return [(list(self.pool), tasks)]
+            return [(self.pool.keys(), tasks)]
         by_need: dict[tuple[int, tuple[str, ...]], list[Task]] = {}
         for task in tasks:
             by_need.setdefault((task.spec.gpus_per_node, task.spec.constraint), []).append(task)
@@ -174,7 +176,7 @@ class Allocation:
                 task.learner.on_allocation(t, n, kind)
             out.placements.append(self._change(task, kind, c, t))
 
-    def _place_group(self, tasks: list[Task], avail: list[str], later: set[str], t: float,
+    def _place_group(self, tasks: list[Task], avail: Collection[str], later: set[str], t: float,
                      out: Outcome, allocate: Allocate) -> None:
         """Counts and node names for one node group: ``tasks`` on ``avail`` (pool order);
         ``later``: ids of tasks of groups placed after this one, whose nodes in ``avail`` this
