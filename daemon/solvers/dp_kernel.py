@@ -204,46 +204,50 @@ def _relax_free_window(tab, o, p0, c1, lo, hi, s, lj, kj, buf_a, buf_b):
     j (values ``tab[o:]``); ``p0`` = L0_{j-1}, ``c1`` = L1_j: (N+1,) float64 rows, capacity
     in nodes. As f_j(n) = f_j(lo) + s (n - lo), the inner max is f_j(lo) + s (k - lo) +
     max_{m = k-hi..k-lo} (L0_{j-1}(m) - s m): a sliding-window maximum of width w = hi-lo+1
-    by branch-free doubling, O(K log w) (:mod:`.dp` docstring; problem: BFTrainer
-    arXiv 2106.12091 §3). ``buf_a``, ``buf_b``: (N+1,) float64 scratch, overwritten.
+    (:mod:`.dp` docstring; problem: BFTrainer arXiv 2106.12091 §3), here by the van Herk /
+    Gil-Werman method (van Herk, Pattern Recognit. Lett. 13(7), 1992; Gil and Werman, IEEE
+    TPAMI 15(5), 1993): cut the keys into blocks of w, take the running maximum forwards
+    (``buf_a``) and backwards (``buf_b``) inside each block; a window of w keys spans at
+    most two blocks, so its maximum is max(backward[first key], forward[last key]). About
+    three passes over the row whatever w. ``buf_a``, ``buf_b``: (N+1,) float64 scratch,
+    overwritten.
     """
     w = hi - lo + 1
     # outputs k = k0..kj read keys at m = k-hi..k-lo, clipped below at mb
     k0 = max(lj, lo)
     mb = max(0, k0 - hi)
     L = kj - lo - mb + 1  # key index i <-> m = mb + i, i = 0..L-1
-    a = buf_a
-    bb = buf_b
-    for i in range(L):
-        a[i] = p0[mb + i] - s * (mb + i)
-    p = 1  # a[i] = max of the keys at i-p+1..i (clipped at 0)
-    while 2 * p <= w and p < L:
-        for i in range(p):
-            bb[i] = a[i]
-        cnt = L - p
-        x1 = a[p:L]
-        x2 = a[:cnt]
-        y1 = bb[p:L]
-        for i in range(cnt):
-            x = x1[i]
-            y = x2[i]
-            y1[i] = x if x >= y else y
-        a, bb = bb, a
-        p *= 2
-    d = w - p  # window i-w+1..i = (i-p+1..i) U (i-d-p+1..i-d)
-    # output k = lo + mb + i (window ends at m = k - lo = mb + i); with
-    # f_j(n) = f_j(lo) + s (n - lo): value = key + f_j(lo) + s (k - lo)
+    fwd = buf_a  # fwd[i]: max of the keys from i's block start to i
+    bwd = buf_b  # bwd[i]: max of the keys from i to i's block end
+    b0 = 0
+    while b0 < L:
+        b1 = min(b0 + w, L)
+        run = -np.inf
+        for i in range(b0, b1):
+            v = p0[mb + i] - s * (mb + i)
+            if v > run:
+                run = v
+            fwd[i] = run
+        run = -np.inf
+        for i in range(b1 - 1, b0 - 1, -1):
+            v = p0[mb + i] - s * (mb + i)
+            if v > run:
+                run = v
+            bwd[i] = run
+        b0 = b1
+    # output k = lo + mb + i: its window holds the keys max(0, i-w+1)..i; with
+    # f_j(n) = f_j(lo) + s (n - lo): value = window max + f_j(lo) + s (k - lo)
     base = tab[o + lo]
     i0 = k0 - lo - mb
-    for i in range(i0, min(d, L)):
-        v = a[i] + base + s * (mb + i)
+    for i in range(i0, min(w, L)):  # the window is keys 0..i, all in the first block
+        v = fwd[i] + base + s * (mb + i)
         if v > c1[lo + mb + i]:
             c1[lo + mb + i] = v
-    st = max(d, i0)
+    st = max(w, i0)
     if st < L:
         cnt = L - st
-        x1 = a[st:L]
-        x2 = a[st - d:st - d + cnt]
+        x1 = fwd[st:L]
+        x2 = bwd[st - w + 1:st - w + 1 + cnt]
         y1 = c1[lo + mb + st:lo + mb + L]
         for i in range(cnt):
             x = x1[i]
@@ -318,10 +322,16 @@ def _forward_pass(tab, tab_off, options, maxcount, rest, N, m_lo, brute_width, L
             has1 = True
 
 
-def _forward(tab, tab_off, options, maxcount, n_idle, tol, brute_width, work):
-    """The forward DP over capacity: one pass with m_lo = N - 1, a second with m_lo = 0 only
-    when L_J(N - 1) is within ``tol`` of the optimum (else the smallest optimal capacity is N
-    and the first pass's shorter rows suffice).
+def _forward(tab, tab_off, options, maxcount, n_idle, tol, brute_width, slack, work):
+    """The forward DP over capacity: one pass with m_lo = N - ``slack``, a second with
+    m_lo = 0 only when L_J(m_lo) is within ``tol`` of the optimum (else the smallest optimal
+    capacity is above m_lo and the first pass's shorter rows suffice).
+
+    ``slack`` [nodes]: how far below N the first pass looks for the smallest optimal
+    capacity. The optimum rarely leaves many nodes unused (on the real log's whole-machine
+    replay at most 30 of 2,000-3,600), and the first pass grows by ``slack`` columns per
+    row only where rows are not full anyway, so a slack of a few Jmax spares the full
+    second pass that m_lo = N - 1 needed in 3 % of the instances, the slowest ones.
 
     ``work``: (>= 2 J + 4, N + 1) float64 scratch (rows: L0, L1, two window buffers; first-axis
     slices keep the C layout), overwritten; ``tol``: tie tolerance in objective units.
@@ -340,7 +350,7 @@ def _forward(tab, tab_off, options, maxcount, n_idle, tol, brute_width, work):
     rest = np.zeros(J + 1, dtype=np.int64)  # rest[j] = sum_{i>j} maxcount_i
     for j in range(J - 1, -1, -1):
         rest[j] = rest[j + 1] + maxcount[j]
-    m_lo = max(N - 1, 0)
+    m_lo = max(N - max(slack, 1), 0)
     for attempt in range(2):
         _forward_pass(tab, tab_off, options, maxcount, rest, N, m_lo, brute_width, L0, L1, K,
                       LO, buf_a, buf_b)
@@ -434,7 +444,7 @@ def _backtrack(tab, tab_off, cur, options, cur_kept, L0, L1, K, m_lo, best, tol,
 
 
 # ---------------------------------------------------------------- kernel
-def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, work):
+def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, slack, work):
     """Solve one instance; returns (counts (J,) int64 [nodes], forward passes: 0 = shortcut,
     1, 2).
 
@@ -442,7 +452,8 @@ def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, w
     concatenated, with offsets (J+1,); ``ns``/``ns_off``: the curves' node counts Ns_j, same
     layout; ``jmin``, ``cur``: (J,) int64 Jmin_j, c_j; ``n_idle``: N [nodes]; ``tie_rtol``:
     values within tie_rtol * (1 + sum_j max|f_j|) are equal; ``brute_width``: free segments
-    up to this many counts are enumerated; ``work``: float64 scratch of shape
+    up to this many counts are enumerated; ``slack``: the first forward pass's reach below N
+    [nodes] (:func:`_forward`); ``work``: float64 scratch of shape
     (>= 2 J + 4, N + 1), overwritten. Breakpoint DP of :mod:`.dp` for BFTrainer's problem
     (arXiv 2106.12091 §3 eq. 1-9 at count level). Compiled by :func:`compile_kernel`; plain
     Python otherwise (tests only).
@@ -455,7 +466,7 @@ def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, w
         tab, tab_off, ns, ns_off, jmin, cur)
     options = (o_kind, o_lo, o_hi, o_s, opt_off)
     L0, L1, K, m_lo, best, passes = _forward(tab, tab_off, options, maxcount, n_idle, tol,
-                                             brute_width, work)
+                                             brute_width, slack, work)
     _backtrack(tab, tab_off, cur, options, cur_kept, L0, L1, K, m_lo, best, tol, counts)
     return counts, passes
 
