@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import uuid
 from datetime import datetime, timezone
 from typing import Iterable, Mapping
 
@@ -58,6 +59,19 @@ def _translate(method):
             return method(self, *args, **kwargs)
         except grpc.RpcError as err:
             raise self._error(err) from None
+    return wrapper
+
+
+def _fresh_request_id(method):
+    """Outside :func:`_translate`: a call whose ``request_id`` is None gets a fresh one
+    (uuid4) before its first attempt, so every retry of this one logical call (the retry
+    policy, :mod:`offcut.client.retry`) sends the same id and the daemon answers it from its
+    stored reply; ``""`` sends none."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if kwargs.get("request_id") is None:
+            kwargs["request_id"] = str(uuid.uuid4())
+        return method(self, *args, **kwargs)
     return wrapper
 
 
@@ -351,10 +365,13 @@ class Client:
             if not before:
                 return
 
+    @_fresh_request_id
     @_translate
-    def delete_zeus_job(self, job_id: str) -> None:
-        """Forget a job and its power profiles."""
-        self.bso.DeleteJob(zeus_pb2.DeleteJobRequest(job_id=job_id), timeout=self.timeout_s)
+    def delete_zeus_job(self, job_id: str, *, request_id: str | None = None) -> None:
+        """Forget a job and its power profiles; NotFound if unknown. ``request_id`` (None: a
+        fresh one; "": none) makes a retry of this call return again instead of NotFound."""
+        self.bso.DeleteJob(zeus_pb2.DeleteJobRequest(job_id=job_id, request_id=request_id),
+                           timeout=self.timeout_s)
 
     @_translate
     def power_plan(self, job_id: str, batch_size: int) -> zeus_pb2.PowerPlan:
@@ -362,21 +379,27 @@ class Client:
         return self.plo.GetPowerPlan(zeus_pb2.PowerPlanRequest(job_id=job_id, batch_size=batch_size),
                                      timeout=self.timeout_s)
 
+    @_fresh_request_id
     @_translate
     def report_power_window(self, job_id: str, batch_size: int, power_limit_w: float,
-                            time_s: float, energy_j: float) -> zeus_pb2.PowerPlan:
-        """A measured profiling window (time [s], energy [J]); returns the next plan."""
+                            time_s: float, energy_j: float, *, request_id: str | None = None
+                            ) -> zeus_pb2.PowerPlan:
+        """A measured profiling window (time [s], energy [J]); returns the next plan.
+        ``request_id`` (None: a fresh one; "": none) makes a retry of this call get the same
+        plan without recording the window twice."""
         return self.plo.ReportWindow(zeus_pb2.ReportWindowRequest(
             job_id=job_id, batch_size=batch_size, power_limit_w=power_limit_w, time_s=time_s,
-            energy_j=energy_j), timeout=self.timeout_s)
+            energy_j=energy_j, request_id=request_id), timeout=self.timeout_s)
 
+    @_fresh_request_id
     @_translate
-    def interrupt_power_window(self, job_id: str, batch_size: int,
-                               power_limit_w: float) -> zeus_pb2.PowerPlan:
-        """The window at ``power_limit_w`` was cut short; it is planned again."""
+    def interrupt_power_window(self, job_id: str, batch_size: int, power_limit_w: float, *,
+                               request_id: str | None = None) -> zeus_pb2.PowerPlan:
+        """The window at ``power_limit_w`` was cut short; it is planned again. ``request_id``
+        as for :meth:`report_power_window` (a retry is not a second interruption)."""
         return self.plo.InterruptWindow(zeus_pb2.InterruptWindowRequest(
-            job_id=job_id, batch_size=batch_size, power_limit_w=power_limit_w),
-            timeout=self.timeout_s)
+            job_id=job_id, batch_size=batch_size, power_limit_w=power_limit_w,
+            request_id=request_id), timeout=self.timeout_s)
 
     @_translate
     def power_profile(self, job_id: str, batch_size: int) -> zeus_pb2.PowerProfile:

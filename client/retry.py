@@ -11,16 +11,17 @@ cannot apply it twice**:
   again returns the stored job) and ``end_trial`` (an ended trial returns its stored verdict,
   whose ``message`` says it had already ended);
 * with a non-empty ``request_id`` only: ``submit``, ``report_task_run``, ``report_progress``,
-  ``predict_batch_size``, ``cancel`` (the daemon answers a repeated id with the stored reply);
+  ``predict_batch_size``, ``cancel``, ``delete_zeus_job``, ``report_power_window``,
+  ``interrupt_power_window`` (the daemon answers a repeated id with the stored reply; the
+  last three get a fresh id per call unless given ``request_id=""``);
 * ``report_epoch``: repeated; if the repeat is refused because the trial already holds this
   epoch (the first attempt was applied, its answer lost) and the job's stored trial shows
   exactly this report (epoch, cumulative time and energy) still running, the answer is the
   one the daemon gave then, "keep training" (any stopping verdict would have ended the trial,
   and a report on an ended trial is answered with its stored verdict);
-* never: ``delete_zeus_job``, ``report_power_window``, ``interrupt_power_window``
-  (not idempotent), and the streams ``watch`` / ``export_history`` (resume them with
-  ``after_revision``). These raise :class:`~offcut.errors.Unavailable` at once, as without a
-  policy.
+* never: the streams ``watch`` / ``export_history`` (resume them with ``after_revision``),
+  and every call above without what makes it safe. These raise
+  :class:`~offcut.errors.Unavailable` at once, as without a policy.
 
 Backoff and deadline: :class:`offcut.retry.Backoff`, the policy every client shares (the
 Slurm hooks and watcher too): waits from ``initial_backoff_s`` (0.05 s) doubling to
@@ -60,11 +61,12 @@ ALWAYS = frozenset({"report_nodes", "sync_nodes", "status", "get_task", "list_ta
                     "end_trial"})
 #: methods retried only when called with a non-empty ``request_id``
 WITH_REQUEST_ID = frozenset({"submit", "report_task_run", "predict_batch_size",
-                             "report_progress", "cancel"})
+                             "report_progress", "cancel", "delete_zeus_job",
+                             "report_power_window", "interrupt_power_window"})
 #: methods retried with a check of the daemon's state when the repeat is refused
 RECONCILED = frozenset({"report_epoch"})
-#: methods never retried (not idempotent)
-NEVER = frozenset({"delete_zeus_job", "report_power_window", "interrupt_power_window"})
+#: methods never retried (not idempotent): none now (the streams are not retried either)
+NEVER: frozenset[str] = frozenset()
 
 
 def retryable(name: str, arguments: dict[str, Any]) -> bool:

@@ -825,12 +825,17 @@ class Store:
                 self.db.execute("DELETE FROM zeus_requests WHERE created_at < ?",
                                 (float(expire_before),))
 
-    def zeus_delete_job(self, job_id: str) -> None:
+    def zeus_delete_job(self, job_id: str, answer: "ZeusWrite | None" = None) -> None:
         """Remove a job, its trials, observed runs, power profiles and remembered replies
-        atomically."""
+        atomically; then store ``answer``'s reply to its request id (the DeleteJob's own, a
+        ``ZeusWrite`` with ``request_id``, ``response`` and ``created_at``) in the same
+        transaction."""
         with self._writing():
             for table in ("zeus_state", "zeus_requests", "zeus_trials", "zeus_observations"):
                 self.db.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
+            if answer is not None and answer.request_id:
+                self.db.execute("INSERT OR REPLACE INTO zeus_requests VALUES (?, ?, ?, ?)",
+                                (answer.request_id, job_id, answer.response, answer.created_at))
 
     def close(self) -> None:
         """Close the database connection."""

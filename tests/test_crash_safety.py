@@ -13,7 +13,7 @@ import pytest
 
 from offcut.client import Client
 from offcut.client.retry import ALWAYS, NEVER, RECONCILED, WITH_REQUEST_ID, RetryPolicy, retryable
-from offcut.errors import FailedPrecondition, Unavailable
+from offcut.errors import FailedPrecondition, NotFound, Unavailable
 from offcut.replay.driver import ReplayOptions
 
 from daemon_helpers import load_benchmark
@@ -122,6 +122,58 @@ def test_a_repeated_report_epoch_whose_first_attempt_was_applied_is_keep_trainin
     with pytest.raises(FailedPrecondition, match="epoch"):
         policy.call(c, report_epoch, ("resnet", trial, 1, 11.0, 2000.0, 0.1), {})
     c.retry = None
+
+
+class _LosesFirstReply:
+    """A stub whose calls reach the daemon, but the first reply of each method with a
+    request id is lost (UNAVAILABLE, as when the daemon restarts after applying it); records
+    the request ids."""
+
+    def __init__(self, stub):
+        self.stub, self.ids, self.lost = stub, [], set()
+
+    def __getattr__(self, rpc):
+        def call(request, timeout=None):
+            reply = getattr(self.stub, rpc)(request, timeout=timeout)
+            if "request_id" not in type(request).DESCRIPTOR.fields_by_name:
+                return reply  # (reads)
+            self.ids.append((rpc, request.request_id))
+            if rpc not in self.lost:
+                self.lost.add(rpc)
+                raise _Unavailable()
+            return reply
+        return call
+
+
+def test_delete_and_power_windows_are_retried_with_one_fresh_id_per_call(daemons):
+    """The Client gives DeleteJob, ReportWindow and InterruptWindow a fresh request id per
+    call and sends it again on each retry: a call whose first reply was lost is applied once
+    and answered as the first time (no NOT_FOUND, no second window or interruption)."""
+    from test_zeus_daemon import job_spec
+
+    srv, c = daemons.start()
+    c.register_zeus_job(job_spec())
+    c.predict_batch_size("resnet")
+    clock = _FakeClock()
+    c.retry = RetryPolicy(sleep=clock.sleep, clock=lambda: clock.now)
+    c.plo = _LosesFirstReply(c.plo)
+    assert c.interrupt_power_window("resnet", 64, 250.0).power_limit_w == 250.0
+    assert c.report_power_window("resnet", 64, 250.0, 10.0, 2500.0).power_limit_w == 200.0
+    assert c.report_power_window("resnet", 64, 200.0, 10.5, 2000.0).power_limit_w == 150.0
+    assert [m.power_limit_w for m in c.power_profile("resnet", 64).measurements] == [250.0,
+                                                                                     200.0]
+    assert srv.zeus.profiles[("resnet", 64)].interruptions == 1
+    c.bso = _LosesFirstReply(c.bso)
+    c.delete_zeus_job("resnet")
+    ids = c.plo.ids + c.bso.ids
+    assert [rpc for rpc, _ in ids] == ["InterruptWindow"] * 2 + ["ReportWindow"] * 3 + [
+        "DeleteJob"] * 2
+    assert ids[0][1] == ids[1][1] and ids[2][1] == ids[3][1] and ids[5][1] == ids[6][1]
+    assert len({i for _, i in ids}) == 4 and all(i for _, i in ids)  # fresh per call
+    assert c.retry.retries == 3
+    c.retry = None
+    with pytest.raises(NotFound):  # deleted once: a second call (a fresh id) finds nothing
+        c.delete_zeus_job("resnet")
 
 
 # ----------------------------------------------------------------------------- kill -9

@@ -254,6 +254,74 @@ def test_delete_forgets_the_job_and_its_profiles(daemon):
     assert client.power_plan("resnet", 64).power_limit_w == 250.0  # profile started afresh
 
 
+def test_a_retried_delete_is_told_from_a_second_one(daemons):
+    """DeleteJob with a request_id: a repeat gets the stored empty reply (the retry of a
+    delete whose answer was lost), also after a restart, and does not delete the job
+    registered again since; without an id or with another one, a second delete is NOT_FOUND."""
+    srv, client = daemons.start()
+    client.register_zeus_job(job_spec())
+    client.delete_zeus_job("resnet", request_id="del-1")
+    client.delete_zeus_job("resnet", request_id="del-1")  # a retry: answered, no NOT_FOUND
+    for other in ("del-2", ""):
+        with pytest.raises(NotFound, match="^job_id: "):
+            client.delete_zeus_job("resnet", request_id=other)
+    with pytest.raises(InvalidArgument, match="^request_id: "):
+        client.delete_zeus_job("resnet", request_id="d" * 201)
+    client.register_zeus_job(job_spec())
+    daemons.stop(srv)
+    srv, client = daemons.start()
+    client.delete_zeus_job("resnet", request_id="del-1")  # the first delete's stored reply
+    assert client.get_zeus_job("resnet").spec.job_id == "resnet"  # the new job is kept
+    client.delete_zeus_job("resnet")  # a fresh id: deletes the new job
+    with pytest.raises(NotFound):
+        client.get_zeus_job("resnet")
+
+
+def test_a_retried_power_window_is_recorded_once(daemons):
+    """ReportWindow / InterruptWindow with a request_id: a repeat gets the first plan and
+    records nothing more (one window, one interruption), also after a restart; the same id
+    with other arguments is INVALID_ARGUMENT naming request_id and changes nothing; another
+    id is a new call (the window it names is no longer the one being profiled)."""
+    srv, client = daemons.start()
+    client.register_zeus_job(job_spec())
+    client.predict_batch_size("resnet")
+    cut = client.interrupt_power_window("resnet", 64, 250.0, request_id="i1")
+    assert client.interrupt_power_window("resnet", 64, 250.0, request_id="i1") == cut
+    first = client.report_power_window("resnet", 64, 250.0, 10.0, 2500.0, request_id="w1")
+    assert first.power_limit_w == 200.0
+    assert client.report_power_window("resnet", 64, 250.0, 10.0, 2500.0,
+                                      request_id="w1") == first
+    profile = client.power_profile("resnet", 64)
+    assert [m.power_limit_w for m in profile.measurements] == [250.0]
+    for args in ((250.0, 11.0, 2500.0), (250.0, 10.0, 2400.0), (200.0, 10.0, 2500.0)):
+        with pytest.raises(InvalidArgument, match="^request_id: was used for another "
+                                                  "ReportWindow"):
+            client.report_power_window("resnet", 64, *args, request_id="w1")
+    with pytest.raises(InvalidArgument, match="^request_id: "):
+        client.interrupt_power_window("resnet", 64, 200.0, request_id="i1")
+    with pytest.raises(FailedPrecondition, match="^power_limit_w: "):
+        client.report_power_window("resnet", 64, 250.0, 10.0, 2500.0, request_id="w2")
+    with pytest.raises(InvalidArgument, match="^request_id: "):
+        client.report_power_window("resnet", 64, 200.0, 10.0, 2000.0, request_id="w" * 201)
+    assert client.power_profile("resnet", 64) == profile  # the refusals changed nothing
+    daemons.stop(srv)
+    srv, client = daemons.start()
+    assert client.report_power_window("resnet", 64, 250.0, 10.0, 2500.0,
+                                      request_id="w1") == first
+    assert client.interrupt_power_window("resnet", 64, 250.0, request_id="i1") == cut
+    assert client.power_profile("resnet", 64) == profile
+    assert srv.zeus.profiles[("resnet", 64)].interruptions == 1  # (not in PowerProfile)
+    state = json.loads(client.get_zeus_job("resnet").state_json)  # (the job is unchanged)
+    assert state["trials"][0]["status"] == "running"
+    # the same id for another batch size is another request (bound to job and batch size)
+    client.report_epoch("resnet", 1, 1, 10.0, 2000.0, 0.8)
+    client.end_trial("resnet", 1)
+    other = client.predict_batch_size("resnet").batch_size
+    assert other != 64
+    assert client.report_power_window("resnet", other, 250.0, 10.0, 2500.0,
+                                      request_id="w1").power_limit_w == 200.0
+
+
 # ----------------------------------------------------------------------------- simulation
 @needs_traces
 def test_replay_zeus_on_the_recorded_traces(tmp_path):

@@ -227,10 +227,12 @@ class ResumedTrial(_message.Message):
     def __init__(self, trial_number: _Optional[int] = ..., batch_size: _Optional[int] = ..., epochs: _Optional[int] = ..., time_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., cost_j: _Optional[float] = ..., cost_bound_j: _Optional[float] = ..., exploration: _Optional[bool] = ..., generation: _Optional[int] = ..., taken_over: _Optional[bool] = ...) -> None: ...
 
 class DeleteJobRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "request_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class DeleteJobResponse(_message.Message):
     __slots__ = ()
@@ -267,28 +269,32 @@ class PowerPlan(_message.Message):
     def __init__(self, action: _Optional[str] = ..., power_limit_w: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., profile_steps: _Optional[int] = ...) -> None: ...
 
 class ReportWindowRequest(_message.Message):
-    __slots__ = ("job_id", "batch_size", "power_limit_w", "time_s", "energy_j")
+    __slots__ = ("job_id", "batch_size", "power_limit_w", "time_s", "energy_j", "request_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
     TIME_S_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     batch_size: int
     power_limit_w: float
     time_s: float
     energy_j: float
-    def __init__(self, job_id: _Optional[str] = ..., batch_size: _Optional[int] = ..., power_limit_w: _Optional[float] = ..., time_s: _Optional[float] = ..., energy_j: _Optional[float] = ...) -> None: ...
+    request_id: str
+    def __init__(self, job_id: _Optional[str] = ..., batch_size: _Optional[int] = ..., power_limit_w: _Optional[float] = ..., time_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class InterruptWindowRequest(_message.Message):
-    __slots__ = ("job_id", "batch_size", "power_limit_w")
+    __slots__ = ("job_id", "batch_size", "power_limit_w", "request_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     batch_size: int
     power_limit_w: float
-    def __init__(self, job_id: _Optional[str] = ..., batch_size: _Optional[int] = ..., power_limit_w: _Optional[float] = ...) -> None: ...
+    request_id: str
+    def __init__(self, job_id: _Optional[str] = ..., batch_size: _Optional[int] = ..., power_limit_w: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class GetProfileRequest(_message.Message):
     __slots__ = ("job_id", "batch_size")

@@ -30,8 +30,10 @@ Owners (docs/architecture.md §5, "Owners"): every job has an ``owner``, the use
 it, stored with its state; ``""`` = none (registered before jobs had owners, or on a daemon
 without tokens). Every method takes the caller (a :class:`Caller`): a caller acts on the jobs
 it owns, an admin on all; any other job, and its power profiles, is NOT_FOUND, checked before
-anything is read or written. The stored answer to a request id of Predict / ResumeTrial is
-bound to (method, caller, job[, trial], request id): see :func:`request_key`.
+anything is read or written. The stored answer to a request id of Predict / ResumeTrial /
+DeleteJob / ReportWindow / InterruptWindow is bound to (method, caller, job[, trial or batch
+size], request id): see :func:`request_key`; a power-window call's id repeated with other
+arguments is refused (:func:`check_repeat`).
 
 Not checked here: a task's ``zeus_job_id`` (a task spec field, offcut.v1.TaskSpec) names a
 job by id only. The binding holds where the job is used, since the task's training process
@@ -55,8 +57,8 @@ from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, R
 from offcut.daemon.zeus.group_commit import CommitFailed, GroupCommit
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
 from offcut.daemon.zeus.bso_trials import OPEN
-from offcut.errors import (AlreadyExists, FailedPrecondition, NotFound, OffcutError,
-                           ResourceExhausted)
+from offcut.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound,
+                           OffcutError, ResourceExhausted)
 
 T = TypeVar("T")
 
@@ -92,11 +94,16 @@ MAX_TRIAL_PAGE = 1000
 EXPIRY_INTERVAL_S = 60.0
 
 
-def stored_answer(answer: Prediction | Resumed) -> bytes:
-    """The stored form of an answer to a request with an id (format :data:`ANSWER_FORMAT`)."""
+def stored_answer(answer: Prediction | Resumed | PowerPlan | None,
+                  request: dict | None = None) -> bytes:
+    """The stored form of an answer to a request with an id (format :data:`ANSWER_FORMAT`):
+    the answer's fields (None: an empty answer, DeleteJob's) and, for the power-window calls,
+    ``request``, the call's arguments outside its key (checked by :func:`check_repeat`)."""
     # (the answers' fields are scalars: their __dict__ is asdict's result, without its copying)
-    return json.dumps({"format": ANSWER_FORMAT, **vars(answer)},
-                      separators=(",", ":")).encode()
+    fields = {} if answer is None else vars(answer)
+    if request is not None:
+        fields = {**fields, "request": request}
+    return json.dumps({"format": ANSWER_FORMAT, **fields}, separators=(",", ":")).encode()
 
 
 def _stored_fields(stored: bytes) -> dict:
@@ -105,6 +112,19 @@ def _stored_fields(stored: bytes) -> dict:
     if d.pop("format", None) != ANSWER_FORMAT:
         raise ValueError(f"stored Zeus answer is not of format {ANSWER_FORMAT}")
     return d
+
+
+def check_repeat(method: str, stored: dict | None, request: dict) -> None:
+    """A repeated request id must come with the arguments it was first used with
+    (``stored``: those of :func:`stored_answer`; None: stored without, nothing to check).
+
+    Raises:
+        InvalidArgument: naming ``request_id``, with the first call's arguments.
+    """
+    if stored is not None and stored != request:
+        first = ", ".join(f"{k} {v!r}" for k, v in stored.items())
+        raise InvalidArgument(f"was used for another {method} ({first}); a new call needs a "
+                              "new request id", "request_id")
 
 
 class Caller(Protocol):
@@ -119,8 +139,9 @@ class Caller(Protocol):
 
 def request_key(method: str, who: Caller, job_id: str, *parts) -> str:
     """The key of a stored answer: JSON ``[method, caller's user, job, *parts]`` (``parts``:
-    ResumeTrial's trial number, then the request id). So the same request id from another
-    caller, for another method, job or trial is another request, never the first answer."""
+    ResumeTrial's trial number or the power-window calls' batch size, then the request id).
+    So the same request id from another caller, for another method, job, trial or batch size
+    is another request, never the first answer."""
     return json.dumps([method, who.user, job_id, *parts], separators=(",", ":"))
 
 
@@ -477,13 +498,14 @@ class ZeusRegistry:
             self._pending[request_key] = (ticket, result)
         return result, ticket
 
-    def _replay(self, job_id: str, key: str, legacy_key: str) -> dict | None:
+    def _replay(self, job_id: str, key: str, legacy_key: str | None = None) -> dict | None:
         """The stored answer's fields under ``key`` (:func:`request_key`), else under the key
-        an earlier release wrote (``legacy_key``) while the job has no owner (all jobs of that
-        release have none); answers stored for another job are never returned. Call under the
-        lock, after :meth:`_entry` allowed the caller on the job."""
+        an earlier release wrote (``legacy_key``; None: that method had none) while the job
+        has no owner (all jobs of that release have none); answers stored for another job are
+        never returned. Call under the lock, after :meth:`_entry` allowed the caller on the
+        job."""
         stored = self.store.zeus_response(key, job_id)
-        if stored is None and not self.jobs[job_id].owner:
+        if stored is None and legacy_key is not None and not self.jobs[job_id].owner:
             stored = self.store.zeus_response(legacy_key, job_id)
         return None if stored is None else _stored_fields(stored)
 
@@ -584,12 +606,21 @@ class ZeusRegistry:
         self._await(ticket, key)
         return result
 
-    def delete(self, job_id: str, who: Caller) -> None:
-        """Forget a job, its power profiles and the answers stored for it."""
+    def delete(self, job_id: str, who: Caller, request_id: str = "") -> None:
+        """Forget a job, its power profiles and the answers stored for it; NOT_FOUND if
+        unknown or not ``who``'s. With ``request_id``, the answer is stored in the same
+        transaction (after the job's are deleted): a repeat of the same caller for the same
+        job id returns again (within ``request_retention_s``, until the id is deleted again)
+        instead of NOT_FOUND."""
         with self.lock:
+            key = request_key("DeleteJob", who, job_id, request_id) if request_id else ""
+            if key and self.store.zeus_response(key, job_id) is not None:
+                return  # (a retry: the job, if registered again since, is another one)
             self._entry(job_id, who)
             self.commits.flush()
-            self.store.zeus_delete_job(job_id)
+            self.store.zeus_delete_job(job_id, ZeusWrite(
+                _BSO, job_id, 0, None, request_id=key, response=stored_answer(None),
+                created_at=self.clock()) if key else None)
             del self.jobs[job_id]
             self._pending = {k: v for k, v in self._pending.items()
                              if json.loads(k)[2] != job_id}  # (durable, then deleted)
@@ -614,15 +645,46 @@ class ZeusRegistry:
                 or PowerLimitProfile(entry.power, entry.job.spec.max_power_w))
 
     def _mutate_profile(self, job_id: str, batch_size: int, who: Caller,
-                        op: Callable[[PowerLimitProfile], PowerPlan]) -> tuple[PowerPlan, int]:
-        """Run ``op`` on a copy of the profile, swap it in and queue its row; (the plan, the
-        write's ticket for :meth:`_await`). Call under the lock."""
+                        op: Callable[[PowerLimitProfile], PowerPlan], *, request_key: str = "",
+                        request: dict | None = None) -> tuple[PowerPlan, int]:
+        """Run ``op`` on a copy of the profile, swap it in and queue its row (with the answer
+        to ``request_key`` and the call's ``request`` arguments, :func:`stored_answer`); (the
+        plan, the write's ticket for :meth:`_await`). Call under the lock."""
         self._recover()
         copy = PowerLimitProfile.from_dict(self._profile(job_id, batch_size, who).to_dict())
         plan = op(copy)
-        ticket = self.commits.submit(ZeusWrite(_PLO, job_id, batch_size, copy.to_dict()))
+        ticket = self.commits.submit(ZeusWrite(
+            _PLO, job_id, batch_size, copy.to_dict(), request_id=request_key or None,
+            response=stored_answer(plan, request) if request_key else None,
+            created_at=self.clock()))
         self.profiles[(job_id, batch_size)] = copy
+        if request_key:
+            self._pending[request_key] = (ticket, (plan, request))
         return plan, ticket
+
+    def _window_call(self, method: str, job_id: str, batch_size: int, who: Caller,
+                     request_id: str, request: dict,
+                     op: Callable[[PowerLimitProfile], PowerPlan]) -> PowerPlan:
+        """A power-window call (``method`` ReportWindow / InterruptWindow, its arguments
+        outside the key ``request``): a repeated ``request_id`` of the same caller for the
+        same job and batch size returns the first plan and changes nothing (within
+        ``request_retention_s``); with other arguments it is InvalidArgument
+        (:func:`check_repeat`)."""
+        with self.lock:
+            self._entry(job_id, who)
+            key = request_key(method, who, job_id, batch_size, request_id) if request_id else ""
+            if key in self._pending:
+                ticket, (plan, asked) = self._pending[key]
+                check_repeat(method, asked, request)
+            else:
+                stored = self._replay(job_id, key) if key else None
+                if stored is not None:
+                    check_repeat(method, stored.pop("request", None), request)
+                    return PowerPlan(**stored)
+                plan, ticket = self._mutate_profile(job_id, batch_size, who, op,
+                                                    request_key=key, request=request)
+        self._await(ticket, key)
+        return plan
 
     def power_plan(self, job_id: str, batch_size: int, who: Caller) -> PowerPlan:
         """What to run next at this batch size: a window to profile, or the chosen limit."""
@@ -630,22 +692,21 @@ class ZeusRegistry:
             return self._profile(job_id, batch_size, who).plan()
 
     def report_window(self, job_id: str, batch_size: int, power_limit_w: float, time_s: float,
-                      energy_j: float, who: Caller) -> PowerPlan:
-        """Record a measured profiling window; returns the next plan."""
-        with self.lock:
-            plan, ticket = self._mutate_profile(job_id, batch_size, who, lambda p: p.report_window(
-                power_limit_w, time_s, energy_j))
-        self._await(ticket)
-        return plan
+                      energy_j: float, who: Caller, request_id: str = "") -> PowerPlan:
+        """Record a measured profiling window; returns the next plan. ``request_id``: see
+        :meth:`_window_call`."""
+        return self._window_call(
+            "ReportWindow", job_id, batch_size, who, request_id,
+            {"power_limit_w": power_limit_w, "time_s": time_s, "energy_j": energy_j},
+            lambda p: p.report_window(power_limit_w, time_s, energy_j))
 
     def interrupt_window(self, job_id: str, batch_size: int, power_limit_w: float,
-                         who: Caller) -> PowerPlan:
-        """The window at ``power_limit_w`` was cut short: plan it again."""
-        with self.lock:
-            plan, ticket = self._mutate_profile(job_id, batch_size, who,
-                                                lambda p: p.interrupt(power_limit_w))
-        self._await(ticket)
-        return plan
+                         who: Caller, request_id: str = "") -> PowerPlan:
+        """The window at ``power_limit_w`` was cut short: plan it again. ``request_id``: see
+        :meth:`_window_call` (a retry is not counted as another interruption)."""
+        return self._window_call("InterruptWindow", job_id, batch_size, who, request_id,
+                                 {"power_limit_w": power_limit_w},
+                                 lambda p: p.interrupt(power_limit_w))
 
     def profile(self, job_id: str, batch_size: int, who: Caller) -> PowerLimitProfile:
         """The (possibly unfinished) profile of a job's batch size."""

@@ -222,8 +222,10 @@ class BatchSizeOptimizerService(zeus_pb2_grpc.BatchSizeOptimizerServicer):
 
     @_rpc
     def DeleteJob(self, request, context):
-        """Forget the job, its power profiles and its remembered replies; NOT_FOUND if unknown."""
-        self.registry.delete(_job_id(request.job_id), self.auth.of(context))
+        """Forget the job, its power profiles and its remembered replies; NOT_FOUND if unknown
+        (a repeated ``request_id`` of the same caller and job gets the stored empty reply)."""
+        self.registry.delete(_job_id(request.job_id), self.auth.of(context),
+                             _short_id(request.request_id, "request_id"))
         return zeus_pb2.DeleteJobResponse()
 
     @_rpc
@@ -262,17 +264,20 @@ class PowerLimitOptimizerService(zeus_pb2_grpc.PowerLimitOptimizerServicer):
     @_rpc
     def ReportWindow(self, request, context):
         """A profiling window's ``time_s`` [s] and ``energy_j`` [J] at ``power_limit_w`` [W]
-        -> the next plan."""
+        -> the next plan; a repeated ``request_id`` (at most 200 characters) gets the stored
+        plan, with other arguments INVALID_ARGUMENT."""
         return plan_to_pb(self.registry.report_window(
             _job_id(request.job_id), request.batch_size, request.power_limit_w, request.time_s,
-            request.energy_j, self.auth.of(context)))
+            request.energy_j, self.auth.of(context),
+            _short_id(request.request_id, "request_id")))
 
     @_rpc
     def InterruptWindow(self, request, context):
-        """A profiling window at ``power_limit_w`` [W] was cut short -> the next plan."""
+        """A profiling window at ``power_limit_w`` [W] was cut short -> the next plan; a
+        repeated ``request_id`` as for ReportWindow."""
         return plan_to_pb(self.registry.interrupt_window(
             _job_id(request.job_id), request.batch_size, request.power_limit_w,
-            self.auth.of(context)))
+            self.auth.of(context), _short_id(request.request_id, "request_id")))
 
     @_rpc
     def GetProfile(self, request, context):
