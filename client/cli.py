@@ -14,6 +14,7 @@ from typing import List, Optional
 import typer
 
 from offcut.client import task_cli
+from offcut.client.settings import ClientSettings, connection_options
 from offcut.errors import OffcutError
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, no_args_is_help=True,
@@ -436,10 +437,11 @@ def recur(
 
 
 @app.command()
+@connection_options
 def status(
-    address: Optional[str] = typer.Option(None, "--address", "-a", envvar="OFFCUT_ADDRESS", help=task_cli.ADDRESS_HELP),
     idle_nodes: bool = typer.Option(False, "--idle-nodes", help="also list the idle pool (hostlist)"),
     as_json: bool = typer.Option(False, "--json", help="print the StatusResponse as JSON plus event_lag_s (README, \"JSON output\")"),
+    *, settings: ClientSettings,
 ) -> None:
     """For admins: the idle pool, nodes in use, tasks by state, the solver and its decision
     times, and the event lag (wall clock minus the time of the last applied event).
@@ -453,11 +455,10 @@ def status(
 
     import hostlist
 
-    from offcut.client.api import Client
     from offcut.client.json_out import to_json
 
     try:
-        with Client(address) as c:
+        with settings.client() as c:
             st = c.status(include_idle_nodes=idle_nodes)
     except OffcutError as exc:
         _fail(str(exc))
@@ -533,10 +534,11 @@ def report(
 
 
 @app.command()
+@connection_options
 def history(
     out: Path = typer.Option(..., "--out", help="output folder: steps.csv, placements.csv and the report files are replaced"),
-    address: Optional[str] = typer.Option(None, "--address", "-a", envvar="OFFCUT_ADDRESS", help=task_cli.ADDRESS_HELP),
     after_revision: int = typer.Option(0, "--after-revision", min=0, help="export only events after this revision (0 = all; offcut status shows the current one)"),
+    *, settings: ClientSettings,
 ) -> None:
     """Export a live daemon's history (its journal of applied events, oldest first, up to
     now) into steps.csv and placements.csv with the replay's columns, then render the
@@ -551,7 +553,6 @@ def history(
     import os
     import tempfile
 
-    from offcut.client.api import Client
     from offcut.replay.history import HistoryWriter
 
     try:
@@ -560,7 +561,7 @@ def history(
         # failed export never clobbers an earlier one
         with tempfile.TemporaryDirectory(prefix=".history-", dir=out) as tmp:
             first = last = None
-            with Client(address) as c, HistoryWriter(tmp) as writer:
+            with settings.client() as c, HistoryWriter(tmp) as writer:
                 for entry in c.export_history(after_revision=after_revision):
                     writer.entry(entry)
                     first = entry.revision if first is None else first

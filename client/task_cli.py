@@ -1,8 +1,10 @@
 """Task commands of the ``offcut`` CLI, shaped after ``sbatch``/``squeue``/``scontrol
 show job``/``scancel``: ``submit``, ``queue``, ``show``, ``cancel``, ``watch``.
 
-Every command takes ``--address`` (default: ``$OFFCUT_ADDRESS``, else the daemon's local
-socket), prints one clear line and exits non-zero on errors, and ``--json`` where it lists.
+Every command takes the connection flags of :mod:`offcut.client.settings` (``--address``,
+``--token-file``, ``--tls-ca``, ... and ``--config FILE``; each also an ``OFFCUT_...``
+variable and a key of the client's config file), prints one clear line and exits non-zero on
+errors, and ``--json`` where it lists.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from typing import Iterable, List, Optional
 import hostlist
 import typer
 
+from offcut.client.settings import ClientSettings, connection_options
 from offcut.errors import InvalidArgument, NotFound, OffcutError
 from offcut.v1 import decision_pb2, tasks_pb2
 
-ADDRESS_HELP = "daemon address: unix:///path.sock or HOST:PORT [default: $OFFCUT_ADDRESS, else the local socket]"
 ACTIVE_STATES = ("queued", "admitted", "running")
 ALL_STATES = ACTIVE_STATES + ("completed", "cancelled", "failed")
 #: squeue's compact state codes (``%t``, ``-t PD,R``) of each task state: a task waiting for
@@ -53,11 +55,6 @@ DEFAULT_FORMAT = "%i  %j  %u  %T  %D  %R  %P  %e"
 def _fail(message: str, code: int = 1) -> None:
     typer.echo(f"offcut: {message}", err=True)
     raise typer.Exit(code)
-
-
-def _address_option():
-    return typer.Option(None, "--address", "-a", envvar="OFFCUT_ADDRESS", help=ADDRESS_HELP,
-                        show_envvar=False)
 
 
 def state_name(state: int) -> str:
@@ -198,12 +195,6 @@ def render_table(headers: list[str], rows: Iterable[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _client(address: str | None):
-    from offcut.client.api import Client
-
-    return Client(address, timeout_s=30.0)
-
-
 def submit(
     name: str = typer.Option(..., "--name", "-J", help="task name"),
     nodes: str = typer.Option(..., "--nodes", "-N", help="node count or range MIN-MAX, as in sbatch --nodes (e.g. 2-8)"),
@@ -217,8 +208,8 @@ def submit(
     gpus_per_node: int = typer.Option(0, "--gpus-per-node", help="GPUs every node of the task must have, as in sbatch (0: a CPU task, placed on nodes without GPUs only)"),
     constraint: str = typer.Option("", "--constraint", "-C", help="node features every node must have, as in sbatch: FEATURE[&FEATURE...] (e.g. a100&ib)"),
     parsable: bool = typer.Option(False, "--parsable", help="print only the task id (like sbatch --parsable)"),
-    address: Optional[str] = _address_option(),
     command: Optional[List[str]] = typer.Argument(None, help="training command (after --), run on the task's nodes in live mode"),
+    *, settings: ClientSettings,
 ) -> None:
     """Submit an elastic training task; prints its id.
 
@@ -243,7 +234,7 @@ def submit(
     except InvalidArgument as exc:
         _fail(_cli_field(str(exc)), 2)
     try:
-        with _client(address) as c:
+        with settings.client() as c:
             # with a token the daemon takes the owner from it; without, the login name
             owner = "" if c.authenticated else getpass.getuser()
             reply = c.submit(spec, owner=owner, request_id=str(uuid.uuid4()))
@@ -303,7 +294,7 @@ def queue(
     fmt: Optional[str] = typer.Option(None, "--format", "-o", help="the columns, as squeue -o: %[.][size]LETTER fields: %i task id, %j name, %u owner, %T state, %t state code, %D nodes, %N node list, %R node list or (reason), %P progress, %e ETA, %G generation [default: \"%i  %j  %u  %T  %D  %R  %P  %e\"]"),
     noheader: bool = typer.Option(False, "--noheader", "-h", help="no header line (as squeue -h)"),
     as_json: bool = typer.Option(False, "--json", help="print a JSON list of the tasks (each as offcut show --json prints it; README, \"JSON output\")"),
-    address: Optional[str] = _address_option(),
+    *, settings: ClientSettings,
 ) -> None:
     """List tasks like squeue: id, name, owner, state, nodes now (or why none), progress, ETA.
 
@@ -320,7 +311,7 @@ def queue(
         _fail(str(exc), 2)
     owner = getpass.getuser() if me else (user or "")
     try:
-        with _client(address) as c:
+        with settings.client() as c:
             tasks = c.list_tasks(states=_states(state, all_states), owner=owner)
     except OffcutError as exc:
         _fail(str(exc))
@@ -335,7 +326,7 @@ def queue(
 def show(
     task_id: str = typer.Argument(..., help="task id (from submit or queue)"),
     as_json: bool = typer.Option(False, "--json", help="print the task as JSON: the Task message's fields (null when unset, lower-case states) plus progress_pct and eta_s (README, \"JSON output\")"),
-    address: Optional[str] = _address_option(),
+    *, settings: ClientSettings,
 ) -> None:
     """Show one task in full, like scontrol show job, and why it holds what it holds (the
     idle nodes, the horizon, its rescale cost, its curve, and what would change it).
@@ -345,7 +336,7 @@ def show(
     from offcut.client.explain import explain
 
     try:
-        with _client(address) as c:
+        with settings.client() as c:
             task = c.get_task(task_id)
             status = c.status() if not as_json else None
     except OffcutError as exc:
@@ -398,7 +389,7 @@ def show(
 
 def cancel(
     task_ids: List[str] = typer.Argument(..., help="task ids"),
-    address: Optional[str] = _address_option(),
+    *, settings: ClientSettings,
 ) -> None:
     """Cancel tasks (their nodes are released and re-allocated), like scancel.
 
@@ -408,7 +399,7 @@ def cancel(
     """
     failed = 0
     try:
-        with _client(address) as c:
+        with settings.client() as c:
             for task_id in task_ids:
                 try:
                     reply = c.cancel(task_id, request_id=str(uuid.uuid4()))
@@ -448,7 +439,7 @@ def watch(
     count: Optional[int] = typer.Option(None, "--count", min=1, help="exit after this many updates"),
     timeout: Optional[float] = typer.Option(None, "--timeout", min=0.1, help="exit after this many seconds"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object per update (README, \"JSON output\")"),
-    address: Optional[str] = _address_option(),
+    *, settings: ClientSettings,
 ) -> None:
     """Print placement changes (start, grow, shrink, preempted, completed ...) as they
     happen; Ctrl-C stops.
@@ -462,7 +453,7 @@ def watch(
     seen = 0
     started = time.monotonic()
     try:
-        with _client(address) as c:
+        with settings.client() as c:
             if after_revision is None:
                 after_revision = c.status().revision
             from offcut.client.json_out import to_json
@@ -486,11 +477,8 @@ def watch(
 
 def register(app: typer.Typer) -> None:
     """Add the task commands to the ``offcut`` app."""
-    app.command()(submit)
-    app.command()(queue)
-    app.command()(show)
-    app.command()(cancel)
-    app.command()(watch)
+    for command in (submit, queue, show, cancel, watch):
+        app.command()(connection_options(command))
 
 
 __all__ = ["register", "task_json", "format_duration", "eta_seconds", "progress_pct",

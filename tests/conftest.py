@@ -13,6 +13,14 @@ from slurm_cluster import (cluster_daemon, slurm, slurm_site,  # noqa: F401 - fi
                            slurm_cluster)  # (real Slurm)
 
 
+@pytest.fixture(autouse=True)
+def _no_user_client_config(tmp_path_factory, monkeypatch):
+    """The ``offcut`` commands read ``$XDG_CONFIG_HOME/offcut/client.toml``
+    (offcut.client.settings): point it at an empty folder, so a developer's own file never
+    changes a test."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
+
+
 class Daemons:
     """Daemons of one test; ``clock``: their clock mode (``replay`` in tests marked
     ``replay_clock``, which drive the event clock with explicit times; else ``live``)."""
