@@ -23,7 +23,11 @@ class Allocation:
 
     def problem(self, tasks: list[Task], idle_nodes: int | None = None) -> AllocationProblem:
         """The count-level allocation problem for ``tasks`` on ``idle_nodes`` nodes (None:
-        the whole idle pool; docs/architecture.md §4)."""
+        the whole idle pool; docs/architecture.md §4), over the horizon Tfwd (or the one an
+        :class:`~offcut.daemon.scheduler.forecast.IdleForecast` chooses, experiments only)."""
+        forecast = self.idle_forecast
+        tfwd_s = (self.tfwd_s if forecast is None or self.clock is None
+                  else forecast.horizon_s(list(self.pool), self.clock, self.tfwd_s))
         curves = [self._curves(t) for t in tasks]
         costs = [self.rescale_costs(t) for t in tasks]
         return AllocationProblem(
@@ -33,7 +37,7 @@ class Allocation:
             max_nodes=[t.spec.max_nodes for t in tasks],
             node_counts=[c[0] for c in curves],
             objective_values=[c[1] for c in curves],
-            tfwd_s=self.tfwd_s,
+            tfwd_s=tfwd_s,
             rescale_up_s=[c[0] for c in costs],
             rescale_down_s=[c[1] for c in costs],
             objective_tables=[c[2] for c in curves],
@@ -192,19 +196,27 @@ class Allocation:
                     task.nodes = [n for n in task.nodes if n in allowed]
         counts = (self._allocation_counts(tasks, t, out, allocate, len(avail)) if avail
                   else [0] * len(tasks))
+        forecast = self.idle_forecast  # experiments only (forecast.py); None by default
+        left_s = forecast.by_node(avail, t) if forecast and forecast.placement else None
         # shrink first: released nodes become free for growing tasks
         for task, n in zip(tasks, counts):
             if n < len(task.nodes):
-                kept, released = placement.shrink(task.nodes, n)
+                kept, released = (placement.shrink(task.nodes, n) if left_s is None
+                                  else placement.shrink_by_forecast(task.nodes, n, left_s))
                 for node in released:
                     del self.holder[node]
                 task.nodes = kept
         free = [n for n in avail if n not in self.holder]
-        for task, n in zip(tasks, counts):
+        order = list(zip(tasks, counts))
+        if left_s is not None:  # the dearest task to preempt takes the longest-lived nodes
+            order.sort(key=lambda tn: -self.rescale_costs(tn[0])[1] * self.rate_at(*tn))
+        for task, n in order:
             extra = n - len(task.nodes)
             if extra <= 0:
                 continue
-            picked = placement.grow(task.nodes, min(extra, len(free)), free, self.pool)
+            picked = (placement.grow(task.nodes, min(extra, len(free)), free, self.pool)
+                      if left_s is None else
+                      placement.grow_by_forecast(min(extra, len(free)), free, left_s))
             if len(picked) < extra:  # the rest from tasks of less constrained groups
                 held = [x for x in avail if self.holder.get(x) in later]
                 picked += placement.grow(task.nodes + picked, extra - len(picked), held,

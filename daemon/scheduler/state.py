@@ -10,6 +10,7 @@ from typing import Any
 
 from offcut.daemon.model import Limits, NodeKind, ObjectiveSettings, Task, TaskState, task_number
 from offcut.daemon.policies import AllocationPolicy
+from offcut.daemon.scheduler.forecast import IdleForecast
 from offcut.daemon.scheduler.outcome import Outcome
 
 
@@ -78,6 +79,9 @@ class SchedulerState:
         self._learn_version = 0                 # bumped when a learner's model changes (caches)
         self._prior_cache: tuple[int, float] | None = None
         self._policy: tuple[str, AllocationPolicy] | None = None  # (name, instance) in use
+        #: expected remaining idle time per node, for experiments only (not persisted;
+        #: :mod:`offcut.daemon.scheduler.forecast`); None: Tfwd and the default placement
+        self.idle_forecast: IdleForecast | None = None
 
     def _retire_finished(self, t: float, out: Outcome) -> None:
         """Take the tasks that finished ``finished_task_retention_s`` or longer before ``t``
