@@ -20,7 +20,9 @@ daemon's default (60 s). Variants, each a full replay through its own in-process
 
 Per variant it prints the makespan (first submission to the last task done), samples trained
 (every task's total work when all finish) and samples per hour of makespan, task-level
-preemption events (a task losing nodes to Slurm at one event), rescales (start, stop, grow,
+preemption events (a task losing nodes to Slurm at one event) and the node events that
+preempted at least one task (a placement without migration can at best bring the former
+down to about the latter, one task hit per such event), rescales (start, stop, grow,
 shrink: the scheduler's own changes), the samples lost to rescales and preemptions, and the
 % change of each against ``fixed``; then the decision by the issue's rule: build the real
 version if an oracle trains >= 2 % more samples per hour or cuts preemptions by >= 10 %.
@@ -95,7 +97,8 @@ def replay_variant(node_log, tasks, out_dir: Path, variant: str, tfwd_s: float,
     """Replay ``tasks`` on ``node_log`` through an in-process offcutd (solver dp, replay
     clock, Tfwd ``tfwd_s`` [s]) with ``variant``'s forecast (:data:`VARIANTS`) from
     ``oracle``; returns the replay's summary plus ``preemptions``, ``rescales`` (from
-    placements.csv) and ``lost_samples`` (rescale + preemption costs, from steps.csv)."""
+    placements.csv), ``hit_events`` (node events that preempted at least one task) and
+    ``lost_samples`` (rescale + preemption costs, from steps.csv)."""
     import pandas as pd
 
     from offcut.daemon.config import DaemonConfig
@@ -127,6 +130,7 @@ def replay_variant(node_log, tasks, out_dir: Path, variant: str, tfwd_s: float,
     changes = pd.read_csv(out_dir / "placements.csv")["change"]
     steps = pd.read_csv(out_dir / "steps.csv")
     summary["preemptions"] = int((changes == "preempted").sum())
+    summary["hit_events"] = int((steps["Npre"] > 0).sum())
     summary["rescales"] = int(changes.isin(["start", "stop", "grow", "shrink"]).sum())
     summary["lost_samples"] = float(steps["ReScost"].sum() + steps["PreCost"].sum())
     return summary
@@ -188,9 +192,9 @@ def main() -> None:
     print(f"\n{args.tasks}, {args.max_tasks} admitted, fixed Tfwd {args.tfwd:g} s, solver dp; "
           f"outputs in {out_root}")
     print("| nodes | variant | makespan [h] | samples trained | samples/h (vs fixed) | "
-          "preemptions (vs fixed) | rescales (vs fixed) | lost to rescales + preemptions "
-          "[samples] |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+          "preemptions (vs fixed) | node events preempting | rescales (vs fixed) | "
+          "lost to rescales + preemptions [samples] |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     gains = []
     for nodes, runs in results.items():
         base = runs["fixed"]
@@ -201,6 +205,7 @@ def main() -> None:
                   f"{'-' if rate is None else f'{rate:.4g}'} "
                   f"({pct(s['samples_per_h'], base['samples_per_h'])}) | "
                   f"{s['preemptions']} ({pct(s['preemptions'], base['preemptions'])}) | "
+                  f"{s['hit_events']} | "
                   f"{s['rescales']} ({pct(s['rescales'], base['rescales'])}) | "
                   f"{s['lost_samples']:.4g} |")
             if variant != "fixed" and s["samples_per_h"] and base["samples_per_h"]:
