@@ -35,8 +35,6 @@ def engine_alone(node_log, tasks, max_events: int, max_tasks: int, solver: str) 
     tmp = tempfile.mkdtemp(prefix="offcut-bench-")
     engine = Engine(Store(f"{tmp}/state.sqlite", 5000, "normal"),
                     Allocator(solver, isolate=False), tfwd_s=10.0, max_running_tasks=max_tasks)
-    build = lambda out, decision: decision  # noqa: E731
-    parse = lambda raw: raw  # noqa: E731
     pending = sorted(tasks, key=lambda t: (t.submit_time, t.name))
     nxt = calls = 0
     started = time.perf_counter()
@@ -46,19 +44,19 @@ def engine_alone(node_log, tasks, max_events: int, max_tasks: int, solver: str) 
         while nxt < len(pending) and pending[nxt].submit_time <= t:
             task = pending[nxt]
             engine.apply(SubmitEvent(to_epoch(task.submit_time), spec_from_pb(task_spec(task)),
-                                     "replay", f"replay:{task.name}"), build, parse)
+                                     "replay", f"replay:{task.name}"))
             nxt += 1
             calls += 1
 
     submit_until(node_log.initial_time)
     engine.apply(NodeEvent(to_epoch(node_log.initial_time), "replay", 1,
-                           tuple(node_log.initial_idle), (), True), build, parse)
+                           tuple(node_log.initial_idle), (), True))
     for i, change in enumerate(node_log.events()):
         if i >= max_events:
             break
         submit_until(change.time)
         engine.apply(NodeEvent(to_epoch(change.time), "replay", i + 2, tuple(change.became_idle),
-                               tuple(change.became_busy)), build, parse)
+                               tuple(change.became_busy)))
         calls += 1
     elapsed = time.perf_counter() - started
     engine.close()
