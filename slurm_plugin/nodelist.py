@@ -5,81 +5,12 @@ Imports only the standard library and python-hostlist, so the Slurm hooks stay f
 
 from __future__ import annotations
 
-import re
-
 from offcut.nodes import is_node_name
+# the expansion (with its size guard) is shared with the replay: offcut.slurm_values
+from offcut.slurm_values import MAX_NODES, NodeListError, expand_nodelist  # noqa: F401
 
 # A name outside the daemon's node-name rule (NODE_NAME_RE) would make it reject the whole
 # event, so callers drop such names (with a warning) and send the rest.
-
-#: Expansion guard: a garbage hostlist such as ``n[1-99999999]`` must not eat the hook's memory.
-MAX_NODES = 1_000_000
-
-
-class NodeListError(ValueError):
-    """A hostlist that is empty, malformed or too large."""
-
-
-def expand_nodelist(text: str | None, max_nodes: int = MAX_NODES) -> list[str]:
-    """The node names of a Slurm hostlist, in order, without repeats.
-
-    Raises:
-        NodeListError: empty/blank text, a malformed hostlist, or more than ``max_nodes``.
-    """
-    import hostlist  # python-hostlist: a single pure-Python module
-
-    if text is None or not str(text).strip():
-        raise NodeListError("empty node list")
-    text = str(text).strip()
-    if len(text) > 1_000_000:
-        raise NodeListError(f"node list of {len(text)} characters")
-    count = _estimate_count(text)
-    if count > max_nodes:
-        raise NodeListError(f"node list {text[:80]!r} names {count} nodes (limit {max_nodes})")
-    try:
-        names = hostlist.expand_hostlist(text, allow_duplicates=False)
-    except hostlist.BadHostlist as exc:
-        raise NodeListError(f"malformed node list {text[:80]!r}: {exc}") from None
-    except (ValueError, TypeError, OverflowError, RecursionError, MemoryError) as exc:
-        raise NodeListError(f"malformed node list {text[:80]!r}: {exc.__class__.__name__}") from None
-    if len(names) > max_nodes:
-        raise NodeListError(f"node list {text[:80]!r} names {len(names)} nodes (limit {max_nodes})")
-    if not names:
-        raise NodeListError(f"node list {text[:80]!r} names no node")
-    return names
-
-
-_GROUP = re.compile(r"\[([^\[\]]*)\]")
-
-
-def _estimate_count(text: str) -> int:
-    """How many names ``text`` expands to (an upper bound, computed without expanding), so a
-    range like ``n[1-999999999]`` is refused before it is materialised. Malformed pieces count
-    as 1 (the expansion then reports them)."""
-    total, depth, start = 0, 0, 0
-    pieces = []
-    for i, ch in enumerate(text):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            pieces.append(text[start:i])
-            start = i + 1
-    pieces.append(text[start:])
-    for piece in pieces:
-        n = 1
-        for group in _GROUP.findall(piece):
-            size = 0
-            for part in group.split(","):
-                lo, sep, hi = part.partition("-")
-                if sep and lo.strip().isdigit() and hi.strip().isdigit():
-                    size += max(int(hi) - int(lo) + 1, 1)
-                else:
-                    size += 1
-            n *= max(size, 1)
-        total += n
-    return total
 
 
 def split_valid(names: list[str]) -> tuple[list[str], list[str]]:

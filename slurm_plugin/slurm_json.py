@@ -33,12 +33,12 @@ only make Offcut use fewer nodes.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from offcut.slurm_plugin.nodelist import NodeListError, expand_nodelist
+from offcut.slurm_values import reported_errors, slurm_number
 
 
 class SlurmError(Exception):
@@ -175,30 +175,13 @@ FINISHED_JOB_STATES = frozenset({
 
 
 def number(v: Any, what: str = "value") -> float:
-    """A Slurm number: plain, a numeric string, or ``{"set", "infinite", "number"}`` (0 when
-    unset, None or empty; ``math.inf`` when infinite). ``what`` names it in errors.
+    """A Slurm number (:func:`offcut.slurm_values.slurm_number`: plain, a numeric string, or
+    ``{"set", "infinite", "number"}``; 0 when unset, ``math.inf`` when infinite).
 
     Raises:
         SlurmDataError: a string that is not a number, or a value of another type.
     """
-    if v is None or v == "":
-        return 0.0
-    if isinstance(v, bool):
-        return float(v)
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v.strip())
-        except ValueError:
-            raise SlurmDataError(f"{what} {v[:40]!r} is not a number") from None
-    if isinstance(v, Mapping):
-        if v.get("infinite"):
-            return math.inf
-        if "set" in v and not v.get("set"):
-            return 0.0
-        return number(v.get("number"), what)
-    raise SlurmDataError(f"{what} {v!r:.60} is not a number")
+    return slurm_number(v, what, SlurmDataError)
 
 
 def _text(v: Any) -> str:
@@ -242,15 +225,9 @@ def _names(v: Any, what: str) -> list[str]:
 def _check_errors(doc: Any, command: str) -> Mapping:
     if not isinstance(doc, Mapping):
         raise SlurmDataError(f"{command}: the answer is a JSON {type(doc).__name__}, not an object")
-    errors = doc.get("errors")
+    errors = reported_errors(doc)
     if errors:
-        shown = []
-        for e in errors if isinstance(errors, list) else [errors]:
-            if isinstance(e, Mapping):
-                shown.append(str(e.get("error") or e.get("description") or e.get("errno") or e))
-            else:
-                shown.append(str(e))
-        raise SlurmDataError(f"{command} reported errors: {'; '.join(shown)[:300]}")
+        raise SlurmDataError(f"{command} reported errors: {errors}")
     return doc
 
 
