@@ -179,13 +179,14 @@ def replay_bftrainer(
             objective=policy, eta=eta, owners=owners, oracle=oracle)
 
 
-def _site_log(sacct: Path, nodes: str, start: str, end: str, scavenger_partition: List[str]):
+def _site_log(sacct: Path, nodes: str, start: str, end: str, scavenger_partition: List[str],
+              events: Optional[Path] = None):
     """The node log of ``offcut replay slurm`` / ``slurm-convert`` (exit 2 on bad input)."""
-    import hostlist
     import pandas as pd
 
     from offcut.replay.bftrainer_data import ReplayInputError
     from offcut.replay.slurm_log import read_node_log_from_sacct
+    from offcut.slurm_values import NodeListError, expand_nodelist
 
     try:
         t0, t1 = pd.Timestamp(start), pd.Timestamp(end)
@@ -193,23 +194,31 @@ def _site_log(sacct: Path, nodes: str, start: str, end: str, scavenger_partition
         _fail(f"--start/--end: {exc}", 2)
     t0, t1 = (t.tz_convert(None) if t.tzinfo else t for t in (t0, t1))
     try:
-        names = hostlist.expand_hostlist(nodes)
-    except hostlist.BadHostlist as exc:
+        names = expand_nodelist(nodes)
+    except NodeListError as exc:
         _fail(f"--nodes: {nodes!r} is not a hostlist ({exc})", 2)
     try:
-        return read_node_log_from_sacct(sacct, names, t0, t1, own_partitions=scavenger_partition)
+        return read_node_log_from_sacct(sacct, names, t0, t1, events_path=events,
+                                        own_partitions=scavenger_partition)
     except ReplayInputError as exc:
         _fail(str(exc), 2)
 
 
-_SACCT_HELP = ("Slurm's accounting of the window: the output of `SLURM_TIME_FORMAT=%s sacct -X -a "
-               "--parsable2 --noheader --format=JobID,JobName,Partition,State,NodeList,Start,End "
-               "--starttime=START --endtime=END`")
+_SACCT_HELP = ("Slurm's accounting of the window, text or JSON (told apart by content): the "
+               "output of `SLURM_TIME_FORMAT=%s sacct -X -a --parsable2 --noheader "
+               "--format=JobID,JobName,Partition,State,NodeList,Start,End --starttime=START "
+               "--endtime=END`, or of `sacct -a --json --starttime=START --endtime=END` "
+               "(Slurm 22.05 to 24.05; run it without SLURM_TIME_FORMAT)")
+_EVENTS_HELP = ("optional: the node events of the window, whose nodes are down or drained and "
+                "so not idle: the output of `SLURM_TIME_FORMAT=%s sacctmgr --parsable2 "
+                "--noheader show event Event=Node Start=START End=END "
+                "Format=NodeName,TimeStart,TimeEnd,State`")
 
 
 @replay_app.command("slurm-convert")
 def replay_slurm_convert(
     sacct: Path = typer.Option(..., "--sacct", help=_SACCT_HELP),
+    events: Optional[Path] = typer.Option(None, "--events", help=_EVENTS_HELP),
     nodes: str = typer.Option(..., "--nodes", help="the nodes, a Slurm hostlist"),
     start: str = typer.Option(..., "--start", help="window start, ISO time in UTC"),
     end: str = typer.Option(..., "--end", help="window end, ISO time in UTC"),
@@ -227,7 +236,7 @@ def replay_slurm_convert(
     """
     from offcut.replay.bftrainer_data import write_node_log
 
-    log = _site_log(sacct, nodes, start, end, scavenger_partition)
+    log = _site_log(sacct, nodes, start, end, scavenger_partition, events)
     write_node_log(out, log.node_names, log.initial_time, log.initial_idle, log.events())
     typer.echo(f"wrote {out}: {len(log.node_names)} nodes, {log.num_events} changes")
 
@@ -235,6 +244,7 @@ def replay_slurm_convert(
 @replay_app.command("slurm")
 def replay_slurm(
     sacct: Path = typer.Option(..., "--sacct", help=_SACCT_HELP),
+    events: Optional[Path] = typer.Option(None, "--events", help=_EVENTS_HELP),
     nodes: str = typer.Option(..., "--nodes", help="the nodes to replay, a Slurm hostlist (e.g. n[1-4] or the partition's nodes from sinfo)"),
     start: str = typer.Option(..., "--start", help="window start, ISO time in UTC (e.g. 2026-11-27T04:00:00)"),
     end: str = typer.Option(..., "--end", help="window end, ISO time in UTC"),
@@ -249,20 +259,23 @@ def replay_slurm(
     progress: bool = typer.Option(True, help="show a progress bar"),
 ) -> None:
     """Replay your own site: the node log built from Slurm's accounting of a window (a node
-    is idle unless a job outside the scavenger partitions ran on it), with a task set, through
-    offcutd, as offcut replay bftrainer does with BFTrainer's log.
+    is idle unless a job outside the scavenger partitions ran on it, or, with --events, it was
+    down or drained), with a task set, through offcutd, as offcut replay bftrainer does with
+    BFTrainer's log.
 
     \b
     Example:
-      SLURM_TIME_FORMAT=%s sacct -X -a --parsable2 --noheader \\
-        --format=JobID,JobName,Partition,State,NodeList,Start,End \\
-        --starttime=2026-11-20T00:00:00 --endtime=2026-11-27T00:00:00 > week.sacct
-      offcut replay slurm --sacct week.sacct --nodes "$(sinfo -h -o %N -p batch)" \\
+      sacct -a --json --starttime=2026-11-20T00:00:00 --endtime=2026-11-27T00:00:00 > week.json
+      SLURM_TIME_FORMAT=%s sacctmgr --parsable2 --noheader show event Event=Node \\
+        Start=2026-11-20T00:00:00 End=2026-11-27T00:00:00 \\
+        Format=NodeName,TimeStart,TimeEnd,State > week.events
+      offcut replay slurm --sacct week.json --events week.events \\
+        --nodes "$(sinfo -h -o %N -p batch)" \\
         --start 2026-11-20T00:00:00 --end 2026-11-27T00:00:00 --tasks tasks.csv --out week
     """
     from offcut.replay.bftrainer_data import ReplayInputError, load_task_set
 
-    log = _site_log(sacct, nodes, start, end, scavenger_partition)
+    log = _site_log(sacct, nodes, start, end, scavenger_partition, events)
     try:
         task_set = load_task_set(tasks, allow_pickle=allow_pickle)
     except ReplayInputError as exc:

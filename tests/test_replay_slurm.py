@@ -4,15 +4,18 @@ be those the watcher saw live."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from offcut.replay.bftrainer_data import ReplayInputError
-from offcut.replay.slurm_log import node_log_from_sacct, sacct_command
+from offcut.replay.slurm_log import (node_log_from_sacct, read_node_log_from_sacct,
+                                     sacct_command)
 
 T0 = pd.Timestamp("2026-11-27T04:00:00")
 S0 = T0.value / 1e9
@@ -139,8 +142,6 @@ def S_of(ts: pd.Timestamp) -> float:
 def test_offcut_replay_slurm_replays_the_accounting_with_a_task_set(tmp_path):
     """The CLI: the accounting of four nodes over 6 hours and the bundled demo task set moved
     to the window's start; every node change is an event of the replay."""
-    import json
-
     from typer.testing import CliRunner
 
     from offcut.client.cli import app
@@ -189,3 +190,212 @@ def test_slurm_convert_writes_the_safe_form_that_replays_the_same_log(tmp_path):
     assert stored.node_names == direct.node_names and stored.initial_time == T0
     assert sorted(stored.initial_idle) == sorted(direct.initial_idle) == ["n3", "n4"]
     assert intervals(stored) == intervals(direct)
+
+
+# ----------------------------------------------------------------------------- sacct --json
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "slurm_accounting"
+CAPTURED = ["n1", "n2", "n3"]
+
+
+def captured_window() -> tuple[pd.Timestamp, pd.Timestamp]:
+    a, b = map(int, (FIXTURES / "window.txt").read_text().split())
+    return pd.Timestamp(a, unit="s"), pd.Timestamp(b, unit="s")
+
+
+def fixture_log(name: str, events: str | None = None):
+    t0, t1 = captured_window()
+    return read_node_log_from_sacct(FIXTURES / name, CAPTURED, t0, t1,
+                                    events_path=FIXTURES / events if events else None)
+
+
+#: the captured workload's busy intervals [s from the window's start] (README there): n1 runs
+#: "first" then "pair" back to back, n2 "pair", n3 only a scavenger job, then "running" until
+#: the end; the cancelled pending job holds nothing
+CAPTURED_BUSY = {"n1": [(4.0, 12.0)], "n2": [(9.0, 12.0)], "n3": [(13.0, None)]}
+
+
+@pytest.mark.parametrize("name", ["workload-22.05.json", "workload-24.05-handmade.json"])
+def test_sacct_json_of_two_releases_gives_the_text_forms_intervals(name):
+    """22.05's real sacct --json (openapi dbv0.0.38) and 24.05's (data_parser v0.0.41, made
+    by hand from its source: state lists, {"set", "infinite", "number"} numbers) of the same
+    workload build the node log the text form builds."""
+    text = fixture_log("workload.sacct")
+    log = fixture_log(name)
+    assert intervals(text) == CAPTURED_BUSY
+    assert intervals(log) == intervals(text)
+    assert log.initial_idle == text.initial_idle == CAPTURED
+    assert log.num_events == text.num_events == 4
+
+
+def test_sacct_json_reads_times_as_slurm_number_objects():
+    """Times spelled {"set", "infinite", "number"} (as 23.02+ spells most numbers) read like
+    plain ones; unset start: never ran; unset end: still running."""
+    def job(jid, nodes, start, end, partition="batch"):
+        return {"job_id": jid, "partition": partition, "nodes": nodes,
+                "state": {"current": ["COMPLETED"]}, "time": {"start": start, "end": end}}
+
+    def obj(n, is_set=True):
+        return {"set": is_set, "infinite": False, "number": n}
+    doc = {"jobs": [job(1, "n[1-2]", obj(S0 + 10), obj(S0 + 20)),
+                    job(2, "n3", obj(S0 + 5), obj(0, False)),
+                    job(3, "None assigned", obj(0, False), obj(0, False)),
+                    job(4, "n1", S0 + 30, S0 + 40, partition="scavenger")],
+           "errors": [], "warnings": []}
+    log = node_log_from_sacct(json.dumps(doc), ["n1", "n2", "n3"], T0,
+                              T0 + pd.Timedelta(seconds=100))
+    assert intervals(log) == {"n1": [(10.0, 20.0)], "n2": [(10.0, 20.0)], "n3": [(5.0, None)]}
+
+
+def _jobs(*records) -> str:
+    return json.dumps({"jobs": list(records), "errors": []})
+
+
+_GOOD = {"job_id": 7, "partition": "batch", "nodes": "n1", "time": {"start": S0, "end": S0 + 1}}
+
+
+@pytest.mark.parametrize("text,needle", [
+    # truncated: the parse position, and that the file ends there
+    ((FIXTURES / "workload-22.05.json").read_text()[:5000],
+     r"x.json: not readable JSON at line 304 column 5 \(character 4994 of 5000\).*"
+     r"the file looks truncated: it breaks off in record 1$"),  # (before its job_id)
+    ((FIXTURES / "workload-22.05.json").read_text()[:12000],
+     r"breaks off in record 3 \(job 4\)"),
+    ('{"jobs": [1, }', r"x.json: not readable JSON at line 1 column 14 \(character 13 of 14\)"),
+    ('{"meta": {}}', r"x.json: not sacct --json output"),
+    # 22.05's sacct --json under SLURM_TIME_FORMAT=%s (seen on the test cluster; exit 0)
+    ('{"meta": {}, "errors": [{"description": "Unable to parse time format", "error_number": '
+     '9000, "error": "Query empty or not RFC7320 compliant", "source": "start_time"}]}',
+     "x.json: sacct reported errors: Query empty or not RFC7320 compliant"),
+    (_jobs(_GOOD, "oops"), "x.json record 1: a job record is an object, not str"),
+    (_jobs(_GOOD, {"job_id": 8, "partition": "batch", "nodes": "n1"}),
+     r"x.json record 1 \(job 8\): no \"time\" object"),
+    (_jobs(dict(_GOOD, nodes="n[1-")), r"x.json record 0 \(job 7\): malformed node list 'n\[1-'"),
+    (_jobs(dict(_GOOD, nodes=["n1"])), r"x.json record 0 \(job 7\): \"partition\" and \"nodes\""),
+    (_jobs(dict(_GOOD, time={"start": "soon", "end": 5})),
+     r"x.json record 0 \(job 7\): time/start 'soon' is not a number"),
+    (_jobs(dict(_GOOD, time={"start": -5, "end": 5})),
+     r"x.json record 0 \(job 7\): time/start -5 is not a time"),
+    # a hostile hostlist is refused before it is expanded
+    ("1|a|batch|COMPLETED|n[1-99999999]|5|6\n", r"x.json line 1: node list 'n\[1-99999999\]' names 99999999 nodes \(limit"),
+])
+def test_malformed_or_truncated_sacct_json_names_the_record_or_position(text, needle):
+    with pytest.raises(ReplayInputError, match=needle):
+        node_log_from_sacct(text, ["n1"], T0, T0 + pd.Timedelta(seconds=10), source="x.json")
+
+
+# ----------------------------------------------------------------------------- node events
+def events(*rows_: tuple) -> str:
+    return "".join(f"{nodes}|{start}|{end}|{state}\n" for nodes, start, end, state in rows_)
+
+
+def test_down_or_drained_nodes_are_not_idle():
+    """Node events (sacctmgr show event) make their nodes unavailable: a hostlist expands, an
+    event open at the query lasts to the window's end, one from before the start holds the
+    node at the start, overlapping a job it extends the busy time; cluster events (no node)
+    are skipped."""
+    jobs = rows(("batch", "n1", S0 + 10, S0 + 30))
+    ev = events(("n[1-2]", S0 + 20, S0 + 40, "DOWN"),   # overlaps n1's job
+                ("n3", S0 - 100, S0 + 15, "DRAIN"),     # from before the window
+                ("n4", S0 + 50, "Unknown", "IDLE+DRAIN"),  # still drained at the query
+                ("", S0 - 500, "Unknown", ""))           # a cluster event
+    nodes = ["n1", "n2", "n3", "n4"]
+    log = node_log_from_sacct(jobs, nodes, T0, T0 + pd.Timedelta(seconds=100), events=ev)
+    assert log.initial_idle == ["n1", "n2", "n4"]
+    assert intervals(log) == {"n1": [(10.0, 40.0)], "n2": [(20.0, 40.0)], "n3": [(0.0, 15.0)],
+                              "n4": [(50.0, None)]}
+    without = node_log_from_sacct(jobs, nodes, T0, T0 + pd.Timedelta(seconds=100))
+    assert intervals(without) == {"n1": [(10.0, 30.0)], "n2": [], "n3": [], "n4": []}
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("n1|5|6\n", r"w.events line 1: 3 columns, expected 4"),
+    ("n1|5|6|DOWN\nn2|2026-11-27T04:00:00|7|DOWN\n",
+     r"w.events line 2: TimeStart '2026-11-27T04:00:00' is not epoch seconds"),
+    ("n[1-|5|6|DOWN\n", r"w.events line 1: malformed node list 'n\[1-'"),
+    ("n1|Unknown|6|DOWN\n", r"w.events line 1: a node event without TimeStart"),
+])
+def test_malformed_events_name_the_line(text, needle):
+    with pytest.raises(ReplayInputError, match=needle):
+        node_log_from_sacct("", ["n1"], T0, T0 + pd.Timedelta(seconds=10), events=text,
+                            events_source="w.events")
+
+
+def test_the_captured_drain_makes_n2_unavailable():
+    """The real 22.05 capture: n2 drained while idle for 3 s (its node event) is busy then,
+    with the text and the JSON accounting alike."""
+    for name in ("workload.sacct", "workload-22.05.json", "workload-24.05-handmade.json"):
+        log = fixture_log(name, "workload.events")
+        assert intervals(log) == dict(CAPTURED_BUSY, n2=[(2.0, 5.0), (9.0, 12.0)]), name
+
+
+def test_offcut_replay_slurm_convert_reads_json_and_events(tmp_path):
+    from typer.testing import CliRunner
+
+    from offcut.client.cli import app
+    from offcut.replay.bftrainer_data import load_node_log
+
+    t0, t1 = captured_window()
+    args = ["replay", "slurm-convert", "--sacct", str(FIXTURES / "workload-22.05.json"),
+            "--events", str(FIXTURES / "workload.events"), "--nodes", "n[1-3]",
+            "--start", t0.isoformat(), "--end", t1.isoformat()]
+    res = CliRunner().invoke(app, args + ["--out", str(tmp_path / "safe")])
+    assert res.exit_code == 0, res.output
+    assert "3 nodes, 6 changes" in res.output
+    stored = load_node_log(tmp_path / "safe", skip_rows=0)
+    assert intervals(stored) == dict(CAPTURED_BUSY, n2=[(2.0, 5.0), (9.0, 12.0)])
+    (tmp_path / "bad.events").write_text("n2|1|2|DRAIN\nn2|x|2|DRAIN\n")
+    bad = CliRunner().invoke(app, args[:5] + [str(tmp_path / "bad.events")] + args[6:]
+                             + ["--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "bad.events line 2: TimeStart 'x'" in bad.output
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_node_drained_during_the_workload_is_not_idle_in_the_replay(slurm_site):
+    """The real cluster (slurmdbd): n3 drained for ~3 s while a batch job runs on n1. The node
+    events of sacctmgr make n3 busy from its drain to its resume as sinfo saw them (within
+    Slurm's one-second times and the polling), the JSON and the text accounting build the same
+    log, and without the events n3 stays idle."""
+    from offcut.replay.slurm_log import sacct_json_command, sacctmgr_events_command
+
+    cluster = slurm_site
+    nodes = ["n1", "n2", "n3"]
+    cluster.wait_for(lambda: all(s == "idle" for s in cluster.node_states().values()),
+                     timeout=60, interval=0.2, what="every node idle")
+    start = pd.Timestamp(int(time.time()) - 1, unit="s")
+    job = cluster.sbatch("-p", "batch", "-w", "n1", wrap="sleep 3")
+    try:
+        cluster.scontrol("update", "nodename=n3", "state=drain", "reason=replay-test")
+        drained = cluster.wait_for(lambda: "drain" in cluster.node_states()["n3"] and time.time(),
+                                   timeout=30, what="n3 drained")
+        cluster.wait_for(lambda: time.time() > drained + 3, timeout=10,
+                         what="3 s of drain (the workload, not a synchronisation)")
+    finally:
+        cluster.scontrol("update", "nodename=n3", "state=resume")
+    resumed = cluster.wait_for(lambda: cluster.node_states()["n3"] == "idle" and time.time(),
+                               timeout=30, what="n3 resumed")
+    cluster.wait_for(lambda: cluster.job_state(job) in ("COMPLETED", "UNKNOWN"), timeout=60,
+                     what="the job done")
+    end = pd.Timestamp(int(time.time()) + 2, unit="s")
+    env = {**cluster.env, "SLURM_TIME_FORMAT": "%s"}
+
+    def run(argv, env=env):  # (sacct --json of 22.05 fails under SLURM_TIME_FORMAT=%s)
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, (argv, proc.stderr)
+        return proc.stdout
+
+    def recorded():  # slurmdbd gets the job's end and the event's end a moment later
+        out = run(sacct_json_command(start, end), cluster.env), \
+            run(sacct_command(start, end)), run(sacctmgr_events_command(start, end))
+        ended = [j for j in json.loads(out[0]).get("jobs", []) if j["time"]["end"]]
+        closed = [ln for ln in out[2].splitlines() if ln.startswith("n3|")
+                  and not ln.split("|")[2] in ("", "Unknown")]
+        return out if ended and closed else None
+    js, text, ev = cluster.wait_for(recorded, timeout=60, interval=0.5,
+                                    what="the job and the event in the accounting")
+    from_json = intervals(node_log_from_sacct(js, nodes, start, end, events=ev))
+    assert intervals(node_log_from_sacct(text, nodes, start, end, events=ev)) == from_json
+    assert from_json["n2"] == [] and len(from_json["n1"]) == 1
+    (b0, b1), = from_json["n3"]
+    assert abs(b0 - (drained - S_of(start))) <= 2.0 and abs(b1 - (resumed - S_of(start))) <= 2.0, \
+        (from_json["n3"], drained - S_of(start), resumed - S_of(start), ev)
+    assert intervals(node_log_from_sacct(js, nodes, start, end))["n3"] == []

@@ -1,0 +1,260 @@
+"""Readers of a site's Slurm accounting for ``offcut replay slurm`` (:mod:`offcut.replay.slurm_log`
+builds the node log from what they return): when each job held which nodes, and when which
+nodes were down or drained.
+
+* Jobs, two forms of ``sacct`` (told apart by content: JSON starts with ``{``):
+
+  - text: ``sacct -X -a --parsable2 --noheader --format=`` :data:`SACCT_LOG_FIELDS` with
+    ``SLURM_TIME_FORMAT=%s`` (:func:`sacct_command`); ``Start``/``End`` ``Unknown`` when the
+    job never started / still runs, ``NodeList`` ``None assigned`` when it never ran.
+  - JSON: ``sacct -a --json`` (:func:`sacct_json_command`). 22.05 (openapi ``dbv0.0.38``,
+    captured on the test cluster: tests/fixtures/slurm_accounting) gives
+    ``{"jobs": [{"job_id", "partition", "nodes": "n[1-2]", "state": {"current": "COMPLETED"},
+    "time": {"start": 1795763775, "end": 1795763779, ...}, "steps": [...]}], "errors": []}``;
+    23.02 to 24.05 (data_parser v0.0.39 to v0.0.41, ``src/plugins/data_parser/*/parsers.c``)
+    keep the job's ``time/start``/``time/end`` plain and make ``state/current`` a list, the
+    steps' times and most other numbers ``{"set", "infinite", "number"}`` objects; either
+    spelling is read for the times (:func:`offcut.slurm_values.slurm_number`). A running
+    job has ``end`` 0; a job that never ran ``nodes`` ``"None assigned"`` (22.05 gives a job
+    cancelled while pending ``start`` = ``end`` = its cancel time) or ``start`` 0. Steps are
+    ignored: the job's allocation holds its nodes from its start to its end (as ``-X`` does
+    for the text).
+
+* Node events: ``sacctmgr --parsable2 --noheader show event Event=Node`` with
+  ``Format=`` :data:`EVENT_FIELDS` and ``SLURM_TIME_FORMAT=%s`` (:func:`sacctmgr_events_command`;
+  22.05 spells the columns ``TimeStart``/``TimeEnd`` in its header, ``Unknown`` for an event
+  still open). slurmctld records a node event only while a node is down, drained or failed
+  (``clusteracct_storage_g_node_down`` / ``_node_up`` in ``src/slurmctld/node_mgr.c``), so
+  every node event makes its nodes unavailable; cluster events (no ``NodeName``) are skipped.
+  ``Reason`` is left out of the format: it is free text that may hold the ``|`` separator.
+  ``sacctmgr`` has no ``--json`` in 22.05 to 24.05.
+
+Every reader raises :class:`ReplayInputError` naming the line (text), the record index and job
+id (JSON), or the parse position (broken or truncated JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterable, Iterator, Mapping
+
+import pandas as pd
+
+from offcut.parsable import parsable_rows
+from offcut.replay.bftrainer_data import ReplayInputError
+from offcut.slurm_values import NodeListError, expand_nodelist, reported_errors, slurm_number
+
+__all__ = ["SACCT_LOG_FIELDS", "EVENT_FIELDS", "sacct_command", "sacct_json_command",
+           "sacctmgr_events_command", "busy_intervals", "unavailable_intervals"]
+
+#: the columns of the text accounting this module reads, in this order
+SACCT_LOG_FIELDS = ("JobID", "JobName", "Partition", "State", "NodeList", "Start", "End")
+#: the columns of ``sacctmgr show event`` this module reads, in this order
+EVENT_FIELDS = ("NodeName", "TimeStart", "TimeEnd", "State")
+_NO_TIME = ("", "Unknown", "None", "N/A")
+_TIME_FMT = "%Y-%m-%dT%H:%M:%S"
+
+#: ``(start_s, end_s, nodes)``: nodes held [epoch s, epoch s)
+Interval = tuple[float, float, list[str]]
+
+
+def sacct_command(start: pd.Timestamp, end: pd.Timestamp) -> list[str]:
+    """The ``sacct`` command (run with ``SLURM_TIME_FORMAT=%s``) of the text form: every
+    user's allocations that ran between ``start`` and ``end`` (UTC-naive Timestamps)."""
+    return ["sacct", "-X", "-a", "--parsable2", "--noheader",
+            f"--format={','.join(SACCT_LOG_FIELDS)}", f"--starttime={start.strftime(_TIME_FMT)}",
+            f"--endtime={end.strftime(_TIME_FMT)}"]
+
+
+def sacct_json_command(start: pd.Timestamp, end: pd.Timestamp) -> list[str]:
+    """The ``sacct --json`` command of the JSON form for the window ``start``..``end``
+    (UTC-naive Timestamps). Its times are epoch seconds anyway; run it *without*
+    ``SLURM_TIME_FORMAT``: 22.05 answers ``"Unable to parse time format"`` in ``errors`` (exit
+    status 0, no ``jobs``) under ``SLURM_TIME_FORMAT=%s`` (seen on the test cluster)."""
+    return ["sacct", "-a", "--json", f"--starttime={start.strftime(_TIME_FMT)}",
+            f"--endtime={end.strftime(_TIME_FMT)}"]
+
+
+def sacctmgr_events_command(start: pd.Timestamp, end: pd.Timestamp) -> list[str]:
+    """The ``sacctmgr`` command (run with ``SLURM_TIME_FORMAT=%s``) listing the node events
+    (down, drained, failed) that overlap ``start``..``end`` (UTC-naive Timestamps)."""
+    return ["sacctmgr", "--parsable2", "--noheader", "show", "event", "Event=Node",
+            f"Start={start.strftime(_TIME_FMT)}", f"End={end.strftime(_TIME_FMT)}",
+            f"Format={','.join(EVENT_FIELDS)}"]
+
+
+def _interval(where: str, start: float, end: float | None, nodes: str, end_s: float
+              ) -> Interval | None:
+    """The interval of one record (None: empty); ``end`` None: still open at ``end_s``.
+    Raises ReplayInputError naming ``where`` for a malformed or too large hostlist."""
+    try:
+        names = expand_nodelist(nodes)
+    except NodeListError as exc:
+        raise ReplayInputError(f"{where}: {exc}") from None
+    t1 = end_s if end is None else end
+    return (start, t1, names) if t1 > start else None
+
+
+def _text_records(text: str, fields: tuple[str, ...], source: str
+                  ) -> Iterator[tuple[int, list[str]]]:
+    try:
+        yield from parsable_rows(text, fields, source)
+    except ValueError as exc:
+        raise ReplayInputError(str(exc)) from None
+
+
+def _epoch(value: str, what: str, where: str, hint: str) -> float | None:
+    """A text time: epoch seconds, None when unknown."""
+    if value.strip() in _NO_TIME:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ReplayInputError(f"{where}: {what} {value!r} is not epoch seconds ({hint})") from None
+
+
+def _sacct_text(text: str, source: str) -> Iterator[tuple[str, str, str, float | None,
+                                                            float | None]]:
+    for number, cols in _text_records(text, SACCT_LOG_FIELDS, source):
+        _, _, partition, _, nodes, start, end = cols
+        where = f"{source} line {number}"
+        hint = "times need SLURM_TIME_FORMAT=%s"
+        yield (where, partition, nodes, _epoch(start, "start", where, hint),
+               _epoch(end, "end", where, hint))
+
+
+def _sacct_json(text: str, source: str) -> Iterator[tuple[str, str, str, float | None,
+                                                            float | None]]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = (f"{source}: not readable JSON at line {exc.lineno} column {exc.colno} "
+                 f"(character {exc.pos} of {len(text)}): {exc.msg}")
+        if not text.rstrip().endswith("}") or exc.pos >= len(text.rstrip()):
+            where += f"; the file looks truncated: it breaks off in {_broken_record(text)}"
+        raise ReplayInputError(where) from None
+    errors = reported_errors(doc) if isinstance(doc, Mapping) else ""
+    if errors:
+        hint = ("; run sacct --json without SLURM_TIME_FORMAT (22.05 fails so under it)"
+                if "time format" in json.dumps(doc.get("errors")).lower() else "")
+        raise ReplayInputError(f"{source}: sacct reported errors: {errors}{hint}")
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("jobs"), list):
+        raise ReplayInputError(f"{source}: not sacct --json output (an object with a \"jobs\" "
+                               "list)")
+    for index, job in enumerate(doc["jobs"]):
+        where = f"{source} record {index}"
+        if not isinstance(job, Mapping):
+            raise ReplayInputError(f"{where}: a job record is an object, not "
+                                   f"{type(job).__name__}")
+        if "job_id" in job:
+            where += f" (job {str(job['job_id'])[:40]})"
+        partition, nodes, times = job.get("partition"), job.get("nodes"), job.get("time")
+        if not isinstance(partition, (str, type(None))) or not isinstance(nodes, (str, type(None))):
+            raise ReplayInputError(f"{where}: \"partition\" and \"nodes\" are strings, not "
+                                   f"{partition!r:.40} and {nodes!r:.40}")
+        if not isinstance(times, Mapping) or "start" not in times or "end" not in times:
+            raise ReplayInputError(f"{where}: no \"time\" object with \"start\" and \"end\"")
+        t0, t1 = (_json_time(times[k], k, where) for k in ("start", "end"))
+        yield where, partition or "", nodes or "", t0, t1
+
+
+_BETWEEN = re.compile(r"\s*,?\s*")
+_JOB_ID = re.compile(r'"job_id"\s*:\s*(\d+)')
+
+
+def _broken_record(text: str) -> str:
+    """``record N`` (and ``(job J)`` when its id is there) of the first job record of the
+    ``"jobs"`` list of broken JSON ``text`` that is not whole."""
+    i = text.find('"jobs"')
+    i = text.find("[", i) + 1 if i >= 0 else 0
+    decoder, n = json.JSONDecoder(), 0
+    while i > 0:
+        i = _BETWEEN.match(text, i).end()
+        try:
+            _, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break
+        n += 1
+    job = _top_level_job_id(text, i) if i > 0 else None
+    return f"record {n}" + (f" (job {job})" if job else "")
+
+
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]]')
+
+
+def _top_level_job_id(text: str, i: int) -> str | None:
+    """The ``job_id`` of the (maybe cut) record that starts at ``i``, not one of its parts'
+    (``array``, ``het`` have a ``job_id`` too)."""
+    depth = 0
+    for tok in _TOKEN.finditer(text, i):
+        t = tok.group()
+        if t in "{[":
+            depth += 1
+        elif t in "}]":
+            depth -= 1
+            if depth <= 0:
+                return None
+        elif depth == 1 and t == '"job_id"':
+            m = _JOB_ID.match(text, tok.start())
+            return m.group(1) if m else None
+    return None
+
+
+def _json_time(value: Any, what: str, where: str) -> float | None:
+    """A JSON time: epoch seconds, None when 0, unset or infinite (never started / still
+    running)."""
+    t = slurm_number(value, f"{where}: time/{what}", ReplayInputError)
+    if t != t or t < 0:  # NaN or negative
+        raise ReplayInputError(f"{where}: time/{what} {value!r:.60} is not a time")
+    return None if t == 0 or t == float("inf") else t
+
+
+def busy_intervals(text: str, *, end_s: float, source: str = "sacct",
+                   own_partitions: Iterable[str] = ("scavenger",)) -> list[Interval]:
+    """``(start_s, end_s, nodes)`` [epoch s] of every job of the accounting ``text`` (text or
+    JSON form, module docstring) that started, outside ``own_partitions``; a job still
+    running ends at ``end_s``.
+
+    Raises:
+        ReplayInputError: a malformed record, naming its line (text) or its index and job id
+            (JSON), or the parse position of broken JSON.
+    """
+    own = set(own_partitions)
+    reader = _sacct_json if text.lstrip().startswith("{") else _sacct_text
+    out = []
+    for where, partition, nodes, t0, t1 in reader(text, source):
+        if own & set(partition.split(",")) or t0 is None \
+                or nodes.strip() in ("", "None assigned"):
+            continue
+        iv = _interval(where, t0, t1, nodes, end_s)
+        if iv:
+            out.append(iv)
+    return out
+
+
+def unavailable_intervals(text: str, *, end_s: float, source: str = "events"
+                          ) -> list[Interval]:
+    """``(start_s, end_s, nodes)`` [epoch s] of every node event (down, drained, failed) of
+    ``sacctmgr show event`` text (:data:`EVENT_FIELDS`, module docstring); an event still open
+    ends at ``end_s``; cluster events (no node) are skipped.
+
+    Raises:
+        ReplayInputError: a malformed line (its number): other columns, a time that is not
+            epoch seconds, an unreadable hostlist.
+    """
+    out = []
+    hint = "times need SLURM_TIME_FORMAT=%s"
+    for number, cols in _text_records(text, EVENT_FIELDS, source):
+        nodes, start, end, _ = cols
+        where = f"{source} line {number}"
+        t0 = _epoch(start, "TimeStart", where, hint)
+        t1 = _epoch(end, "TimeEnd", where, hint)
+        if not nodes.strip():
+            continue
+        if t0 is None:
+            raise ReplayInputError(f"{where}: a node event without TimeStart")
+        iv = _interval(where, t0, t1, nodes, end_s)
+        if iv:
+            out.append(iv)
+    return out
