@@ -191,10 +191,10 @@ def _max_plus_into(dst, src, add, cnt):
     L_j(k) >= L_{j-1}(k - n) + f_j(n) of the knapsack DP (problem: BFTrainer
     arXiv 2106.12091 §3).
     """
-    for i in range(cnt):
+    for i in range(cnt):  # a select, not a branch: LLVM vectorises it (max + blend)
         v = src[i] + add
-        if v > dst[i]:
-            dst[i] = v
+        d = dst[i]
+        dst[i] = v if v > d else d
 
 
 def _relax_free_window(tab, o, p0, c1, lo, hi, s, lj, kj, buf_a, buf_b):
@@ -252,11 +252,10 @@ def _relax_free_window(tab, o, p0, c1, lo, hi, s, lj, kj, buf_a, buf_b):
         for i in range(cnt):
             x = x1[i]
             y = x2[i]
-            if y > x:
-                x = y
+            x = y if y > x else x
             v = x + base + s * (mb + st + i)
-            if v > y1[i]:
-                y1[i] = v
+            d = y1[i]
+            y1[i] = v if v > d else d
 
 
 def _forward_pass(tab, tab_off, options, maxcount, rest, N, m_lo, brute_width, L0, L1, K, LO,
