@@ -45,38 +45,11 @@ import numpy as np
 
 from .dp_kernel import compile_kernel
 from .problem import AllocationProblem, Solution
+from .ties import TIE_RTOL, best_own_count, preference_order
 
 _CHUNK_ELEMENTS = 1 << 20  # cap on the (capacities x counts) block materialised at once
 _LOOP_MAX_COUNTS = 512  # loop over counts (large pools, few counts), else blocks
 _LOOP_MIN_NODES = 1024
-
-
-def _preference_order(table: np.ndarray, current: int, min_nodes: int) -> np.ndarray:
-    """Admissible counts of one task in tie-breaking order: c_j first (when admissible),
-    then ascending. Shape (|A_j|,), int64 [nodes].
-
-    ``table``: f_j(n), n = 0..top_j (only its length is used); ``current``: c_j;
-    ``min_nodes``: Jmin_j. A_j = {0} U [Jmin_j, top_j] (BFTrainer arXiv 2106.12091 §3 at
-    count level).
-    """
-    top = len(table) - 1
-    adm = np.concatenate(([0], np.arange(min_nodes, top + 1, dtype=np.int64))) if min_nodes <= top \
-        else np.zeros(1, dtype=np.int64)
-    adm = adm.astype(np.int64)
-    if current != 0 and (adm == current).any():
-        adm = np.concatenate(([current], adm[adm != current]))
-    return adm
-
-
-def _best_own_count(table: np.ndarray, order: np.ndarray) -> int:
-    """argmax of one task's table over its admissible counts, ties broken by ``order``.
-
-    ``table``: f_j(n), n = 0..top_j (float64, objective units); ``order``: (|A_j|,) int64
-    admissible counts in preference order. Returns a count [nodes]. The own-best shortcut of
-    the knapsack DP (problem: BFTrainer arXiv 2106.12091 §3).
-    """
-    vals = table[order]
-    return int(order[int(np.argmax(vals))])
 
 
 def _solve_dp_reference(problem: AllocationProblem) -> Solution:
@@ -103,10 +76,10 @@ def _solve_dp_reference(problem: AllocationProblem) -> Solution:
     J, N = problem.num_tasks, problem.idle_nodes
     tables = problem.value_tables()
     orders = [
-        _preference_order(tables[j], int(problem.current_nodes[j]), int(problem.min_nodes[j]))
+        preference_order(tables[j], int(problem.current_nodes[j]), int(problem.min_nodes[j]))
         for j in range(J)
     ]
-    own = np.array([_best_own_count(tables[j], orders[j]) for j in range(J)], dtype=np.int64)
+    own = np.array([best_own_count(tables[j], orders[j]) for j in range(J)], dtype=np.int64)
     if int(own.sum()) <= N:
         counts = own
     else:
@@ -120,7 +93,7 @@ def _knapsack(tables: list[np.ndarray], orders: list[np.ndarray], N: int) -> np.
     """The DP proper of :func:`_solve_dp_reference`; returns counts (J,) int64 [nodes].
 
     ``tables``: per task f_j(n), n = 0..top_j (float64, objective units); ``orders``: per task
-    the admissible counts in preference order (:func:`_preference_order`); ``N``: idle nodes.
+    the admissible counts in preference order (:func:`.ties.preference_order`); ``N``: idle nodes.
     V_j(m) = max_n V_{j-1}(m - n) + f_j(n) over capacity m = 0..N, one layer per task
     (:func:`_layer_by_counts` or :func:`_layer_by_blocks`), then a backtrack over the choice
     tables from the smallest capacity reaching the optimum. Problem: BFTrainer
@@ -200,7 +173,6 @@ _BRUTE_WIDTH = 8  # free segments up to this many counts are enumerated (one shi
 # (kernel CPU time 1.5-1.7x less than at 32, where the window was a log-time doubling)
 _FIRST_PASS_SLACK = 128  # the first forward pass covers capacities N-128..N: one pass
 # suffices unless the optimum leaves more than 128 nodes unused (dp_kernel._forward)
-_TIE_RTOL = 1e-12  # ties: values within this fraction of sum_j max|f_j| are equal
 _WORK_KEEP_ELEMENTS = 1 << 24  # keep per-thread scratch up to 128 MiB between calls
 
 
@@ -299,7 +271,7 @@ def solve_dp(problem: AllocationProblem) -> Solution:
     else:
         tab, tab_off, ns, ns_off = _pack(problem)
         counts, _ = kernel(tab, tab_off, ns, ns_off, problem.min_nodes, problem.current_nodes,
-                           problem.idle_nodes, _TIE_RTOL, _BRUTE_WIDTH, _FIRST_PASS_SLACK,
+                           problem.idle_nodes, TIE_RTOL, _BRUTE_WIDTH, _FIRST_PASS_SLACK,
                            _workspace(J, problem.idle_nodes))
     obj = problem.evaluate(counts)
     return Solution(counts=counts, objective=obj, bound=obj,

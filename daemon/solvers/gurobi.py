@@ -36,6 +36,7 @@ import numpy as np
 
 from .base import SolverFailed, SolverUnavailable, knapsack_items, milp_solution
 from .problem import AllocationProblem, Solution, interpolate
+from .ties import break_ties, own_best_if_fits
 
 SIZE_LIMIT_VARS = 2000
 SIZE_LIMIT_ROWS = 2000
@@ -144,17 +145,20 @@ def _env():
     return _ENV
 
 
-def solve_gurobi(problem: AllocationProblem, time_limit_s: float, form: str | None = None) -> Solution:
+def solve_gurobi(problem: AllocationProblem, time_limit_s: float, form: str | None = None,
+                 ties: bool = True) -> Solution:
     """Solve ``problem`` with Gurobi.
 
-    ``time_limit_s``: Gurobi's ``TimeLimit`` [s]; ``form``: ``"sos2"``, ``"knapsack"`` or
-    None (pick with :func:`choose_form`).
+    ``time_limit_s``: Gurobi's ``TimeLimit`` [s], for all stages together; ``form``:
+    ``"sos2"``, ``"knapsack"`` or None (pick with :func:`choose_form`); ``ties``: apply the
+    exact backends' tie-breaking rule (:mod:`.ties`, lexicographic stages in the same model
+    after a proven optimum) so the counts equal ``dp``'s; False only to measure its cost.
 
     Returns a :class:`Solution` (counts (J,), objective re-scored by ``problem.evaluate``,
     ``bound = ObjBound``; ``status="feasible"`` when stopped by the limit with an incumbent).
     Raises :class:`SolverUnavailable` when gurobipy is missing, the model exceeds the licence
     (also on GurobiError 10010) or no licence is found; :class:`SolverFailed` on any other
-    error or when no solution was found.
+    error, when no solution was found or the tie stages ran past ``time_limit_s``.
     """
     t0 = time.perf_counter()
     try:
@@ -164,6 +168,8 @@ def solve_gurobi(problem: AllocationProblem, time_limit_s: float, form: str | No
         raise SolverUnavailable(NOT_INSTALLED) from exc
     if form is None:
         form = choose_form(problem)
+    if ties and (own := own_best_if_fits(problem)) is not None:
+        return milp_solution(problem, own, "optimal", math.inf, t0, "gurobi")  # rule, step 1
     J = problem.num_tasks
     counts = np.zeros(J, dtype=np.int64)
     try:
@@ -173,11 +179,12 @@ def solve_gurobi(problem: AllocationProblem, time_limit_s: float, form: str | No
             m.Params.MIPGap = 1e-9
             m.Params.Threads = 1
             if form == "sos2":
-                getters = _build_sos2(m, problem, gp, GRB)
+                built = _build_sos2(m, problem, gp, GRB)
             elif form == "knapsack":
-                getters = _build_knapsack(m, problem, gp, GRB)
+                built = _build_knapsack(m, problem, gp, GRB)
             else:
                 raise ValueError(f"unknown gurobi form {form!r}")
+            getters = built.getters
             if not getters:
                 status, bound = "optimal", math.nan
             else:
@@ -193,6 +200,9 @@ def solve_gurobi(problem: AllocationProblem, time_limit_s: float, form: str | No
                 bound = float(m.ObjBound)
                 for j, get in getters:
                     counts[j] = get()
+                if ties and status == "optimal":
+                    counts = break_ties(problem, counts, _GurobiTies(m, built, J, GRB),
+                                        t0 + float(time_limit_s))
     except gp.GurobiError as exc:
         if getattr(exc, "errno", None) == 10010 or "size-limited" in str(exc):
             raise SolverUnavailable(f"gurobi: model too large for the licence: {exc}") from exc
@@ -202,9 +212,23 @@ def solve_gurobi(problem: AllocationProblem, time_limit_s: float, form: str | No
     return milp_solution(problem, counts, status, bound, t0, "gurobi")
 
 
-def _build_sos2(m, problem: AllocationProblem, gp, GRB):
-    """Form (a); returns [(j, getter of n_j)]. The objective constant of unmodelled tasks
-    and of the O_0 correction is added so ObjBound is on the true scale."""
+@dataclass
+class _Built:
+    """A built model's handles: ``getters`` [(j, getter of n_j)] for the modelled tasks,
+    ``count`` {j: linear expression of n_j}, ``value`` the objective expression (constants
+    included: the scale of :meth:`AllocationProblem.evaluate`), ``pin(j, n)``: bound n_j to
+    ``n`` (False when n is not a choice of the form), ``unpin(j)``: undo it."""
+
+    getters: list
+    count: dict
+    value: object
+    pin: object
+    unpin: object
+
+
+def _build_sos2(m, problem: AllocationProblem, gp, GRB) -> _Built:
+    """Form (a). The objective constant of unmodelled tasks and of the O_0 correction is
+    added so ObjBound is on the true scale."""
     plans, _, _ = _sos2_plan(problem)
     N = problem.idle_nodes
     tables = problem.value_tables()
@@ -242,25 +266,101 @@ def _build_sos2(m, problem: AllocationProblem, gp, GRB):
     if ns_all:
         m.addConstr(gp.quicksum(ns_all) <= N)
     m.setObjective(obj, GRB.MAXIMIZE)
-    return getters
+    nvar = {j: v for (j, _), v in zip(getters, ns_all)}
+    tops = {p.j: p.top for p in plans}
+
+    def pin(j, v):
+        nvar[j].LB = nvar[j].UB = v
+        return True
+
+    def unpin(j):
+        nvar[j].LB, nvar[j].UB = 0, tops[j]
+
+    return _Built(getters, nvar, obj, pin, unpin)
 
 
-def _build_knapsack(m, problem: AllocationProblem, gp, GRB):
-    """Form (b); returns [(j, getter of n_j)]."""
+def _build_knapsack(m, problem: AllocationProblem, gp, GRB) -> _Built:
+    """Form (b)."""
     items, _, _ = _knapsack_size(problem)
     const = sum(v[0] for n, v in items if len(n) == 1)
     obj = gp.LinExpr(const)
     cap = gp.LinExpr()
     getters = []
+    count, binaries = {}, {}
     for j, (cnts, vals) in enumerate(items):
         if len(cnts) == 1:
             continue
         xs = [m.addVar(vtype=GRB.BINARY) for _ in cnts]
+        binaries[j] = dict(zip(cnts, xs))
         m.addConstr(gp.quicksum(xs) == 1)
+        count[j] = gp.LinExpr(cnts, xs)
         cap += gp.LinExpr(cnts, xs)
         obj += gp.LinExpr(vals, xs)
         getters.append((j, (lambda xs=xs, cnts=cnts: cnts[int(np.argmax([x.X for x in xs]))])))
     if getters:
         m.addConstr(cap <= problem.idle_nodes)
     m.setObjective(obj, GRB.MAXIMIZE)
-    return getters
+
+    def pin(j, v):
+        if v not in binaries[j]:
+            return False  # dominated: never in the rule's answer (base.knapsack_items)
+        binaries[j][v].LB = 1
+        return True
+
+    def unpin(j):
+        for x in binaries[j].values():
+            x.LB = 0
+
+    return _Built(getters, count, obj, pin, unpin)
+
+
+class _GurobiTies:
+    """:class:`~.ties.TieModel` over a solved Gurobi model (either form): rows are added to
+    it, objectives replaced, and every solve warm-starts from the previous solution."""
+
+    def __init__(self, m, built: _Built, num_tasks: int, GRB):
+        self.m, self.b, self.J, self.GRB = m, built, num_tasks, GRB
+        m.Params.MIPGap = 0.0
+        m.Params.MIPGapAbs = 0.5  # integral objectives (node counts)
+        m.Params.FeasibilityTol = 1e-9
+        m.Params.IntFeasTol = 1e-9
+
+    def require_value(self, lower: float) -> None:
+        self.m.addConstr(self.b.value >= lower)
+
+    def limit_total(self, upper: int) -> None:
+        if self.b.count:
+            self.m.addConstr(sum(self.b.count.values()) <= upper)
+
+    def fix(self, j: int, n: int) -> None:
+        if j in self.b.count:
+            self.b.pin(j, n)
+
+    def solve(self, minimise, pin, time_limit_s):
+        import gurobipy as gp
+
+        m, GRB = self.m, self.GRB
+        tasks = self.b.count.keys() if minimise is None else [j for j in minimise
+                                                              if j in self.b.count]
+        if pin is not None:
+            if pin[0] not in self.b.count:  # unmodelled: count 0 is its only choice
+                if pin[1] != 0:
+                    return None
+                pin = None
+            elif not self.b.pin(*pin):
+                return None
+        try:
+            m.setObjective(gp.quicksum(self.b.count[j] for j in tasks), GRB.MINIMIZE)
+            m.Params.TimeLimit = max(0.01, time_limit_s)
+            m.optimize()
+            if m.Status in (GRB.INFEASIBLE, GRB.INF_OR_UNBD):
+                return None
+            if m.Status != GRB.OPTIMAL:
+                raise SolverFailed(f"gurobi tie stage stopped with status {m.Status}")
+            counts = np.zeros(self.J, dtype=np.int64)
+            for j, get in self.b.getters:
+                counts[j] = get()
+            return counts
+        finally:
+            if pin is not None:
+                self.b.unpin(pin[0])

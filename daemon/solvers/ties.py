@@ -1,0 +1,179 @@
+"""The one tie-breaking rule of the exact backends (docs/architecture.md §4).
+
+The allocation problem (BFTrainer, Liu et al. arXiv 2106.12091 §3 eq. 1-9 at count level,
+:mod:`.problem`) often has several optimal count vectors: identical tasks, flat curves,
+rescale costs of zero. Every exact backend (``dp``, ``gurobi``, ``cbc``) returns the same one:
+
+1. **Own best fits.** When every task's own best count (argmax_n f_j(n) over
+   A_j = {0} U [Jmin_j, top_j], exact comparison; ties: c_j, then fewer nodes) sums to
+   <= N, those counts (tasks interact only through the capacity row).
+2. **Otherwise** among the optimal vectors (value >= V* - tol, with
+   tol = 1e-12 (1 + sum_j max_{n in A_j} |f_j(n)|), see :func:`tie_tolerance`): the fewest
+   total nodes; then, from the last task backwards, each task's most preferred count
+   (:func:`preference_rank`: c_j first, then ascending) that keeps an optimal vector with
+   that total reachable.
+
+``dp`` applies the rule in its backtrack (:mod:`.dp_kernel`); the MILP backends apply it
+with :func:`break_ties`, a lexicographic second stage in their own model (:class:`TieModel`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .base import SolverFailed
+from .problem import AllocationProblem
+
+TIE_RTOL = 1e-12
+"""Values within this fraction of 1 + sum_j max_{n in A_j} |f_j(n)| are equal (the rule's
+tolerance, shared by every exact backend)."""
+
+
+def tie_tolerance(problem: AllocationProblem) -> float:
+    """The rule's tolerance in objective units: TIE_RTOL * (1 + sum_j max_{n in A_j} |f_j(n)|),
+    A_j = {0} U [Jmin_j, top_j] (the scale :mod:`.dp_kernel` uses). Problem: BFTrainer
+    arXiv 2106.12091 §3 at count level."""
+    scale = 1.0
+    for j, f in enumerate(problem.value_tables()):
+        jmin = int(problem.min_nodes[j])
+        mag = abs(float(f[0]))
+        if jmin < len(f):
+            mag = max(mag, float(np.abs(f[jmin:]).max()))
+        scale += mag
+    return TIE_RTOL * scale
+
+
+def preference_rank(current: int, n: int) -> int:
+    """Rank of count ``n`` [nodes] for a task holding ``current`` = c_j nodes: 0 for c_j
+    (when c_j > 0), else n + 1; a lower rank is preferred (the rule's step 2)."""
+    return 0 if n == current and current != 0 else n + 1
+
+
+def preference_order(table: np.ndarray, current: int, min_nodes: int) -> np.ndarray:
+    """Admissible counts of one task in the rule's order: c_j first (when admissible), then
+    ascending. Shape (|A_j|,), int64 [nodes].
+
+    ``table``: f_j(n), n = 0..top_j (only its length is used); ``current``: c_j;
+    ``min_nodes``: Jmin_j. A_j = {0} U [Jmin_j, top_j] (BFTrainer arXiv 2106.12091 §3 at
+    count level).
+    """
+    top = len(table) - 1
+    adm = np.concatenate(([0], np.arange(min_nodes, top + 1, dtype=np.int64))) if min_nodes <= top \
+        else np.zeros(1, dtype=np.int64)
+    adm = adm.astype(np.int64)
+    if current != 0 and (adm == current).any():
+        adm = np.concatenate(([current], adm[adm != current]))
+    return adm
+
+
+def best_own_count(table: np.ndarray, order: np.ndarray) -> int:
+    """argmax of one task's table over its admissible counts, ties broken by ``order``.
+
+    ``table``: f_j(n), n = 0..top_j (float64, objective units); ``order``: (|A_j|,) int64
+    admissible counts in preference order (:func:`preference_order`). Returns a count [nodes].
+    """
+    return int(order[int(np.argmax(table[order]))])
+
+
+def own_best_counts(problem: AllocationProblem) -> np.ndarray:
+    """Every task's own best count (argmax f_j, ties: c_j, then fewer nodes), shape (J,)
+    int64 [nodes]. When they sum to <= N they are the rule's answer (step 1)."""
+    tables = problem.value_tables()
+    return np.array([
+        best_own_count(tables[j], preference_order(tables[j], int(problem.current_nodes[j]),
+                                                   int(problem.min_nodes[j])))
+        for j in range(problem.num_tasks)], dtype=np.int64)
+
+
+def own_best_if_fits(problem: AllocationProblem) -> np.ndarray | None:
+    """The rule's answer when step 1 applies (:func:`own_best_counts` sum to <= N, so they
+    are optimal: tasks interact only through the capacity row), else None. Shape (J,) int64
+    [nodes]. The MILP backends call it before building a model: a count dominated by an
+    equal-valued smaller one (dropped by the knapsack form) may be the answer here."""
+    own = own_best_counts(problem)
+    return own if int(own.sum()) <= problem.idle_nodes else None
+
+
+class TieModel(Protocol):
+    """A MILP backend's model as :func:`break_ties` drives it. Counts are (J,) int64 [nodes];
+    the value is the objective of :meth:`AllocationProblem.evaluate` (constants included)."""
+
+    def require_value(self, lower: float) -> None:
+        """Add the row: value >= ``lower`` (objective units)."""
+
+    def limit_total(self, upper: int) -> None:
+        """Add the row: sum_j n_j <= ``upper`` [nodes]."""
+
+    def fix(self, j: int, n: int) -> None:
+        """Fix n_j = ``n`` for every later solve."""
+
+    def solve(self, minimise: Sequence[int] | None, pin: tuple[int, int] | None,
+              time_limit_s: float) -> np.ndarray | None:
+        """Minimise sum_{j in minimise} n_j (all tasks when None; nothing when empty: a
+        feasibility check), with n_j = n for ``pin`` = (j, n) for this solve only. Returns
+        the counts of an optimal solution, or None when infeasible. Raises
+        :class:`SolverFailed` when the solve ends without a proof (time limit, error)."""
+
+
+def break_ties(problem: AllocationProblem, counts: np.ndarray, model: TieModel,
+               deadline: float) -> np.ndarray:
+    """The rule's answer (step 2 of the module docstring) from an optimal vector ``counts``
+    ((J,) int64 [nodes], proven optimal by the MILP backend) and its ``model``.
+
+    Stages, each skipped when it cannot change anything: value >= V* - tol (V* =
+    ``problem.evaluate(counts)``); minimise the total (skipped when no task can shrink);
+    then from the last task backwards: a task at c_j, or at 0 with c_j inadmissible, keeps
+    it; else try c_j (a feasibility solve), else minimise n_j; fix the result. At most
+    1 + 2 J solves, warm-started by the backend where it can. ``deadline``:
+    ``time.perf_counter()`` value after which :class:`SolverFailed` is raised (the allocator
+    then answers with ``dp``). Returns counts (J,) int64; raises :class:`SolverFailed` when
+    the result does not keep the optimum (solver tolerances). Problem: BFTrainer
+    arXiv 2106.12091 §3; lexicographic optimisation as in multi-objective MILP (fix each
+    objective's optimum as a row, then optimise the next).
+    """
+    J = problem.num_tasks
+    counts = np.asarray(counts, dtype=np.int64).copy()
+    if J == 0:
+        return counts
+    own = own_best_if_fits(problem)
+    if own is not None:
+        return own  # step 1: optimal, no solve needed
+    best = problem.evaluate(counts)
+    tol = tie_tolerance(problem)
+
+    def left() -> float:
+        rest = deadline - time.perf_counter()
+        if rest <= 0:
+            raise SolverFailed("tie-breaking stages ran past the time limit")
+        return rest
+
+    model.require_value(best - tol)
+    if counts.any():
+        sol = model.solve(None, None, left())
+        if sol is not None:
+            counts = sol
+    total = int(counts.sum())
+    model.limit_total(total)
+    cur = problem.current_nodes
+    jmin, top = problem.min_nodes, np.minimum(problem.max_nodes, problem.idle_nodes)
+    for j in range(J - 1, -1, -1):
+        c, n = int(cur[j]), int(counts[j])
+        c_ok = c != 0 and jmin[j] <= c <= top[j]
+        if c_ok and n != c:
+            sol = model.solve((j,), (j, c), left())
+            if sol is not None:
+                counts = sol
+                n = c
+        if n != 0 and not (c_ok and n == c):
+            sol = model.solve((j,), None, left())
+            if sol is not None:
+                counts = sol
+                n = int(counts[j])
+        counts[j] = n
+        model.fix(j, n)
+    if problem.evaluate(counts) < best - tol or int(counts.sum()) > total:
+        raise SolverFailed("tie-breaking stages lost the optimum (solver tolerances)")
+    return counts
