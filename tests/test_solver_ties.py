@@ -1,0 +1,201 @@
+"""The one tie-breaking rule of the exact backends (docs/architecture.md §4,
+``offcut.daemon.solvers.ties``): dp, gurobi (both forms) and cbc return the same counts on
+problems with deliberate ties, on random problems full of ties (against an enumeration of
+the rule, ``solver_helpers.rule_counts``) and on the problems of a real replay."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from offcut.daemon.solvers.base import SolverFailed
+from offcut.daemon.solvers.cbc import solve_cbc
+from offcut.daemon.solvers.dp import solve_dp
+from offcut.daemon.solvers.gurobi import gurobi_importable, solve_gurobi
+from offcut.daemon.solvers.problem import AllocationProblem
+from offcut.daemon.solvers.ties import tie_tolerance
+from solver_helpers import rule_counts
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+HAS_GUROBI = gurobi_importable()
+
+
+def backends() -> dict:
+    """name -> solve(problem): every exact backend, gurobi in both forms when importable."""
+    out = {"dp": solve_dp, "cbc": lambda p: solve_cbc(p, 30.0)}
+    if HAS_GUROBI:
+        out["gurobi-sos2"] = lambda p: solve_gurobi(p, 30.0, form="sos2")
+        out["gurobi-knapsack"] = lambda p: solve_gurobi(p, 30.0, form="knapsack")
+    return out
+
+
+def all_counts(p: AllocationProblem, skip=()) -> dict[str, list[int]]:
+    return {name: [int(x) for x in solve(p).counts] for name, solve in backends().items()
+            if name not in skip}
+
+
+def lin(N, cur, jmin, jmax, ns, os_, up=None, down=None, tfwd=1.0):
+    J = len(cur)
+    return AllocationProblem(N, cur, jmin, jmax, ns, os_, tfwd,
+                             up if up is not None else [0.0] * J,
+                             down if down is not None else [0.0] * J)
+
+
+# ---------------------------------------------------------------- deliberate ties
+HAND_MADE = [
+    # identical linear tasks, none held: every split of 10 nodes is optimal; the last task
+    # takes the fewest it can, the first the rest
+    (lin(10, [0, 0], [1, 1], [8, 8], [[0, 8]] * 2, [[0, 8]] * 2), [8, 2]),
+    # three identical tasks: from the last backwards, fewest nodes
+    (lin(12, [0, 0, 0], [1, 1, 1], [8, 8, 8], [[0, 8]] * 3, [[0, 8]] * 3), [8, 4, 0]),
+    # the same, a task holding 5: c_j wins the tie
+    (lin(10, [0, 5], [1, 1], [8, 8], [[0, 8]] * 2, [[0, 8]] * 2), [5, 5]),
+    (lin(10, [5, 0], [1, 1], [8, 8], [[0, 8]] * 2, [[0, 8]] * 2), [8, 2]),
+    # flat curves: equal values at 2..8 nodes, the fewest total nodes
+    (lin(10, [0, 0], [1, 1], [8, 8], [[0, 2]] * 2, [[0, 4]] * 2), [2, 2]),
+    # equal-value alternatives with different totals: 4 nodes to task 0 (value 8) or
+    # 2 to each of two tasks (4 + 4 = 8 on 4 nodes) vs 2 + nothing: the first of the
+    # equal-total optima in the rule's order (last task fewest nodes)
+    (lin(4, [0, 0], [4, 2], [4, 2], [[0, 4], [0, 2]], [[0, 8], [0, 4]]), [4, 0]),
+    (lin(5, [0, 0, 0], [4, 2, 2], [4, 2, 2], [[0, 4], [0, 2], [0, 2]],
+         [[0, 8], [0, 4], [0, 4]]), [4, 0, 0]),
+    # a held task whose curve is flat beyond 3: it keeps c_j = 6 only when that costs
+    # nothing (capacity slack: own best fits)
+    (lin(8, [6, 0], [1, 1], [8, 8], [[0, 3], [0, 2]], [[0, 6], [0, 1]]), [6, 2]),
+    # ... and gives nodes up when they are worth something elsewhere
+    (lin(8, [6, 0], [1, 1], [8, 8], [[0, 3], [0, 8]], [[0, 6], [0, 8]]), [3, 5]),
+    # identical tasks held at different counts, zero rescale cost: the last keeps c_j
+    (lin(9, [3, 6], [1, 1], [9, 9], [[0, 9]] * 2, [[0, 9]] * 2), [3, 6]),
+    (lin(10, [4, 6], [2, 2], [6, 6], [[0, 6]] * 2, [[0, 6]] * 2, up=[5.0, 5.0],
+         down=[5.0, 5.0]), [4, 6]),
+]
+
+
+@pytest.mark.parametrize("p, expected", HAND_MADE)
+def test_hand_made_ties_every_backend_same_counts(p, expected):
+    assert list(rule_counts(p)) == expected  # the enumeration agrees with the hand answer
+    got = all_counts(p)
+    assert got == {name: expected for name in got}
+
+
+# ---------------------------------------------------------------- random ties
+def tie_heavy(rng: np.random.Generator) -> AllocationProblem:
+    """Small integer-valued curves (many equal values), rescale costs 0 or 1 s, Tfwd 1 or
+    2 s: most instances have several optima."""
+    J = int(rng.integers(1, 5))
+    N = int(rng.integers(0, 12))
+    jmin = rng.integers(1, 3, J)
+    jmax = jmin + rng.integers(0, 6, J)
+    ns, os_ = [], []
+    for _ in range(J):
+        pts = np.unique(rng.integers(1, 8, rng.integers(1, 4)))
+        ns.append(np.concatenate(([0], pts)))
+        os_.append(rng.integers(0, 4, len(pts) + 1).astype(float))
+    cur = rng.integers(0, 5, J)
+    while cur.sum() > N:
+        cur[int(np.argmax(cur))] -= 1
+    return AllocationProblem(N, cur, jmin, jmax, ns, os_, float(rng.choice([1.0, 2.0])),
+                             rng.choice([0.0, 1.0], J), rng.choice([0.0, 1.0], J))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_ties_milp_backends_follow_the_rule(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(100):
+        p = tie_heavy(rng)
+        want = list(rule_counts(p))
+        got = all_counts(p, skip=("dp",))
+        assert got == {name: want for name in got}, p.to_json()
+
+
+# dp_kernel's backtrack commits to one layer (L0: all tasks on breakpoints, or L1: one free
+# task) at the first count that reaches the target, so an earlier task can lose a count that
+# is reachable only through the other layer (about 1 in 700 of these instances)
+DP_KERNEL_LAYER = pytest.mark.xfail(strict=True, reason=(
+    "dp_kernel._backtrack keeps one layer after each count; the rule needs both layers "
+    "that reach the target kept alive (kernel owned elsewhere)"))
+DP_COUNTEREXAMPLE = {
+    "idle_nodes": 3, "current_nodes": [0, 1, 0], "min_nodes": [1, 2, 1],
+    "max_nodes": [3, 7, 4], "node_counts": [[0, 4], [0, 4, 5, 6], [0, 3]],
+    "objective_values": [[1.0, 3.0], [2.0, 2.0, 1.0, 0.0], [3.0, 1.0]], "tfwd_s": 1.0,
+    "rescale_up_s": [1.0, 0.0, 1.0], "rescale_down_s": [0.0, 1.0, 0.0]}
+
+
+def test_milp_backends_on_the_dp_counterexample():
+    p = AllocationProblem.from_record(DP_COUNTEREXAMPLE)
+    assert rule_counts(p) == (2, 0, 1)  # 2 + 2.33 == 0 + 2 + 2.33; task 1 prefers 0 nodes
+    got = all_counts(p, skip=("dp",))
+    assert got == {name: [2, 0, 1] for name in got}
+
+
+@DP_KERNEL_LAYER
+def test_dp_on_its_counterexample():
+    p = AllocationProblem.from_record(DP_COUNTEREXAMPLE)
+    assert list(solve_dp(p).counts) == [2, 0, 1]
+
+
+@DP_KERNEL_LAYER
+def test_random_ties_dp_follows_the_rule():
+    rng = np.random.default_rng(0)  # contains DP_COUNTEREXAMPLE's kind twice in 300
+    for _ in range(300):
+        p = tie_heavy(rng)
+        assert tuple(int(x) for x in solve_dp(p).counts) == rule_counts(p), p.to_json()
+
+
+def test_tie_tolerance_scale():
+    p = lin(4, [0, 0], [2, 1], [4, 4], [[0, 4], [0, 4]], [[0, 8], [0, 2]])
+    # max |f| over {0} U [Jmin, top]: task 0 8, task 1 2
+    assert tie_tolerance(p) == pytest.approx(1e-12 * (1 + 8 + 2))
+
+
+def test_tie_stages_past_the_time_limit_fail_not_answer_otherwise(monkeypatch):
+    import offcut.daemon.solvers.ties as ties_mod
+
+    # 14 identical tasks: many optimal splits, so the stages run
+    p = lin(40, [0] * 14, [1] * 14, [8] * 14, [[0, 8]] * 14, [[0, 8]] * 14)
+    assert [int(x) for x in solve_cbc(p, 30.0).counts] == rule_counts_fast(p)
+    # the stages see a clock past every deadline: the backend fails (the allocator then
+    # answers with dp) instead of returning an optimum that breaks the rule
+    monkeypatch.setattr(ties_mod, "time", SimpleNamespace(perf_counter=lambda: 1e18))
+    with pytest.raises(SolverFailed, match="tie-breaking stages ran past the time limit"):
+        solve_cbc(p, 30.0)
+    if HAS_GUROBI:
+        with pytest.raises(SolverFailed, match="tie-breaking stages ran past"):
+            solve_gurobi(p, 30.0)
+
+
+def rule_counts_fast(p: AllocationProblem) -> list[int]:
+    """The rule's answer for identical linear tasks with no current nodes: from the last
+    task backwards the fewest nodes, i.e. the first tasks full (Jmax), the rest empty."""
+    left, out = p.idle_nodes, []
+    for j in range(p.num_tasks):
+        n = min(int(p.max_nodes[j]), left)
+        out.append(n)
+        left -= n
+    return out
+
+
+# ---------------------------------------------------------------- real replay problems
+@pytest.mark.slow
+def test_real_replay_problems_every_backend_same_counts():
+    folder = DATA / "bftrainer"
+    if not (folder / "hps-shufflenet-Jbnd-10J.pkl").exists():
+        pytest.skip(f"real BFTrainer data not found at {folder} (shared data folder absent)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from decision_time import record_real_replay
+
+    from offcut.daemon.solvers.records import read_records
+
+    problems = [p for _, p in read_records(record_real_replay(folder, 128, 200))]
+    assert len(problems) > 100
+    differ_without_ties = 0
+    for p in problems:
+        want = [int(x) for x in solve_dp(p).counts]
+        got = all_counts(p, skip=("dp",))
+        assert got == {name: want for name in got}, p.to_json()
+        differ_without_ties += [int(x) for x in solve_cbc(p, 30.0, ties=False).counts] != want
+    assert differ_without_ties > 0  # the real problems do have ties the rule decides
