@@ -13,6 +13,11 @@ the child's build + solve wall time (process start excluded; killed runs: the pa
 
     python benchmarks/decision_time.py [--repeat 5] [--solvers dp,cbc,gurobi,greedy]
                                        [--anchor-sizes 10x128] [--anchor-time-limit 10]
+
+The MILP rows include the tie-breaking stages (``offcut.daemon.solvers.ties``, the rule all
+exact backends follow); the ``<name>-noties`` rows time the same backend without them (its
+first optimum, which may differ from dp's counts), and ``same=k/n`` counts the instances whose
+counts equal dp's.
 """
 
 from __future__ import annotations
@@ -73,14 +78,16 @@ def make_instance(jobs, J, N, rng) -> AllocationProblem:
 
 
 def run_solver(name, p, limit):
+    """Solve ``p`` with backend ``name`` (``cbc-noties``/``gurobi-noties``: without the
+    tie-breaking stages); returns the Solution."""
     if name == "dp":
         return solve_dp(p)
     if name == "greedy":
         return solve_greedy(p)
-    if name == "cbc":
-        return solve_cbc(p, limit)
-    if name == "gurobi":
-        return solve_gurobi(p, limit)
+    if name.startswith("cbc"):
+        return solve_cbc(p, limit, ties=not name.endswith("-noties"))
+    if name.startswith("gurobi"):
+        return solve_gurobi(p, limit, ties=not name.endswith("-noties"))
     raise ValueError(name)
 
 
@@ -292,7 +299,7 @@ def anchor_row(label: str, probs, time_limit_s: float, dp_p99_ms: float | None,
         note += "; " + "; ".join(dict.fromkeys(notes))
     ratio = None
     if not walls:
-        return f"{label:>16} {'anchor':>8} {'-':>9} {'-':>9} {'-':>7} {'-':>8} {note}", None
+        return f"{label:>16} {'anchor':>13} {'-':>9} {'-':>9} {'-':>7} {'-':>8} {note}", None
     p50, p99 = np.percentile(walls, 50), np.percentile(walls, 99)
     if dp_p99_ms:
         ratio = f"{label}: anchor p50 {p50:.0f} ms / dp p99 {dp_p99_ms:.3f} ms = {p50 / dp_p99_ms:.3g}x"
@@ -300,7 +307,7 @@ def anchor_row(label: str, probs, time_limit_s: float, dp_p99_ms: float | None,
             ratio += f" ({len(walls)}/{len(probs)} finished)"
     gap = f"{max(gaps):8.1e}" if gaps else f"{'-':>8}"
     rel = f"{p50 / dp_p50_ms:7.0f}" if dp_p50_ms else f"{'-':>7}"
-    return f"{label:>16} {'anchor':>8} {p50:9.2f} {p99:9.2f} {rel} {gap} {note}", ratio
+    return f"{label:>16} {'anchor':>13} {p50:9.2f} {p99:9.2f} {rel} {gap} {note}", ratio
 
 
 def main() -> None:
@@ -343,15 +350,21 @@ def main() -> None:
         print("gurobi: gurobipy not importable, skipped")
         solvers.remove("gurobi")
     print(f"task curves: {source}; {args.repeat} instances per size; times in ms (wall, in-process)")
-    header = f"{'instances':>16} {'solver':>8} {'p50':>9} {'p99':>9} {'p50/dp':>7} {'gap_max':>8} {'note':s}"
+    header = f"{'instances':>16} {'solver':>13} {'p50':>9} {'p99':>9} {'p50/dp':>7} {'gap_max':>8} {'note':s}"
     print(header)
+    rows = []
+    for name in solvers:
+        rows.append(name)
+        if name in ("cbc", "gurobi"):
+            rows.append(f"{name}-noties")
     for label, probs in sets:
         p50_dp = p99_dp = None
-        opt = [solve_dp(p).objective for p in probs]
-        for name in solvers:
-            times, gaps, note = [], [], ""
-            for p, best in zip(probs, opt):
-                if name == "gurobi":
+        dp_sols = [solve_dp(p) for p in probs]
+        opt = [s.objective for s in dp_sols]
+        for name in rows:
+            times, gaps, note, same = [], [], "", 0
+            for p, best, ref in zip(probs, opt, dp_sols):
+                if name.startswith("gurobi"):
                     try:
                         form = choose_form(p)
                     except SolverFailed:
@@ -366,19 +379,21 @@ def main() -> None:
                     break
                 times.append((time.perf_counter() - t0) * 1e3)
                 gaps.append((best - s.objective) / max(1.0, abs(best)))
+                same += bool(np.array_equal(s.counts, ref.counts))
             if not times:
-                print(f"{label:>16} {name:>8} {'-':>9} {'-':>9} {'-':>7} {'-':>8} {note}")
+                print(f"{label:>16} {name:>13} {'-':>9} {'-':>9} {'-':>7} {'-':>8} {note}")
                 continue
             p50, p99 = np.percentile(times, 50), np.percentile(times, 99)
             if name == "dp":
                 p50_dp, p99_dp = p50, p99
             ratio = f"{p50 / p50_dp:7.1f}" if p50_dp else f"{'-':>7}"
-            print(f"{label:>16} {name:>8} {p50:9.2f} {p99:9.2f} {ratio} {max(gaps):8.1e} {note}")
+            note = f"same={same}/{len(times)} {note}".rstrip()
+            print(f"{label:>16} {name:>13} {p50:9.2f} {p99:9.2f} {ratio} {max(gaps):8.1e} {note}")
         if args.no_anchor or label.startswith("records:"):
             continue
         if label not in anchor_sizes:
             J, N = (int(v) for v in label.split("x"))
-            print(f"{label:>16} {'anchor':>8} {'-':>9} {'-':>9} {'-':>7} {'-':>8} "
+            print(f"{label:>16} {'anchor':>13} {'-':>9} {'-':>9} {'-':>7} {'-':>8} "
                   f"not attempted ({anchor_binaries(J, N)} binaries)")
             continue
         if p99_dp is None:

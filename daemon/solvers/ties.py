@@ -124,10 +124,12 @@ def break_ties(problem: AllocationProblem, counts: np.ndarray, model: TieModel,
     ((J,) int64 [nodes], proven optimal by the MILP backend) and its ``model``.
 
     Stages, each skipped when it cannot change anything: value >= V* - tol (V* =
-    ``problem.evaluate(counts)``); minimise the total (skipped when no task can shrink);
-    then from the last task backwards: a task at c_j, or at 0 with c_j inadmissible, keeps
-    it; else try c_j (a feasibility solve), else minimise n_j; fix the result. At most
-    1 + 2 J solves, warm-started by the backend where it can. ``deadline``:
+    ``problem.evaluate(counts)``); minimise the total; then from the last task backwards: a
+    task at c_j, or at 0 with c_j inadmissible, keeps it; else try c_j (a feasibility
+    solve), else minimise n_j; fix the result. At most 1 + 2 J solves, warm-started by the
+    backend where it can; a solve is skipped when a Lagrangian bound
+    (:class:`_LagrangianBound`) proves that no optimal vector has what it looks for (a
+    smaller total, c_j, a smaller n_j), which is the usual case for a task without a tie. ``deadline``:
     ``time.perf_counter()`` value after which :class:`SolverFailed` is raised (the allocator
     then answers with ``dp``). Returns counts (J,) int64; raises :class:`SolverFailed` when
     the result does not keep the optimum (solver tolerances). Problem: BFTrainer
@@ -151,29 +153,101 @@ def break_ties(problem: AllocationProblem, counts: np.ndarray, model: TieModel,
         return rest
 
     model.require_value(best - tol)
-    if counts.any():
+    bound = _LagrangianBound(problem)
+    need = best - 2 * tol  # a bound below it proves a stage cannot change anything
+    total = int(counts.sum())
+    if total and bound.best_value(total - 1, 0, 0.0, J - 1, None) >= need:
         sol = model.solve(None, None, left())
         if sol is not None:
             counts = sol
-    total = int(counts.sum())
+            total = int(counts.sum())
     model.limit_total(total)
     cur = problem.current_nodes
     jmin, top = problem.min_nodes, np.minimum(problem.max_nodes, problem.idle_nodes)
+    tables = problem.value_tables()
+    fixed_nodes, fixed_value = 0, 0.0  # of the tasks after j, fixed
     for j in range(J - 1, -1, -1):
         c, n = int(cur[j]), int(counts[j])
         c_ok = c != 0 and jmin[j] <= c <= top[j]
-        if c_ok and n != c:
+        if c_ok and n != c and bound.best_value(total, fixed_nodes, fixed_value, j,
+                                                 np.array([c])) >= need:
             sol = model.solve((j,), (j, c), left())
             if sol is not None:
                 counts = sol
                 n = c
         if n != 0 and not (c_ok and n == c):
-            sol = model.solve((j,), None, left())
-            if sol is not None:
-                counts = sol
-                n = int(counts[j])
+            smaller = np.concatenate(([0], np.arange(jmin[j], n)))
+            if bound.best_value(total, fixed_nodes, fixed_value, j, smaller) >= need:
+                sol = model.solve((j,), None, left())
+                if sol is not None:
+                    counts = sol
+                    n = int(counts[j])
         counts[j] = n
         model.fix(j, n)
+        fixed_nodes += n
+        fixed_value += float(tables[j][n])
     if problem.evaluate(counts) < best - tol or int(counts.sum()) > total:
         raise SolverFailed("tie-breaking stages lost the optimum (solver tolerances)")
     return counts
+
+
+class _LagrangianBound:
+    """Upper bounds on the value of count vectors by relaxing the capacity row with a price
+    lambda >= 0 [objective units per node] (Lagrangian relaxation of the multiple-choice
+    knapsack; e.g. Kellerer, Pferschy, Pisinger, "Knapsack Problems", Springer 2004, §11.2):
+    for any vector y with sum_i y_i <= cap, value(y) <= lambda cap + sum_i max_k (f_i(k) -
+    lambda k). Built lazily: a (J, max_j top_j + 1) float64 table of f, -inf where not
+    admissible (about 8 J (N + 1) bytes)."""
+
+    def __init__(self, problem: AllocationProblem):
+        self.problem = problem
+        self.F: np.ndarray | None = None
+        self.prices: dict[int, tuple[float, np.ndarray]] = {}
+
+    def _table(self) -> np.ndarray:
+        if self.F is None:
+            tables = self.problem.value_tables()
+            width = max(len(t) for t in tables)
+            F = np.full((len(tables), width), -np.inf)
+            for j, t in enumerate(tables):
+                F[j, :len(t)] = t
+            self.F = F
+            self.k = np.arange(width, dtype=float)
+        return self.F
+
+    def _price(self, cap: int) -> tuple[float, np.ndarray]:
+        """lambda minimising the bound for all tasks free with capacity ``cap`` [nodes]
+        (bisection on the subgradient cap - sum_i argmax_k (f_i(k) - lambda k)), and the
+        prefix sums (J + 1,) of h_i(lambda) = max_k (f_i(k) - lambda k)."""
+        if cap not in self.prices:
+            F = self._table()
+            finite = F[np.isfinite(F)]
+            lo, hi = 0.0, float(finite.max() - finite.min()) + 1.0
+            if int(np.argmax(F, axis=1).sum()) > cap:
+                for _ in range(60):
+                    mid = 0.5 * (lo + hi)
+                    if int(np.argmax(F - mid * self.k, axis=1).sum()) > cap:
+                        lo = mid
+                    else:
+                        hi = mid
+            else:
+                hi = 0.0
+            h = (F - hi * self.k).max(axis=1)
+            self.prices[cap] = (hi, np.concatenate(([0.0], np.cumsum(h))))
+        return self.prices[cap]
+
+    def best_value(self, cap: int, fixed_nodes: int, fixed_value: float, j: int,
+                   choices: np.ndarray | None) -> float:
+        """An upper bound [objective units] on the value of vectors with total <= ``cap``
+        [nodes], the tasks after ``j`` fixed (``fixed_nodes`` nodes, ``fixed_value``), task
+        ``j`` at one of ``choices`` (counts; None = free) and the tasks before it free.
+        ``inf`` when there is nothing to bound."""
+        if cap < fixed_nodes:
+            return -np.inf
+        lam, prefix = self._price(cap)
+        if choices is None:
+            own = prefix[j + 1] - prefix[j]
+        else:
+            row = self._table()[j, choices]
+            own = float((row - lam * choices).max())
+        return lam * (cap - fixed_nodes) + fixed_value + own + prefix[j]
