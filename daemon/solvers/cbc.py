@@ -13,7 +13,7 @@ import numpy as np
 
 from .base import SolverFailed, SolverUnavailable, knapsack_items, milp_solution
 from .problem import AllocationProblem, Solution
-from .ties import break_ties, own_best_if_fits
+from .ties import break_ties, own_best_if_fits, tie_tolerance
 
 
 def solve_cbc(problem: AllocationProblem, time_limit_s: float, ties: bool = True) -> Solution:
@@ -56,6 +56,9 @@ def solve_cbc(problem: AllocationProblem, time_limit_s: float, ties: bool = True
         m.verbose = 0
         m.max_mip_gap = 1e-9
         m.max_mip_gap_abs = 1e-9
+        if ties:  # the rule needs the optimum within its tolerance (ties.py)
+            m.max_mip_gap = 0.0
+            m.max_mip_gap_abs = 0.5 * tie_tolerance(problem)
         xs: dict[int, list] = {}
         for j in free:
             xs[j] = [m.add_var(var_type=mip.BINARY) for _ in items[j][0]]

@@ -36,7 +36,7 @@ import numpy as np
 
 from .base import SolverFailed, SolverUnavailable, knapsack_items, milp_solution
 from .problem import AllocationProblem, Solution, interpolate
-from .ties import break_ties, own_best_if_fits
+from .ties import break_ties, own_best_if_fits, tie_tolerance
 
 SIZE_LIMIT_VARS = 2000
 SIZE_LIMIT_ROWS = 2000
@@ -177,6 +177,9 @@ def solve_gurobi(problem: AllocationProblem, time_limit_s: float, form: str | No
         with gp.Model(env=env) as m:
             m.Params.TimeLimit = max(0.01, float(time_limit_s))
             m.Params.MIPGap = 1e-9
+            if ties:  # the rule needs the optimum within its tolerance (ties.py)
+                m.Params.MIPGap = 0.0
+                m.Params.MIPGapAbs = 0.5 * tie_tolerance(problem)
             m.Params.Threads = 1
             if form == "sos2":
                 built = _build_sos2(m, problem, gp, GRB)
