@@ -83,9 +83,10 @@ def test_hand_made_ties_every_backend_same_counts(p, expected):
 
 
 # ---------------------------------------------------------------- random ties
-def tie_heavy(rng: np.random.Generator) -> AllocationProblem:
+def tie_heavy(rng: np.random.Generator, costs: bool = False) -> AllocationProblem:
     """Small integer-valued curves (many equal values), rescale costs 0 or 1 s, Tfwd 1 or
-    2 s: most instances have several optima."""
+    2 s: most instances have several optima. ``costs``: integer cost curves C_j in [-1, 2]
+    at the same points (the energy objective's subproblems, any sign)."""
     J = int(rng.integers(1, 5))
     N = int(rng.integers(0, 12))
     jmin = rng.integers(1, 3, J)
@@ -98,15 +99,19 @@ def tie_heavy(rng: np.random.Generator) -> AllocationProblem:
     cur = rng.integers(0, 5, J)
     while cur.sum() > N:
         cur[int(np.argmax(cur))] -= 1
-    return AllocationProblem(N, cur, jmin, jmax, ns, os_, float(rng.choice([1.0, 2.0])),
-                             rng.choice([0.0, 1.0], J), rng.choice([0.0, 1.0], J))
+    p = AllocationProblem(N, cur, jmin, jmax, ns, os_, float(rng.choice([1.0, 2.0])),
+                          rng.choice([0.0, 1.0], J), rng.choice([0.0, 1.0], J))
+    if costs:
+        p = p.with_costs([rng.integers(-1, 3, len(x)).astype(float) for x in ns])
+    return p
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_random_ties_milp_backends_follow_the_rule(seed):
+@pytest.mark.parametrize("seed, costs", [(0, False), (1, False), (2, False), (3, False),
+                                         (4, True), (5, True)])
+def test_random_ties_milp_backends_follow_the_rule(seed, costs):
     rng = np.random.default_rng(seed)
     for _ in range(100):
-        p = tie_heavy(rng)
+        p = tie_heavy(rng, costs)
         want = list(rule_counts(p))
         got = all_counts(p, skip=("dp",))
         assert got == {name: want for name in got}, p.to_json()

@@ -2,6 +2,8 @@
 
 Only the knapsack form is used: python-mip 2.0.0's CBC aborts, hangs or answers wrongly on
 SOS2 models (docs/architecture.md §4, measured), so SOS constraints are never built here.
+Ties: after the proven optimum, lexicographic stages in the same model (:func:`.ties.break_ties`)
+return the counts of the exact backends' one rule, the same as ``dp``'s.
 """
 
 from __future__ import annotations

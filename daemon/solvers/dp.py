@@ -249,7 +249,8 @@ def solve_dp(problem: AllocationProblem) -> Solution:
     Shortcut (exact): when the tasks' own best counts (argmax f_j, ties: c_j, then fewer
     nodes) sum to <= N, they are the answer without a DP.
 
-    Ties are broken deterministically: the fewest total nodes among optimal solutions, then,
+    Ties are broken by the exact backends' one rule (:mod:`.ties`): the fewest total nodes
+    among optimal solutions, then,
     from the last task backwards, each task's most preferred count (c_j, then fewer nodes)
     that keeps the optimum reachable. Values within 1e-12 of sum_j max|f_j| count as equal,
     so float rounding cannot flip a tie (the reference DP compares exactly; on exact ties

@@ -18,6 +18,9 @@
 
 BFTrainer (arXiv 2106.12091 §3, eq. 1-9) at count level.
 
+Ties: after the proven optimum, lexicographic stages in the same model (:func:`.ties.break_ties`)
+return the counts of the exact backends' one rule, the same as ``dp``'s.
+
 Licence: the pip wheel's size-limited licence allows <= 2,000 variables and <= 2,000 linear
 constraints (GurobiError 10010 beyond). The form is chosen by counting before building.
 Set the environment variable ``OFFCUT_GUROBI_FULL_LICENSE=1`` on a site with a full
