@@ -204,3 +204,20 @@ def test_real_replay_problems_every_backend_same_counts():
         assert got == {name: want for name in got}, p.to_json()
         differ_without_ties += [int(x) for x in solve_cbc(p, 30.0, ties=False).counts] != want
     assert differ_without_ties > 0  # the real problems do have ties the rule decides
+
+
+@pytest.mark.skipif(not HAS_GUROBI, reason="gurobipy is not importable")
+def test_licence_check_counts_the_tie_rows(monkeypatch):
+    import offcut.daemon.solvers.gurobi as g
+
+    monkeypatch.delenv("OFFCUT_GUROBI_FULL_LICENSE", raising=False)
+    p = lin(12, [0, 0, 0], [1, 1, 1], [8, 8, 8], [[0, 8]] * 3, [[0, 8]] * 3)
+    _, _, rows = g._sos2_plan(p)
+    _, _, krows = g._knapsack_size(p)
+    # the model alone would fit; with the two tie rows it does not: the other form, then none
+    monkeypatch.setattr(g, "SIZE_LIMIT_ROWS", rows + 1)
+    assert g.choose_form(p) == "knapsack" and krows + 2 <= rows + 1
+    assert [int(x) for x in solve_gurobi(p, 30.0).counts] == [8, 4, 0]
+    monkeypatch.setattr(g, "SIZE_LIMIT_ROWS", krows + 1)
+    with pytest.raises(SolverFailed, match="too large"):
+        g.choose_form(p)

@@ -43,6 +43,7 @@ from .ties import break_ties, own_best_if_fits, tie_tolerance
 
 SIZE_LIMIT_VARS = 2000
 SIZE_LIMIT_ROWS = 2000
+TIE_ROWS = 2  # rows the tie stages add (value >= V* - tol, total <= T*; ties.break_ties)
 NOT_INSTALLED = "gurobipy is not installed (pip install 'offcut[gurobi]')"
 
 _ENV = None  # one silent Gurobi environment per process
@@ -108,14 +109,16 @@ def _knapsack_size(problem: AllocationProblem) -> tuple[list, int, int]:
 
 def choose_form(problem: AllocationProblem) -> str:
     """``"sos2"`` or ``"knapsack"``: the first form that fits the size-limited licence (or
-    ``"sos2"`` under ``OFFCUT_GUROBI_FULL_LICENSE=1``). Raises :class:`SolverUnavailable`
-    naming the sizes when neither fits."""
+    ``"sos2"`` under ``OFFCUT_GUROBI_FULL_LICENSE=1``), counting the ``TIE_ROWS`` rows the
+    tie stages add. Raises :class:`SolverUnavailable` naming the sizes when neither fits."""
     if full_license():
         return "sos2"
     _, v, r = _sos2_plan(problem)
+    r += TIE_ROWS
     if v <= SIZE_LIMIT_VARS and r <= SIZE_LIMIT_ROWS:
         return "sos2"
     _, kv, kr = _knapsack_size(problem)
+    kr += TIE_ROWS
     if kv <= SIZE_LIMIT_VARS and kr <= SIZE_LIMIT_ROWS:
         return "knapsack"
     raise SolverUnavailable(
