@@ -114,7 +114,8 @@ def test_real_log_all_tasks_done_no_later_than_bftrainer(tmp_path, num_nodes, or
 
 @needs_data
 def test_recorded_real_instances_agree_across_solvers(tmp_path):
-    """Instances recorded from the real replay: dp (exact), cbc and gurobi give one optimum."""
+    """Instances recorded from the real replay: dp (exact), cbc and gurobi give one optimum,
+    and by the exact backends' tie rule (docs/architecture.md §4) the same counts."""
     records = tmp_path / "instances.jsonl"
     out = tmp_path / "rec"
     result = _run("replay", "bftrainer", "--allow-pickle",
@@ -133,14 +134,17 @@ def test_recorded_real_instances_agree_across_solvers(tmp_path):
         assert len(rows) == len(lines)
         return rows
 
-    exact = [r["objective"] for r in objectives("dp")]
+    dp = objectives("dp")
+    exact = [r["objective"] for r in dp]
     cbc = objectives("cbc")
     assert {r["solver"] for r in cbc} <= {"cbc", "trivial"}  # trivial: no idle node
     assert [r["objective"] for r in cbc] == pytest.approx(exact, rel=1e-6, abs=1e-6)
+    assert [r["counts"] for r in cbc] == [r["counts"] for r in dp]
     gurobi = objectives("gurobi")
     if any(r.get("fallback_reason") for r in gurobi):
         pytest.skip("gurobipy not usable here: " + gurobi[0].get("fallback_reason", ""))
     assert [r["objective"] for r in gurobi] == pytest.approx(exact, rel=1e-6, abs=1e-6)
+    assert [r["counts"] for r in gurobi] == [r["counts"] for r in dp]
 
 
 @needs_data
