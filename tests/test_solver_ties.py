@@ -117,13 +117,10 @@ def test_random_ties_milp_backends_follow_the_rule(seed, costs):
         assert got == {name: want for name in got}, p.to_json()
 
 
-# dp_kernel's backtrack commits to one layer (L0: all tasks on breakpoints, or L1: one free
-# task) at the first count that reaches the target, so an earlier task can lose a count that
-# is reachable only through the other layer (about 1 in 700 of these instances, 6 in 150 of
-# identical_kinds below)
-DP_KERNEL_LAYER = pytest.mark.xfail(strict=True, reason=(
-    "dp_kernel._backtrack keeps one layer after each count; the rule needs both layers "
-    "that reach the target kept alive (kernel owned elsewhere)"))
+# dp_kernel's backtrack once committed to one layer (L0: all tasks on breakpoints, or L1: one
+# free task) at the first count reaching the target, so an earlier task could lose a count
+# reachable only through the other layer; this instance (and about 1 in 700 of tie_heavy, 6 in
+# 150 of identical_kinds below) caught it
 DP_COUNTEREXAMPLE = {
     "idle_nodes": 3, "current_nodes": [0, 1, 0], "min_nodes": [1, 2, 1],
     "max_nodes": [3, 7, 4], "node_counts": [[0, 4], [0, 4, 5, 6], [0, 3]],
@@ -138,13 +135,11 @@ def test_milp_backends_on_the_dp_counterexample():
     assert got == {name: [2, 0, 1] for name in got}
 
 
-@DP_KERNEL_LAYER
 def test_dp_on_its_counterexample():
     p = AllocationProblem.from_record(DP_COUNTEREXAMPLE)
     assert list(solve_dp(p).counts) == [2, 0, 1]
 
 
-@DP_KERNEL_LAYER
 def test_random_ties_dp_follows_the_rule():
     rng = np.random.default_rng(0)  # contains DP_COUNTEREXAMPLE's kind twice in 300
     for _ in range(300):
@@ -180,7 +175,6 @@ def test_identical_kinds_milp_backends_equal_the_reference_dp():
         assert got == {name: want for name in got}, p.to_json()
 
 
-@DP_KERNEL_LAYER
 def test_identical_kinds_dp_equals_the_reference_dp():
     from offcut.daemon.solvers.dp import _solve_dp_reference
 

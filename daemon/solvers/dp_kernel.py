@@ -382,7 +382,10 @@ def _backtrack(tab, tab_off, cur, options, cur_kept, L0, L1, K, m_lo, best, tol,
     From the last task backwards, each task takes its most preferred count (c_j first when it
     is a kept breakpoint, then every option ascending) whose L_{j-1}(m - n) + f_j(n) reaches
     the target (within ``tol``, objective units) in a layer it may come from: a breakpoint
-    continues L0 or L1, a free count moves L0_{j-1} into L1_j. ``L0``/``L1``: (J+1, N+1)
+    continues L0 or L1, a free count moves L0_{j-1} into L1_j. Every layer of task j-1
+    through which that count reaches the target stays open for the earlier tasks (the next
+    target is the smaller of their values): committing to one layer could lose an earlier
+    task's preferred count that only the other reaches. ``L0``/``L1``: (J+1, N+1)
     float64 layers; ``K``: (J+1,) int64 row ends; ``options``, ``cur_kept``: of
     :func:`_useful_options`; ``cur``: (J,) c_j; ``m_lo``, ``best``: of :func:`_forward`.
     Method and tie-breaking rule: :mod:`.dp` docstring (problem: BFTrainer arXiv 2106.12091
@@ -399,6 +402,8 @@ def _backtrack(tab, tab_off, cur, options, cur_kept, L0, L1, K, m_lo, best, tol,
         p1 = L1[j - 1]
         chosen = -1
         layer = 0
+        new0 = False  # the layers of task j-1 through which the chosen count reaches the target
+        new1 = False
         fb_v = -np.inf  # fallback: the best miss (needed for float rounding only)
         fb_n = -1
         fb_layer = 0
@@ -419,9 +424,14 @@ def _backtrack(tab, tab_off, cur, options, cur_kept, L0, L1, K, m_lo, best, tol,
                         else:
                             continue
                         if v >= target - tol:
-                            chosen = n
-                            layer = lay
-                            break
+                            if chosen < 0:
+                                chosen = n
+                                layer = lay
+                            if lay == 0:
+                                new0 = True
+                            else:
+                                new1 = True
+                            continue
                         if v > fb_v:
                             fb_v, fb_n, fb_layer = v, n, lay
                     if chosen >= 0:
@@ -432,13 +442,15 @@ def _backtrack(tab, tab_off, cur, options, cur_kept, L0, L1, K, m_lo, best, tol,
                 break
         if chosen < 0:  # cannot happen beyond rounding; keep the best candidate
             chosen, layer = fb_n, fb_layer
+            new0, new1 = layer == 0, layer == 1
         counts[j - 1] = chosen
         m -= chosen
-        if layer == 0:
-            allow0, allow1 = True, False
+        allow0, allow1 = new0, new1
+        if new0 and new1:
+            target = min(p0[m], p1[m])
+        elif new0:
             target = p0[m]
         else:
-            allow0, allow1 = False, True
             target = p1[m]
 
 
