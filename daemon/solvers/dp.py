@@ -225,18 +225,15 @@ def _get_kernel():
 def _pack(problem: AllocationProblem):
     """The kernel's flat inputs: (tab, tab_off, ns, ns_off).
 
-    ``tab``: every task's f_j(n), n = 0..top_j (:meth:`AllocationProblem.value_tables`;
-    float64, objective units), concatenated; ``tab_off``: (J+1,) int64 offsets into it;
+    ``tab``, ``tab_off``: every task's f_j(n), n = 0..top_j, on one flat array with (J+1,)
+    int64 offsets (:meth:`AllocationProblem.flat_value_tables`; float64, objective units);
     ``ns``: the curves' node counts Ns_j (float64, nodes) concatenated; ``ns_off``: (J+1,)
     int64 offsets. Problem: BFTrainer arXiv 2106.12091 §3 eq. 1-9 at count level.
     """
-    tables = problem.value_tables()
+    tab, tab_off = problem.flat_value_tables()
     J = problem.num_tasks
-    tab_off = np.zeros(J + 1, dtype=np.int64)
-    tab_off[1:] = np.cumsum([len(t) for t in tables])
     ns_off = np.zeros(J + 1, dtype=np.int64)
-    ns_off[1:] = np.cumsum([len(x) for x in problem.node_counts])
-    tab = np.concatenate(tables) if J else np.zeros(0)
+    np.cumsum([len(x) for x in problem.node_counts], out=ns_off[1:])
     ns = np.concatenate(problem.node_counts) if J else np.zeros(0)
     return tab, tab_off, ns, ns_off
 

@@ -110,6 +110,8 @@ class AllocationProblem:
     objective_tables: list[np.ndarray] | None = field(default=None, repr=False, compare=False)
     check: bool = field(default=True, repr=False, compare=False)
     _tables: list[np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
+    _flat: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False,
+                                                         compare=False)
 
     def __post_init__(self) -> None:
         self.idle_nodes = int(self.idle_nodes)
@@ -195,37 +197,58 @@ class AllocationProblem:
         """f_j(n) for n = 0..min(Jmax_j, N): the objective term of task j at n nodes
         (Tfwd (S_j - C_j) less the rescale losses; module docstring).
 
-        Returns a list of J float arrays; entries for 0 < n < Jmin_j are ``-inf`` (not
-        admissible). Cached: the problem is immutable once built.
+        Returns a list of J float arrays (views of :meth:`flat_value_tables`); entries for
+        0 < n < Jmin_j are ``-inf`` (not admissible). Cached: the problem is immutable once
+        built.
         """
         if self._tables is None:
-            J = self.num_tasks
-            if J == 0:
-                self._tables = []
-                return self._tables
-            tops = np.minimum(self.max_nodes, self.idle_nodes)
-            # all tasks at once on one flat array: n = position inside the task's table
-            flat = self.tfwd_s * np.concatenate(
-                [self._net_table(j, int(tops[j])) for j in range(J)])
-            lengths = tops + 1
-            task = np.repeat(np.arange(J), lengths)
-            starts = np.cumsum(lengths) - lengths
-            n = np.arange(len(flat)) - starts[task]
-            rates = np.array([self.current_rate(j) for j in range(J)])
-            c = self.current_nodes[task]
-            flat -= np.where(n > c, (self.rescale_up_s * rates)[task],
-                             np.where(n < c, (self.rescale_down_s * rates)[task], 0.0))
-            flat[(n > 0) & (n < self.min_nodes[task])] = -np.inf
-            self._tables = np.split(flat, np.cumsum(lengths)[:-1])
+            flat, offsets = self.flat_value_tables()
+            self._tables = [flat[offsets[j]:offsets[j + 1]] for j in range(self.num_tasks)]
         return self._tables
 
-    def _net_table(self, j: int, top: int) -> np.ndarray:
-        """S_j(n) - C_j(n) for n = 0..top (0 below Jmin_j); shape (top + 1,)."""
-        s = self._objective_table(j)[: top + 1]
-        if self.cost_values is None:
-            return s
-        return s - objective_table(self.node_counts[j], self.cost_values[j],
-                                   int(self.min_nodes[j]), top)
+    def flat_value_tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every f_j(n) (:meth:`value_tables`) on one flat array: (values (sum_j (top_j + 1),)
+        float64 in objective units, offsets (J+1,) int64: task j's f_j(n) is
+        ``values[offsets[j] + n]``, n = 0..top_j, top_j = min(Jmax_j, N)). Built with one
+        vectorised pass over all tasks (the per-task part is slicing the cached curves), as
+        every allocation of a whole-machine replay builds it (BFTrainer arXiv 2106.12091 §3
+        eq. 1-9 at count level). Cached.
+        """
+        if self._flat is None:
+            J = self.num_tasks
+            tops = np.minimum(self.max_nodes, self.idle_nodes)
+            lengths = tops + 1
+            offsets = np.zeros(J + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            if J == 0:
+                self._flat = (np.zeros(0), offsets)
+                return self._flat
+            s = np.concatenate([self._objective_table(j)[:top + 1]
+                                for j, top in enumerate(tops.tolist())])
+            starts = offsets[:-1]
+            c = self.current_nodes
+            # R_j = S_j(c_j) (current_rate): c_j <= N always, so c_j <= top_j unless c_j > Jmax_j
+            inside = c <= tops
+            rates = np.where(inside, s[starts + np.where(inside, c, 0)], 0.0)
+            rates[c < self.min_nodes] = 0.0
+            for j in np.flatnonzero(~inside & (c >= self.min_nodes)).tolist():
+                rates[j] = self.current_rate(j)
+            if self.cost_values is not None:
+                s = s - np.concatenate([self._net_cost_table(j, int(tops[j])) for j in range(J)])
+            flat = self.tfwd_s * s
+            task = np.repeat(np.arange(J), lengths)
+            n = np.arange(len(flat)) - starts[task]
+            cur = c[task]
+            flat -= np.where(n > cur, (self.rescale_up_s * rates)[task],
+                             np.where(n < cur, (self.rescale_down_s * rates)[task], 0.0))
+            flat[(n > 0) & (n < self.min_nodes[task])] = -np.inf
+            self._flat = (flat, offsets)
+        return self._flat
+
+    def _net_cost_table(self, j: int, top: int) -> np.ndarray:
+        """C_j(n) for n = 0..top (0 below Jmin_j); shape (top + 1,)."""
+        return objective_table(self.node_counts[j], self.cost_values[j],
+                               int(self.min_nodes[j]), top)
 
     def _objective_table(self, j: int) -> np.ndarray:
         """S_j(n) for n = 0..Jmax_j (0 below Jmin_j)."""
@@ -251,9 +274,11 @@ class AllocationProblem:
             return f"expected {self.num_tasks} counts, got shape {counts.shape}"
         if int(counts.sum()) > self.idle_nodes:
             return f"uses {int(counts.sum())} nodes, only {self.idle_nodes} idle"
-        for j, n in enumerate(counts):
-            if n != 0 and not (self.min_nodes[j] <= n <= self.max_nodes[j]):
-                return f"task {j}: {n} nodes outside {{0}} U [{self.min_nodes[j]}, {self.max_nodes[j]}]"
+        bad = np.flatnonzero((counts != 0) & ((counts < self.min_nodes) | (counts > self.max_nodes)))
+        if len(bad):
+            j = int(bad[0])
+            return (f"task {j}: {counts[j]} nodes outside {{0}} U [{self.min_nodes[j]}, "
+                    f"{self.max_nodes[j]}]")
         return None
 
     def check_admissible(self, counts: Sequence[int]) -> None:
@@ -266,8 +291,8 @@ class AllocationProblem:
     def evaluate(self, counts: Sequence[int]) -> float:
         """Objective of a count vector (shape (J,)); raises ``ValueError`` when infeasible."""
         self.check_admissible(counts)
-        tables = self.value_tables()
-        return float(sum(tables[j][int(n)] for j, n in enumerate(counts)))
+        flat, offsets = self.flat_value_tables()
+        return float(sum(flat[offsets[:-1] + np.asarray(counts, dtype=np.int64)].tolist()))
 
     def keep_current(self) -> np.ndarray:
         """The no-change answer: every task keeps c_j if that is admissible, else 0 nodes."""
