@@ -10,6 +10,8 @@ Usage::
 
     python benchmarks/full_replay.py                       # whole log, solver dp
     python benchmarks/full_replay.py --max-events 2000 --solver greedy
+    python benchmarks/full_replay.py --record-instances whole.jsonl   # then time them alone:
+    python benchmarks/decision_time.py --records whole.jsonl --solvers dp --no-anchor
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ def main() -> None:
     ap.add_argument("--max-events", type=int, default=None, help="default: the whole log")
     ap.add_argument("--overhead-events", type=int, default=2000)
     ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="offcut-full-")))
+    ap.add_argument("--record-instances", type=Path, default=None,
+                    help="write every allocation problem of the replay (JSONL) for "
+                         "benchmarks/decision_time.py --records")
     args = ap.parse_args()
 
     from offcut.replay.bftrainer_data import load_node_log, load_task_set
@@ -87,7 +92,8 @@ def main() -> None:
           f"{args.max_tasks}, solver {args.solver}")
     s = run_replay(log, tasks, args.out / "full", ReplayOptions(
         solver=args.solver, max_tasks=args.max_tasks, max_events=args.max_events,
-        progress=True, until_log_end=True))
+        progress=True, until_log_end=True,
+        record_instances=str(args.record_instances) if args.record_instances else None))
     print(f"  events {s['events']}  wall {s['wall_s']:.1f} s (daemon start included; "
           f"{s['drive_s']:.1f} s sending)  events/s {s['events_per_s']:.0f}  "
           f"daemon peak RSS {s['daemon_peak_rss_mb']:.0f} MiB")
