@@ -508,3 +508,75 @@ def test_dp_kernel_without_cache_locator(monkeypatch):
     monkeypatch.setattr(dp_mod, "_KERNEL_ERROR", None)
     kernel = dp_mod._get_kernel()  # compiling it would take ~10 s: only build the dispatcher
     assert kernel is not None and type(kernel._cache).__name__ == "NullCache"
+
+
+def _amdahl_problem(rng, J, N, cur):
+    ns = [0, 1, 2, 4, 8, 16, 32]
+    curves = []
+    for _ in range(J):
+        r, a = rng.uniform(1.0, 10.0), rng.uniform(0.0, 0.1)
+        curves.append([0.0] + [r * n / (1 + a * (n - 1)) for n in ns[1:]])
+    return AllocationProblem(N, cur, rng.integers(1, 3, J), rng.integers(8, 33, J), [ns] * J,
+                             curves, 10.0, rng.uniform(0.0, 20.0, J), rng.uniform(0.0, 12.0, J))
+
+
+def test_dp_keeps_the_rows_of_the_previous_solve_and_answers_as_a_fresh_solve():
+    """Re-allocations within one event share N and their first tasks: the kernel keeps those
+    rows of the previous solve (dp_kernel._common_prefix) and must answer exactly what a
+    solve from nothing answers, whatever changed after the shared tasks (a task's c_j, a task
+    replaced, one more task, fewer later tasks)."""
+    import offcut.daemon.solvers.dp as dp_mod
+
+    kernel = dp_mod._get_kernel()
+    if kernel is None:
+        pytest.skip(f"no compiled dp kernel: {dp_mod.compiled_kernel_missing()}")
+
+    def solve(p, prev):
+        tab, tab_off, ns, ns_off = dp_mod._pack(p)
+        work = dp_mod._workspace(p.num_tasks, p.idle_nodes)
+        counts, passes, K, LO, H1, kept = kernel(
+            tab, tab_off, ns, ns_off, p.min_nodes, p.current_nodes, p.idle_nodes,
+            dp_mod.TIE_RTOL, dp_mod._BRUTE_WIDTH, dp_mod._FIRST_PASS_SLACK, work, prev)
+        rows = (tab.copy(), tab_off, ns, ns_off, p.min_nodes.copy(), p.current_nodes.copy(),
+                p.idle_nodes, K, LO, H1)
+        return list(counts), passes, kept, rows
+
+    rng = np.random.default_rng(11)
+    kept_rows = 0
+    for _ in range(100):
+        J = int(rng.integers(8, 15))
+        # mostly a pool the tasks' demand (about 20 J) exceeds, so the optimum uses nearly all
+        # of it and the last rows start above 0 (the kept rows' columns must then reach low
+        # enough: dp_kernel._forward)
+        N = int(rng.integers(40, 400)) if rng.random() < 0.3 else J * int(rng.integers(12, 18))
+        cur = np.zeros(J, dtype=np.int64)
+        first = _amdahl_problem(rng, J, N, cur)
+        later = _amdahl_problem(rng, J + 1, N, np.zeros(J + 1, dtype=np.int64))
+        k = int(rng.integers(1, J))  # tasks k.. differ in the second problem (same bounds)
+        cur2 = np.zeros(J + 1, dtype=np.int64)
+        values = [*first.objective_values[:k], *later.objective_values[k:]]
+        if rng.random() < 0.5:  # only task k's c_j differs
+            values = [*first.objective_values, later.objective_values[J]]
+            cur2[k] = first.min_nodes[k]
+        second = AllocationProblem(
+            N, cur2, [*first.min_nodes, later.min_nodes[J]],
+            [*first.max_nodes, later.max_nodes[J]], [*first.node_counts, later.node_counts[J]],
+            values, 10.0, [*first.rescale_up_s, later.rescale_up_s[J]],
+            [*first.rescale_down_s, later.rescale_down_s[J]])
+        work = dp_mod._workspace(J + 1, N)  # one scratch for both (as solve_dp requires)
+        # cells outside a row's valid columns must never be read: random values above any
+        # true one (a read would change the answer)
+        work[:] = rng.uniform(1e7, 2e7, work.shape)
+        _, passes, _, rows = solve(first, dp_mod._no_rows())
+        assert dp_mod._workspace(J + 1, N) is work
+        got, passes2, kept, _ = solve(second, rows if passes else dp_mod._no_rows())
+        fresh, fresh_passes, none_kept, _ = solve(second, dp_mod._no_rows())
+        assert none_kept == 0
+        assert got == fresh, second.to_json()
+        assert passes2 == fresh_passes  # the same computation, not a recovery by a 2nd pass
+        assert got == [int(x) for x in dp_mod._solve_dp_reference(second).counts] or \
+            rel_close(second.evaluate(got), dp_mod._solve_dp_reference(second).objective)
+        if passes and passes2:
+            assert kept <= k
+            kept_rows += kept
+    assert kept_rows > 0  # rows were kept at all (else this test checks nothing new)

@@ -30,6 +30,10 @@ f_j >= 0 or a monotone curve:
 * The answer is max(L0_J(N), L1_J(N)); the argmax is recovered by a backtrack over the
   stored layers (no choice tables), which applies the tie-breaking rule directly.
 
+The rows L0_j, L1_j depend only on N and tasks 1..j: a solve keeps those its thread's
+previous solve left in the scratch for the leading tasks both share (the re-allocations of
+one event share most of them; :func:`.dp_kernel._common_prefix`, :func:`.dp_kernel._forward`).
+
 The kernel lives in :mod:`.dp_kernel` (one function per phase), compiled with numba
 (``njit(cache=True)``) by :func:`_get_kernel`. Without numba the original numpy DP
 (:func:`_solve_dp_reference`, O(sum_j |A_j| N), kept as the tests' reference) is used.
@@ -178,7 +182,16 @@ _WORK_KEEP_ELEMENTS = 1 << 24  # keep per-thread scratch up to 128 MiB between c
 
 _KERNEL = None
 _KERNEL_ERROR: str | None = None
-_WORK = threading.local()  # per thread: the kernel's scratch, kept to avoid page faults
+_WORK = threading.local()  # per thread: the kernel's scratch, kept to avoid page faults, and
+# (``rows``) what the last solve left in it for the next: (scratch, dp_kernel.kernel's prev)
+
+
+def _no_rows() -> tuple:
+    """:func:`.dp_kernel.kernel`'s ``prev`` when no solve left rows: empty arrays, N = -1."""
+    none_f, none_i = np.zeros(0), np.zeros(0, dtype=np.int64)
+    one = np.zeros(1, dtype=np.int64)
+    return (none_f, one, none_f, one, none_i, none_i, -1, none_i, none_i,
+            np.zeros(0, dtype=np.bool_))
 
 
 def _workspace(J: int, N: int) -> np.ndarray:
@@ -268,9 +281,16 @@ def solve_dp(problem: AllocationProblem) -> Solution:
         counts = np.zeros(0, dtype=np.int64)
     else:
         tab, tab_off, ns, ns_off = _pack(problem)
-        counts, _ = kernel(tab, tab_off, ns, ns_off, problem.min_nodes, problem.current_nodes,
-                           problem.idle_nodes, TIE_RTOL, _BRUTE_WIDTH, _FIRST_PASS_SLACK,
-                           _workspace(J, problem.idle_nodes))
+        work = _workspace(J, problem.idle_nodes)
+        left = getattr(_WORK, "rows", None)
+        prev = left[1] if left is not None and left[0] is work else _no_rows()
+        jmin, cur = problem.min_nodes, problem.current_nodes
+        counts, passes, K, LO, H1, _ = kernel(tab, tab_off, ns, ns_off, jmin, cur,
+                                              problem.idle_nodes, TIE_RTOL, _BRUTE_WIDTH,
+                                              _FIRST_PASS_SLACK, work, prev)
+        if passes:  # the rows in ``work`` are this problem's now (copies: callers own theirs)
+            _WORK.rows = (work, (tab.copy(), tab_off, ns, ns_off, jmin.copy(), cur.copy(),
+                                 problem.idle_nodes, K, LO, H1))
     obj = problem.evaluate(counts)
     return Solution(counts=counts, objective=obj, bound=obj,
                     solve_ms=(time.perf_counter() - t0) * 1e3, solver="dp", status="optimal")

@@ -258,15 +258,17 @@ def _relax_free_window(tab, o, p0, c1, lo, hi, s, lj, kj, buf_a, buf_b):
             y1[i] = v if v > d else d
 
 
-def _forward_pass(tab, tab_off, options, maxcount, rest, N, m_lo, brute_width, L0, L1, K, LO,
-                  buf_a, buf_b):
-    """One forward pass of the two layers: rows j = 0..J of ``L0`` and ``L1``.
+def _forward_pass(tab, tab_off, options, maxcount, N, start, has1, brute_width, L0, L1, K, LO,
+                  H1, buf_a, buf_b):
+    """One forward pass of the two layers: rows j = ``start``..J of ``L0`` and ``L1`` (rows
+    below ``start`` are valid already, with their ``K``; ``has1``: does L1_{start-1} hold a
+    finite value; ``start`` >= 1).
 
     ``L0``, ``L1``: (J+1, N+1) float64 (objective units over capacity 0..N nodes, N the
     pool); row j is valid on columns LO[j]..K[j], with K[j] = min(N, sum_{i<=j} maxcount_i)
-    (the row is saturated beyond, copied forward here) and LO[j] = max(0, m_lo - rest[j]),
-    rest[j] = sum_{i>j} maxcount_i (smaller capacities cannot reach m_lo at the end).
-    ``K``, ``LO``: (J+1,) int64, written. ``options``: the option arrays and offsets of
+    (the row is saturated beyond, copied forward here) and LO[j] (read; :func:`_forward`).
+    ``K``: (J+1,) int64, written from ``start``; ``H1``: (J+1,) bool, H1[j] = L1_j holds a
+    finite value, written from ``start``. ``options``: the option arrays and offsets of
     :func:`_useful_options`. A breakpoint updates both layers; a free segment moves L0_{j-1}
     into L1_j, enumerated when at most ``brute_width`` counts wide, else by
     :func:`_relax_free_window`. Method: :mod:`.dp` docstring (problem: BFTrainer
@@ -274,12 +276,9 @@ def _forward_pass(tab, tab_off, options, maxcount, rest, N, m_lo, brute_width, L
     arrays into a function costs reference counting per call.
     """
     o_kind, o_lo, o_hi, o_s, opt_off = options
-    for j in range(len(maxcount) + 1):
-        LO[j] = max(0, m_lo - rest[j])
     L0[0, 0] = 0.0
     L1[0, 0] = -np.inf
-    has1 = False  # does L1_{j-1} hold any finite value
-    for j in range(1, len(maxcount) + 1):
+    for j in range(start, len(maxcount) + 1):  # has1: does L1_{j-1} hold any finite value
         o = tab_off[j - 1]
         kp = K[j - 1]
         kj = min(N, kp + maxcount[j - 1])
@@ -319,9 +318,11 @@ def _forward_pass(tab, tab_off, options, maxcount, rest, N, m_lo, brute_width, L
             _relax_free_window(tab, o, p0, c1, lo, hi, o_s[t], lj, kj, buf_a, buf_b)
         if any_free:
             has1 = True
+        H1[j] = has1
 
 
-def _forward(tab, tab_off, options, maxcount, n_idle, tol, brute_width, slack, work):
+def _forward(tab, tab_off, options, maxcount, n_idle, tol, brute_width, slack, work, shared,
+             prev_LO, prev_K, prev_H1):
     """The forward DP over capacity: one pass with m_lo = N - ``slack``, a second with
     m_lo = 0 only when L_J(m_lo) is within ``tol`` of the optimum (else the smallest optimal
     capacity is above m_lo and the first pass's shorter rows suffice).
@@ -332,33 +333,99 @@ def _forward(tab, tab_off, options, maxcount, n_idle, tol, brute_width, slack, w
     row only where rows are not full anyway, so a slack of a few Jmax spares the full
     second pass that m_lo = N - 1 needed in 3 % of the instances, the slowest ones.
 
-    ``work``: (>= 2 J + 4, N + 1) float64 scratch (rows: L0, L1, two window buffers; first-axis
-    slices keep the C layout), overwritten; ``tol``: tie tolerance in objective units.
-    Returns (L0, L1 (J+1, N+1) views of ``work``, K (J+1,) int64 row ends, m_lo [nodes],
-    best = max(L0_J(K_J), L1_J(K_J)) [objective units], passes 1 or 2). Method: :mod:`.dp`
-    docstring (problem: BFTrainer arXiv 2106.12091 §3).
+    Rows kept from the previous solve on this ``work`` (:func:`_common_prefix`): its first
+    ``shared`` tasks equal this problem's and N is the same, so its rows 0..``shared`` are
+    this problem's as far as they reach: row j is kept while its valid columns
+    ``prev_LO[j]``.. cover this pass's LO[j] (``prev_K``, ``prev_H1``: its row ends and
+    free-layer flags). The first pass starts after the last kept row; the second pass
+    (m_lo = 0) recomputes every row.
+
+    ``work``: (>= 2 J + 4, N + 1) float64 scratch (rows: L0 from 0, L1 from H = (rows - 2)
+    // 2, two window buffers last; first-axis slices keep the C layout), overwritten but for
+    kept rows; ``tol``: tie tolerance in objective units. Returns (L0, L1 (J+1, N+1) views
+    of ``work``, K (J+1,) int64 row ends, LO (J+1,) int64 each row's first valid column,
+    H1 (J+1,) bool, m_lo [nodes], best = max(L0_J(K_J), L1_J(K_J)) [objective units],
+    passes 1 or 2, rows kept). Method: :mod:`.dp` docstring (problem: BFTrainer
+    arXiv 2106.12091 §3).
     """
     J = len(maxcount)
     N = n_idle
+    H = (work.shape[0] - 2) // 2
     L0 = work[:J + 1]  # (first-axis slices keep the C layout: vectorised loops)
-    L1 = work[J + 1:2 * J + 2]
-    buf_a = work[2 * J + 2]
-    buf_b = work[2 * J + 3]
+    L1 = work[H:H + J + 1]
+    buf_a = work[work.shape[0] - 2]
+    buf_b = work[work.shape[0] - 1]
     K = np.zeros(J + 1, dtype=np.int64)
     LO = np.zeros(J + 1, dtype=np.int64)
+    H1 = np.zeros(J + 1, dtype=np.bool_)
     rest = np.zeros(J + 1, dtype=np.int64)  # rest[j] = sum_{i>j} maxcount_i
     for j in range(J - 1, -1, -1):
         rest[j] = rest[j + 1] + maxcount[j]
     m_lo = max(N - max(slack, 1), 0)
+    kept = 0
     for attempt in range(2):
-        _forward_pass(tab, tab_off, options, maxcount, rest, N, m_lo, brute_width, L0, L1, K,
-                      LO, buf_a, buf_b)
+        for j in range(J + 1):
+            LO[j] = max(0, m_lo - rest[j])
+        K[0] = 0
+        H1[0] = False
+        kept = 0
+        if attempt == 0:
+            while kept < shared and prev_LO[kept + 1] <= LO[kept + 1]:
+                kept += 1
+            for j in range(1, kept + 1):
+                K[j] = prev_K[j]
+                LO[j] = prev_LO[j]
+                H1[j] = prev_H1[j]
+        _forward_pass(tab, tab_off, options, maxcount, N, kept + 1, H1[kept], brute_width,
+                      L0, L1, K, LO, H1, buf_a, buf_b)
         kf = K[J]
         best = max(L0[J, kf], L1[J, kf])
         if m_lo == 0 or max(L0[J, m_lo], L1[J, m_lo]) < best - tol:
             break
         m_lo = 0
-    return L0, L1, K, m_lo, best, attempt + 1
+    return L0, L1, K, LO, H1, m_lo, best, attempt + 1, kept
+
+
+def _common_prefix(tab, tab_off, ns, ns_off, jmin, cur, n_idle, prev_tab, prev_tab_off,
+                   prev_ns, prev_ns_off, prev_jmin, prev_cur, prev_n_idle, prev_rows):
+    """How many leading tasks this problem shares with the previous solve on the same
+    workspace: equal f_j tables (float64, exact), curve points Ns_j, Jmin_j and c_j, with the
+    same N (``n_idle``) and at most ``prev_rows`` - 1 (the rows it left; 0: none). Inputs as
+    :func:`kernel`'s, ``prev_*`` the previous solve's. The DP's rows 0..shared depend on
+    those tasks and N only (BFTrainer arXiv 2106.12091 §3 at count level; :func:`_forward`).
+    """
+    if prev_rows <= 0 or prev_n_idle != n_idle:
+        return 0
+    lim = min(len(jmin), len(prev_jmin), prev_rows - 1)
+    k = 0
+    while k < lim:
+        if jmin[k] != prev_jmin[k] or cur[k] != prev_cur[k]:
+            break
+        a0 = tab_off[k]
+        b0 = prev_tab_off[k]
+        n = tab_off[k + 1] - a0
+        if prev_tab_off[k + 1] - b0 != n:
+            break
+        same = True
+        for i in range(n):
+            if tab[a0 + i] != prev_tab[b0 + i]:
+                same = False
+                break
+        if same:
+            a0 = ns_off[k]
+            b0 = prev_ns_off[k]
+            n = ns_off[k + 1] - a0
+            if prev_ns_off[k + 1] - b0 != n:
+                same = False
+            else:
+                for i in range(n):
+                    if ns[a0 + i] != prev_ns[b0 + i]:
+                        same = False
+                        break
+        if not same:
+            break
+        k += 1
+    return k
 
 
 # ---------------------------------------------------------------- 4. backtrack
@@ -455,9 +522,12 @@ def _backtrack(tab, tab_off, cur, options, cur_kept, L0, L1, K, m_lo, best, tol,
 
 
 # ---------------------------------------------------------------- kernel
-def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, slack, work):
+def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, slack, work,
+           prev):
     """Solve one instance; returns (counts (J,) int64 [nodes], forward passes: 0 = shortcut,
-    1, 2).
+    1, 2, and what the next solve on ``work`` may keep: K (J+1,) int64, LO (J+1,) int64, H1
+    (J+1,) bool of :func:`_forward` (empty after the shortcut, which leaves ``work`` as it
+    was), then the number of rows kept from ``prev``).
 
     ``tab``/``tab_off``: the value tables f_j (n = 0..top_j; float64, objective units)
     concatenated, with offsets (J+1,); ``ns``/``ns_off``: the curves' node counts Ns_j, same
@@ -465,26 +535,36 @@ def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, s
     values within tie_rtol * (1 + sum_j max|f_j|) are equal; ``brute_width``: free segments
     up to this many counts are enumerated; ``slack``: the first forward pass's reach below N
     [nodes] (:func:`_forward`); ``work``: float64 scratch of shape
-    (>= 2 J + 4, N + 1), overwritten. Breakpoint DP of :mod:`.dp` for BFTrainer's problem
-    (arXiv 2106.12091 §3 eq. 1-9 at count level). Compiled by :func:`compile_kernel`; plain
-    Python otherwise (tests only).
+    (>= 2 J + 4, N + 1), overwritten but for the rows kept; ``prev``: the previous solve on
+    ``work`` that left rows there: (tab, tab_off, ns, ns_off, jmin, cur as above, its N, its
+    K, LO, H1 as returned), with empty arrays when none (:func:`_common_prefix`). Same
+    ``brute_width`` and ``slack`` on one ``work``. Breakpoint DP of :mod:`.dp` for
+    BFTrainer's problem (arXiv 2106.12091 §3 eq. 1-9 at count level). Compiled by
+    :func:`compile_kernel`; plain Python otherwise (tests only).
     """
+    (prev_tab, prev_tab_off, prev_ns, prev_ns_off, prev_jmin, prev_cur, prev_n_idle, prev_K,
+     prev_LO, prev_H1) = prev
     counts, total, scale = _own_best_counts(tab, tab_off, jmin, cur)
     if total <= n_idle:
-        return counts, 0
+        return (counts, 0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                np.zeros(0, dtype=np.bool_), 0)
     tol = tie_rtol * scale
     o_kind, o_lo, o_hi, o_s, opt_off, maxcount, cur_kept = _useful_options(
         tab, tab_off, ns, ns_off, jmin, cur)
     options = (o_kind, o_lo, o_hi, o_s, opt_off)
-    L0, L1, K, m_lo, best, passes = _forward(tab, tab_off, options, maxcount, n_idle, tol,
-                                             brute_width, slack, work)
+    shared = _common_prefix(tab, tab_off, ns, ns_off, jmin, cur, n_idle, prev_tab,
+                            prev_tab_off, prev_ns, prev_ns_off, prev_jmin, prev_cur,
+                            prev_n_idle, len(prev_K))
+    L0, L1, K, LO, H1, m_lo, best, passes, kept = _forward(
+        tab, tab_off, options, maxcount, n_idle, tol, brute_width, slack, work, shared,
+        prev_LO, prev_K, prev_H1)
     _backtrack(tab, tab_off, cur, options, cur_kept, L0, L1, K, m_lo, best, tol, counts)
-    return counts, passes
+    return counts, passes, K, LO, H1, kept
 
 
 _COMPILED = (_own_best_counts, _task_breakpoints, _push_option, _useful_options,
-             _max_plus_into, _relax_free_window, _forward_pass, _forward, _backtrack_start,
-             _backtrack, kernel)
+             _max_plus_into, _relax_free_window, _forward_pass, _forward, _common_prefix,
+             _backtrack_start, _backtrack, kernel)
 
 
 def compile_kernel(njit, cache):
