@@ -22,6 +22,15 @@ def count_vectors(p: AllocationProblem) -> Iterator[tuple[int, ...]]:
             yield combo
 
 
+def fit_current(cur, idle_nodes: int):
+    """Lower the largest current counts c_j, one node at a time, until they fit the idle pool
+    (sum c_j <= N, as the problem requires); ``cur`` (J,) int array, changed in place and
+    returned."""
+    while cur.sum() > idle_nodes:
+        cur[int(cur.argmax())] -= 1
+    return cur
+
+
 def brute_force(p: AllocationProblem) -> float:
     """Optimum by enumerating every count vector in prod_j ({0} U [Jmin_j, min(Jmax_j, N)])."""
     best = -math.inf

@@ -20,7 +20,7 @@ from offcut.daemon.solvers.greedy import solve_greedy
 from offcut.daemon.solvers.gurobi import gurobi_importable, solve_gurobi
 from offcut.daemon.solvers.problem import AllocationProblem, interpolate
 from offcut.errors import InvalidArgument
-from solver_helpers import brute_force, count_vectors, rel_close as close
+from solver_helpers import brute_force, count_vectors, fit_current, rel_close as close
 
 HAS_GUROBI = gurobi_importable()
 needs_gurobi = pytest.mark.skipif(not HAS_GUROBI, reason="gurobipy is not importable")
@@ -50,8 +50,7 @@ def random_problem(rng: np.random.Generator, max_tasks: int = 4, max_nodes: int 
         os_.append(vals)
         cs.append(rng.uniform(-40, 120, len(pts) + 1))
     cur = rng.integers(0, 7, J)
-    while cur.sum() > N:
-        cur[int(np.argmax(cur))] -= 1
+    fit_current(cur, N)
     return AllocationProblem(
         idle_nodes=N, current_nodes=cur, min_nodes=jmin, max_nodes=jmax, node_counts=ns,
         objective_values=os_, tfwd_s=float(rng.uniform(0.5, 20)),

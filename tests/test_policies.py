@@ -33,6 +33,7 @@ from offcut.daemon.solvers.dp import solve_dp
 from offcut.daemon.solvers.fractional import EnergyTerms, solve_ratio
 from offcut.daemon.solvers.problem import AllocationProblem
 from offcut.replay.owners import NodeTime, assign_owners, fairness
+from solver_helpers import fit_current
 
 from daemon_helpers import T0, decision_key, make_spec, status_key
 
@@ -75,8 +76,7 @@ def random_problem(rng: np.random.Generator, max_tasks: int = 5, max_nodes: int 
         ns.append(np.concatenate(([0], pts)).astype(float))
         os_.append(np.cumsum(rng.uniform(0, 100, len(pts) + 1)) * (rng.random() < 0.8))
     cur = rng.integers(0, 6, J)
-    while cur.sum() > N:
-        cur[int(np.argmax(cur))] -= 1
+    fit_current(cur, N)
     return AllocationProblem(idle_nodes=N, current_nodes=cur, min_nodes=jmin, max_nodes=jmax,
                              node_counts=ns, objective_values=os_,
                              tfwd_s=float(rng.uniform(1, 30)), rescale_up_s=rng.uniform(0, 30, J),

@@ -18,7 +18,7 @@ from offcut.daemon.solvers.dp import solve_dp
 from offcut.daemon.solvers.gurobi import gurobi_importable, solve_gurobi
 from offcut.daemon.solvers.problem import AllocationProblem
 from offcut.daemon.solvers.ties import tie_tolerance
-from solver_helpers import rule_counts
+from solver_helpers import fit_current, rule_counts
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 HAS_GUROBI = gurobi_importable()
@@ -97,8 +97,7 @@ def tie_heavy(rng: np.random.Generator, costs: bool = False) -> AllocationProble
         ns.append(np.concatenate(([0], pts)))
         os_.append(rng.integers(0, 4, len(pts) + 1).astype(float))
     cur = rng.integers(0, 5, J)
-    while cur.sum() > N:
-        cur[int(np.argmax(cur))] -= 1
+    fit_current(cur, N)
     p = AllocationProblem(N, cur, jmin, jmax, ns, os_, float(rng.choice([1.0, 2.0])),
                           rng.choice([0.0, 1.0], J), rng.choice([0.0, 1.0], J))
     if costs:
@@ -155,8 +154,7 @@ def identical_kinds(rng: np.random.Generator) -> AllocationProblem:
     kinds = [np.round(rng.uniform(0, 20, 5)).cumsum() for _ in range(3)]
     pick = rng.integers(0, 3, J)
     cur = rng.integers(0, 8, J)
-    while cur.sum() > N:
-        cur[int(np.argmax(cur))] -= 1
+    fit_current(cur, N)
     return AllocationProblem(N, cur, rng.integers(1, 3, J), rng.integers(4, 20, J),
                              [[0, 2, 4, 8, 16]] * J, [kinds[k] for k in pick], 10.0,
                              rng.choice([0.0, 2.0], J), rng.choice([0.0, 1.0], J))

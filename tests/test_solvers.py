@@ -24,7 +24,7 @@ from offcut.daemon.solvers.guard import GuardedWorker
 from offcut.daemon.solvers.problem import AllocationProblem
 from offcut.daemon.solvers.records import solve_records
 from offcut.errors import InvalidArgument
-from solver_helpers import brute_force, rel_close
+from solver_helpers import brute_force, fit_current, rel_close
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 HAS_GUROBI = gurobi_importable()
@@ -41,8 +41,7 @@ def _assemble(draw, N, jmin, jmax, ns, os_, cur) -> AllocationProblem:
     rescale costs are drawn here."""
     J = len(jmin)
     cur = np.array(cur)
-    while cur.sum() > N:
-        cur[int(np.argmax(cur))] -= 1
+    fit_current(cur, N)
     return AllocationProblem(
         idle_nodes=N, current_nodes=cur, min_nodes=jmin, max_nodes=jmax, node_counts=ns,
         objective_values=os_, tfwd_s=draw(st.floats(0.5, 20)),
@@ -428,8 +427,7 @@ def _benchmark_like(J: int, N: int, seed: int) -> AllocationProblem:
     cur = np.zeros(J, dtype=int)
     held = rng.random(J) < 0.7
     cur[held] = rng.integers(1, max(2, 2 * N // J), held.sum())
-    while cur.sum() > N:
-        cur[int(np.argmax(cur))] -= 1
+    fit_current(cur, N)
     return AllocationProblem(N, cur, np.ones(J, int), np.full(J, 64), [ns] * J, curves, 10.0,
                              rng.uniform(17, 19, J), rng.uniform(11, 13, J))
 
@@ -445,8 +443,7 @@ def _random_large(J: int, N: int, seed: int) -> AllocationProblem:
         ns.append(np.concatenate(([0], pts)))
         os_.append(rng.uniform(0, 1e4, len(pts) + 1))
     cur = rng.integers(0, 2 * N // J + 2, J)
-    while cur.sum() > N:
-        cur[int(np.argmax(cur))] -= 1
+    fit_current(cur, N)
     return AllocationProblem(N, cur, jmin, jmax, ns, os_, float(rng.uniform(1, 20)),
                              rng.uniform(0, 30, J), rng.uniform(0, 30, J))
 
@@ -488,8 +485,7 @@ def test_breakpoint_dp_real_curves_100x4734():
         cur = np.zeros(J, dtype=int)
         held = rng.random(J) < 0.7
         cur[held] = rng.integers(1, 2 * N // J, held.sum())
-        while cur.sum() > N:
-            cur[int(np.argmax(cur))] -= 1
+        fit_current(cur, N)
         b = bnd.iloc[pick]
         p = AllocationProblem(N, cur, b["Jmin"].to_numpy(int), b["Jmax"].to_numpy(int),
                               list(nps["Ns"].iloc[pick]), list(nps["Os"].iloc[pick]), 10.0,

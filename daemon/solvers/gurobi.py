@@ -172,10 +172,10 @@ def solve_gurobi(problem: AllocationProblem, time_limit_s: float, form: str | No
         from gurobipy import GRB
     except ImportError as exc:
         raise SolverUnavailable(NOT_INSTALLED) from exc
-    if form is None:
-        form = choose_form(problem)
     if ties and (own := own_best_if_fits(problem)) is not None:
         return milp_solution(problem, own, "optimal", math.inf, t0, "gurobi")  # rule, step 1
+    if form is None:
+        form = choose_form(problem)
     J = problem.num_tasks
     counts = np.zeros(J, dtype=np.int64)
     try:

@@ -121,7 +121,9 @@ class TieModel(Protocol):
 def break_ties(problem: AllocationProblem, counts: np.ndarray, model: TieModel,
                deadline: float) -> np.ndarray:
     """The rule's answer (step 2 of the module docstring) from an optimal vector ``counts``
-    ((J,) int64 [nodes], proven optimal by the MILP backend) and its ``model``.
+    ((J,) int64 [nodes], proven optimal by the MILP backend) and its ``model``, for a problem
+    where step 1 does not apply (the backend checked :func:`own_best_if_fits` before it built
+    the model).
 
     Stages, each skipped when it cannot change anything: value >= V* - tol (V* =
     ``problem.evaluate(counts)``); minimise the total; then from the last task backwards: a
@@ -140,9 +142,6 @@ def break_ties(problem: AllocationProblem, counts: np.ndarray, model: TieModel,
     counts = np.asarray(counts, dtype=np.int64).copy()
     if J == 0:
         return counts
-    own = own_best_if_fits(problem)
-    if own is not None:
-        return own  # step 1: optimal, no solve needed
     best = problem.evaluate(counts)
     tol = tie_tolerance(problem)
 
