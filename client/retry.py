@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import grpc
 
 from offcut.errors import FailedPrecondition, OffcutError
-from offcut.retry import Backoff
+from offcut.retry import Backoff, is_unavailable
 
 if TYPE_CHECKING:  # pragma: no cover
     from offcut.client.api import Client
@@ -108,22 +108,16 @@ class RetryPolicy(Backoff):
             return method(client, *args, **kwargs)
 
         try:
-            return self.run(attempt, lambda err: allowed and _unavailable(err), name,
+            return self.run(attempt, lambda err: allowed and is_unavailable(err), name,
                             logger=log)
         except grpc.RpcError as err:
             exc = client._error(err)
-            if attempts > 1 and name in RECONCILED and not _unavailable(err):
+            if attempts > 1 and name in RECONCILED and not is_unavailable(err):
                 answer = _RECONCILERS[name](client, bound, exc)
                 if answer is not None:
                     self.reconciled += 1
                     return answer
             raise exc from None
-
-
-def _unavailable(err: BaseException) -> bool:
-    """Whether ``err`` is gRPC's UNAVAILABLE (the daemon down or restarting)."""
-    return (isinstance(err, grpc.RpcError) and hasattr(err, "code")
-            and err.code() == grpc.StatusCode.UNAVAILABLE)
 
 
 _signature = functools.cache(inspect.signature)  # of the few ``Client`` methods, once each

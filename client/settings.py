@@ -30,7 +30,6 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict,
                                TomlConfigSettingsSource)
 
-from offcut.addresses import normalize_address
 from offcut.client.api import Client
 from offcut.client.retry import RetryPolicy
 
@@ -128,15 +127,16 @@ def _text(path: Path | None) -> str | None:
     return None if path is None else str(path)
 
 
-#: the settings that are flags, in the model's order
-FLAG_FIELDS = tuple(name for name, f in ClientSettings.model_fields.items()
-                    if (f.json_schema_extra or {}).get("flags", True) != [])
-
-
 def flag_names(name: str) -> list[str]:
-    """The flags of setting ``name``: ``--`` + the name with dashes (and a short one)."""
+    """The flags of setting ``name``: its ``flags`` (``json_schema_extra``; an empty list:
+    none, as for ``token``), else ``--`` + the name with dashes."""
     extra = ClientSettings.model_fields[name].json_schema_extra or {}
-    return list(extra.get("flags") or [f"--{name.replace('_', '-')}"])
+    flags = extra.get("flags")
+    return [f"--{name.replace('_', '-')}"] if flags is None else list(flags)
+
+
+#: the settings that are flags, in the model's order
+FLAG_FIELDS = tuple(name for name in ClientSettings.model_fields if flag_names(name))
 
 
 def env_name(name: str) -> str:

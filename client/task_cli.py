@@ -129,7 +129,8 @@ def parse_format(fmt: str) -> list[tuple[str, str, int | None, bool]]:
     """squeue's ``--format`` string: ``%[.][size]letter`` fields (letters of
     :data:`FORMAT_FIELDS`), anything else literal. Returns ``(kind, text, size,
     right_justified)`` parts, kind ``field`` (text: the letter) or ``text``. Raises
-    :class:`InvalidArgument` naming ``--format`` for an unknown letter or a dangling ``%``."""
+    :class:`InvalidArgument` naming ``--format`` for an unknown letter, a dangling ``%`` or a
+    size above :data:`MAX_FIELD_WIDTH`."""
     parts: list[tuple[str, str, int | None, bool]] = []
     i = 0
     while i < len(fmt):
@@ -147,11 +148,17 @@ def parse_format(fmt: str) -> list[tuple[str, str, int | None, bool]]:
             raise InvalidArgument(f"%{letter} is not a field; fields: "
                                   + " ".join(f"%{k} ({h})" for k, (h, _) in FORMAT_FIELDS.items()),
                                   "--format")
-        parts.append(("field", letter, int(m["size"]) if m["size"] else None, bool(m["dot"])))
+        size = int(m["size"]) if m["size"] else None
+        if size is not None and size > MAX_FIELD_WIDTH:
+            raise InvalidArgument(f"%{m['size']}{letter}: a field is at most {MAX_FIELD_WIDTH} "
+                                  "characters wide", "--format")
+        parts.append(("field", letter, size, bool(m["dot"])))
         i = m.end()
     return parts
 
 
+#: widest field of ``--format`` [characters] (squeue's sizes are a few dozen)
+MAX_FIELD_WIDTH = 1000
 _FORMAT_RE = re.compile(r"%(?P<dot>\.?)(?P<size>\d*)(?P<letter>[A-Za-z])")
 
 
@@ -184,15 +191,6 @@ def render_format(parts: list[tuple[str, str, int | None, bool]],
         return "".join(out).rstrip()
 
     return "\n".join(([line(heads)] if header else []) + [line(r) for r in rows])
-
-
-def render_table(headers: list[str], rows: Iterable[list[str]]) -> str:
-    """Left-aligned columns separated by two spaces (like squeue)."""
-    rows = [list(map(str, r)) for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    return "\n".join(lines)
 
 
 def submit(
@@ -482,4 +480,4 @@ def register(app: typer.Typer) -> None:
 
 
 __all__ = ["register", "task_json", "format_duration", "eta_seconds", "progress_pct",
-           "render_table", "format_update", "state_name", "change_name"]
+           "format_update", "state_name", "change_name"]

@@ -24,7 +24,7 @@ log = logging.getLogger("offcut.retry")
 
 T = TypeVar("T")
 
-__all__ = ["Backoff"]
+__all__ = ["Backoff", "is_unavailable"]
 
 
 @dataclass
@@ -127,6 +127,16 @@ class Backoff:
                          _details(exc), tries, wait)
                 self.retries += 1
                 self.sleep(wait)
+
+
+def is_unavailable(err: BaseException) -> bool:
+    """Whether ``err`` is gRPC's UNAVAILABLE (the daemon down or restarting): the error every
+    client of offcutd retries (:meth:`Backoff.run`'s ``retryable``). grpc is imported here,
+    not at module import, so the backoff stays usable without it."""
+    import grpc
+
+    return (isinstance(err, grpc.RpcError) and callable(getattr(err, "code", None))
+            and err.code() == grpc.StatusCode.UNAVAILABLE)
 
 
 def _details(exc: BaseException) -> str:

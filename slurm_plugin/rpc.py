@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 from offcut.errors import OffcutError
+from offcut.retry import is_unavailable
 
 if TYPE_CHECKING:  # pragma: no cover
     from offcut.retry import Backoff
@@ -111,18 +112,14 @@ class NodeEventSender:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _unavailable(self, err: BaseException) -> bool:
-        return (isinstance(err, self._grpc.RpcError) and hasattr(err, "code")
-                and err.code() == self._grpc.StatusCode.UNAVAILABLE)
-
     def _call(self, method, request, timeout_s: float | None):
         limit = self.timeout_s if timeout_s is None else timeout_s
         try:
             if self.retry is None:
                 return _sent(method(request, timeout=max(limit, 0.001)))
             return _sent(self.retry.run(
-                lambda left: method(request, timeout=max(limit if left is None else left, 0.001)),
-                self._unavailable, type(request).__name__, deadline_s=limit, logger=self._log))
+                lambda left: method(request, timeout=max(left, 0.001)),
+                is_unavailable, type(request).__name__, deadline_s=limit, logger=self._log))
         except self._grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else None
             details = err.details() if hasattr(err, "details") else str(err)
