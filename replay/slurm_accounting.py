@@ -46,7 +46,8 @@ from offcut.replay.bftrainer_data import ReplayInputError
 from offcut.slurm_values import NodeListError, expand_nodelist, reported_errors, slurm_number
 
 __all__ = ["SACCT_LOG_FIELDS", "EVENT_FIELDS", "sacct_command", "sacct_json_command",
-           "sacctmgr_events_command", "busy_intervals", "unavailable_intervals"]
+           "sacctmgr_events_command", "busy_intervals", "unavailable_intervals",
+           "MAX_EXPANDED_NODES"]
 
 #: the columns of the text accounting this module reads, in this order
 SACCT_LOG_FIELDS = ("JobID", "JobName", "Partition", "State", "NodeList", "Start", "End")
@@ -84,6 +85,11 @@ def sacctmgr_events_command(start: pd.Timestamp, end: pd.Timestamp) -> list[str]
             f"Format={','.join(EVENT_FIELDS)}"]
 
 
+#: most node names all records of one accounting file may expand to (a site's window of jobs
+#: names far fewer): bounds the work a hostile file can cause (each hostlist is bounded too)
+MAX_EXPANDED_NODES = 20_000_000
+
+
 def _interval(where: str, start: float, end: float | None, nodes: str, end_s: float
               ) -> Interval | None:
     """The interval of one record (None: empty); ``end`` None: still open at ``end_s``.
@@ -94,6 +100,20 @@ def _interval(where: str, start: float, end: float | None, nodes: str, end_s: fl
         raise ReplayInputError(f"{where}: {exc}") from None
     t1 = end_s if end is None else end
     return (start, t1, names) if t1 > start else None
+
+
+def _collect(out: list[Interval], iv: Interval | None, where: str, total: int) -> int:
+    """Append ``iv`` (when not None) to ``out``; returns the node names expanded so far,
+    ``total`` before it. Raises ReplayInputError naming ``where`` past
+    :data:`MAX_EXPANDED_NODES`."""
+    if iv is None:
+        return total
+    total += len(iv[2])
+    if total > MAX_EXPANDED_NODES:
+        raise ReplayInputError(f"{where}: the records in the window name more than "
+                               f"{MAX_EXPANDED_NODES:,} nodes in all")
+    out.append(iv)
+    return total
 
 
 def _text_records(text: str, fields: tuple[str, ...], source: str
@@ -218,18 +238,18 @@ def busy_intervals(text: str, *, end_s: float, source: str = "sacct",
 
     Raises:
         ReplayInputError: a malformed record, naming its line (text) or its index and job id
-            (JSON), or the parse position of broken JSON.
+            (JSON), or the parse position of broken JSON; records naming more than
+            :data:`MAX_EXPANDED_NODES` nodes in all.
     """
     own = set(own_partitions)
     reader = _sacct_json if text.lstrip().startswith("{") else _sacct_text
-    out = []
+    out: list[Interval] = []
+    total = 0
     for where, partition, nodes, t0, t1 in reader(text, source):
         if own & set(partition.split(",")) or t0 is None \
                 or nodes.strip() in ("", "None assigned"):
             continue
-        iv = _interval(where, t0, t1, nodes, end_s)
-        if iv:
-            out.append(iv)
+        total = _collect(out, _interval(where, t0, t1, nodes, end_s), where, total)
     return out
 
 
@@ -241,9 +261,11 @@ def unavailable_intervals(text: str, *, end_s: float, source: str = "events"
 
     Raises:
         ReplayInputError: a malformed line (its number): other columns, a time that is not
-            epoch seconds, an unreadable hostlist.
+            epoch seconds, an unreadable hostlist; more than :data:`MAX_EXPANDED_NODES`
+            node names in all.
     """
-    out = []
+    out: list[Interval] = []
+    total = 0
     hint = "times need SLURM_TIME_FORMAT=%s"
     for number, cols in _text_records(text, EVENT_FIELDS, source):
         nodes, start, end, _ = cols
@@ -254,7 +276,5 @@ def unavailable_intervals(text: str, *, end_s: float, source: str = "events"
             continue
         if t0 is None:
             raise ReplayInputError(f"{where}: a node event without TimeStart")
-        iv = _interval(where, t0, t1, nodes, end_s)
-        if iv:
-            out.append(iv)
+        total = _collect(out, _interval(where, t0, t1, nodes, end_s), where, total)
     return out

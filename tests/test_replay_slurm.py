@@ -399,3 +399,17 @@ def test_a_node_drained_during_the_workload_is_not_idle_in_the_replay(slurm_site
     assert abs(b0 - (drained - S_of(start))) <= 2.0 and abs(b1 - (resumed - S_of(start))) <= 2.0, \
         (from_json["n3"], drained - S_of(start), resumed - S_of(start), ev)
     assert intervals(node_log_from_sacct(js, nodes, start, end))["n3"] == []
+
+
+def test_accounting_naming_too_many_nodes_in_all_is_refused(monkeypatch):
+    # each hostlist is bounded (MAX_NODES); so is their sum over the file, whose expansion
+    # a hostile file could otherwise make as long as it likes
+    import offcut.replay.slurm_accounting as accounting
+
+    monkeypatch.setattr(accounting, "MAX_EXPANDED_NODES", 250)
+    text = rows(*[("batch", "n[1-100]", S0 + 1 + 3 * i, S0 + 2 + 3 * i) for i in range(3)])
+    with pytest.raises(ReplayInputError, match=r"line 3: .*more than 250 nodes in all"):
+        node_log_from_sacct(text, ["n1"], T0, T0 + pd.Timedelta(seconds=10), source="x.sacct")
+    assert node_log_from_sacct(rows(*[("batch", "n[1-100]", S0 + 1 + 3 * i, S0 + 2 + 3 * i)
+                                      for i in range(2)]), ["n1"], T0,
+                               T0 + pd.Timedelta(seconds=10)).num_events == 4
