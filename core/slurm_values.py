@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from typing import Any, Mapping
 
-__all__ = ["MAX_NODES", "NodeListError", "expand_nodelist", "reported_errors", "slurm_number"]
+__all__ = ["MAX_NODES", "NodeListError", "expand_nodelist", "reported_errors", "slurm_number",
+           "slurm_time_arg"]
 
 #: Expansion guard: a garbage hostlist such as ``n[1-99999999]`` must not eat the hook's memory.
 MAX_NODES = 1_000_000
@@ -127,3 +129,10 @@ def reported_errors(doc: Mapping) -> str:
         else:
             shown.append(str(e))
     return "; ".join(shown)[:300]
+
+
+def slurm_time_arg(epoch_s: float) -> str:
+    """A time as Slurm's commands read it on this host (``--starttime``, ``Start=``):
+    ``YYYY-MM-DDTHH:MM:SS`` in the host's local time zone (Slurm interprets such times as
+    local), from ``epoch_s`` [s since the epoch; negative taken as 0]."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(max(epoch_s, 0)))

@@ -43,7 +43,8 @@ import pandas as pd
 
 from offcut.parsable import parsable_rows
 from offcut.replay.bftrainer_data import ReplayInputError
-from offcut.slurm_values import NodeListError, expand_nodelist, reported_errors, slurm_number
+from offcut.slurm_values import (NodeListError, expand_nodelist, reported_errors, slurm_number,
+                                 slurm_time_arg)
 
 __all__ = ["SACCT_LOG_FIELDS", "EVENT_FIELDS", "sacct_command", "sacct_json_command",
            "sacctmgr_events_command", "busy_intervals", "unavailable_intervals",
@@ -54,18 +55,22 @@ SACCT_LOG_FIELDS = ("JobID", "JobName", "Partition", "State", "NodeList", "Start
 #: the columns of ``sacctmgr show event`` this module reads, in this order
 EVENT_FIELDS = ("NodeName", "TimeStart", "TimeEnd", "State")
 _NO_TIME = ("", "Unknown", "None", "N/A")
-_TIME_FMT = "%Y-%m-%dT%H:%M:%S"
 
 #: ``(start_s, end_s, nodes)``: nodes held [epoch s, epoch s)
 Interval = tuple[float, float, list[str]]
 
 
+def _arg(ts: pd.Timestamp) -> str:
+    """A UTC-naive Timestamp as Slurm's commands read times: the host's local time."""
+    return slurm_time_arg(ts.value / 1e9)
+
+
 def sacct_command(start: pd.Timestamp, end: pd.Timestamp) -> list[str]:
     """The ``sacct`` command (run with ``SLURM_TIME_FORMAT=%s``) of the text form: every
-    user's allocations that ran between ``start`` and ``end`` (UTC-naive Timestamps)."""
+    user's allocations that ran between ``start`` and ``end`` (UTC-naive Timestamps; written in the host's local time, as Slurm reads them)."""
     return ["sacct", "-X", "-a", "--parsable2", "--noheader",
-            f"--format={','.join(SACCT_LOG_FIELDS)}", f"--starttime={start.strftime(_TIME_FMT)}",
-            f"--endtime={end.strftime(_TIME_FMT)}"]
+            f"--format={','.join(SACCT_LOG_FIELDS)}", f"--starttime={_arg(start)}",
+            f"--endtime={_arg(end)}"]
 
 
 def sacct_json_command(start: pd.Timestamp, end: pd.Timestamp) -> list[str]:
@@ -73,15 +78,14 @@ def sacct_json_command(start: pd.Timestamp, end: pd.Timestamp) -> list[str]:
     (UTC-naive Timestamps). Its times are epoch seconds anyway; run it *without*
     ``SLURM_TIME_FORMAT``: 22.05 answers ``"Unable to parse time format"`` in ``errors`` (exit
     status 0, no ``jobs``) under ``SLURM_TIME_FORMAT=%s`` (seen on the test cluster)."""
-    return ["sacct", "-a", "--json", f"--starttime={start.strftime(_TIME_FMT)}",
-            f"--endtime={end.strftime(_TIME_FMT)}"]
+    return ["sacct", "-a", "--json", f"--starttime={_arg(start)}", f"--endtime={_arg(end)}"]
 
 
 def sacctmgr_events_command(start: pd.Timestamp, end: pd.Timestamp) -> list[str]:
     """The ``sacctmgr`` command (run with ``SLURM_TIME_FORMAT=%s``) listing the node events
     (down, drained, failed) that overlap ``start``..``end`` (UTC-naive Timestamps)."""
     return ["sacctmgr", "--parsable2", "--noheader", "show", "event", "Event=Node",
-            f"Start={start.strftime(_TIME_FMT)}", f"End={end.strftime(_TIME_FMT)}",
+            f"Start={_arg(start)}", f"End={_arg(end)}",
             f"Format={','.join(EVENT_FIELDS)}"]
 
 

@@ -15,11 +15,11 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from offcut.slurm_plugin.slurm_json import SlurmCommandError, SlurmDataError
+from offcut.slurm_values import slurm_time_arg
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
@@ -145,7 +145,7 @@ class SlurmCLI:
         storage disabled: no slurmdbd)."""
         from offcut.slurm_plugin.slurm_json import SACCT_FIELDS
 
-        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(max(since, 0)))
+        start = slurm_time_arg(since)
         return self.run([self.sacct_command, "-X", "-a", "--parsable2", "--noheader",
                          f"--format={','.join(SACCT_FIELDS)}", f"--name={','.join(names)}",
                          f"--starttime={start}"],

@@ -413,3 +413,19 @@ def test_accounting_naming_too_many_nodes_in_all_is_refused(monkeypatch):
     assert node_log_from_sacct(rows(*[("batch", "n[1-100]", S0 + 1 + 3 * i, S0 + 2 + 3 * i)
                                       for i in range(2)]), ["n1"], T0,
                                T0 + pd.Timedelta(seconds=10)).num_events == 4
+
+
+def test_the_accounting_commands_give_the_window_in_the_hosts_local_time(monkeypatch):
+    # Slurm reads --starttime / Start= in the host's time zone; the window is UTC
+    monkeypatch.setenv("TZ", "Europe/Paris")
+    time.tzset()
+    try:
+        from offcut.replay.slurm_log import sacct_json_command, sacctmgr_events_command
+
+        end = T0 + pd.Timedelta(hours=1)
+        assert "--starttime=2026-11-27T05:00:00" in sacct_command(T0, end)  # UTC+1 in November
+        assert "--endtime=2026-11-27T06:00:00" in sacct_json_command(T0, end)
+        assert "Start=2026-11-27T05:00:00" in sacctmgr_events_command(T0, end)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
