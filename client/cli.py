@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -213,17 +213,29 @@ _EVENTS_HELP = ("optional: the node events of the window, whose nodes are down o
                 "so not idle: the output of `SLURM_TIME_FORMAT=%s sacctmgr --parsable2 "
                 "--noheader show event Event=Node Start=START End=END "
                 "Format=NodeName,TimeStart,TimeEnd,State`")
+# the accounting window's options, the same in offcut replay slurm and slurm-convert
+SacctOption = Annotated[Path, typer.Option("--sacct", help=_SACCT_HELP)]
+EventsOption = Annotated[Optional[Path], typer.Option("--events", help=_EVENTS_HELP)]
+NodesOption = Annotated[str, typer.Option(
+    "--nodes", help="the nodes to replay, a Slurm hostlist (e.g. n[1-4] or the partition's "
+    "nodes from sinfo)")]
+StartOption = Annotated[str, typer.Option(
+    "--start", help="window start, ISO time in UTC (e.g. 2026-11-27T04:00:00)")]
+EndOption = Annotated[str, typer.Option("--end", help="window end, ISO time in UTC")]
+ScavengerOption = Annotated[List[str], typer.Option(
+    "--scavenger-partition", help="jobs of these partitions (Offcut's own and other "
+    "preemptable work) leave a node idle; repeat for several")]
 
 
 @replay_app.command("slurm-convert")
 def replay_slurm_convert(
-    sacct: Path = typer.Option(..., "--sacct", help=_SACCT_HELP),
-    events: Optional[Path] = typer.Option(None, "--events", help=_EVENTS_HELP),
-    nodes: str = typer.Option(..., "--nodes", help="the nodes, a Slurm hostlist"),
-    start: str = typer.Option(..., "--start", help="window start, ISO time in UTC"),
-    end: str = typer.Option(..., "--end", help="window end, ISO time in UTC"),
-    scavenger_partition: List[str] = typer.Option(["scavenger"], "--scavenger-partition", help="jobs of these partitions leave a node idle; repeat for several"),
+    sacct: SacctOption,
+    nodes: NodesOption,
+    start: StartOption,
+    end: EndOption,
     out: Path = typer.Option(..., "--out", help="output folder: nodes.csv and events.csv.gz, the safe form offcut replay convert writes"),
+    events: EventsOption = None,
+    scavenger_partition: ScavengerOption = ["scavenger"],
 ) -> None:
     """Write the node log of a window of Slurm's accounting (as offcut replay slurm builds it)
     in the documented CSV form of offcut replay convert; replay it later with offcut replay
@@ -243,20 +255,20 @@ def replay_slurm_convert(
 
 @replay_app.command("slurm")
 def replay_slurm(
-    sacct: Path = typer.Option(..., "--sacct", help=_SACCT_HELP),
-    events: Optional[Path] = typer.Option(None, "--events", help=_EVENTS_HELP),
-    nodes: str = typer.Option(..., "--nodes", help="the nodes to replay, a Slurm hostlist (e.g. n[1-4] or the partition's nodes from sinfo)"),
-    start: str = typer.Option(..., "--start", help="window start, ISO time in UTC (e.g. 2026-11-27T04:00:00)"),
-    end: str = typer.Option(..., "--end", help="window end, ISO time in UTC"),
+    sacct: SacctOption,
+    nodes: NodesOption,
+    start: StartOption,
+    end: EndOption,
     tasks: Path = typer.Option(..., "--tasks", help="task set: tasks.csv (or its folder), or a *-Jbnd-*.pkl (needs --allow-pickle)"),
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="allow loading a pickled task set (runs code from the file: only for trusted data)"),
     shift_tasks: bool = typer.Option(True, "--shift-tasks/--keep-task-times", help="move the task set's submissions so that the first is at --start (gaps kept), or keep their recorded times"),
-    scavenger_partition: List[str] = typer.Option(["scavenger"], "--scavenger-partition", help="jobs of these partitions (Offcut's own and other preemptable work) leave a node idle; repeat for several"),
     max_tasks: int = typer.Option(10, "--max-tasks", min=1, help="maxJ: tasks admitted at once"),
     tfwd: float = typer.Option(10.0, "--tfwd", min=0.001, help="look-ahead Tfwd, s"),
     solver: str = typer.Option("dp", "--solver", help=SOLVER_HELP),
     out: Path = typer.Option(Path("replay-out"), "--out", help="output folder"),
     progress: bool = typer.Option(True, help="show a progress bar"),
+    events: EventsOption = None,
+    scavenger_partition: ScavengerOption = ["scavenger"],
 ) -> None:
     """Replay your own site: the node log built from Slurm's accounting of a window (a node
     is idle unless a job outside the scavenger partitions ran on it, or, with --events, it was
