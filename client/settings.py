@@ -23,17 +23,20 @@ import functools
 import inspect
 import os
 import tomllib
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, get_args
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict,
-                               TomlConfigSettingsSource)
+from pydantic_settings import (BaseSettings, InitSettingsSource, PydanticBaseSettingsSource,
+                               SettingsConfigDict)
 
 from offcut.client.api import Client
 from offcut.client.retry import RetryPolicy
 
 ENV_PREFIX = "OFFCUT_"
+#: the config file's values for the settings being built (:func:`load_client_settings`)
+_FILE_VALUES: ContextVar[dict[str, Any]] = ContextVar("offcut_client_file_values", default={})
 #: longest address / TLS server name / path accepted, characters
 MAX_TEXT_LEN = 4096
 #: largest call timeout and retry deadline, s (one day)
@@ -104,9 +107,9 @@ class ClientSettings(BaseSettings):
                                    dotenv_settings: PydanticBaseSettingsSource,
                                    file_secret_settings: PydanticBaseSettingsSource
                                    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Flags (the init arguments) > environment > the TOML file (``toml_file`` of the
-        model's config, set by :func:`load_client_settings`)."""
-        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
+        """Flags (the init arguments) > environment > the TOML file's values (read once by
+        :func:`load_client_settings`)."""
+        return init_settings, env_settings, InitSettingsSource(settings_cls, _FILE_VALUES.get())
 
     def client(self) -> Client:
         """A :class:`Client` with these settings (with a :class:`RetryPolicy` of deadline
@@ -179,23 +182,24 @@ def load_client_settings(flags: Mapping[str, Any] | None = None,
     if config is not None or path.exists():
         try:
             with open(path, "rb") as fh:
-                keys = set(tomllib.load(fh))
+                values = tomllib.load(fh)
         except OSError as exc:
             raise SettingsError(f"cannot read config {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise SettingsError(f"config {path}: not valid TOML: {exc}") from None
+        keys = set(values)
         if "token" in keys:
             raise SettingsError(f"config {path}: token: not read from a file; put the token "
                                 "in a 0600 file and name it with token_file")
     else:
-        path, keys = None, set()
-    model = type("ClientSettings", (ClientSettings,), {
-        "__doc__": ClientSettings.__doc__, "__module__": __name__,
-        "model_config": {**ClientSettings.model_config, "toml_file": path}})
+        path, values, keys = None, {}, set()
+    reset = _FILE_VALUES.set(values)
     try:
-        return model(**given)
+        return ClientSettings(**given)
     except ValidationError as exc:
         raise SettingsError(_describe(exc.errors()[0], given, keys, path)) from None
+    finally:
+        _FILE_VALUES.reset(reset)
 
 
 def _describe(error: dict, given: Mapping[str, Any], keys: set[str], path: Path | None) -> str:
