@@ -237,12 +237,14 @@ class Client:
                 return tasks
             request.page_token = page.next_page_token
 
+    @_fresh_request_id
     @_translate
-    def cancel(self, task_id: str, time: float | datetime | None = None,
-               request_id: str = "") -> tasks_pb2.CancelTaskResponse:
+    def cancel(self, task_id: str, time: float | datetime | None = None, *,
+               request_id: str | None = None) -> tasks_pb2.CancelTaskResponse:
         """Cancel a task (releases its nodes); NotFound / FailedPrecondition for unknown or
-        finished tasks. ``request_id`` makes a retry return the stored reply (and lets a
-        retry policy repeat the call)."""
+        finished tasks. ``request_id`` (None: a fresh one; "": none) makes a retry of this
+        call return the stored reply (and lets a retry policy repeat it), while a second
+        call finds the task cancelled."""
         req = tasks_pb2.CancelTaskRequest(task_id=task_id, request_id=request_id)
         if time is not None:
             req.time.CopyFrom(to_timestamp(time))

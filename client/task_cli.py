@@ -400,7 +400,7 @@ def cancel(
         with settings.client() as c:
             for task_id in task_ids:
                 try:
-                    reply = c.cancel(task_id, request_id=str(uuid.uuid4()))
+                    reply = c.cancel(task_id)  # a fresh request id, the same on its retries
                 except (NotFound, InvalidArgument) as exc:
                     typer.echo(f"offcut: {exc}", err=True)
                     failed += 1
