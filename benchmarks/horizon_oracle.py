@@ -79,7 +79,7 @@ class LogOracle:
         for change in node_log.events():
             end = to_epoch(change.time)
             keys.extend(self.index[n] * self.SPAN + end for n in change.became_busy)
-        self.keys = np.sort(np.asarray(keys, dtype=float))
+        self.keys = np.append(np.sort(np.asarray(keys, dtype=float)), np.inf)  # (sentinel)
         self.end = end
 
     def remaining_s(self, nodes: Sequence[str], t: float) -> np.ndarray:
@@ -87,7 +87,7 @@ class LogOracle:
         if never); shape (len(nodes),)."""
         base = np.fromiter((self.index[n] for n in nodes), float, len(nodes)) * self.SPAN
         pos = np.searchsorted(self.keys, base + t, side="right")
-        nxt = np.append(self.keys, np.inf)[pos]
+        nxt = self.keys[pos]
         busy = np.where(nxt < base + self.SPAN, nxt - base, self.end)
         return np.maximum(0.0, busy - t)
 
