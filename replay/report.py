@@ -393,10 +393,11 @@ def task_timelines(plc: pd.DataFrame, end_s: float) -> list[Lane]:
     return lanes
 
 
-def _plot_timeline(out: Path, steps: pd.DataFrame, plc: pd.DataFrame, is_dt: bool) -> Path:
+def _plot_timeline(out: Path, steps: pd.DataFrame, plc: pd.DataFrame, is_dt: bool,
+                   end_s: float) -> Path:
     """``timeline.png``: a lane per task (the :data:`TIMELINE_TASKS` with most node-hours),
-    its held nodes as a filled step plot scaled to the lane, preemptions as red marks."""
-    end_s = float(steps["_s"].iloc[-1])
+    its held nodes as a filled step plot scaled to the lane, preemptions as red marks; up to
+    ``end_s`` [s], the summary's end (:func:`summarise_history`), so its node-hours agree."""
     lanes = task_timelines(plc, end_s)
     shown = lanes[:TIMELINE_TASKS]
     fig = _new_figure((11, max(3.0, 0.45 * len(shown) + 1.6)))
@@ -533,7 +534,8 @@ def build_report(out_dir: str | Path, use_summary_json: bool = True) -> Report:
     figures = summarise_history(steps, plc)
     text = format_summary(out.resolve().name, figures, is_dt, replay)
     files = [_plot_overview(out, steps, plc, is_dt), _plot_throughput(out, steps, is_dt),
-             _plot_decisions(out, steps, is_dt), _plot_timeline(out, steps, plc, is_dt)]
+             _plot_decisions(out, steps, is_dt),
+             _plot_timeline(out, steps, plc, is_dt, figures["end_s"])]
     summary_path = out / "summary.txt"
     summary_path.write_text(text)
     files.append(summary_path)
