@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-__all__ = ["parsable_rows"]
+__all__ = ["NO_NODES", "NO_VALUE", "parsable_rows"]
+
+#: how these columns say "no value" (a time never reached, no preemption time, ...)
+NO_VALUE = frozenset({"", "Unknown", "None", "N/A"})
+#: how ``NodeList`` says a job got no nodes (it never ran)
+NO_NODES = frozenset({"", "None assigned"})
 
 
 def parsable_rows(text: str, fields: Sequence[str], source: str) -> Iterator[tuple[int, list[str]]]:

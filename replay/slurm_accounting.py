@@ -41,7 +41,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import pandas as pd
 
-from offcut.parsable import parsable_rows
+from offcut.parsable import NO_NODES, NO_VALUE, parsable_rows
 from offcut.replay.bftrainer_data import ReplayInputError
 from offcut.slurm_values import (NodeListError, expand_nodelist, reported_errors, slurm_number,
                                  slurm_time_arg)
@@ -54,7 +54,6 @@ __all__ = ["SACCT_LOG_FIELDS", "EVENT_FIELDS", "sacct_command", "sacct_json_comm
 SACCT_LOG_FIELDS = ("JobID", "JobName", "Partition", "State", "NodeList", "Start", "End")
 #: the columns of ``sacctmgr show event`` this module reads, in this order
 EVENT_FIELDS = ("NodeName", "TimeStart", "TimeEnd", "State")
-_NO_TIME = ("", "Unknown", "None", "N/A")
 
 #: ``(start_s, end_s, nodes)``: nodes held [epoch s, epoch s)
 Interval = tuple[float, float, list[str]]
@@ -130,7 +129,7 @@ def _text_records(text: str, fields: tuple[str, ...], source: str
 
 def _epoch(value: str, what: str, where: str, hint: str) -> float | None:
     """A text time: epoch seconds, None when unknown."""
-    if value.strip() in _NO_TIME:
+    if value.strip() in NO_VALUE:
         return None
     try:
         return float(value)
@@ -251,7 +250,7 @@ def busy_intervals(text: str, *, end_s: float, source: str = "sacct",
     total = 0
     for where, partition, nodes, t0, t1 in reader(text, source):
         if own & set(partition.split(",")) or t0 is None \
-                or nodes.strip() in ("", "None assigned"):
+                or nodes.strip() in NO_NODES:
             continue
         total = _collect(out, _interval(where, t0, t1, nodes, end_s), where, total)
     return out

@@ -641,7 +641,7 @@ def parse_sacct(text: str) -> list[JobInfo]:
     Raises:
         SlurmDataError: a line without the expected columns, naming it (1-based).
     """
-    from offcut.parsable import parsable_rows
+    from offcut.parsable import NO_NODES, NO_VALUE, parsable_rows
 
     out = []
     try:
@@ -655,12 +655,12 @@ def parse_sacct(text: str) -> list[JobInfo]:
         code, _, sig = exit_code.partition(":")
         try:
             exit_status = (int(code or 0), int(sig or 0))
-            submitted = float(submit) if submit.strip() not in ("", "Unknown", "None") else 0.0
+            submitted = float(submit) if submit.strip() not in NO_VALUE else 0.0
         except ValueError:
             raise SlurmDataError(f"sacct line {number}: exit code {exit_code!r} or submit time "
                                  f"{submit!r} is not a number (SLURM_TIME_FORMAT=%s)") from None
         try:
-            node_names = () if nodes in ("", "None assigned") else tuple(expand_nodelist(nodes))
+            node_names = () if nodes.strip() in NO_NODES else tuple(expand_nodelist(nodes))
         except NodeListError as exc:
             raise SlurmDataError(f"sacct line {number}: node list {nodes!r}: {exc}") from None
         out.append(JobInfo(job_id=jid.strip(), name=name, partition=partition,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol
 
 from offcut.nodes import is_node_name
+from offcut.parsable import NO_VALUE
 from offcut.slurm_plugin.slurm_cli import SlurmCLI, default_slurm_conf
 from offcut.slurm_plugin.slurm_json import (IdleView, OwnJobRule, SlurmError, idle_nodes,
                                             parse_jobs, parse_nodes)
@@ -112,7 +113,7 @@ class PyslurmSource:
         for j in _values(jobs):
             preempt = _get(j, "preempt_time_raw", "preempt_time", default=0)
             if isinstance(preempt, str):  # a formatted date in some releases
-                preempt = 0 if preempt.strip() in ("", "None", "Unknown", "N/A") else 1
+                preempt = 0 if preempt.strip() in NO_VALUE else 1
             job_recs.append({"job_id": _get(j, "job_id", "id"), "name": _get(j, "name", default=""),
                              "partition": _get(j, "partition", default=""),
                              "job_state": _get(j, "job_state", "state"),
