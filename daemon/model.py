@@ -7,7 +7,7 @@ here reads a clock. Node counts are ints, work is in samples, throughput in samp
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -156,15 +156,13 @@ class Task:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form for snapshots."""
-        learner = self.learner
-        self.learner = None
-        try:
-            d = asdict(self)
-        finally:
-            self.learner = learner
+        # field by field (dataclasses.asdict would deep-copy the spec only to replace it);
+        # the one mutable field, ``nodes``, is copied
+        d = {f.name: getattr(self, f.name) for f in _TASK_FIELDS}
+        d["nodes"] = list(self.nodes)
         d["spec"] = self.spec.to_dict()
         d["state"] = self.state.value
-        d["learner"] = learner.to_dict() if learner is not None else None
+        d["learner"] = self.learner.to_dict() if self.learner is not None else None
         return d
 
     @classmethod
@@ -177,6 +175,10 @@ class Task:
             from offcut.daemon.learning import TaskLearner
             d["learner"] = TaskLearner.from_dict(d["learner"])
         return cls(**d)
+
+
+#: :class:`Task`'s fields, in declaration order (:meth:`Task.to_dict`)
+_TASK_FIELDS = fields(Task)
 
 
 def task_number(task_id: str) -> int:

@@ -81,21 +81,22 @@ class AllocationRequest:
         settings: the :class:`ObjectiveSettings` (policy name, eta, power figures).
         time: the time of the re-allocation [s since epoch] (event time, never the wall clock).
 
-    :meth:`power_values` and :meth:`owner_node_seconds` are computed on first use (only some
-    policies need them) and cached.
+    :attr:`tasks` (when given as a function), :meth:`power_values` and
+    :meth:`owner_node_seconds` are computed on first use (only some policies need them) and
+    cached. Raises ``ValueError`` when there are not as many task views as problem rows.
     """
 
-    __slots__ = ("_problem", "_tasks", "_settings", "_time", "_power", "_power_fn",
-                 "_owners", "_owners_fn")
+    __slots__ = ("_problem", "_tasks", "_tasks_fn", "_settings", "_time", "_power",
+                 "_power_fn", "_owners", "_owners_fn")
 
-    def __init__(self, problem: AllocationProblem, tasks: Sequence[PolicyTask],
+    def __init__(self, problem: AllocationProblem,
+                 tasks: Sequence[PolicyTask] | Callable[[], Sequence[PolicyTask]],
                  settings: ObjectiveSettings, time: float, *,
                  power_values: Callable[[], Sequence[np.ndarray]] | Sequence[np.ndarray] | None = None,
                  owner_node_seconds: Callable[[], Mapping[str, float]] | Mapping[str, float] | None = None):
-        if len(tasks) != problem.num_tasks:
-            raise ValueError(f"{len(tasks)} task views for a problem of {problem.num_tasks} tasks")
         self._problem = problem
-        self._tasks = tuple(tasks)
+        self._tasks_fn = tasks if callable(tasks) else None
+        self._tasks = None if callable(tasks) else self._checked(tasks)
         self._settings = settings
         self._time = float(time)
         self._power_fn = power_values if callable(power_values) else None
@@ -110,9 +111,17 @@ class AllocationRequest:
         """The throughput problem of the admitted tasks (row j = ``tasks[j]``; read-only)."""
         return self._problem
 
+    def _checked(self, tasks: Sequence[PolicyTask]) -> tuple[PolicyTask, ...]:
+        if len(tasks) != self._problem.num_tasks:
+            raise ValueError(f"{len(tasks)} task views for a problem of "
+                             f"{self._problem.num_tasks} tasks")
+        return tuple(tasks)
+
     @property
     def tasks(self) -> tuple[PolicyTask, ...]:
         """Per problem row, what the policy may know of the task (:class:`PolicyTask`)."""
+        if self._tasks is None:
+            self._tasks = self._checked(self._tasks_fn())
         return self._tasks
 
     @property
@@ -144,7 +153,7 @@ class AllocationRequest:
                 owners = dict(self._owners_fn())
             else:
                 owners = {}
-                for t in self._tasks:
+                for t in self.tasks:
                     owners[t.owner] = owners.get(t.owner, 0.0) + t.node_seconds
             self._owners = MappingProxyType(owners)
         return self._owners
@@ -184,11 +193,13 @@ def check_counts(name: str, counts: Any, problem: AllocationProblem) -> list[int
         raise PolicyError(f"{where} answered {len(values)} counts for {problem.num_tasks} "
                           "admitted tasks")
     out = []
+    lows, highs = problem.min_nodes.tolist(), problem.max_nodes.tolist()
     for j, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-            raise PolicyError(f"{where}: count {j} is {v!r}, not an integer")
-        n = int(v)
-        lo, hi = int(problem.min_nodes[j]), int(problem.max_nodes[j])
+        if type(v) is not int:  # the usual answer is plain ints: the ABC check is the rare path
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise PolicyError(f"{where}: count {j} is {v!r}, not an integer")
+            v = int(v)
+        n, lo, hi = v, lows[j], highs[j]
         if n != 0 and not lo <= n <= hi:
             raise PolicyError(f"{where}: task {j} gets {n} nodes, outside {{0}} U [{lo}, {hi}]")
         out.append(n)

@@ -67,8 +67,8 @@ class Allocation:
         demand."""
         problem = self.problem(tasks, idle_nodes)
         return AllocationRequest(
-            problem, [PolicyTask(task.task_id, task.owner, task.submit_time, task.node_seconds)
-                      for task in tasks], self.objective, t,
+            problem, lambda: [PolicyTask(task.task_id, task.owner, task.submit_time,
+                                         task.node_seconds) for task in tasks], self.objective, t,
             power_values=lambda: [self._power_values(task, ns)
                                   for task, ns in zip(tasks, problem.node_counts)],
             owner_node_seconds=self.owner_node_seconds)
@@ -161,7 +161,8 @@ class Allocation:
             avail = [n for n in nodes if n not in taken] if taken else nodes
             later = {task.task_id for _, g in groups[i + 1:] for task in g}
             self._place_group(group, avail, later, t, out, allocate)
-            taken.update(n for task in group for n in task.nodes)
+            if i + 1 < len(groups):  # the last group's nodes are nobody else's concern
+                taken.update(n for task in group for n in task.nodes)
         for task in tasks:
             c, n = before[task.task_id], len(task.nodes)
             if n == c:
@@ -206,7 +207,7 @@ class Allocation:
                 for node in released:
                     del self.holder[node]
                 task.nodes = kept
-        free = [n for n in avail if n not in self.holder]
+        free: list[str] | None = None  # the group's unheld nodes, listed once a task grows
         order = list(zip(tasks, counts))
         if left_s is not None:  # the dearest task to preempt takes the longest-lived nodes
             order.sort(key=lambda tn: -self.rescale_costs(tn[0])[1] * self.rate_at(*tn))
@@ -214,6 +215,8 @@ class Allocation:
             extra = n - len(task.nodes)
             if extra <= 0:
                 continue
+            if free is None:
+                free = [x for x in avail if x not in self.holder]
             picked = (placement.grow(task.nodes, min(extra, len(free)), free, self.pool)
                       if left_s is None else
                       placement.grow_by_forecast(min(extra, len(free)), free, left_s))
