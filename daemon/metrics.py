@@ -213,6 +213,11 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
         self.duration = Histogram("offcut_rpc_duration_seconds",
                                   "RPC handling time (stream lifetime for streaming responses), s",
                                   ["method"], buckets=LATENCY_BUCKETS_S, registry=registry)
+        #: method -> (the handler the inner interceptors gave, that handler recorded): the same
+        #: handler object comes back for a method on every call unless authentication wraps
+        #: it per call, so it is wrapped once (one entry per registered method: unknown
+        #: methods have no handler and are not kept)
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     def _record(self, method: str, code: grpc.StatusCode | None, started: float,
                 failed: bool, cancelled: bool = False) -> None:
@@ -277,9 +282,15 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
         when it finishes."""
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
         wrap = {SYNC: self._sync, COROUTINE: self._coroutine,
                 ASYNC_GENERATOR: self._async_generator}
-        return wrapped(handler, lambda behavior: wrap[kind_of(behavior)](method, behavior))
+        recorded = wrapped(handler, lambda behavior: wrap[kind_of(behavior)](method, behavior))
+        if handler is not None:
+            self._wrapped[method] = (handler, recorded)
+        return recorded
 
 
 class MetricsEndpoint:
