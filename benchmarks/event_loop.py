@@ -1,0 +1,107 @@
+"""offcutd's CPU per unary call on uvloop vs asyncio's own event loop (docs/architecture.md §1,
+"Threads").
+
+Two daemons run side by side, one on each loop (the asyncio one is offcutd with ``uvloop``
+made unimportable, as on a machine without it); one client sends them alternate batches of
+``--batch`` trivial ``ReportNodes`` calls (one node joins or leaves a 2,000-node pool, no
+tasks), so both see the same machine speed, which varies by up to 2x over an hour here.
+Printed per loop: the daemon's CPU time per call [ms] (user + system, from /proc) and the wall
+time per call [ms]; then uvloop's over asyncio's.
+
+Usage::
+
+    python benchmarks/event_loop.py                 # 12 rounds of 400 calls to each
+    python benchmarks/event_loop.py --rounds 20 --batch 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+#: offcutd as a machine without uvloop runs it
+_WITHOUT_UVLOOP = ("import sys; sys.modules['uvloop'] = None; "
+                   "from offcut.daemon.__main__ import main; main()")
+
+
+class Daemon:
+    """One offcutd on a unix socket in a temporary folder, with a client."""
+
+    def __init__(self, label: str, uvloop: bool):
+        from offcut.client.api import Client
+
+        self.label = label
+        folder = Path(tempfile.mkdtemp(prefix=f"offcut-loop-{label}-"))
+        address = f"unix://{folder / 'd.sock'}"
+        head = ([sys.executable, "-m", "offcut.daemon"] if uvloop
+                else [sys.executable, "-c", _WITHOUT_UVLOOP])
+        self.proc = subprocess.Popen(
+            head + ["--listen", address, "--state", str(folder / "state.sqlite"),
+                    "--clock", "replay", "--durability", "normal", "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.client = Client(address)
+        self.client.wait_ready(60.0)
+        self.seq, self.cpu_s, self.wall_s, self.calls = 1, 0.0, 0.0, 0
+
+    def cpu(self) -> float:
+        """The daemon's CPU time so far [s] (user + system)."""
+        with open(f"/proc/{self.proc.pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def batch(self, names: list[str], n: int, counted: bool) -> None:
+        """``n`` node events: odd ones make a node idle, even ones take it back."""
+        cpu0, wall0 = self.cpu(), time.perf_counter()
+        for _ in range(n):
+            self.seq += 1
+            node = names[len(names) // 2 + self.seq % (len(names) // 2)]
+            if self.seq % 2:
+                self.client.report_nodes(1.7e9 + self.seq, "bench", self.seq, idle=[node])
+            else:
+                prev = names[len(names) // 2 + (self.seq - 1) % (len(names) // 2)]
+                self.client.report_nodes(1.7e9 + self.seq, "bench", self.seq, preempted=[prev])
+        if counted:
+            self.cpu_s += self.cpu() - cpu0
+            self.wall_s += time.perf_counter() - wall0
+            self.calls += n
+
+    def stop(self) -> None:
+        self.client.close()
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=12, help="batches sent to each daemon")
+    ap.add_argument("--batch", type=int, default=400, help="calls per batch")
+    args = ap.parse_args()
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        raise SystemExit("uvloop is not installed: nothing to compare (pip install uvloop)")
+    names = [f"n{i:04d}" for i in range(4000)]
+    daemons = [Daemon("uvloop", True), Daemon("asyncio", False)]
+    try:
+        for d in daemons:
+            d.client.sync_nodes(1.7e9, "bench", 1, names[:len(names) // 2])
+        for r in range(args.rounds + 1):  # round 0 warms up, uncounted
+            for d in (daemons if r % 2 else daemons[::-1]):
+                d.batch(names, args.batch, counted=r > 0)
+    finally:
+        for d in daemons:
+            d.stop()
+    for d in daemons:
+        print(f"{d.label:8s} daemon CPU {d.cpu_s / d.calls * 1e3:.3f} ms/call, "
+              f"wall {d.wall_s / d.calls * 1e3:.3f} ms/call ({d.calls} calls)")
+    uv, aio = daemons
+    print(f"uvloop / asyncio: CPU {uv.cpu_s / aio.cpu_s:.2f}x, wall {uv.wall_s / aio.wall_s:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
