@@ -32,6 +32,8 @@ A/B in one later hour:
   (ec516ff)                 332 (4 thr) 11.86       11.51 / 13.02
   on the event loop         363 (1 thr) 2.65        2.74 / 2.71
   (0c8f496)                 574 (4 thr) 6.86        7.04 / 6.60 (floor 1,179)
+uvloop (25fd694), a slow    243 (1 thr) 3.91        4.36 / 3.50 (floor 450: 0.54x)
+hour, 3,000 trials          414 (4 thr) 9.41        8.69 / 10.22 (floor 772: 0.54x)
 =========================  ==========  ==========  ==============================
 
 The round trip on the event loop (architecture §1, "Threads": ``Predict``/``ReportEpoch`` as
