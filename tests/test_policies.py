@@ -154,13 +154,40 @@ def test_the_core_checks_a_policys_answer():
                           max_nodes=[4, 3], node_counts=[[0, 4], [0, 3]],
                           objective_values=[[0, 4], [0, 3]], tfwd_s=10, rescale_up_s=[0, 0],
                           rescale_down_s=[0, 0])
-    assert check_counts("x", np.array([2, 3]), p) == [2, 3]
+    for ok in (np.array([2, 3]), [2, 3], (np.int32(2), 3), [0, 0]):
+        answer = check_counts("x", ok, p)
+        assert answer == [int(c) for c in ok] and all(type(c) is int for c in answer)
     for counts, needle in (([1], "answered 1 counts for 2"), ([1, 0], "task 0 gets 1 nodes"),
                            ([0, 4], "task 1 gets 4 nodes"), ([4, 3], "uses 7 nodes, only 5"),
-                           ([2.0, 1], "count 0 is 2.0"), (None, "not a sequence")):
+                           ([2, np.int64(4)], "task 1 gets 4 nodes"),
+                           ([2.0, 1], "count 0 is 2.0"), ([2, True], "count 1 is True"),
+                           (None, "not a sequence")):
         with pytest.raises(PolicyError, match=needle) as err:
             check_counts("my_policy", counts, p)
         assert "'my_policy'" in str(err.value)
+
+
+def test_a_requests_task_views_may_come_from_a_function_called_on_first_use():
+    p = AllocationProblem(idle_nodes=5, current_nodes=[0, 0], min_nodes=[2, 1],
+                          max_nodes=[4, 3], node_counts=[[0, 4], [0, 3]],
+                          objective_values=[[0, 4], [0, 3]], tfwd_s=10, rescale_up_s=[0, 0],
+                          rescale_down_s=[0, 0])
+    calls = []
+
+    def make():
+        calls.append(1)
+        return views(["alice", "bob"], [3.0, 4.0])
+
+    request = AllocationRequest(p, make, ObjectiveSettings(), T0)
+    assert calls == []  # a policy that never looks costs nothing
+    assert [t.owner for t in request.tasks] == ["alice", "bob"]
+    assert request.owner_node_seconds() == {"alice": 3.0, "bob": 4.0}
+    assert request.tasks is request.tasks and calls == [1]  # made once
+    short = AllocationRequest(p, lambda: views(["alice"]), ObjectiveSettings(), T0)
+    with pytest.raises(ValueError, match="1 task views for a problem of 2 tasks"):
+        short.tasks
+    with pytest.raises(ValueError, match="1 task views for a problem of 2 tasks"):
+        AllocationRequest(p, views(["alice"]), ObjectiveSettings(), T0)
 
 
 # ------------------------------------------------------------- throughput and energy: as before

@@ -697,3 +697,24 @@ def test_changed_tasks_cover_every_task_an_event_changes(ops, max_running):
             assert "tasks" not in header and not core.changed and not core.removed
             full = core.to_dict()
             assert {**header, "tasks": [stored[k] for k in sorted(stored)]} == full
+
+
+def test_a_tasks_dict_form_is_json_owns_its_lists_and_rebuilds_the_task():
+    from offcut.daemon.model import Task
+
+    spec = TaskSpec.create(name="resnet", min_nodes=2, max_nodes=8, node_counts=(0, 2, 4, 8),
+                           throughputs=(0.0, 10.0, 18.0, 30.0), rescale_up_s=5.0,
+                           rescale_down_s=2.0, total_work_samples=1e6, command=("python", "t.py"),
+                           constraint=("a100",), gpus_per_node=4)
+    task = Task("t000007", spec, "alice", 1.7e9, TaskState.RUNNING, admit_time=1.7e9 + 1,
+                nodes=["n1", "n2"], work_done=12.5, rate=18.0, rescales=3, node_seconds=40.0)
+    d = task.to_dict()
+    assert list(d) == [f.name for f in dataclasses.fields(Task)]
+    assert d["state"] == "running" and d["learner"] is None and d["nodes"] == ["n1", "n2"]
+    assert d["spec"] == {**{f.name: getattr(spec, f.name) for f in dataclasses.fields(TaskSpec)},
+                         "node_counts": [0, 2, 4, 8], "throughputs": [0.0, 10.0, 18.0, 30.0],
+                         "objective_values": list(spec.objective_values),
+                         "command": ["python", "t.py"], "power_w": [], "constraint": ["a100"]}
+    assert Task.from_dict(json.loads(json.dumps(d))) == task
+    d["nodes"].append("n3")  # the dict is the caller's: the task keeps its nodes
+    assert task.nodes == ["n1", "n2"]
