@@ -42,6 +42,14 @@ submit p99 12.5 -> 8.1 ms, snapshot stall 34.0 -> 24.8 ms (the machine got faste
 With the default 400-day archive (5 months measured under heavy load): the state file grew
 1.4 MiB a month, all of it the archive filling its window; RSS and journal flat.
 
+Again with the code of 2026-11-27 (uvloop, less Python per re-allocation; same command): the
+year in 1,691 s (28.2 min). Month 1 -> month 12: RSS 227.1 -> 231.6 MiB (1.02), state file
+28.3 -> 29.5 MiB (1.04), journal 16.6 -> 15.5 MiB (0.93), node-event p99 6.6 -> 5.8 ms
+(0.88), submit p99 11.1 -> 10.0 ms (0.90), snapshot stall 11.5 -> 16.1 ms (1.41: FAIL). Month 1's
+stall was the year's lowest; months 2-13 ranged 12.3-16.6 ms with no trend. Each month's stall
+is the p50 of about ten snapshot events (one per ``--snapshot-every`` journal rows), so its
+ratio moves by more than 1.2 between runs (0.73 in the run above).
+
 Usage::
 
     python benchmarks/soak.py                      # a year: 26 laps of the real log
