@@ -331,7 +331,6 @@ def _iter_frame_changes(vals: np.ndarray, times: pd.DatetimeIndex, names: list[s
     of rows (one small int8 copy per chunk)."""
     n_rows = vals.shape[0]
     sel = vals[:, lo:hi]
-    stamps = times.as_unit("ns").asi8  # a Timestamp is made per change, not looked up
     prev = np.array(sel[start_row], dtype=np.int8)
     row = start_row + 1
     while row < n_rows:
@@ -342,18 +341,18 @@ def _iter_frame_changes(vals: np.ndarray, times: pd.DatetimeIndex, names: list[s
         full[0] = prev
         full[1:] = chunk
         diff = np.diff(full, axis=0)
-        # every changed cell of the chunk at once, in row then column order
-        rows_at, cols_at = np.nonzero(diff)
-        became_idle = (diff[rows_at, cols_at] == 1).tolist()
-        starts = np.searchsorted(rows_at, np.arange(end - row + 1)).tolist()
-        cols = cols_at.tolist()
-        for k in (range(end - row) if include_unchanged else np.unique(rows_at).tolist()):
-            idle, busy = [], []
-            for i in range(starts[k], starts[k + 1]):
-                (idle if became_idle[i] else busy).append(names[cols[i]])
-            yield NodeChange(pd.Timestamp(int(stamps[row + k])), idle, busy, row + k)
+        changed = np.flatnonzero(diff.any(axis=1))
+        if include_unchanged:
+            rows_iter = range(end - row)
+        else:
+            rows_iter = changed
+        for k in rows_iter:
+            d = diff[k]
+            idle = [names[j] for j in np.flatnonzero(d == 1)]
+            busy = [names[j] for j in np.flatnonzero(d == -1)]
+            yield NodeChange(times[row + k], idle, busy, int(row + k))
         prev = chunk[-1].copy()
-        del chunk, full, diff, rows_at, cols_at
+        del chunk, full, diff
         row = end
 
 
