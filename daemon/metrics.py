@@ -215,9 +215,10 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
                                   ["method"], buckets=LATENCY_BUCKETS_S, registry=registry)
         #: method -> (the handler the inner interceptors gave, that handler recorded): the same
         #: handler object comes back for a method on every call unless authentication wraps
-        #: it per call, so it is wrapped once (one entry per registered method: unknown
-        #: methods have no handler and are not kept)
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        #: it per call, so it is wrapped once; None once a method's handler was seen to change
+        #: (made per call: wrapped per call, nothing kept, so no caller's call context is
+        #: held). One entry per registered method: unknown methods have no handler.
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler] | None] = {}
 
     def _record(self, method: str, code: grpc.StatusCode | None, started: float,
                 failed: bool, cancelled: bool = False) -> None:
@@ -282,6 +283,7 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
         when it finishes."""
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
+        seen = method in self._wrapped
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
@@ -289,7 +291,7 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
                 ASYNC_GENERATOR: self._async_generator}
         recorded = wrapped(handler, lambda behavior: wrap[kind_of(behavior)](method, behavior))
         if handler is not None:
-            self._wrapped[method] = (handler, recorded)
+            self._wrapped[method] = None if seen else (handler, recorded)
         return recorded
 
 
