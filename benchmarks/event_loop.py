@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,22 +29,23 @@ _WITHOUT_UVLOOP = ("import sys; sys.modules['uvloop'] = None; "
 
 
 class Daemon:
-    """One offcutd on a unix socket in a temporary folder, with a client."""
+    """One offcutd on a unix socket in a temporary folder (on uvloop or not), with a client.
+
+    Raises :class:`offcut.errors.Unavailable` with its log's tail when it does not start."""
 
     def __init__(self, label: str, uvloop: bool):
         from offcut.client.api import Client
+        from offcut.client.child_daemon import offcutd_argv, start_offcutd
 
         self.label = label
         folder = Path(tempfile.mkdtemp(prefix=f"offcut-loop-{label}-"))
         address = f"unix://{folder / 'd.sock'}"
-        head = ([sys.executable, "-m", "offcut.daemon"] if uvloop
-                else [sys.executable, "-c", _WITHOUT_UVLOOP])
-        self.proc = subprocess.Popen(
+        head = offcutd_argv() if uvloop else [sys.executable, "-c", _WITHOUT_UVLOOP]
+        self.proc = start_offcutd(
             head + ["--listen", address, "--state", str(folder / "state.sqlite"),
                     "--clock", "replay", "--durability", "normal", "--log-level", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            address, folder / "offcutd.log")
         self.client = Client(address)
-        self.client.wait_ready(60.0)
         self.seq, self.cpu_s, self.wall_s, self.calls = 1, 0.0, 0.0, 0
 
     def cpu(self) -> float:
@@ -55,25 +55,25 @@ class Daemon:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def batch(self, names: list[str], n: int, counted: bool) -> None:
-        """``n`` node events: odd ones make a node idle, even ones take it back."""
+        """``n`` node events on the second half of ``names`` (the first half is the idle pool
+        of the sync): odd seqs make a node idle, even ones take that node back."""
+        spare = names[len(names) // 2:]
         cpu0, wall0 = self.cpu(), time.perf_counter()
         for _ in range(n):
             self.seq += 1
-            node = names[len(names) // 2 + self.seq % (len(names) // 2)]
-            if self.seq % 2:
-                self.client.report_nodes(1.7e9 + self.seq, "bench", self.seq, idle=[node])
-            else:
-                prev = names[len(names) // 2 + (self.seq - 1) % (len(names) // 2)]
-                self.client.report_nodes(1.7e9 + self.seq, "bench", self.seq, preempted=[prev])
+            node = spare[(self.seq - (self.seq + 1) % 2) % len(spare)]  # even: the last one
+            change = {"idle": [node]} if self.seq % 2 else {"preempted": [node]}
+            self.client.report_nodes(1.7e9 + self.seq, "bench", self.seq, **change)
         if counted:
             self.cpu_s += self.cpu() - cpu0
             self.wall_s += time.perf_counter() - wall0
             self.calls += n
 
     def stop(self) -> None:
+        from offcut.client.child_daemon import stop_offcutd
+
         self.client.close()
-        self.proc.terminate()
-        self.proc.wait(30)
+        stop_offcutd(self.proc)
 
 
 def main() -> None:
