@@ -244,7 +244,28 @@ class _StubProxy:
         fn = getattr(self._stub, name)
         if name in STREAMS or not callable(fn):
             return fn
+        if name == "StreamNodes":  # each answer on the stream counts as an acknowledged call
+            return lambda requests, **kwargs: _AnswersProxy(name, fn(requests, **kwargs),
+                                                            self._hook)
         return lambda request, **kwargs: self._hook.around(name, fn, request, kwargs)
+
+
+class _AnswersProxy:
+    """A bidirectional stream call whose answers go through :meth:`KillHook.around` one by
+    one, as if each were a unary call's reply (the kill points fire between them; an
+    ``in-flight`` kill stops the daemon while the next answer is awaited)."""
+
+    def __init__(self, name: str, call: Any, hook: KillHook):
+        self._name, self._call, self._hook = name, call, hook
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Any:
+        return self._hook.around(self._name, lambda _request: next(self._call), None, {})
+
+    def cancel(self) -> bool:
+        return self._call.cancel()
 
 
 # ------------------------------------------------------------------------------ workloads

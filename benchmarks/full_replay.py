@@ -10,6 +10,7 @@ Usage::
 
     python benchmarks/full_replay.py                       # whole log, solver dp
     python benchmarks/full_replay.py --max-events 2000 --solver greedy
+    python benchmarks/full_replay.py --send-ahead 0        # one ReportNodes call per event
     python benchmarks/full_replay.py --record-instances whole.jsonl   # then time them alone:
     python benchmarks/decision_time.py --records whole.jsonl --solvers dp --no-anchor
 """
@@ -66,6 +67,8 @@ def engine_alone(node_log, tasks, max_events: int, max_tasks: int, solver: str) 
 
 
 def main() -> None:
+    from offcut.replay.driver import ReplayOptions
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--solver", default="dp")
@@ -73,13 +76,16 @@ def main() -> None:
     ap.add_argument("--max-events", type=int, default=None, help="default: the whole log")
     ap.add_argument("--overhead-events", type=int, default=2000)
     ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="offcut-full-")))
+    ap.add_argument("--send-ahead", type=int, default=ReplayOptions.send_ahead,
+                    help="node events sent on the StreamNodes stream before the oldest one's "
+                         "Decision is read (0: one ReportNodes call per event)")
     ap.add_argument("--record-instances", type=Path, default=None,
                     help="write every allocation problem of the replay (JSONL) for "
                          "benchmarks/decision_time.py --records")
     args = ap.parse_args()
 
     from offcut.replay.bftrainer_data import load_node_log, load_task_set
-    from offcut.replay.driver import ReplayOptions, run_replay
+    from offcut.replay.driver import run_replay
 
     log_path = args.data_dir / "ndstat-10sdn6-evt.tar.gz"
     tasks_path = args.data_dir / "ImageNet-imgps-Jbnd-1001J.pkl"
@@ -89,10 +95,10 @@ def main() -> None:
 
     log = load_node_log(log_path, allow_pickle=True)
     print(f"whole machine: {len(log.node_names)} nodes, {len(tasks)} tasks, --max-tasks "
-          f"{args.max_tasks}, solver {args.solver}")
+          f"{args.max_tasks}, solver {args.solver}, --send-ahead {args.send_ahead}")
     s = run_replay(log, tasks, args.out / "full", ReplayOptions(
         solver=args.solver, max_tasks=args.max_tasks, max_events=args.max_events,
-        progress=True, until_log_end=True,
+        progress=True, until_log_end=True, send_ahead=args.send_ahead,
         record_instances=str(args.record_instances) if args.record_instances else None))
     print(f"  events {s['events']}  wall {s['wall_s']:.1f} s (daemon start included; "
           f"{s['drive_s']:.1f} s sending)  events/s {s['events_per_s']:.0f}  "
@@ -107,7 +113,7 @@ def main() -> None:
     log = load_node_log(log_path, allow_pickle=True)
     s = run_replay(log, tasks, args.out / "overhead", ReplayOptions(
         solver="greedy", max_tasks=args.max_tasks, max_events=n, progress=False,
-        until_log_end=True))
+        until_log_end=True, send_ahead=args.send_ahead))
     grpc_ms = s["drive_s"] * 1e3 / calls
     alone_ms = alone_s * 1e3 / calls
     print(f"gRPC overhead, first {n} events + submissions ({calls} calls), solver greedy:")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import queue
 import uuid
 from datetime import datetime, timezone
 from typing import Iterable, Mapping
@@ -25,7 +26,7 @@ from offcut.addresses import default_socket, normalize_address
 from offcut.channel import open_channel, resolve_token
 from offcut.client.retry import RetryPolicy
 from offcut.errors import InvalidArgument, OffcutError, Unavailable, from_rpc_error
-from offcut.v1 import (nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
+from offcut.v1 import (decision_pb2, nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
                        tasks_pb2_grpc, zeus_pb2, zeus_pb2_grpc)
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -103,6 +104,75 @@ class Stream:
         """Stop the stream; an iteration in progress ends without an error."""
         self._cancelled = True
         self._call.cancel()
+
+
+def node_event(time: float | datetime, source: str, seq: int, idle: Iterable[str] = (),
+               preempted: Iterable[str] = ()) -> nodes_pb2.NodeEvent:
+    """An ``offcut.v1.NodeEvent``: nodes of ``source`` that became idle / idle nodes taken
+    back at ``time`` (seconds since the epoch or a datetime), its per-source ``seq`` >= 1."""
+    return nodes_pb2.NodeEvent(time=to_timestamp(time), source=source, seq=seq,
+                               idle=list(idle), preempted=list(preempted))
+
+
+class NodeStream:
+    """An open ``NodeEvents.StreamNodes`` call (:meth:`Client.stream_nodes`): :meth:`send`
+    queues a node event without waiting, :meth:`receive` returns the Decision of the oldest
+    unanswered one (the daemon applies and answers them in the order sent). One thread sends
+    and receives; ``pending`` counts the events sent and not yet answered.
+
+    A refused event ends the stream: :meth:`receive` raises its error (as ``report_nodes``
+    would) once the Decisions before it were received; a lost daemon raises
+    :class:`Unavailable`. Events sent after a refused one are not applied.
+    """
+
+    def __init__(self, client: "Client"):
+        self._client = client
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._call = client.nodes.StreamNodes(self._messages())
+        #: events sent and not yet answered
+        self.pending = 0
+
+    def _messages(self):
+        """The request stream gRPC reads from its own thread: what :meth:`send` queued,
+        until :meth:`close` queues None."""
+        while True:
+            message = self._outbox.get()
+            if message is None:
+                return
+            yield message
+
+    def send(self, time: float | datetime, source: str, seq: int, *,
+             idle: Iterable[str] = (), preempted: Iterable[str] = ()) -> None:
+        """Queue one node event (:func:`node_event`'s arguments); returns at once."""
+        self._outbox.put(node_event(time, source, seq, idle, preempted))
+        self.pending += 1
+
+    def receive(self) -> decision_pb2.Decision:
+        """The Decision of the oldest event sent and not answered (blocks until it comes).
+
+        Raises:
+            InvalidArgument: nothing sent is unanswered.
+            OffcutError: that event was refused (the subclass of its status), or the daemon
+                went away (:class:`Unavailable`); the stream is over.
+        """
+        if self.pending <= 0:
+            raise InvalidArgument("every event sent on this stream is answered", "receive")
+        try:
+            decision = next(self._call)
+        except grpc.RpcError as err:
+            raise self._client._error(err) from None
+        except StopIteration:
+            raise Unavailable(f"offcutd at {self._client.address} ended the node event "
+                              "stream") from None
+        self.pending -= 1
+        return decision
+
+    def close(self) -> None:
+        """End the stream: at once when every event sent was answered, else cancelled (the
+        events not answered may or may not have been applied)."""
+        self._outbox.put(None)
+        if self.pending:
+            self._call.cancel()
 
 
 class Client:
@@ -190,9 +260,14 @@ class Client:
     def report_nodes(self, time: float | datetime, source: str, seq: int, *,
                      idle: Iterable[str] = (), preempted: Iterable[str] = ()):
         """Report nodes that became idle / idle nodes taken back; returns the ``Decision``."""
-        return self.nodes.ReportNodes(nodes_pb2.NodeEvent(
-            time=to_timestamp(time), source=source, seq=seq, idle=list(idle),
-            preempted=list(preempted)), timeout=self.timeout_s)
+        return self.nodes.ReportNodes(node_event(time, source, seq, idle, preempted),
+                                      timeout=self.timeout_s)
+
+    def stream_nodes(self) -> NodeStream:
+        """Open a ``StreamNodes`` call for many node events in a row (the replay): send them
+        ahead without waiting, receive their Decisions in order (:class:`NodeStream`). Per
+        event it costs the daemon about half of what a ``report_nodes`` call does."""
+        return NodeStream(self)
 
     @_translate
     def sync_nodes(self, time: float | datetime, source: str, seq: int, idle: Iterable[str],

@@ -69,6 +69,7 @@ _READERS = frozenset(ROLES)              # reads (service.py limits what a user 
 METHOD_ROLES: dict[str, frozenset[str]] = {
     "/offcut.v1.NodeEvents/ReportNodes": _NODE_SIDE,
     "/offcut.v1.NodeEvents/SyncNodes": _NODE_SIDE,
+    "/offcut.v1.NodeEvents/StreamNodes": _NODE_SIDE,
     "/offcut.v1.Tasks/SubmitTask": _USERS,
     "/offcut.v1.Tasks/GetTask": _READERS,
     "/offcut.v1.Tasks/ListTasks": _READERS,

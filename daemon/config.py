@@ -342,7 +342,7 @@ class DaemonConfig(BaseModel):
         description="append every allocation problem to this JSONL file (offcut solve "
                           "re-solves it); unset = not recorded")
     max_streams: int = Field(4096, ge=1, le=MAX_STREAMS_BOUND, description=(
-        "open server streams (WatchPlacements, health Watch) in all, at most "
+        "open server streams (WatchPlacements, StreamNodes, health Watch) in all, at most "
         f"{MAX_STREAMS_BOUND:,}; a waiting stream holds no thread (it waits on the event "
         "loop), only memory; a stream over it is RESOURCE_EXHAUSTED"))
     max_streams_per_caller: int = Field(64, ge=1, le=MAX_STREAMS_BOUND, description=(

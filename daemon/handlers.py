@@ -30,6 +30,17 @@ _FACTORIES = {
 _KEEP: Any = object()
 
 
+class MessageRefused(Exception):
+    """A message of a request stream refused before its handler saw it (too large, or not
+    parsable: raised by :mod:`offcut.daemon.request_guard`'s deserializer where the handler
+    reads the stream). A handler lets it pass: the guard's wrapper ends the call with
+    ``code`` and ``message`` (the messages before it stay handled)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
 def kind_of(behavior: Callable) -> str:
     """:data:`SYNC`, :data:`COROUTINE` or :data:`ASYNC_GENERATOR`: how ``grpc.aio`` runs
     ``behavior`` (a plain function, even one returning a generator, runs on a worker

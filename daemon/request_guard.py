@@ -29,7 +29,8 @@ from typing import Any, Callable
 import grpc
 
 from offcut.daemon.config import DaemonConfig
-from offcut.daemon.handlers import ASYNC_GENERATOR, COROUTINE, SYNC, behavior_of, kind_of, rebuild
+from offcut.daemon.handlers import (ASYNC_GENERATOR, COROUTINE, SYNC, MessageRefused,
+                                   behavior_of, kind_of, rebuild)
 
 MIB = 1024 * 1024
 
@@ -87,15 +88,6 @@ class _Refused:
     message: str
 
 
-class _Refusal(Exception):
-    """A message of a request stream refused (raised by its deserializer, answered by the
-    behaviour's wrapper)."""
-
-    def __init__(self, refused: _Refused):
-        super().__init__(refused.message)
-        self.refused = refused
-
-
 @dataclass(frozen=True)
 class _Raw:
     """A request's bytes, within its limit, parsed later on a worker thread."""
@@ -138,10 +130,11 @@ class _Method:
         return self.oversize(data) or _Raw(data)
 
     def raising(self, data: bytes) -> Any:
-        """A request stream's message parsed after the size check; raises :class:`_Refusal`."""
+        """A request stream's message parsed after the size check; raises
+        :class:`~offcut.daemon.handlers.MessageRefused`."""
         request = self.checked(data)
         if isinstance(request, _Refused):
-            raise _Refusal(request)
+            raise MessageRefused(request.code, request.message)
         return request
 
 
@@ -255,22 +248,22 @@ def _stream_request(behavior: Callable, kind: str) -> Callable:
                 async with contextlib.aclosing(behavior(requests, context)) as responses:
                     async for response in responses:
                         yield response
-            except _Refusal as exc:
-                await context.abort(exc.refused.code, exc.refused.message)
+            except MessageRefused as exc:
+                await context.abort(exc.code, exc.message)
         return generator
     if kind == COROUTINE:
         @functools.wraps(behavior)
         async def coroutine(requests, context):
             try:
                 return await behavior(requests, context)
-            except _Refusal as exc:
-                await context.abort(exc.refused.code, exc.refused.message)
+            except MessageRefused as exc:
+                await context.abort(exc.code, exc.message)
         return coroutine
 
     @functools.wraps(behavior)
     def plain(requests, context):  # a plain client-streaming handler (none in the daemon)
         try:
             return behavior(requests, context)
-        except _Refusal as exc:
-            context.abort(exc.refused.code, exc.refused.message)
+        except MessageRefused as exc:
+            context.abort(exc.code, exc.message)
     return plain

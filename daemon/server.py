@@ -263,7 +263,8 @@ class OffcutServer:
                       2 * max(1000, config.max_streams))])
         times = EventTimes(config.clock, auth_enabled=self.auth.enabled)
         nodes_pb2_grpc.add_NodeEventsServicer_to_server(
-            NodeEventsService(self.engine, self.auth, times), self.server)
+            NodeEventsService(self.engine, self.auth, times, self.streams,
+                              self.workers.reserved), self.server)
         self.tasks_service = TasksService(self.engine, self.auth, self.streams, times, self.zeus)
         tasks_pb2_grpc.add_TasksServicer_to_server(self.tasks_service, self.server)
         status_pb2_grpc.add_StatusServicer_to_server(StatusService(self.engine, self.auth, times),

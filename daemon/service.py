@@ -19,6 +19,7 @@ import functools
 import itertools
 import logging
 import threading
+from concurrent.futures import Executor
 
 import grpc
 from grpc.aio import AbortError
@@ -29,6 +30,7 @@ from offcut.daemon import protocol
 from offcut.daemon.engine import Engine, clock_now
 from offcut.daemon.model import task_number
 from offcut.daemon.event_times import EventTimes
+from offcut.daemon.handlers import MessageRefused
 from offcut.daemon.replies import Reply
 from offcut.daemon.streams import PlacementFeed, StreamSlots
 from offcut.daemon.zeus.registry import ZeusRegistry
@@ -93,7 +95,7 @@ def _rpc_stream(method):
     async def wrapper(self, request, context):
         try:
             return await method(self, request, context)
-        except AbortError:
+        except (AbortError, MessageRefused):  # a refused message: the guard answers it
             raise
         except OffcutError as exc:
             await context.abort(grpc.StatusCode[exc.status], status_message(exc))
@@ -157,30 +159,62 @@ class _HistoryBatches:
 
 class NodeEventsService(nodes_pb2_grpc.NodeEventsServicer):
     """``offcut.v1.NodeEvents``: idle / preempt reports and idle-set snapshots, applied at
-    the daemon's receive time on a live daemon (``times``; the sender's ``time`` is data)."""
+    the daemon's receive time on a live daemon (``times``; the sender's ``time`` is data).
+
+    Args:
+        engine, auth, times: as the other servicers'.
+        streams: the bounds on open streams (``StreamNodes`` counts against them).
+        executor: where ``StreamNodes`` applies its events (the node events' reserved threads,
+            :mod:`offcut.daemon.workers`; None: the event loop's default executor).
+    """
 
     def __init__(self, engine: Engine, auth: Authenticator | None = None,
-                 times: EventTimes | None = None):
+                 times: EventTimes | None = None, streams: StreamSlots | None = None,
+                 executor: Executor | None = None):
         self.engine = engine
         self.auth = auth or Authenticator(None)
         self.times = times or EventTimes()
+        self.streams = streams or StreamSlots(DEFAULT_MAX_STREAMS, DEFAULT_MAX_STREAMS)
+        self.executor = executor
 
-    def _apply(self, request, context, snapshot: bool) -> decision_pb2.Decision:
+    def _apply(self, request, who: Principal, snapshot: bool) -> decision_pb2.Decision:
+        """Convert, time (``times``) and apply one node event of ``who``; its Decision."""
         now = clock_now()
         event = protocol.node_event_from_pb(request, now, snapshot=snapshot)
-        event, stamp = self.times.place(event, now, self.auth.of(context))
+        event, stamp = self.times.place(event, now, who)
         reply = self.engine.apply(event, stamp=stamp)
         return protocol.decision_to_pb(reply.decision, reply.duplicate)
 
     @_rpc
     def ReportNodes(self, request, context):
         """Idle / preempted nodes -> Decision (INVALID_ARGUMENT, FAILED_PRECONDITION on bad events)."""
-        return self._apply(request, context, snapshot=False)
+        return self._apply(request, self.auth.of(context), snapshot=False)
 
     @_rpc
     def SyncNodes(self, request, context):
         """The full idle set -> diffed into joins and preemptions -> Decision."""
-        return self._apply(request, context, snapshot=True)
+        return self._apply(request, self.auth.of(context), snapshot=True)
+
+    @_rpc_stream
+    async def StreamNodes(self, request_iterator, context):
+        """Node events in the order received, each applied as :meth:`ReportNodes` applies it
+        (on ``executor``, one at a time) and answered by its Decision before the next is read.
+        An event refused (its status as ReportNodes'), or a message over 1 MiB
+        (RESOURCE_EXHAUSTED) or unparsable (INVALID_ARGUMENT), ends the stream; the events
+        before it stay applied and answered. RESOURCE_EXHAUSTED at once when the caller, or
+        the daemon, has as many streams open as allowed (``max_streams_per_caller``,
+        ``max_streams``). Per message it costs the daemon about half a unary call's gRPC
+        work (docs/architecture.md §1, "Threads")."""
+        who = self.auth.of(context)
+        key = self.streams.acquire(who.user if self.auth.enabled else None, "StreamNodes")
+        loop = asyncio.get_running_loop()
+        try:
+            async for request in request_iterator:
+                decision = await loop.run_in_executor(self.executor, self._apply, request, who,
+                                                      False)
+                await context.write(decision)
+        finally:  # also when cancelled (the sender went away): the slot comes back at once
+            self.streams.release(key)
 
 
 #: ListTasks' page size when the request gives none, and the largest it may ask for (a page

@@ -2,7 +2,7 @@
 
 It starts its own ``offcutd`` on a private unix socket (or drives ``target``), submits each
 task at its submit time, sends the initial idle set as a ``SyncNodes`` snapshot and every later
-change as a ``ReportNodes`` event with the log's timestamps, and writes to ``out_dir``:
+change as a node event with the log's timestamps, and writes to ``out_dir``:
 
 * ``steps.csv``: one row per event, BFTrainer's step-log columns
   (``evtTime,Thr,Rate,ReScost,evt,Nleft,Npre,Njoin,nJob,nNd,nJrun,nNrun,PreCost``) + ``solve_ms``;
@@ -27,6 +27,17 @@ again, submissions are sent again with their request ids (the daemon answers the
 with their stored reply, which is not written twice). Rows are written once per reply, in
 revision order (a reply whose revision is not newer than the last written one is a repeat), so
 ``steps.csv`` / ``placements.csv`` come out as in an uninterrupted run.
+
+Node events on a stream (``ReplayOptions.send_ahead``, with ``curves = model``): the events go
+on one ``StreamNodes`` call, up to ``send_ahead`` of them sent before the oldest one's Decision
+is received, so the driver's work overlaps the daemon's; the daemon applies them in the order
+sent. Before a submission, and before the stop rule reads the completions, every Decision due
+is received first, so the daemon sees the same calls in the same order as with one
+``ReportNodes`` per event, and the outputs are the same. A stream is not retried by the
+client's policy: when it fails with ``Unavailable`` the driver resumes as above (waiting
+``resume_wait_s``, else the policy's ``deadline_s``), with up to as many events in flight as it
+had sent (the daemon may have applied any prefix of them), and sends again those the daemon
+had not applied.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ import math
 import os
 import tempfile
 import time
+from collections import deque
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,7 +58,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from offcut.client.api import Client
+from offcut.client.api import Client, NodeStream
 from offcut.client.retry import RetryPolicy
 from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.errors import OffcutError, Unavailable
@@ -73,7 +85,11 @@ class ReplayOptions:
     ``until_log_end``. ``objective``: the private daemon's allocation policy (``offcutd
     --policy``; a built-in or an installed entry point). ``owners``: 0 = every task is
     submitted by ``replay``; N > 0 = by ``user1`` .. ``userN``, split as
-    :func:`offcut.replay.owners.assign_owners` says.
+    :func:`offcut.replay.owners.assign_owners` says. ``send_ahead``: with ``curves =
+    model``, node events go on one ``StreamNodes`` stream and up to this many are sent before
+    the oldest one's Decision is received (the driver's work overlaps the daemon's; 0: one
+    ``ReportNodes`` call per event, as the played curves always do, whose reports depend on
+    each Decision). The outputs are the same either way.
     """
 
     solver: str = "dp"
@@ -92,6 +108,7 @@ class ReplayOptions:
     objective: str = "throughput"
     eta: float = 0.5
     owners: int = 0
+    send_ahead: int = 4
 
 
 #: ``ReplayOptions.curves``: ``model`` = the daemon computes progress from the true curves (no
@@ -498,16 +515,23 @@ class _Driver:
         self.next_report_t: float | None = None  # next periodic report of the played tasks
         self.sent_t = 0.0  # latest time sent to the daemon (played tasks)
         self.reports_sent = 0
+        #: node events go on a stream, this many ahead (0: one ReportNodes call each)
+        self.send_ahead = max(0, int(opts.send_ahead)) if self.sim is None else 0
+        self.stream: NodeStream | None = None
+        self.in_flight: deque = deque()  # (seq, change) sent on the stream, not answered
+        self.last_decision: decision_pb2.Decision | None = None
 
     # ------------------------------------------------------------------ resume rule
-    def _resume(self, check: bool) -> None:
-        """Ask the daemon what it applied; write the missing rows from its journal."""
+    def _resume(self, check: bool, in_flight: int = 1) -> None:
+        """Ask the daemon what it applied; write the missing rows from its journal.
+        ``in_flight``: node events sent after the last acknowledged one (``check``: the
+        daemon may have applied any number of them, in order, and no more)."""
         applied = int(self.client.status().last_seq.get(self.source, 0))
-        if check and not self.acked_seq <= applied <= self.acked_seq + 1:
+        if check and not self.acked_seq <= applied <= self.acked_seq + in_flight:
             raise OffcutError(
                 f"after a restart the daemon reports seq {applied} of source {self.source!r} "
-                f"as its last applied, but {self.acked_seq} was acknowledged and only one more "
-                "was sent: it lost state, or another client uses this source")
+                f"as its last applied, but {self.acked_seq} was acknowledged and only "
+                f"{in_flight} more sent: it lost state, or another client uses this source")
         for e in self.client.export_history(after_revision=self.rec.last_revision):
             self.rec.entry(e)
         if self.rec.writers.node_events != applied:
@@ -527,20 +551,26 @@ class _Driver:
                 return None
             try:
                 return send()
+            except Unavailable as exc:
+                self._reconnect(exc, 1, self.resume_wait_s)
+
+    def _reconnect(self, exc: Unavailable, in_flight: int, wait_s: float) -> None:
+        """After ``exc``: wait up to ``wait_s`` [s] for the daemon to serve again and resume
+        (:meth:`_resume`); raise ``exc`` when that is 0, Unavailable when the wait runs
+        out."""
+        if wait_s <= 0:
+            raise exc
+        deadline = time.monotonic() + wait_s
+        while True:
+            log.warning("offcutd unavailable; waiting up to %.0f s for it to resume",
+                        deadline - time.monotonic())
+            try:
+                self.client.wait_ready(max(0.1, deadline - time.monotonic()))
+                self._resume(check=True, in_flight=in_flight)
+                return
             except Unavailable:
-                if self.resume_wait_s <= 0:
+                if time.monotonic() >= deadline:
                     raise
-                deadline = time.monotonic() + self.resume_wait_s
-                while True:
-                    log.warning("offcutd unavailable; waiting up to %.0f s for it to resume",
-                                deadline - time.monotonic())
-                    try:
-                        self.client.wait_ready(max(0.1, deadline - time.monotonic()))
-                        self._resume(check=True)
-                        break
-                    except Unavailable:
-                        if time.monotonic() >= deadline:
-                            raise
 
     # ------------------------------------------------------------------ sending
     def _run_until(self, t: pd.Timestamp) -> None:
@@ -575,6 +605,7 @@ class _Driver:
                 self._complete(*done)
                 continue
             task = due
+            self._drain()  # the node events sent before it are applied first
             if sim is not None:
                 sim.advance(to_epoch(task.submit_time))
                 self.sent_t = max(self.sent_t, to_epoch(task.submit_time))
@@ -619,14 +650,65 @@ class _Driver:
     def _node(self, seq: int, send: Callable[[], decision_pb2.Decision]
               ) -> decision_pb2.Decision | None:
         d = self._call(send, seq)
+        self._acknowledged(seq, d)
+        return d
+
+    # ------------------------------------------------------------------ the node stream
+    def _stream_send(self, seq: int, change) -> None:
+        """Send node event ``seq`` on the stream (opened on first use); receive the oldest
+        Decisions while more than ``send_ahead`` are unanswered."""
+        if seq <= self.applied_seq:  # applied before a restart: its row came from the journal
+            self.acked_seq = max(self.acked_seq, seq)
+            return
+        self.in_flight.append((seq, change))
+        self._send_one(seq, change)
+        while len(self.in_flight) > self.send_ahead:
+            self._stream_receive()
+
+    def _send_one(self, seq: int, change) -> None:
+        if self.stream is None:
+            self.stream = self.client.stream_nodes()
+        self.stream.send(to_epoch(change.time), self.source, seq, idle=change.became_idle,
+                         preempted=change.became_busy)
+
+    def _stream_receive(self) -> None:
+        """Receive and record the oldest unanswered Decision; after ``Unavailable``, resume
+        (:meth:`_reconnect`) and send again the events the daemon had not applied."""
+        seq, _ = self.in_flight[0]
+        try:
+            d = self.stream.receive()
+        except Unavailable as exc:
+            self.stream.close()
+            self.stream = None
+            # a stream is not retried by the client's policy: its deadline is the wait here
+            retry = getattr(self.client, "retry", None)
+            wait_s = self.resume_wait_s or (retry.deadline_s if retry is not None else 0.0)
+            self._reconnect(exc, len(self.in_flight), wait_s)
+            while self.in_flight and self.in_flight[0][0] <= self.applied_seq:
+                self.in_flight.popleft()  # applied: its row came from the journal
+            for again_seq, again in self.in_flight:
+                self._send_one(again_seq, again)
+            return
+        self.in_flight.popleft()
+        self._acknowledged(seq, d)
+
+    def _drain(self) -> None:
+        """Receive every Decision still due on the stream (before a submission, and before the
+        stop rule looks at the completions)."""
+        while self.in_flight:
+            self._stream_receive()
+
+    def _acknowledged(self, seq: int, d: decision_pb2.Decision | None) -> None:
+        """Node event ``seq`` answered with ``d`` (None: applied before a restart): record its
+        row, and check that the rows match the events."""
         if d is not None:
             self.rec.node_event(d)
+            self.last_decision = d
         self.acked_seq = max(self.acked_seq, seq)
         if seq > self.applied_seq and self.rec.writers.node_events != seq:
             # one steps.csv row per applied node event (skipped ones: checked in _resume)
             raise OffcutError(f"after seq {seq} of source {self.source!r} the replay has "
                               f"{self.rec.writers.node_events} step rows")
-        return d
 
     def run(self, resume: bool) -> tuple[int, int, str]:
         """Send everything not applied yet; returns (node events after the initial snapshot,
@@ -654,26 +736,33 @@ class _Driver:
                     if opts.max_events is not None and events >= opts.max_events:
                         stop_reason = "max_events"
                         break
-                    if (self.next_task == len(self.pending)
-                            and len(self.rec.writers.completed) == len(self.pending)
-                            and not opts.until_log_end):
-                        stop_reason = "all tasks done"
-                        break
+                    if self.next_task == len(self.pending) and not opts.until_log_end:
+                        self._drain()  # the completions of every event sent so far
+                        if len(self.rec.writers.completed) == len(self.pending):
+                            stop_reason = "all tasks done"
+                            break
                 self._run_until(change.time)
                 seq += 1
-                if self.sim is not None:
-                    self._report_running(to_epoch(change.time), seq)
-                d = self._node(seq, lambda: client.report_nodes(
-                    to_epoch(change.time), source, seq, idle=change.became_idle,
-                    preempted=change.became_busy))
-                if self.sim is not None and d is not None:
-                    self.sim.set_interval(seq)
-                    self.sim.apply(d)
+                if self.send_ahead:
+                    self._stream_send(seq, change)
+                else:
+                    if self.sim is not None:
+                        self._report_running(to_epoch(change.time), seq)
+                    d = self._node(seq, lambda: client.report_nodes(
+                        to_epoch(change.time), source, seq, idle=change.became_idle,
+                        preempted=change.became_busy))
+                    if self.sim is not None and d is not None:
+                        self.sim.set_interval(seq)
+                        self.sim.apply(d)
                 events += 1
                 bar.update(1)
+                d = self.last_decision
                 if events % 200 == 0 and d is not None:
                     bar.set_postfix(idle=d.stats.idle_nodes, used=d.stats.nodes_in_use,
                                     running=d.stats.running_tasks)
+            self._drain()
         finally:
+            if self.stream is not None:
+                self.stream.close()
             bar.close()
         return events, self.next_task, stop_reason

@@ -523,14 +523,24 @@ def test_users_may_not_send_node_events_or_run_reports(slurm_secured):
     alice, admin = c["alice"], c["admin"]
     ta = alice.submit(make_spec("a", work=1e9)).task
     key = status_key(admin)
+    def stream_one():
+        stream = alice.stream_nodes()
+        stream.send(time.time(), "slurm-prolog", 1, preempted=["n1"])
+        try:
+            stream.receive()
+        finally:
+            stream.close()
+
     for call in (lambda: alice.report_nodes(time.time(), "slurm-prolog", 1, preempted=["n1"]),
                  lambda: alice.sync_nodes(time.time(), "slurm-watch", 9, idle=[]),
+                 stream_one,
                  lambda: alice.report_task_run(ta.task_id, "finished", node="n1")):
         with pytest.raises(PermissionDenied, match="needs the slurm role or the admin role"):
             call()
     refused = {m for m, roles in METHOD_ROLES.items() if "user" not in roles}
     assert refused == {"/offcut.v1.NodeEvents/ReportNodes", "/offcut.v1.NodeEvents/SyncNodes",
-                            "/offcut.v1.Tasks/ReportTaskRun", "/offcut.v1.Status/ExportHistory"}
+                       "/offcut.v1.NodeEvents/StreamNodes", "/offcut.v1.Tasks/ReportTaskRun",
+                       "/offcut.v1.Status/ExportHistory"}
     for name in sorted(refused):
         assert raw_call(alice, name) == grpc.StatusCode.PERMISSION_DENIED, name
     assert status_key(admin) == key

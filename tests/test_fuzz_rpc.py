@@ -63,12 +63,16 @@ MIB = 1024 * 1024
 
 # every RPC of offcut.v1: name -> (full method, request class, server streaming?)
 METHODS: dict[str, tuple[str, type, bool]] = {}
+#: the RPCs whose requests are a stream (sent here as a stream of one message)
+REQUEST_STREAMS: set[str] = set()
 for _module in (nodes_pb2, tasks_pb2, status_pb2, zeus_pb2):
     for _service in _module.DESCRIPTOR.services_by_name.values():
         for _m in _service.methods:
             METHODS[_m.name] = (f"/{_service.full_name}/{_m.name}",
                                 message_factory.GetMessageClass(_m.input_type),
                                 _m.server_streaming)
+            if _m.client_streaming:
+                REQUEST_STREAMS.add(_m.name)
 ZEUS_RPCS = {m.name for s in zeus_pb2.DESCRIPTOR.services_by_name.values() for m in s.methods}
 
 
@@ -124,7 +128,11 @@ class Target:
             if not streaming:
                 return grpc.StatusCode.OK, "", [self.channel.unary_unary(method, **ident)(
                     payload, timeout=timeout_s)]
-            call = self.channel.unary_stream(method, **ident)(payload, timeout=timeout_s)
+            if rpc in REQUEST_STREAMS:
+                call = self.channel.stream_stream(method, **ident)(iter([payload]),
+                                                                   timeout=timeout_s)
+            else:
+                call = self.channel.unary_stream(method, **ident)(payload, timeout=timeout_s)
             out = []
             if rpc == "WatchPlacements":  # never ends by itself: the first update is enough
                 for item in call:
@@ -726,6 +734,7 @@ def req_get_profile(data, ctx, adv):
 
 REQUESTS = {
     "ReportNodes": req_report_nodes, "SyncNodes": req_sync_nodes,
+    "StreamNodes": req_report_nodes,  # one node event on the stream
     "SubmitTask": req_submit, "GetTask": req_get_task, "ListTasks": req_list_tasks,
     "CancelTask": req_cancel, "WatchPlacements": req_watch, "ReportTaskRun": req_task_run,
     "ReportProgress": req_progress,

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from offcut.v1 import decision_pb2 as offcut_dot_v1_dot_decision__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15offcut/v1/nodes.proto\x12\toffcut.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18offcut/v1/decision.proto\"s\n\tNodeEvent\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0c\n\x04idle\x18\x04 \x03(\t\x12\x11\n\tpreempted\x18\x05 \x03(\t\"\x87\x01\n\x0cNodeSnapshot\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0c\n\x04idle\x18\x04 \x03(\t\x12\"\n\x05kinds\x18\x05 \x03(\x0b\x32\x13.offcut.v1.NodeKind\"8\n\x08NodeKind\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0c\n\x04gpus\x18\x02 \x01(\r\x12\x10\n\x08\x66\x65\x61tures\x18\x03 \x03(\t2\x81\x01\n\nNodeEvents\x12\x38\n\x0bReportNodes\x12\x14.offcut.v1.NodeEvent\x1a\x13.offcut.v1.Decision\x12\x39\n\tSyncNodes\x12\x17.offcut.v1.NodeSnapshot\x1a\x13.offcut.v1.Decisionb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15offcut/v1/nodes.proto\x12\toffcut.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18offcut/v1/decision.proto\"s\n\tNodeEvent\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0c\n\x04idle\x18\x04 \x03(\t\x12\x11\n\tpreempted\x18\x05 \x03(\t\"\x87\x01\n\x0cNodeSnapshot\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0c\n\x04idle\x18\x04 \x03(\t\x12\"\n\x05kinds\x18\x05 \x03(\x0b\x32\x13.offcut.v1.NodeKind\"8\n\x08NodeKind\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0c\n\x04gpus\x18\x02 \x01(\r\x12\x10\n\x08\x66\x65\x61tures\x18\x03 \x03(\t2\xbf\x01\n\nNodeEvents\x12\x38\n\x0bReportNodes\x12\x14.offcut.v1.NodeEvent\x1a\x13.offcut.v1.Decision\x12\x39\n\tSyncNodes\x12\x17.offcut.v1.NodeSnapshot\x1a\x13.offcut.v1.Decision\x12<\n\x0bStreamNodes\x12\x14.offcut.v1.NodeEvent\x1a\x13.offcut.v1.Decision(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,5 +40,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NODEKIND']._serialized_start=350
   _globals['_NODEKIND']._serialized_end=406
   _globals['_NODEEVENTS']._serialized_start=409
-  _globals['_NODEEVENTS']._serialized_end=538
+  _globals['_NODEEVENTS']._serialized_end=600
 # @@protoc_insertion_point(module_scope)

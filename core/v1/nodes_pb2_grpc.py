@@ -45,6 +45,11 @@ class NodeEventsStub:
                 request_serializer=offcut_dot_v1_dot_nodes__pb2.NodeSnapshot.SerializeToString,
                 response_deserializer=offcut_dot_v1_dot_decision__pb2.Decision.FromString,
                 _registered_method=True)
+        self.StreamNodes = channel.stream_stream(
+                '/offcut.v1.NodeEvents/StreamNodes',
+                request_serializer=offcut_dot_v1_dot_nodes__pb2.NodeEvent.SerializeToString,
+                response_deserializer=offcut_dot_v1_dot_decision__pb2.Decision.FromString,
+                _registered_method=True)
 
 
 class NodeEventsServicer:
@@ -64,6 +69,17 @@ class NodeEventsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamNodes(self, request_iterator, context):
+        """Node events on one stream, for a sender of many (the replay): each message is applied as
+        ReportNodes applies it and answered by its Decision, in the order sent; the sender may
+        send ahead without waiting. A refused event ends the stream with ReportNodes' status for
+        it (those before it stay applied and answered). Each message at most 1 MiB (a larger
+        event: ReportNodes); the stream counts against the daemon's stream limits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeEventsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +91,11 @@ def add_NodeEventsServicer_to_server(servicer, server):
             'SyncNodes': grpc.unary_unary_rpc_method_handler(
                     servicer.SyncNodes,
                     request_deserializer=offcut_dot_v1_dot_nodes__pb2.NodeSnapshot.FromString,
+                    response_serializer=offcut_dot_v1_dot_decision__pb2.Decision.SerializeToString,
+            ),
+            'StreamNodes': grpc.stream_stream_rpc_method_handler(
+                    servicer.StreamNodes,
+                    request_deserializer=offcut_dot_v1_dot_nodes__pb2.NodeEvent.FromString,
                     response_serializer=offcut_dot_v1_dot_decision__pb2.Decision.SerializeToString,
             ),
     }
@@ -131,6 +152,33 @@ class NodeEvents:
             target,
             '/offcut.v1.NodeEvents/SyncNodes',
             offcut_dot_v1_dot_nodes__pb2.NodeSnapshot.SerializeToString,
+            offcut_dot_v1_dot_decision__pb2.Decision.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamNodes(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/offcut.v1.NodeEvents/StreamNodes',
+            offcut_dot_v1_dot_nodes__pb2.NodeEvent.SerializeToString,
             offcut_dot_v1_dot_decision__pb2.Decision.FromString,
             options,
             channel_credentials,
