@@ -19,9 +19,13 @@ virtual-time order, what a site sends it:
 
 Per simulated month (30 virtual days, ``--month-days``) it prints: the daemon's RSS [MiB], the state file's size
 (database + WAL) [MiB] and the task archive's share of it, the journal's rows and bytes, the p99 of the node events' and
-submissions' round trips [ms], and the snapshot stall: the p50 round trip of the node events
-whose reply carried a snapshot (revision a multiple of ``--snapshot-every``) minus the p50 of
-the others [ms]. Then the ratios month N / month 1 of each, with PASS when all are <= 1.2
+submissions' round trips [ms], and the snapshot stall: the p50 over the month's snapshots of
+how long each held events back, as the daemon measures it (``GetStatus``
+``snapshots.last_ms``, read after each call whose revision is a multiple of
+``--snapshot-every``, the events that carry a snapshot: building it, writing its rows, the
+retention after it [ms]; until 2026-11-27 this was the p50 round trip of the node events that
+carried one minus that of the others, which the events' own solve times and the machine's
+noise moved by more than the goal). Then the ratios month N / month 1 of each, with PASS when all are <= 1.2
 (the issue's goal: month 12 / month 1), and the wall time. ``--json`` writes every figure.
 
 Every table has a retention window (docs/operations.md, "Retention"); the state file is flat
@@ -152,24 +156,35 @@ class Soak:
         self.seq["slurm"] += 1
         t0 = time.perf_counter()
         r = self.c.report_nodes(t, "slurm", self.seq["slurm"], idle=idle, preempted=busy)
-        ms = (time.perf_counter() - t0) * 1000.0
-        snap = r.revision % self.args.snapshot_every == 0
-        (self.month.snapshot_ms if snap else self.month.node_ms).append(ms)
+        self.month.node_ms.append((time.perf_counter() - t0) * 1000.0)
+        self._snapshot_of(r.revision)
         self.month.node_events += 1
         self.idle |= set(idle)
         self.idle -= set(busy)
 
     def sync(self, t: float, source: str = "slurm-watch") -> None:
         self.seq[source] += 1
-        self.c.sync_nodes(t, source, self.seq[source], idle=sorted(self.idle))
+        self._snapshot_of(self.c.sync_nodes(t, source, self.seq[source],
+                                            idle=sorted(self.idle)).revision)
+
+    def _snapshot_of(self, revision: int) -> None:
+        """After a call answered at ``revision``: when its event carried a snapshot (every
+        ``--snapshot-every`` journal rows), the daemon's own figure of how long that snapshot
+        held events back (``GetStatus`` ``snapshots.last_ms``)."""
+        if revision % self.args.snapshot_every:
+            return
+        snaps = self.c.status().snapshots
+        if snaps.last_revision == revision:
+            self.month.snapshot_ms.append(snaps.last_ms)
 
     def submit(self, t: float) -> None:
         self.submitted += 1
         spec = load.task_spec(self.rng, f"soak-{self.submitted}")
         t0 = time.perf_counter()
-        self.c.submit(spec, submit_time=t, owner=f"user{self.submitted % 16}",
-                      request_id=f"soak-{self.submitted}")
+        r = self.c.submit(spec, submit_time=t, owner=f"user{self.submitted % 16}",
+                          request_id=f"soak-{self.submitted}")
         self.month.submit_ms.append((time.perf_counter() - t0) * 1000.0)
+        self._snapshot_of(r.decision.revision)
         self.month.submissions += 1
 
     def zeus_day(self) -> None:
@@ -195,14 +210,15 @@ class Soak:
         m.db_mb, m.journal_rows, m.journal_mb, m.archive_mb = _sizes(self.state)
         m.node_p99_ms = _p(m.node_ms, 99)
         m.submit_p99_ms = _p(m.submit_ms, 99)
-        m.snapshot_stall_ms = max(0.0, _p(m.snapshot_ms, 50) - _p(m.node_ms, 50))
+        m.snapshot_stall_ms = _p(m.snapshot_ms, 50)
         m.wall_s = time.perf_counter() - self.month_started
         self.months.append(m)
         tqdm.write(f"month {m.month:2d}: RSS {m.rss_mb:7.1f} MiB, state {m.db_mb:7.1f} MiB "
                    f"(archive {m.archive_mb:5.1f}), "
                    f"journal {m.journal_rows:7d} rows {m.journal_mb:6.1f} MiB, node p99 "
                    f"{m.node_p99_ms:6.1f} ms, submit p99 {m.submit_p99_ms:6.1f} ms, snapshot "
-                   f"stall {m.snapshot_stall_ms:6.1f} ms ({m.node_events} node events, "
+                   f"stall {m.snapshot_stall_ms:6.1f} ms ({len(m.snapshot_ms)} snapshots, "
+                   f"{m.node_events} node events, "
                    f"{m.submissions} tasks, {m.wall_s:.0f} s)")
         self.month = Month(m.month + 1)
         self.month_started = time.perf_counter()

@@ -504,6 +504,11 @@ def status(
                f"(at most {st.max_running_tasks} admitted)")
     typer.echo(f"solver       {s.configured_solver}: {s.decisions} decisions, p50 {s.decision_ms_p50:.2f} ms, "
                f"p99 {s.decision_ms_p99:.2f} ms, max {s.decision_ms_max:.2f} ms, {s.fallbacks} fallbacks")
+    snaps = st.snapshots
+    if snaps.count:
+        typer.echo(f"snapshots    {snaps.count} since start, each holding events back p50 "
+                   f"{snaps.ms_p50:.2f} ms, p99 {snaps.ms_p99:.2f} ms, max {snaps.ms_max:.2f} ms "
+                   f"(the last at revision {snaps.last_revision}: {snaps.last_ms:.2f} ms)")
     if last.revision:
         typer.echo(f"last         {last.source or 'task request'} at {last.time.ToJsonString()}: {last.solve.status} by "
                    f"{last.solve.solver or '-'} in {last.solve.solve_ms:.2f} ms, "

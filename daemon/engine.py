@@ -30,8 +30,9 @@ from offcut.daemon.scheduler import Outcome, Scheduler, SolveRecord
 from offcut.daemon.model import (CancelEvent, Event, Limits, NodeEvent, ObjectiveSettings,
                                  ProgressEvent, SubmitEvent, Task, TaskRunEvent, TaskState,
                                  event_from_dict, event_to_dict)
-from offcut.daemon.replies import (Decision, PlacementUpdate, Reply, SolverStatistics,
-                                   StatusView, TaskView, decision_of, task_view)
+from offcut.daemon.replies import (Decision, PlacementUpdate, Reply, SnapshotStatistics,
+                                   SolverStatistics, StatusView, TaskView, decision_of,
+                                   task_view)
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.solvers.problem import AllocationProblem
 from offcut.daemon.model import task_number
@@ -113,6 +114,11 @@ class Engine:
         self._listeners: list[Callable[[], None]] = []
         #: decision times [ms] since start, in fixed memory (quantile sketch, count, buckets)
         self.decision_times = DecisionTimes()
+        #: how long each snapshot written at an event held events back [ms]: building it,
+        #: committing it with its event's journal row, the retention after it (:meth:`_commit`),
+        #: in the same fixed memory; and the newest one's (ms, revision)
+        self.snapshot_times = DecisionTimes()
+        self.last_snapshot: tuple[float, int] = (0.0, 0)
         self.fallbacks = 0
         self.solves_by_backend: dict[str, int] = {}
         self.last_fallback_reason = ""
@@ -292,13 +298,15 @@ class Engine:
         failure reloads the scheduler from the state file and is raised."""
         snapshot = self.store.snapshot_due()
         try:
+            started = time.perf_counter()
+            state = self._snapshot_state() if snapshot else None
+            built_s = time.perf_counter() - started
             self.store.append(
                 kind=out.cause, event=event_to_dict(event),
                 solves=[s.to_dict() for s in out.solves], response=raw,
                 source=event.source if isinstance(event, NodeEvent) else None,
                 seq=event.seq if isinstance(event, NodeEvent) else None,
-                request_id=_request_key(event, caller),
-                state=self._snapshot_state() if snapshot else None,
+                request_id=_request_key(event, caller), state=state,
                 archive=[t.to_dict() for t in out.retired])
         except Exception as exc:
             if isinstance(exc, (StateReadOnly, StateFull)):  # the store logged it, once
@@ -312,7 +320,11 @@ class Engine:
         for task in out.retired:
             self.archived_counts[task.state] = self.archived_counts.get(task.state, 0) + 1
         if snapshot:
+            started = time.perf_counter()
             self._apply_retention(out.time)
+            ms = (built_s + self.store.snapshot_write_s + time.perf_counter() - started) * 1e3
+            self.snapshot_times.record(ms)
+            self.last_snapshot = (ms, out.revision)
         if out.ignored_nodes:
             log.warning("event %s/%s: ignored %d node(s) that were not idle or already idle: %s",
                         out.source, out.seq, len(out.ignored_nodes),
@@ -411,7 +423,15 @@ class Engine:
                 used_node_seconds=scheduler.used_node_seconds, tfwd_s=scheduler.tfwd_s,
                 max_running_tasks=scheduler.max_running_tasks, objective=scheduler.objective.objective,
                 eta=scheduler.objective.effective_eta, task_energy_j=scheduler.task_energy_j,
-                energy_j=scheduler.energy_j, last_decision=self.last_decision)
+                energy_j=scheduler.energy_j, last_decision=self.last_decision,
+                snapshots=self._snapshot_statistics())
+
+    def _snapshot_statistics(self) -> SnapshotStatistics:
+        """The snapshots written at events since start (under the lock)."""
+        times = self.snapshot_times.summary()
+        return SnapshotStatistics(count=times.count, ms_p50=times.p50_ms, ms_p99=times.p99_ms,
+                                  ms_max=times.max_ms, last_ms=self.last_snapshot[0],
+                                  last_revision=self.last_snapshot[1])
 
     def solver_statistics(self) -> SolverStatistics:
         """Decision-time percentiles [ms] since start (within 1 %: :mod:`decision_times`),

@@ -43,7 +43,8 @@ class _EngineFigures:
     """What :class:`EngineCollector` copies under the engine's lock: the Status reply's
     figures (tasks by state, node counts, accounting), the event clock [s since epoch, None
     before the first event], the modelled rate [samples/s] and power [W] of the running
-    tasks, the fallback count, solves by backend, and the decision times' summary."""
+    tasks, the fallback count, solves by backend, and the summaries of the decision times and
+    of the snapshots' hold times."""
 
     status: StatusView
     clock: float | None
@@ -52,6 +53,7 @@ class _EngineFigures:
     fallbacks: int
     solves_by_backend: dict[str, int]
     decisions: DecisionTimeSummary
+    snapshots: DecisionTimeSummary
 
 
 class EngineCollector(Collector):
@@ -87,7 +89,9 @@ class EngineCollector(Collector):
             power = float(sum(t.power for t in running))
             fallbacks, solves_by_backend = engine.fallbacks, dict(engine.solves_by_backend)
             decisions = engine.decision_times.summary()
-        return _EngineFigures(st, clock, rate, power, fallbacks, solves_by_backend, decisions)
+            snapshots = engine.snapshot_times.summary()
+        return _EngineFigures(st, clock, rate, power, fallbacks, solves_by_backend, decisions,
+                              snapshots)
 
     def _zeus_families(self) -> Iterator[Metric]:
         """The ``offcut_zeus_*`` gauges (counts copied under the registry's lock)."""
@@ -162,14 +166,22 @@ def _counter_families(figures: _EngineFigures) -> Iterator[Metric]:
     for backend, n in sorted(figures.solves_by_backend.items()):
         solves.add_metric([backend], n)
     yield solves
-    decisions = figures.decisions
-    yield HistogramMetricFamily(
-        "offcut_decision_seconds",
-        "Wall time of each decision (event in, allocation solved, journal committed) since "
-        "the daemon started, s",
+    yield _histogram("offcut_decision_seconds",
+                     "Wall time of each decision (event in, allocation solved, journal "
+                     "committed) since the daemon started, s", figures.decisions)
+    yield _histogram("offcut_snapshot_seconds",
+                     "How long each snapshot written at an event held events back under the "
+                     "engine's lock (building it, committing it with its event's journal row, "
+                     "the retention after it) since the daemon started, s", figures.snapshots)
+
+
+def _histogram(name: str, documentation: str, times: DecisionTimeSummary) -> Metric:
+    """A Prometheus histogram of ``times`` (its cumulative buckets and sum)."""
+    return HistogramMetricFamily(
+        name, documentation,
         buckets=[("+Inf" if bound == float("inf") else floatToGoString(bound), float(n))
-                 for bound, n in decisions.buckets],
-        sum_value=decisions.sum_s)
+                 for bound, n in times.buckets],
+        sum_value=times.sum_s)
 
 
 class _CodeRecorder:

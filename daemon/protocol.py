@@ -370,4 +370,6 @@ def status_to_pb(v: StatusView) -> status_pb2.StatusResponse:
         task_energy_j=v.task_energy_j, energy_j=v.energy_j)
     if v.last_decision is not None:
         resp.last_decision.CopyFrom(decision_to_pb(v.last_decision))
+    if v.snapshots is not None:
+        resp.snapshots.CopyFrom(status_pb2.SnapshotStatistics(**asdict(v.snapshots)))
     return resp

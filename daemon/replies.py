@@ -305,6 +305,22 @@ class SolverStatistics:
 
 
 @dataclass
+class SnapshotStatistics:
+    """The snapshots written at events since start: count, percentiles and maximum of the
+    time each held events back under the engine's lock [ms] (building it, committing it with
+    its event's journal row, the retention after it; within 1 %: the sketch of
+    :mod:`offcut.daemon.decision_times`), the newest one's time [ms] and its event's
+    revision (0: none yet)."""
+
+    count: int
+    ms_p50: float
+    ms_p99: float
+    ms_max: float
+    last_ms: float
+    last_revision: int
+
+
+@dataclass
 class StatusView:
     """The daemon's state in figures: event clock [s since epoch], revision, pool, tasks per
     state, accounting [samples, node-seconds, J], settings, the last decision and solver
@@ -328,3 +344,4 @@ class StatusView:
     task_energy_j: float
     energy_j: float
     last_decision: Decision | None
+    snapshots: SnapshotStatistics | None = None

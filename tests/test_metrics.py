@@ -95,6 +95,23 @@ def test_gauges_follow_status(metered):
     assert value(m, "offcut_revision") == c.status().revision == 5
 
 
+def test_snapshot_hold_times_are_counted_per_snapshot_in_status_and_metrics(daemons):
+    srv, c = daemons.start(metrics_listen="127.0.0.1:0", snapshot_every=3)
+    assert c.status().snapshots.count == 0
+    c.submit(make_spec("a", max_nodes=4), submit_time=T0)  # revision 1
+    for k in range(2, 8):  # revisions 2..7: snapshots with the events of revisions 3 and 6
+        c.report_nodes(T0 + k, "w", k - 1, idle=[f"n{k}"])
+    snaps = c.status().snapshots
+    assert snaps.count == 2 and snaps.last_revision == 6
+    assert 0 < snaps.last_ms <= snaps.ms_max * (1 + 1e-9)
+    assert 0 < snaps.ms_p50 <= snaps.ms_p99 <= snaps.ms_max * (1 + 1e-9)
+    m = scrape(srv.metrics_port)
+    assert value(m, "offcut_snapshot_seconds_count") == 2
+    assert 0 < value(m, "offcut_snapshot_seconds_sum") <= 2 * snaps.ms_max / 1000 * (1 + 1e-9)
+    c.report_nodes(T0 + 9, "w", 7, idle=["n9"])  # revision 8: no snapshot
+    assert c.status().snapshots.count == 2
+
+
 def test_rpc_requests_by_method_and_code(metered):
     srv, c = metered
     before = scrape(srv.metrics_port)
