@@ -663,7 +663,10 @@ class Store:
             "SELECT journal_id FROM snapshots ORDER BY journal_id DESC LIMIT 2")]
         if not kept:
             return 0
-        lo, hi = self.db.execute("SELECT MIN(id), MAX(id) FROM journal").fetchone()
+        # two subqueries: SQLite answers MIN or MAX alone from the rowid's B-tree, but scans
+        # the whole table for both in one select (9 ms at a week of the real log's journal)
+        lo, hi = self.db.execute("SELECT (SELECT MIN(id) FROM journal), "
+                                 "(SELECT MAX(id) FROM journal)").fetchone()
         if lo is None:
             return 0
         cut = self._first_row_at_or_after(before_time, lo, min(min(kept), hi)) - 1

@@ -214,3 +214,28 @@ def test_journal_rows_past_the_window_are_deleted_a_few_per_event(tmp_path):
     append(store, T0 + 301)
     assert journal_rows(store.path)[1] == 102 + K  # marked again, deleted again
     store.close()
+
+
+def test_marking_the_journal_reads_no_journal_row_but_the_probes(tmp_path):
+    """The snapshot's retention step runs under the engine's lock at every snapshot: every
+    statement it runs on the journal is a lookup by id (SQLite's query plan: SEARCH), never a
+    pass over the whole journal, whose size is a week of events (one select of MIN and MAX
+    together is such a pass: it was most of a snapshot's stall in the soak)."""
+    from offcut.daemon.store import Store
+
+    store = Store(tmp_path / "s.sqlite", snapshot_every=10**9)
+    for i in range(300):
+        store.append(kind="nodes", event={"kind": "nodes", "time": T0 + i}, solves=[],
+                     response=b"{}", state={"tasks": []} if i in (100, 200) else None)
+    statements: list[str] = []
+    store.db.set_trace_callback(statements.append)
+    try:
+        assert store.retire_journal(T0 + 150) == 101  # the older kept snapshot bounds it
+    finally:
+        store.db.set_trace_callback(None)
+    on_journal = [s for s in statements if "FROM journal" in s]
+    assert on_journal  # the step did read the journal
+    for sql in on_journal:
+        plan = " ".join(row[3] for row in store.db.execute(f"EXPLAIN QUERY PLAN {sql}"))
+        assert "SCAN journal" not in plan, (sql, plan)
+    store.close()
