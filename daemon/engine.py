@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -301,13 +302,16 @@ class Engine:
             started = time.perf_counter()
             state = self._snapshot_state() if snapshot else None
             built_s = time.perf_counter() - started
-            self.store.append(
+            pruned = self.store.append(
                 kind=out.cause, event=event_to_dict(event),
                 solves=[s.to_dict() for s in out.solves], response=raw,
                 source=event.source if isinstance(event, NodeEvent) else None,
                 seq=event.seq if isinstance(event, NodeEvent) else None,
                 request_id=_request_key(event, caller), state=state,
-                archive=[t.to_dict() for t in out.retired])
+                archive=[t.to_dict() for t in out.retired],
+                prune_archive_before=(out.time - self.task_archive_retention_s
+                                      if snapshot and self.task_archive_retention_s < math.inf
+                                      else None))
         except Exception as exc:
             if isinstance(exc, (StateReadOnly, StateFull)):  # the store logged it, once
                 log.warning("revision %d not committed (%s); reloading state", out.revision,
@@ -319,6 +323,8 @@ class Engine:
             raise
         for task in out.retired:
             self.archived_counts[task.state] = self.archived_counts.get(task.state, 0) + 1
+        for state_value, n in pruned.items():
+            self.archived_counts[TaskState(state_value)] -= n
         if snapshot:
             started = time.perf_counter()
             self._apply_retention(out.time)
@@ -331,14 +337,11 @@ class Engine:
                         ", ".join(out.ignored_nodes[:10]))
 
     def _apply_retention(self, now: float) -> None:
-        """After a snapshot: delete the archived tasks and the journal rows older than their
-        retention (``now``: the event clock [s]). A failure is logged, not raised: the event
-        is committed, and the next snapshot tries again."""
+        """After a snapshot: mark the journal rows older than their retention for deletion
+        (``now``: the event clock [s]; the archived tasks past theirs went in the snapshot's
+        own transaction). A failure is logged, not raised: the event is committed, and the
+        next snapshot tries again."""
         try:
-            if self.task_archive_retention_s < float("inf"):
-                for state, n in self.store.prune_archive(
-                        now - self.task_archive_retention_s).items():
-                    self.archived_counts[TaskState(state)] -= n
             if self.journal_retention_s < float("inf"):  # deleted a few per next event
                 self.store.retire_journal(now - self.journal_retention_s)
         except Exception:  # noqa: BLE001 - retention is housekeeping, retried next time

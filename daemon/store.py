@@ -542,13 +542,20 @@ class Store:
     def append(self, *, kind: str, event: dict[str, Any], solves: list[dict[str, Any]],
                response: bytes, source: str | None = None, seq: int | None = None,
                request_id: str | None = None, state: dict[str, Any] | None = None,
-               archive: list[dict[str, Any]] = ()) -> None:
+               archive: list[dict[str, Any]] = (),
+               prune_archive_before: float | None = None) -> dict[str, int]:
         """Commit one applied event, the finished tasks it took out of the state
         (``archive``: :meth:`Task.to_dict` forms) and a snapshot of ``state`` if given,
-        atomically (callers pass ``state`` when :meth:`snapshot_due` says so)."""
+        atomically (callers pass ``state`` when :meth:`snapshot_due` says so), with, when
+        ``prune_archive_before`` [s since epoch] is given, the deletion of the archived tasks
+        that finished before it (the archive's retention, in the same transaction: no commit
+        of its own). Returns how many archived tasks were deleted per state value."""
         started = time.perf_counter()
+        gone: dict[str, int] = {}
         with self._writing():  # one transaction
             self._archive(archive)
+            if prune_archive_before is not None:
+                gone = self._prune_archive(prune_archive_before)
             cur = self.db.execute(
                 "INSERT INTO journal (kind, source, seq, request_id, event, solves, response) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -568,6 +575,7 @@ class Store:
         self._rows_since_snapshot = 0 if state is not None else self._rows_since_snapshot + 1
         if self.on_commit is not None:
             self.on_commit(cur.lastrowid)
+        return gone
 
     def snapshot_due(self) -> bool:
         """True when the next :meth:`append` should carry a snapshot."""
@@ -583,7 +591,7 @@ class Store:
     # ------------------------------------------------------------------ finished tasks
     # Finished tasks leave the scheduler's state after its retention (SchedulerState.
     # finished_task_retention_s) and are kept here, one row each, readable by id, owner and
-    # state, until archive_retention_s after they finished (prune_archive).
+    # state, until archive_retention_s after they finished (append's prune_archive_before).
     def _archive(self, tasks: Iterable[dict[str, Any]]) -> None:
         """Insert finished tasks into the archive (inside the caller's transaction; a task
         archived again, when the journal is re-applied, replaces its row)."""
@@ -628,16 +636,16 @@ class Store:
         """Archived tasks per state value."""
         return dict(self.db.execute("SELECT state, COUNT(*) FROM task_archive GROUP BY state"))
 
-    def prune_archive(self, finished_before: float) -> dict[str, int]:
-        """Delete the archived tasks that finished before ``finished_before`` [s since epoch];
-        returns how many per state value."""
-        with self._writing():
-            gone = dict(self.db.execute("SELECT state, COUNT(*) FROM task_archive WHERE "
-                                        "finish_time < ? GROUP BY state", (finished_before,)))
-            if gone:
-                self.db.execute("DELETE FROM task_archive WHERE finish_time < ?",
-                                (float(finished_before),))
-            return gone
+    def _prune_archive(self, finished_before: float) -> dict[str, int]:
+        """Delete the archived tasks that finished before ``finished_before`` [s since epoch]
+        (inside the caller's transaction; by the finish-time index); returns how many per
+        state value."""
+        gone = dict(self.db.execute("SELECT state, COUNT(*) FROM task_archive WHERE "
+                                    "finish_time < ? GROUP BY state", (finished_before,)))
+        if gone:
+            self.db.execute("DELETE FROM task_archive WHERE finish_time < ?",
+                            (float(finished_before),))
+        return gone
 
     # ------------------------------------------------------------------ journal retention
     def _first_row_at_or_after(self, t: float, lo: int, hi: int) -> int:

@@ -239,3 +239,29 @@ def test_marking_the_journal_reads_no_journal_row_but_the_probes(tmp_path):
         plan = " ".join(row[3] for row in store.db.execute(f"EXPLAIN QUERY PLAN {sql}"))
         assert "SCAN journal" not in plan, (sql, plan)
     store.close()
+
+
+def test_the_archive_is_pruned_in_the_snapshot_events_own_transaction(tmp_path):
+    """The archive's retention deletes at a snapshot inside that event's transaction (one
+    BEGIN, one commit), and says how many tasks of each state went (the engine's counts)."""
+    from offcut.daemon.store import Store
+
+    def done(n: int, t: float, state: str = "completed") -> dict:
+        return {"task_id": f"t{n:06d}", "owner": "u", "state": state, "finish_time": t}
+
+    store = Store(tmp_path / "s.sqlite", snapshot_every=10**9)
+    store.append(kind="nodes", event={"kind": "nodes", "time": T0}, solves=[], response=b"{}",
+                 archive=[done(1, T0), done(2, T0 + 10, "cancelled"), done(3, T0 + 100)])
+    statements: list[str] = []
+    store.db.set_trace_callback(statements.append)
+    try:
+        gone = store.append(kind="nodes", event={"kind": "nodes", "time": T0 + 200}, solves=[],
+                            response=b"{}", state={"tasks": []}, prune_archive_before=T0 + 50)
+    finally:
+        store.db.set_trace_callback(None)
+    assert gone == {"completed": 1, "cancelled": 1}
+    assert sum(s.startswith("BEGIN") for s in statements) == 1
+    assert [t["task_id"] for t in store.archived_tasks()] == ["t000003"]
+    assert store.append(kind="nodes", event={"kind": "nodes", "time": T0 + 300}, solves=[],
+                        response=b"{}", prune_archive_before=T0 + 50) == {}
+    store.close()
