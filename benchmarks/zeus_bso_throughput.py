@@ -34,6 +34,8 @@ A/B in one later hour:
   (0c8f496)                 574 (4 thr) 6.86        7.04 / 6.60 (floor 1,179)
 uvloop (25fd694), a slow    243 (1 thr) 3.91        4.36 / 3.50 (floor 450: 0.54x)
 hour, 3,000 trials          414 (4 thr) 9.41        8.69 / 10.22 (floor 772: 0.54x)
+2026-11-27 afternoon        319 (1 thr) 3.02        3.40 / 2.98 (floor 585: 0.55x)
+(92394ab), 3,000 trials     567 (4 thr) 6.96        6.87 / 6.78 (floor 1,002: 0.57x)
 =========================  ==========  ==========  ==============================
 
 The round trip on the event loop (architecture §1, "Threads": ``Predict``/``ReportEpoch`` as
@@ -53,7 +55,11 @@ same 2 cores), not fsync bound (group commit shares fsyncs between the callers).
 floor`` rows (``--floor``, on by default) measure the ceiling the same way: two EMPTY unary
 calls per round trip to an empty ``grpc.aio`` server built as offcutd's (handler on a
 migration thread pool), from the same client threads; offcutd's row over the floor's is
-printed.
+printed. Where the server's time went in the 2026-11-27 afternoon run (py-spy ``--gil`` over
+the 4-thread run, the daemon's steady state): the gRPC/asyncio plumbing most of it; in our
+code the batch-size policy's Thompson sampling about 9 % (the seeded draws Zeus's order
+prescribes: a shuffled exploration order and one normal draw per arm each ``Predict``), the
+JSON of the rows written about 7 %, the RPC metrics about 4 %.
 
 - offcutd: a real daemon subprocess on a unix socket in a temporary folder with durability
   ``--durability`` (default ``full``: SQLite WAL, fsync on every commit before answering), and

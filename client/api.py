@@ -26,8 +26,8 @@ from offcut.addresses import default_socket, normalize_address
 from offcut.channel import open_channel, resolve_token
 from offcut.client.retry import RetryPolicy
 from offcut.errors import InvalidArgument, OffcutError, Unavailable, from_rpc_error
-from offcut.v1 import (decision_pb2, nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
-                       tasks_pb2_grpc, zeus_pb2, zeus_pb2_grpc)
+from offcut.v1 import (decision_pb2, nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc,
+                       tasks_pb2, tasks_pb2_grpc, zeus_pb2, zeus_pb2_grpc)
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
