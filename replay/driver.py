@@ -58,7 +58,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from offcut.client.api import Client, NodeStream
+from offcut.client.api import STREAM_MESSAGE_BYTES, Client, NodeStream
 from offcut.client.retry import RetryPolicy
 from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.errors import OffcutError, Unavailable
@@ -656,9 +656,18 @@ class _Driver:
     # ------------------------------------------------------------------ the node stream
     def _stream_send(self, seq: int, change) -> None:
         """Send node event ``seq`` on the stream (opened on first use); receive the oldest
-        Decisions while more than ``send_ahead`` are unanswered."""
+        Decisions while more than ``send_ahead`` are unanswered. An event too large for a
+        stream message goes as one ``ReportNodes`` call, after every Decision due."""
         if seq <= self.applied_seq:  # applied before a restart: its row came from the journal
             self.acked_seq = max(self.acked_seq, seq)
+            return
+        # a bound on its encoded size: per name a tag, a length of up to 3 bytes, the name
+        names = change.became_idle + change.became_busy
+        if 64 + sum(len(n) + 4 for n in names) > STREAM_MESSAGE_BYTES:
+            self._drain()
+            self._node(seq, lambda: self.client.report_nodes(
+                to_epoch(change.time), self.source, seq, idle=change.became_idle,
+                preempted=change.became_busy))
             return
         self.in_flight.append((seq, change))
         self._send_one(seq, change)

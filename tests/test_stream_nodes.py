@@ -130,3 +130,47 @@ def test_streams_count_against_the_open_stream_limit(daemons):
             time.sleep(0.05)
         finally:
             third.close()
+
+
+def test_the_replay_sends_an_event_too_large_for_the_stream_as_report_nodes(tmp_path,
+                                                                            monkeypatch):
+    """The replay streams its node events 4 ahead; one whose message could pass the stream's
+    limit goes as a ReportNodes call after the Decisions due, and the outputs are those of a
+    replay that sends every event as ReportNodes."""
+    import pandas as pd
+
+    import offcut.replay.driver as driver
+    from offcut.client import Client
+    from offcut.replay.bftrainer_data import load_node_log, load_task_set
+    from offcut.replay.synth import demo_data_dir
+
+    data = demo_data_dir()
+    calls = {"unary": 0}
+
+    def counting(address: str) -> Client:
+        client = Client(address)
+        plain = client.report_nodes
+
+        def report_nodes(*args, **kwargs):
+            calls["unary"] += 1
+            return plain(*args, **kwargs)
+
+        client.report_nodes = report_nodes
+        return client
+
+    out = {}
+    for name, send_ahead, limit in (("unary", 0, 1 << 20), ("mixed", 4, 100)):
+        monkeypatch.setattr(driver, "STREAM_MESSAGE_BYTES", limit)
+        calls["unary"] = 0
+        summary = driver.run_replay(
+            load_node_log(data, skip_rows=0), load_task_set(data), tmp_path / name,
+            driver.ReplayOptions(solver="dp", max_events=300, progress=False,
+                                 send_ahead=send_ahead), connect=counting)
+        out[name] = summary, calls["unary"]
+    (unary, n_unary), (mixed, n_mixed) = out["unary"], out["mixed"]
+    assert n_unary == unary["events"] == 300
+    assert 0 < n_mixed < 300  # some events were over the (lowered) limit, most were not
+    steps = [pd.read_csv(tmp_path / n / "steps.csv").drop(columns=["solve_ms"]) for n in out]
+    assert steps[0].equals(steps[1])
+    assert ((tmp_path / "unary" / "placements.csv").read_bytes()
+            == (tmp_path / "mixed" / "placements.csv").read_bytes())
