@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,27 @@ def _no_user_client_config(tmp_path_factory, monkeypatch):
     (offcut.client.settings): point it at an empty folder, so a developer's own file never
     changes a test."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
+
+
+def _offcut_loggers() -> dict[str, logging.Logger]:
+    return {name: lg for name, lg in logging.root.manager.loggerDict.items()
+            if isinstance(lg, logging.Logger) and (name == "offcut" or name.startswith("offcut."))}
+
+
+@pytest.fixture(autouse=True)
+def _offcut_loggers_restored():
+    """The ``offcut-slurm`` commands and the Slurm hooks configure their loggers as a process
+    of their own does (a handler on stderr or a file, no propagation); a test that runs one
+    in-process (typer's CliRunner) must not keep the log records of later tests from pytest's
+    capture, nor leave a handler on a stream that runner has closed."""
+    saved = {name: (lg.handlers[:], lg.propagate, lg.level)
+             for name, lg in _offcut_loggers().items()}
+    yield
+    for name, lg in _offcut_loggers().items():
+        handlers, propagate, level = saved.get(name, ([], True, logging.NOTSET))
+        lg.handlers[:] = handlers
+        lg.propagate = propagate
+        lg.setLevel(level)
 
 
 class Daemons:
