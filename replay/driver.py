@@ -662,8 +662,9 @@ class _Driver:
             self.acked_seq = max(self.acked_seq, seq)
             return
         # a bound on its encoded size: per name a tag, a length of up to 3 bytes, the name
-        names = change.became_idle + change.became_busy
-        if 64 + sum(len(n) + 4 for n in names) > STREAM_MESSAGE_BYTES:
+        size = 64 + sum(len(n) + 4 for names in (change.became_idle, change.became_busy)
+                        for n in names)
+        if size > STREAM_MESSAGE_BYTES:
             self._drain()
             self._node(seq, lambda: self.client.report_nodes(
                 to_epoch(change.time), self.source, seq, idle=change.became_idle,
