@@ -128,7 +128,9 @@ def test_the_replay_of_the_site_clusters_accounting_matches_what_the_watcher_saw
             elif n in idle and busy_since is not None:
                 live[n].append((busy_since, t - S_of(start)))
                 busy_since = None
-    assert replayed["n3"] == [] and live["n3"] == []  # the scavenger job leaves n3 idle
+    # the scavenger job leaves n3 idle; live, the poll may catch it completing (not idle for
+    # Slurm until its epilog ran), which the accounting does not record: within the lag only
+    assert replayed["n3"] == [] and all(b - a <= 2.0 for a, b in live["n3"]), live["n3"]
     for n in ("n1", "n2"):
         assert len(replayed[n]) == len(live[n]) == 1, (n, replayed, live)
         (r0, r1), (l0, l1) = replayed[n][0], live[n][0]
