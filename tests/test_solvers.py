@@ -493,6 +493,111 @@ def test_breakpoint_dp_real_curves_100x4734():
         _check_dp_against(p, _solve_dp_reference(p).objective)
 
 
+def _price(p: AllocationProblem):
+    """dp_kernel._capacity_price on ``p`` (plain Python): (lambda, thr, lb, tables)."""
+    import offcut.daemon.solvers.dp as dp_mod
+    from offcut.daemon.solvers import dp_kernel
+
+    tab, tab_off, ns, ns_off = dp_mod._pack(p)
+    bp_all, bp_off = dp_kernel._all_breakpoints(tab_off, ns, ns_off, p.min_nodes,
+                                                p.current_nodes)
+    lam, thr, lb = dp_kernel._capacity_price(tab, tab_off, bp_all, bp_off, p.min_nodes,
+                                             p.current_nodes, p.idle_nodes, 0.0)
+    return lam, thr, lb, p.value_tables()
+
+
+def test_capacity_price_keeps_every_optimal_count():
+    """The reduced-cost fixing (dp_kernel._capacity_price) may drop a count only when no
+    optimal vector uses it: on 300 seeded problems (Amdahl curves with rescale costs, which
+    make f_j non-concave, and rugged curves) every task's count in the reference optimum
+    passes its threshold, and the lower bound is a value some feasible vector reaches (<= the
+    optimum). A third of them have optima off the relaxation's choices, where a threshold
+    without the gap UB - LB would drop an optimal count."""
+    from offcut.daemon.solvers.dp import _solve_dp_reference
+
+    rng = np.random.default_rng(17)
+    checked = loose = 0
+    for i in range(300):
+        seed = int(rng.integers(1 << 30))
+        if i % 3 == 2:
+            p = _random_large(int(rng.integers(2, 9)), int(rng.integers(20, 300)), seed)
+        else:
+            p = _benchmark_like(int(rng.integers(5, 16)), int(rng.integers(50, 300)), seed)
+        lam, thr, lb, tables = _price(p)
+        assert lam >= 0.0
+        if lb == -np.inf:
+            assert np.all(thr == -np.inf)
+            continue
+        ref = _solve_dp_reference(p)
+        opt = sum(tables[j][n] for j, n in enumerate(ref.counts))
+        scale = 1.0 + sum(float(np.abs(t).max()) for t in tables)
+        assert lb <= opt + 1e-9 * scale
+        for j, n in enumerate(ref.counts):
+            assert tables[j][n] - lam * n >= thr[j] - 1e-9 * scale, (i, j, int(n))
+        checked += 1
+        reduced = [t[n] - lam * n for t, n in zip(tables, ref.counts)]
+        admissible = [np.concatenate(([0], np.arange(max(int(jmin), 1), len(t))))
+                      for t, jmin in zip(tables, p.min_nodes)]
+        best = [float(np.max(t[n] - lam * n)) for t, n in zip(tables, admissible)]
+        loose += max(b - r for b, r in zip(best, reduced)) > 1e-6 * scale
+    # contested, and optima off the relaxation's choices (else a zero gap would pass)
+    assert checked > 100 and loose > 40, (checked, loose)
+
+
+def test_capacity_price_fixes_most_counts_of_a_contested_pool():
+    """On a pool the tasks contest (100 Amdahl tasks, 2,700 nodes; own best counts sum to
+    far more) the fixing leaves a small part of the counts, so the DP's rows shrink to a band
+    near N; the answer is still the reference DP's."""
+    from offcut.daemon.solvers.dp import _solve_dp_reference
+
+    for seed in (4, 5):
+        p = _benchmark_like(100, 2700, seed)
+        lam, thr, lb, tables = _price(p)
+        assert lam > 0 and lb > -np.inf
+        admissible = kept = 0
+        for j, t in enumerate(tables):
+            n = np.concatenate(([0], np.arange(max(int(p.min_nodes[j]), 1), len(t))))
+            admissible += len(n)
+            kept += int(np.count_nonzero(t[n] - lam * n >= thr[j]))
+        assert kept < 0.2 * admissible, (kept, admissible)
+        _check_dp_against(p, _solve_dp_reference(p).objective)
+
+
+@pytest.mark.parametrize("defeat", ["no option left", "optimum dropped"])
+def test_dp_kernel_solves_without_the_fixing_when_it_fails(monkeypatch, defeat):
+    """Should float rounding make the fixing drop every count of a task, or a count every
+    optimal vector needs (the DP then misses the known feasible value), the kernel solves
+    again without it and answers the reference optimum (plain-Python kernel)."""
+    import offcut.daemon.solvers.dp as dp_mod
+    from offcut.daemon.solvers import dp_kernel
+
+    true_price = dp_kernel._capacity_price
+
+    def broken(tab, tab_off, bp_all, bp_off, jmin, cur, N, margin):
+        lam, thr, lb = true_price(tab, tab_off, bp_all, bp_off, jmin, cur, N, margin)
+        assert lb > -np.inf
+        if defeat == "no option left":
+            thr[0] = np.inf
+        else:  # only count 0 survives: value 0 < the known lb
+            thr[:] = [tab[tab_off[j]] for j in range(len(jmin))]
+            lam = 0.0
+        return lam, thr, lb
+
+    monkeypatch.setattr(dp_kernel, "_capacity_price", broken)
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        p = _amdahl_problem(rng, 6, 60, np.zeros(6, dtype=np.int64))
+        packed = dp_mod._pack(p)
+        work = np.full((2 * p.num_tasks + 4, p.idle_nodes + 1), 1e9)
+        answer = dp_kernel.kernel(*packed, p.min_nodes, p.current_nodes, p.idle_nodes,
+                                  dp_mod.TIE_RTOL, dp_mod._BRUTE_WIDTH,
+                                  dp_mod._FIRST_PASS_SLACK, work, dp_mod._no_rows())
+        assert answer[1] >= 1  # a DP ran (not the shortcut)
+        ref = dp_mod._solve_dp_reference(p)
+        assert rel_close(p.evaluate(answer[0]), ref.objective)
+        assert p.admissible(answer[0]) is None
+
+
 def test_dp_kernel_without_cache_locator(monkeypatch):
     """A read-only install with no writable cache folder must not crash: the kernel is then
     compiled per process (numba's NullCache) instead of cached on disk."""
@@ -528,13 +633,12 @@ def test_dp_keeps_the_rows_of_the_previous_solve_and_answers_as_a_fresh_solve():
         pytest.skip(f"no compiled dp kernel: {dp_mod.compiled_kernel_missing()}")
 
     def solve(p, prev):
-        tab, tab_off, ns, ns_off = dp_mod._pack(p)
+        packed = dp_mod._pack(p)
         work = dp_mod._workspace(p.num_tasks, p.idle_nodes)
-        counts, passes, K, LO, H1, kept = kernel(
-            tab, tab_off, ns, ns_off, p.min_nodes, p.current_nodes, p.idle_nodes,
-            dp_mod.TIE_RTOL, dp_mod._BRUTE_WIDTH, dp_mod._FIRST_PASS_SLACK, work, prev)
-        rows = (tab.copy(), tab_off, ns, ns_off, p.min_nodes.copy(), p.current_nodes.copy(),
-                p.idle_nodes, K, LO, H1)
+        answer = kernel(*packed, p.min_nodes, p.current_nodes, p.idle_nodes, dp_mod.TIE_RTOL,
+                        dp_mod._BRUTE_WIDTH, dp_mod._FIRST_PASS_SLACK, work, prev)
+        counts, passes, kept = answer[0], answer[1], answer[5]
+        rows = dp_mod._rows_left(p, packed, answer) if passes else dp_mod._no_rows()
         return list(counts), passes, kept, rows
 
     rng = np.random.default_rng(11)

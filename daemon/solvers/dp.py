@@ -29,6 +29,13 @@ f_j >= 0 or a monotone curve:
   enumerated).
 * The answer is max(L0_J(N), L1_J(N)); the argmax is recovered by a backtrack over the
   stored layers (no choice tables), which applies the tie-breaking rule directly.
+* Reduced-cost fixing first (:func:`.dp_kernel._capacity_price`; Lagrangian relaxation of
+  the capacity row, Kellerer, Pferschy, Pisinger, "Knapsack Problems", Springer 2004,
+  §11.2): with the LP price lambda, the bound UB = lambda N + sum_j max_n (f_j(n) - lambda n)
+  and the value LB of a feasible vector, a count n with f_j(n) - lambda n more than UB - LB
+  (plus the tie tolerance) below task j's best is in no optimal vector, so it is no option;
+  the layers then only span the capacities the kept options can reach (a band of tens to
+  hundreds of columns near N instead of N on most of the real log's contested problems).
 
 The rows L0_j, L1_j depend only on N and tasks 1..j: a solve keeps those its thread's
 previous solve left in the scratch for the leading tasks both share (the re-allocations of
@@ -191,7 +198,19 @@ def _no_rows() -> tuple:
     none_f, none_i = np.zeros(0), np.zeros(0, dtype=np.int64)
     one = np.zeros(1, dtype=np.int64)
     return (none_f, one, none_f, one, none_i, none_i, -1, none_i, none_i,
-            np.zeros(0, dtype=np.bool_))
+            np.zeros(0, dtype=np.bool_), none_i, none_i, none_i, none_f, one)
+
+
+def _rows_left(problem: AllocationProblem, packed: tuple, answer: tuple) -> tuple:
+    """:func:`.dp_kernel.kernel`'s ``prev`` for the next solve on the same scratch after it
+    solved ``problem`` (``packed``: :func:`_pack`'s arrays; ``answer``: the kernel's return,
+    with at least one forward pass): copies of what the caller owns, the kernel's own arrays
+    as they are. Rows of the breakpoint DP (module docstring; BFTrainer arXiv 2106.12091
+    §3)."""
+    tab, tab_off, ns, ns_off = packed
+    _, _, K, LO, H1, _, options = answer
+    return (tab.copy(), tab_off, ns, ns_off, problem.min_nodes.copy(),
+            problem.current_nodes.copy(), problem.idle_nodes, K, LO, H1, *options)
 
 
 def _workspace(J: int, N: int) -> np.ndarray:
@@ -280,17 +299,15 @@ def solve_dp(problem: AllocationProblem) -> Solution:
     if J == 0:
         counts = np.zeros(0, dtype=np.int64)
     else:
-        tab, tab_off, ns, ns_off = _pack(problem)
+        packed = _pack(problem)
         work = _workspace(J, problem.idle_nodes)
         left = getattr(_WORK, "rows", None)
         prev = left[1] if left is not None and left[0] is work else _no_rows()
-        jmin, cur = problem.min_nodes, problem.current_nodes
-        counts, passes, K, LO, H1, _ = kernel(tab, tab_off, ns, ns_off, jmin, cur,
-                                              problem.idle_nodes, TIE_RTOL, _BRUTE_WIDTH,
-                                              _FIRST_PASS_SLACK, work, prev)
-        if passes:  # the rows in ``work`` are this problem's now (copies: callers own theirs)
-            _WORK.rows = (work, (tab.copy(), tab_off, ns, ns_off, jmin.copy(), cur.copy(),
-                                 problem.idle_nodes, K, LO, H1))
+        answer = kernel(*packed, problem.min_nodes, problem.current_nodes, problem.idle_nodes,
+                        TIE_RTOL, _BRUTE_WIDTH, _FIRST_PASS_SLACK, work, prev)
+        counts, passes = answer[0], answer[1]
+        if passes:  # the rows in ``work`` are this problem's now
+            _WORK.rows = (work, _rows_left(problem, packed, answer))
     obj = problem.evaluate(counts)
     return Solution(counts=counts, objective=obj, bound=obj,
                     solve_ms=(time.perf_counter() - t0) * 1e3, solver="dp", status="optimal")

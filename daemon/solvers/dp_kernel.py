@@ -119,66 +119,223 @@ def _push_option(o_kind, o_lo, o_hi, o_s, q, kind, lo, hi, s):
     return q + 1
 
 
-def _useful_options(tab, tab_off, ns, ns_off, jmin, cur):
+def _all_breakpoints(tab_off, ns, ns_off, jmin, cur):
+    """Every task's breakpoints B_j (:func:`_task_breakpoints`), ascending, on one flat
+    int64 array with (J+1,) int64 offsets: (bp_all, bp_off). Inputs as :func:`kernel`'s.
+    Problem: BFTrainer arXiv 2106.12091 §3 (f_j linear between consecutive breakpoints)."""
+    J = len(jmin)
+    bp = np.empty(2 * (ns_off[J] - ns_off[0]) + 8 * J + 8, dtype=np.int64)
+    bp_all = np.empty(2 * (ns_off[J] - ns_off[0]) + 6 * J + 8, dtype=np.int64)
+    bp_off = np.zeros(J + 1, dtype=np.int64)
+    q = 0
+    for j in range(J):
+        o = tab_off[j]
+        bps = _task_breakpoints(jmin[j], tab_off[j + 1] - o - 1, cur[j], ns, ns_off[j],
+                                ns_off[j + 1], bp)
+        for i in range(len(bps)):
+            bp_all[q] = bps[i]
+            q += 1
+        bp_off[j + 1] = q
+    return bp_all, bp_off
+
+
+def _capacity_price(tab, tab_off, bp_all, bp_off, jmin, cur, N, margin):
+    """Reduced-cost fixing by the Lagrangian bound of the capacity row (Kellerer, Pferschy,
+    Pisinger, "Knapsack Problems", Springer 2004, §11.2 for the multiple-choice knapsack):
+    for any price lambda >= 0 [objective units per node] and counts n with sum_j n_j <= N,
+    value(n) <= UB = lambda N + sum_j g_j with g_j = max_{k in A_j} (f_j(k) - lambda k).
+    With LB the value of a known feasible vector, every vector worth >= LB - ``margin``
+    (every optimal one, ties included) has g_j - (f_j(n_j) - lambda n_j) <= UB - LB + margin
+    for each j: a count whose reduced value f_j(n) - lambda n is below thr_j = g_j - (UB -
+    LB + margin) is in no such vector and need not be an option.
+
+    lambda: the LP optimum of the relaxation, the slope at which the tasks' concave hulls
+    (over their breakpoints: f_j is linear between them, so g_j is attained at one) fill N
+    when taken steepest first. LB: the larger of the vector of each task's smallest
+    maximiser of f_j(k) - lambda k (sum <= N) improved by giving the nodes left to the best
+    single increase, up to four times, and the current counts c_j when they are admissible
+    and fit. ``bp_all``/``bp_off``: :func:`_all_breakpoints`; other inputs as
+    :func:`kernel`'s; ``margin`` in objective units (the tie tolerance and rounding).
+    Returns (lambda, thr (J,) float64, LB); thr is -inf everywhere (no fixing) when
+    lambda = 0 or no bound applies.
+    """
+    J = len(jmin)
+    thr = np.full(J, -np.inf)
+    cap = bp_off[J]
+    seg_s = np.empty(cap, dtype=np.float64)
+    seg_n = np.empty(cap, dtype=np.int64)
+    hull = np.empty(cap, dtype=np.int64)
+    m = 0
+    for j in range(J):  # the upper concave hull of (b, f_j(b)) over B_j, rising part
+        o = tab_off[j]
+        h = 0
+        for i in range(bp_off[j], bp_off[j + 1]):
+            b = bp_all[i]
+            while h >= 2:
+                a = hull[h - 2]
+                c = hull[h - 1]
+                if (tab[o + c] - tab[o + a]) * (b - a) > (tab[o + b] - tab[o + a]) * (c - a):
+                    break
+                h -= 1
+            hull[h] = b
+            h += 1
+        for i in range(h - 1):
+            a = hull[i]
+            b = hull[i + 1]
+            s = (tab[o + b] - tab[o + a]) / (b - a)
+            if not s > 0.0:
+                break
+            seg_s[m] = s
+            seg_n[m] = b - a
+            m += 1
+    order = np.argsort(-seg_s[:m])
+    lam = 0.0
+    filled = 0
+    for i in range(m):
+        filled += seg_n[order[i]]
+        if filled >= N:
+            lam = seg_s[order[i]]
+            break
+    if not lam > 0.0:
+        return 0.0, thr, -np.inf
+    ub = lam * N
+    x = np.zeros(J, dtype=np.int64)
+    total = 0
+    for j in range(J):
+        o = tab_off[j]
+        g = -np.inf
+        for i in range(bp_off[j], bp_off[j + 1]):
+            b = bp_all[i]
+            v = tab[o + b] - lam * b
+            if v > g:
+                g = v
+                x[j] = b
+        thr[j] = g
+        ub += g
+        total += x[j]
+    lb = -np.inf
+    if total <= N:
+        left = N - total
+        for _ in range(4):  # the best single increase within the nodes left
+            gain = 0.0
+            bj = -1
+            bn = 0
+            for j in range(J):
+                o = tab_off[j]
+                xj = x[j]
+                top = tab_off[j + 1] - o - 1
+                e = xj + left
+                if jmin[j] <= e <= top and tab[o + e] - tab[o + xj] > gain:
+                    gain = tab[o + e] - tab[o + xj]
+                    bj = j
+                    bn = e
+                for i in range(bp_off[j], bp_off[j + 1]):
+                    b = bp_all[i]
+                    if xj < b <= e and tab[o + b] - tab[o + xj] > gain:
+                        gain = tab[o + b] - tab[o + xj]
+                        bj = j
+                        bn = b
+            if bj < 0:
+                break
+            left -= bn - x[bj]
+            x[bj] = bn
+        lb = 0.0
+        for j in range(J):
+            lb += tab[tab_off[j] + x[j]]
+    fits = 0
+    for j in range(J):
+        c = cur[j]
+        if c != 0 and not (jmin[j] <= c <= tab_off[j + 1] - tab_off[j] - 1):
+            fits = N + 1
+            break
+        fits += c
+    if fits <= N:
+        v = 0.0
+        for j in range(J):
+            v += tab[tab_off[j] + cur[j]]
+        if v > lb:
+            lb = v
+    if lb == -np.inf:
+        thr[:] = -np.inf
+        return lam, thr, lb
+    gap = max(ub - lb, 0.0) + margin
+    for j in range(J):
+        thr[j] -= gap
+    return lam, thr, lb
+
+
+def _useful_options(tab, tab_off, bp_all, bp_off, jmin, cur, lam, thr):
     """Every task's useful options for the breakpoint DP of :mod:`.dp`, ascending in count.
 
     ``tab``/``tab_off``: f_j(n) tables (float64, objective units) with (J+1,) offsets;
-    ``ns``/``ns_off``: curve node counts Ns_j (float64, nodes) with (J+1,) offsets; ``jmin``,
-    ``cur``: (J,) Jmin_j, c_j. A breakpoint (:func:`_task_breakpoints`) is kept when its value
-    beats every smaller count (c_j also on equality); a free segment of positive slope keeps
-    its counts from the first one beating every smaller count (dominance argument of
-    :mod:`.dp`). Returns (o_kind, o_lo, o_hi (cap,) int64; o_s (cap,) float64: option t is
-    counts o_lo..o_hi, a breakpoint (kind 0, lo == hi) or free (kind 1, slope o_s in
-    objective units per node); opt_off (J+1,) int64: task j's options are
-    opt_off[j]..opt_off[j+1]-1; maxcount (J,) int64: largest useful count [nodes]; cur_kept
+    ``bp_all``/``bp_off``: the breakpoints (:func:`_all_breakpoints`); ``jmin``, ``cur``:
+    (J,) Jmin_j, c_j; ``lam``, ``thr``: the price and thresholds of :func:`_capacity_price`
+    (a count n with f_j(n) - lam n < thr_j is in no optimal vector; thr = -inf keeps all). A
+    breakpoint is kept when its value beats every smaller count (c_j also on equality); a
+    free segment of positive slope keeps its counts from the first one beating every smaller
+    count (dominance argument of :mod:`.dp`); of those, only counts that pass the threshold
+    (on a segment f_j(n) - lam n is linear: they form an interval). Returns (o_kind, o_lo,
+    o_hi (cap,) int64; o_s (cap,) float64: option t is counts o_lo..o_hi, a breakpoint (kind
+    0, lo == hi) or free (kind 1, slope o_s in objective units per node); opt_off (J+1,)
+    int64: task j's options are opt_off[j]..opt_off[j+1]-1; maxcount (J,) int64: largest
+    useful count [nodes], mincount (J,) int64: smallest (-1: the task has none); cur_kept
     (J,) bool: c_j is a kept breakpoint). Problem: BFTrainer arXiv 2106.12091 §3 eq. 1-9.
     """
     J = len(jmin)
-    cap = 2 * (2 * (ns_off[J] - ns_off[0]) + 8 * J)
+    cap = 2 * bp_off[J] + 4 * J
     o_kind = np.empty(cap, dtype=np.int64)
     o_lo = np.empty(cap, dtype=np.int64)
     o_hi = np.empty(cap, dtype=np.int64)
     o_s = np.empty(cap, dtype=np.float64)
     opt_off = np.zeros(J + 1, dtype=np.int64)
     maxcount = np.zeros(J, dtype=np.int64)
+    mincount = np.full(J, -1, dtype=np.int64)
     cur_kept = np.zeros(J, dtype=np.bool_)
-    bp = np.empty(2 * (ns_off[J] - ns_off[0]) + 8 * J + 8, dtype=np.int64)
     q = 0
     for j in range(J):
         o = tab_off[j]
         lo_adm = jmin[j]
         c = cur[j]
-        bps = _task_breakpoints(lo_adm, tab_off[j + 1] - o - 1, c, ns, ns_off[j],
-                                ns_off[j + 1], bp)
-        nu = len(bps)
+        t = thr[j]
+        b0 = bp_off[j]
+        nu = bp_off[j + 1] - b0
         pm = -np.inf  # max value over admissible counts already passed
         mc = 0
         for i in range(nu):
-            b = bps[i]
+            b = bp_all[b0 + i]
             v = tab[o + b]
-            if v > pm or (b == c and b != 0 and v >= pm):
+            if (v > pm or (b == c and b != 0 and v >= pm)) and v - lam * b >= t:
                 q = _push_option(o_kind, o_lo, o_hi, o_s, q, 0, b, b, 0.0)
                 mc = b
+                if mincount[j] < 0:
+                    mincount[j] = b
                 if b == c:
                     cur_kept[j] = True
             if v > pm:
                 pm = v
             if i + 1 < nu and b >= lo_adm and b > 0:
-                e = bps[i + 1]
+                e = bp_all[b0 + i + 1]
                 if e - b >= 2:
                     s = (tab[o + e] - tab[o + b]) / (e - b)
                     if s > 0.0:
                         n = b + 1
                         while n < e and not (tab[o + n] > pm):
                             n += 1
-                        if n < e:
-                            q = _push_option(o_kind, o_lo, o_hi, o_s, q, 1, n, e - 1, s)
-                            mc = e - 1
-                            if tab[o + e - 1] > pm:
-                                pm = tab[o + e - 1]
+                        if tab[o + e - 1] > pm:
+                            pm = tab[o + e - 1]
+                        hi = e - 1
+                        while n <= hi and tab[o + n] - lam * n < t:
+                            n += 1
+                        while hi >= n and tab[o + hi] - lam * hi < t:
+                            hi -= 1
+                        if n <= hi:
+                            q = _push_option(o_kind, o_lo, o_hi, o_s, q, 1, n, hi, s)
+                            mc = hi
+                            if mincount[j] < 0:
+                                mincount[j] = n
         opt_off[j + 1] = q
         maxcount[j] = mc
-    return o_kind, o_lo, o_hi, o_s, opt_off, maxcount, cur_kept
+    return o_kind, o_lo, o_hi, o_s, opt_off, maxcount, mincount, cur_kept
 
 
 # ---------------------------------------------------------------- 3. forward layers
@@ -321,11 +478,13 @@ def _forward_pass(tab, tab_off, options, maxcount, N, start, has1, brute_width, 
         H1[j] = has1
 
 
-def _forward(tab, tab_off, options, maxcount, n_idle, tol, brute_width, slack, work, shared,
-             prev_LO, prev_K, prev_H1):
-    """The forward DP over capacity: one pass with m_lo = N - ``slack``, a second with
-    m_lo = 0 only when L_J(m_lo) is within ``tol`` of the optimum (else the smallest optimal
-    capacity is above m_lo and the first pass's shorter rows suffice).
+def _forward(tab, tab_off, options, maxcount, floor, n_idle, tol, brute_width, slack, work,
+             shared, prev_LO, prev_K, prev_H1):
+    """The forward DP over capacity: one pass with m_lo = max(``floor``, min(N - ``slack``,
+    sum_j maxcount_j)), a second with m_lo = ``floor`` only when L_J(m_lo) is within ``tol``
+    of the optimum (else the smallest optimal capacity is above m_lo and the first pass's
+    shorter rows suffice). ``floor`` [nodes]: no optimal vector uses fewer nodes (the sum of
+    the tasks' smallest options, :func:`_capacity_price`; 0 without fixing).
 
     ``slack`` [nodes]: how far below N the first pass looks for the smallest optimal
     capacity. The optimum rarely leaves many nodes unused (on the real log's whole-machine
@@ -361,7 +520,7 @@ def _forward(tab, tab_off, options, maxcount, n_idle, tol, brute_width, slack, w
     rest = np.zeros(J + 1, dtype=np.int64)  # rest[j] = sum_{i>j} maxcount_i
     for j in range(J - 1, -1, -1):
         rest[j] = rest[j + 1] + maxcount[j]
-    m_lo = max(N - max(slack, 1), 0)
+    m_lo = max(min(N - max(slack, 1), rest[0]), floor, 0)
     kept = 0
     for attempt in range(2):
         for j in range(J + 1):
@@ -380,26 +539,44 @@ def _forward(tab, tab_off, options, maxcount, n_idle, tol, brute_width, slack, w
                       L0, L1, K, LO, H1, buf_a, buf_b)
         kf = K[J]
         best = max(L0[J, kf], L1[J, kf])
-        if m_lo == 0 or max(L0[J, m_lo], L1[J, m_lo]) < best - tol:
+        if m_lo <= floor or max(L0[J, m_lo], L1[J, m_lo]) < best - tol:
             break
-        m_lo = 0
+        m_lo = max(floor, 0)
     return L0, L1, K, LO, H1, m_lo, best, attempt + 1, kept
 
 
-def _common_prefix(tab, tab_off, ns, ns_off, jmin, cur, n_idle, prev_tab, prev_tab_off,
-                   prev_ns, prev_ns_off, prev_jmin, prev_cur, prev_n_idle, prev_rows):
+def _common_prefix(tab, tab_off, ns, ns_off, jmin, cur, n_idle, options, prev_tab,
+                   prev_tab_off, prev_ns, prev_ns_off, prev_jmin, prev_cur, prev_n_idle,
+                   prev_rows, prev_options):
     """How many leading tasks this problem shares with the previous solve on the same
-    workspace: equal f_j tables (float64, exact), curve points Ns_j, Jmin_j and c_j, with the
-    same N (``n_idle``) and at most ``prev_rows`` - 1 (the rows it left; 0: none). Inputs as
+    workspace: equal f_j tables (float64, exact), curve points Ns_j, Jmin_j, c_j and options
+    (:func:`_useful_options`, after the fixing of :func:`_capacity_price`), with the same N
+    (``n_idle``) and at most ``prev_rows`` - 1 (the rows it left; 0: none). Inputs as
     :func:`kernel`'s, ``prev_*`` the previous solve's. The DP's rows 0..shared depend on
-    those tasks and N only (BFTrainer arXiv 2106.12091 §3 at count level; :func:`_forward`).
+    those tasks' options and values and N only (BFTrainer arXiv 2106.12091 §3 at count level;
+    :func:`_forward`).
     """
     if prev_rows <= 0 or prev_n_idle != n_idle:
         return 0
+    o_kind, o_lo, o_hi, o_s, opt_off = options
+    p_kind, p_lo, p_hi, p_s, p_off = prev_options
     lim = min(len(jmin), len(prev_jmin), prev_rows - 1)
     k = 0
     while k < lim:
         if jmin[k] != prev_jmin[k] or cur[k] != prev_cur[k]:
+            break
+        a0 = opt_off[k]
+        b0 = p_off[k]
+        n = opt_off[k + 1] - a0
+        if p_off[k + 1] - b0 != n:
+            break
+        same = True
+        for i in range(n):
+            if (o_kind[a0 + i] != p_kind[b0 + i] or o_lo[a0 + i] != p_lo[b0 + i]
+                    or o_hi[a0 + i] != p_hi[b0 + i] or o_s[a0 + i] != p_s[b0 + i]):
+                same = False
+                break
+        if not same:
             break
         a0 = tab_off[k]
         b0 = prev_tab_off[k]
@@ -527,7 +704,8 @@ def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, s
     """Solve one instance; returns (counts (J,) int64 [nodes], forward passes: 0 = shortcut,
     1, 2, and what the next solve on ``work`` may keep: K (J+1,) int64, LO (J+1,) int64, H1
     (J+1,) bool of :func:`_forward` (empty after the shortcut, which leaves ``work`` as it
-    was), then the number of rows kept from ``prev``).
+    was), then the number of rows kept from ``prev``, then the options of
+    :func:`_useful_options` (o_kind, o_lo, o_hi, o_s, opt_off; empty after the shortcut)).
 
     ``tab``/``tab_off``: the value tables f_j (n = 0..top_j; float64, objective units)
     concatenated, with offsets (J+1,); ``ns``/``ns_off``: the curves' node counts Ns_j, same
@@ -537,32 +715,62 @@ def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, s
     [nodes] (:func:`_forward`); ``work``: float64 scratch of shape
     (>= 2 J + 4, N + 1), overwritten but for the rows kept; ``prev``: the previous solve on
     ``work`` that left rows there: (tab, tab_off, ns, ns_off, jmin, cur as above, its N, its
-    K, LO, H1 as returned), with empty arrays when none (:func:`_common_prefix`). Same
-    ``brute_width`` and ``slack`` on one ``work``. Breakpoint DP of :mod:`.dp` for
+    K, LO, H1 and its five option arrays as returned), with empty arrays when none
+    (:func:`_common_prefix`). Same ``brute_width`` and ``slack`` on one ``work``.
+
+    Before the DP, :func:`_capacity_price` fixes the counts that no optimal vector uses
+    (reduced-cost fixing with the Lagrangian bound), which narrows the rows to the columns
+    the remaining options can reach; should the DP then miss the known feasible value (float
+    rounding only), it runs again without the fixing. Breakpoint DP of :mod:`.dp` for
     BFTrainer's problem (arXiv 2106.12091 §3 eq. 1-9 at count level). Compiled by
     :func:`compile_kernel`; plain Python otherwise (tests only).
     """
     (prev_tab, prev_tab_off, prev_ns, prev_ns_off, prev_jmin, prev_cur, prev_n_idle, prev_K,
-     prev_LO, prev_H1) = prev
+     prev_LO, prev_H1, p_kind, p_lo, p_hi, p_s, p_off) = prev
+    prev_options = (p_kind, p_lo, p_hi, p_s, p_off)
     counts, total, scale = _own_best_counts(tab, tab_off, jmin, cur)
     if total <= n_idle:
-        return (counts, 0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
-                np.zeros(0, dtype=np.bool_), 0)
+        none_i = np.zeros(0, dtype=np.int64)
+        return (counts, 0, none_i, none_i, np.zeros(0, dtype=np.bool_), 0,
+                (none_i, none_i, none_i, np.zeros(0, dtype=np.float64),
+                 np.zeros(1, dtype=np.int64)))
     tol = tie_rtol * scale
-    o_kind, o_lo, o_hi, o_s, opt_off, maxcount, cur_kept = _useful_options(
-        tab, tab_off, ns, ns_off, jmin, cur)
-    options = (o_kind, o_lo, o_hi, o_s, opt_off)
-    shared = _common_prefix(tab, tab_off, ns, ns_off, jmin, cur, n_idle, prev_tab,
-                            prev_tab_off, prev_ns, prev_ns_off, prev_jmin, prev_cur,
-                            prev_n_idle, len(prev_K))
+    J = len(jmin)
+    bp_all, bp_off = _all_breakpoints(tab_off, ns, ns_off, jmin, cur)
+    margin = (J + 4) * tol + 1e-9 * scale
+    lam, thr, lb = _capacity_price(tab, tab_off, bp_all, bp_off, jmin, cur, n_idle, margin)
+    o_kind, o_lo, o_hi, o_s, opt_off, maxcount, mincount, cur_kept = _useful_options(
+        tab, tab_off, bp_all, bp_off, jmin, cur, lam, thr)
+    floor = 0
+    for j in range(J):
+        floor += mincount[j] if mincount[j] >= 0 else n_idle + 1
+    shared = 0
+    if floor <= n_idle:
+        shared = _common_prefix(tab, tab_off, ns, ns_off, jmin, cur, n_idle,
+                                (o_kind, o_lo, o_hi, o_s, opt_off), prev_tab, prev_tab_off,
+                                prev_ns, prev_ns_off, prev_jmin, prev_cur, prev_n_idle,
+                                len(prev_K), prev_options)
+    else:
+        floor = n_idle  # (the pass below is then discarded)
     L0, L1, K, LO, H1, m_lo, best, passes, kept = _forward(
-        tab, tab_off, options, maxcount, n_idle, tol, brute_width, slack, work, shared,
-        prev_LO, prev_K, prev_H1)
+        tab, tab_off, (o_kind, o_lo, o_hi, o_s, opt_off), maxcount, floor, n_idle, tol,
+        brute_width, slack, work, shared, prev_LO, prev_K, prev_H1)
+    if mincount.min() < 0 or best < lb - margin:
+        # rounding defeated the fixing (an option of every optimal vector was dropped): again
+        # without it, from the first row
+        thr[:] = -np.inf
+        o_kind, o_lo, o_hi, o_s, opt_off, maxcount, mincount, cur_kept = _useful_options(
+            tab, tab_off, bp_all, bp_off, jmin, cur, 0.0, thr)
+        L0, L1, K, LO, H1, m_lo, best, passes, kept = _forward(
+            tab, tab_off, (o_kind, o_lo, o_hi, o_s, opt_off), maxcount, 0, n_idle, tol,
+            brute_width, slack, work, 0, prev_LO, prev_K, prev_H1)
+    options = (o_kind, o_lo, o_hi, o_s, opt_off)
     _backtrack(tab, tab_off, cur, options, cur_kept, L0, L1, K, m_lo, best, tol, counts)
-    return counts, passes, K, LO, H1, kept
+    return counts, passes, K, LO, H1, kept, options
 
 
-_COMPILED = (_own_best_counts, _task_breakpoints, _push_option, _useful_options,
+_COMPILED = (_own_best_counts, _task_breakpoints, _push_option, _all_breakpoints,
+             _capacity_price, _useful_options,
              _max_plus_into, _relax_free_window, _forward_pass, _forward, _common_prefix,
              _backtrack_start, _backtrack, kernel)
 
