@@ -150,6 +150,7 @@ class Result:
     not_converged: int = 0
     errors: list[str] = field(default_factory=list)
     server_cpu_s: float | None = None
+    client_cpu_s: float | None = None  # this process (the client threads) while driving
     trials_goal: int | None = None
 
     def row(self) -> dict:
@@ -168,6 +169,9 @@ class Result:
                                     if len(first) else None),
                 "server_cpu_ms_per_rt": (1e3 * self.server_cpu_s / self.round_trips
                                          if self.server_cpu_s is not None and self.round_trips
+                                         else None),
+                "client_cpu_ms_per_rt": (1e3 * self.client_cpu_s / self.round_trips
+                                         if self.client_cpu_s is not None and self.round_trips
                                          else None),
                 "not_converged": self.not_converged, "errors": len(self.errors),
                 "cut_by_time": bool(self.trials_goal and self.round_trips < self.trials_goal),
@@ -238,11 +242,13 @@ def drive(result: Result, threads: int, seconds: float, max_trials: int | None,
         w.start()
     barrier.wait()
     started = time.perf_counter()
+    cpu0 = time.process_time()
     stop.wait(seconds)
     stop.set()
     for w in workers:
         w.join(60)
     result.wall_s = time.perf_counter() - started
+    result.client_cpu_s = time.process_time() - cpu0
     result.round_trips = count[0]
     result.trials_goal = max_trials or None
     return result
@@ -483,7 +489,7 @@ def fmt(v, spec: str, width: int) -> str:
 def print_table(rows: list[dict]) -> None:
     hdr = (f"{'server':<16}{'transport':<11}{'threads':>7}{'round trips':>12}{'rt/s':>9}"
            f"{'p50 ms':>9}{'p99 ms':>9}{'first200':>10}{'last200':>9}{'cpu ms/rt':>10}"
-           f"{'not conv':>9}{'errors':>7}")
+           f"{'client':>7}{'not conv':>9}{'errors':>7}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -491,7 +497,7 @@ def print_table(rows: list[dict]) -> None:
               f"{fmt(r['rt_per_s'], '.1f', 9)}{fmt(r['p50_ms'], '.2f', 9)}"
               f"{fmt(r['p99_ms'], '.2f', 9)}{fmt(r['first200_p50_ms'], '.2f', 10)}"
               f"{fmt(r['last200_p50_ms'], '.2f', 9)}{fmt(r['server_cpu_ms_per_rt'], '.2f', 10)}"
-              f"{r['not_converged']:>9}{r['errors']:>7}")
+              f"{fmt(r['client_cpu_ms_per_rt'], '.2f', 7)}{r['not_converged']:>9}{r['errors']:>7}")
         if r["first_error"]:
             print(f"{'':16}first error: {r['first_error']}")
         if r.get("cut_by_time"):
@@ -609,7 +615,8 @@ def main() -> None:
     print()
     print("round trip = predict + report one converging epoch"
           f"{' + end trial' if args.end_trial else ''}; latency per round trip; first200/last200 "
-          "= p50 of the first/last 200 round trips; cpu ms/rt = server process CPU per round trip")
+          "= p50 of the first/last 200 round trips; cpu ms/rt = server process CPU per round trip; "
+          "client = the client threads' CPU per round trip (this process)")
     print_table(rows)
     if zeus_note:
         print(zeus_note)

@@ -18,7 +18,6 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from contextlib import contextmanager
@@ -362,9 +361,6 @@ class Store:
             self.db.close()
             raise
         self._rows_since_snapshot = self._count_since_snapshot()
-        #: seconds the last :meth:`append` with a snapshot took: its event's journal row and
-        #: the snapshot's rows, committed in one transaction
-        self.snapshot_write_s = 0.0
 
     def _upgrade(self, version: int, upgrades: Mapping[int, Upgrade]) -> None:
         """Upgrade the file from ``version`` to :data:`SCHEMA_VERSION`, one format at a time,
@@ -550,7 +546,6 @@ class Store:
         ``prune_archive_before`` [s since epoch] is given, the deletion of the archived tasks
         that finished before it (the archive's retention, in the same transaction: no commit
         of its own). Returns how many archived tasks were deleted per state value."""
-        started = time.perf_counter()
         gone: dict[str, int] = {}
         with self._writing():  # one transaction
             self._archive(archive)
@@ -570,8 +565,6 @@ class Store:
                     (self._journal_horizon, JOURNAL_DELETES_PER_APPEND)).rowcount
                 if deleted < JOURNAL_DELETES_PER_APPEND:
                     self._journal_horizon = 0  # caught up
-        if state is not None:
-            self.snapshot_write_s = time.perf_counter() - started
         self._rows_since_snapshot = 0 if state is not None else self._rows_since_snapshot + 1
         if self.on_commit is not None:
             self.on_commit(cur.lastrowid)
