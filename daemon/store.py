@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import logging
 import os
 import sqlite3
@@ -32,6 +33,9 @@ log = logging.getLogger("offcut.daemon")
 
 #: journal rows past the retention deleted in each append's transaction (:meth:`Store.retire_journal`)
 JOURNAL_DELETES_PER_APPEND = 16
+#: archived tasks past their retention that one event's transaction deletes after a snapshot
+#: marked them (oldest first; a few per event, as the journal's rows)
+ARCHIVE_DELETES_PER_APPEND = 16
 
 #: the state-file format written by this release: 1 stored ``offcut.v1`` replies in
 #: ``journal.response`` and ``zeus_requests.response``; 2 stores the application's JSON
@@ -303,6 +307,7 @@ class Store:
         #: journal rows up to this id are past the retention, deleted a few per append
         #: (:meth:`retire_journal`; 0: none pending; memory only: the next snapshot marks again)
         self._journal_horizon = 0
+        self._archive_horizon: float | None = None  # archived tasks finished before: deleted
         #: called with the reason when a write fails for lack of writable storage
         #: (:mod:`offcut.daemon.storage_errors`), and with None at the next write that succeeds
         self.on_storage: Callable[[str | None], None] | None = None
@@ -542,15 +547,21 @@ class Store:
                prune_archive_before: float | None = None) -> dict[str, int]:
         """Commit one applied event, the finished tasks it took out of the state
         (``archive``: :meth:`Task.to_dict` forms) and a snapshot of ``state`` if given,
-        atomically (callers pass ``state`` when :meth:`snapshot_due` says so), with, when
-        ``prune_archive_before`` [s since epoch] is given, the deletion of the archived tasks
-        that finished before it (the archive's retention, in the same transaction: no commit
-        of its own). Returns how many archived tasks were deleted per state value."""
+        atomically (callers pass ``state`` when :meth:`snapshot_due` says so).
+
+        The archive's retention: ``prune_archive_before`` [s since epoch] (given at a
+        snapshot) marks the archived tasks that finished before it; the transactions of the
+        following events delete :data:`ARCHIVE_DELETES_PER_APPEND` of them each, oldest
+        first, until none is left (no commit of their own, and nothing added to the marking
+        snapshot's transaction, which holds the engine's lock longest; a restart forgets the
+        mark and the next snapshot sets it again). Returns how many archived tasks this
+        transaction deleted per state value."""
+        pruning = self._archive_horizon is not None  # marked at an earlier snapshot
         gone: dict[str, int] = {}
         with self._writing():  # one transaction
             self._archive(archive)
-            if prune_archive_before is not None:
-                gone = self._prune_archive(prune_archive_before)
+            if pruning:
+                gone = self._prune_archive(self._archive_horizon, ARCHIVE_DELETES_PER_APPEND)
             cur = self.db.execute(
                 "INSERT INTO journal (kind, source, seq, request_id, event, solves, response) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -565,6 +576,11 @@ class Store:
                     (self._journal_horizon, JOURNAL_DELETES_PER_APPEND)).rowcount
                 if deleted < JOURNAL_DELETES_PER_APPEND:
                     self._journal_horizon = 0  # caught up
+        if pruning and sum(gone.values()) < ARCHIVE_DELETES_PER_APPEND:
+            self._archive_horizon = None  # caught up
+        if prune_archive_before is not None:
+            self._archive_horizon = max(self._archive_horizon or -math.inf,
+                                        float(prune_archive_before))
         self._rows_since_snapshot = 0 if state is not None else self._rows_since_snapshot + 1
         if self.on_commit is not None:
             self.on_commit(cur.lastrowid)
@@ -629,15 +645,19 @@ class Store:
         """Archived tasks per state value."""
         return dict(self.db.execute("SELECT state, COUNT(*) FROM task_archive GROUP BY state"))
 
-    def _prune_archive(self, finished_before: float) -> dict[str, int]:
-        """Delete the archived tasks that finished before ``finished_before`` [s since epoch]
-        (inside the caller's transaction; by the finish-time index); returns how many per
-        state value."""
-        gone = dict(self.db.execute("SELECT state, COUNT(*) FROM task_archive WHERE "
-                                    "finish_time < ? GROUP BY state", (finished_before,)))
-        if gone:
-            self.db.execute("DELETE FROM task_archive WHERE finish_time < ?",
-                            (float(finished_before),))
+    def _prune_archive(self, finished_before: float, limit: int) -> dict[str, int]:
+        """Delete up to ``limit`` archived tasks that finished before ``finished_before`` [s
+        since epoch], oldest first (inside the caller's transaction; by the finish-time index
+        and the primary key); returns how many per state value."""
+        rows = self.db.execute("SELECT task_id, state FROM task_archive WHERE finish_time < ? "
+                               "ORDER BY finish_time LIMIT ?",
+                               (float(finished_before), int(limit))).fetchall()
+        gone: dict[str, int] = {}
+        for _, state in rows:
+            gone[state] = gone.get(state, 0) + 1
+        if rows:
+            self.db.executemany("DELETE FROM task_archive WHERE task_id = ?",
+                                [(task_id,) for task_id, _ in rows])
         return gone
 
     # ------------------------------------------------------------------ journal retention

@@ -67,8 +67,10 @@ def test_finished_tasks_leave_memory_and_stay_readable(daemons):
     assert set(srv.engine.scheduler.tasks) == set(ids[2:])
     assert c.get_task(ids[0]) == before[ids[0]]
     assert c.status().completed_tasks == 1
-    # after the archive's retention they are gone for good, and counted no more
+    # after the archive's retention they are gone for good, and counted no more (marked at
+    # the snapshot of the event past it, deleted by the events after it)
     c.report_nodes(T0 + 10 + 2 * DAY + 1, "slurm", 4, idle=["n1", "n2"])
+    c.report_nodes(T0 + 10 + 2 * DAY + 2, "slurm", 5, idle=["n1", "n2"])
     with pytest.raises(NotFound):
         c.get_task(ids[0])
     assert [t.task_id for t in c.list_tasks()] == ids[1:]  # ids[1] finished 10 s later
@@ -241,27 +243,41 @@ def test_marking_the_journal_reads_no_journal_row_but_the_probes(tmp_path):
     store.close()
 
 
-def test_the_archive_is_pruned_in_the_snapshot_events_own_transaction(tmp_path):
-    """The archive's retention deletes at a snapshot inside that event's transaction (one
-    BEGIN, one commit), and says how many tasks of each state went (the engine's counts)."""
+def test_the_archive_is_pruned_a_few_tasks_per_event_after_a_snapshot(tmp_path, monkeypatch):
+    """A snapshot marks the archived tasks past their retention and its own transaction
+    deletes none; each following event's transaction (one BEGIN, one commit, none of its
+    own; a later snapshot's too) deletes up to ARCHIVE_DELETES_PER_APPEND of them, oldest
+    first, and says how many of each state went (the engine's counts), until none is left."""
+    from offcut.daemon import store as store_mod
     from offcut.daemon.store import Store
 
     def done(n: int, t: float, state: str = "completed") -> dict:
         return {"task_id": f"t{n:06d}", "owner": "u", "state": state, "finish_time": t}
 
+    def event(t: float, **kw) -> dict:
+        return dict(kind="nodes", event={"kind": "nodes", "time": t}, solves=[],
+                    response=b"{}", **kw)
+
+    monkeypatch.setattr(store_mod, "ARCHIVE_DELETES_PER_APPEND", 1)
     store = Store(tmp_path / "s.sqlite", snapshot_every=10**9)
-    store.append(kind="nodes", event={"kind": "nodes", "time": T0}, solves=[], response=b"{}",
-                 archive=[done(1, T0), done(2, T0 + 10, "cancelled"), done(3, T0 + 100)])
+    store.append(**event(T0, archive=[done(1, T0), done(2, T0 + 10, "cancelled"),
+                                      done(3, T0 + 100)]))
     statements: list[str] = []
     store.db.set_trace_callback(statements.append)
     try:
-        gone = store.append(kind="nodes", event={"kind": "nodes", "time": T0 + 200}, solves=[],
-                            response=b"{}", state={"tasks": []}, prune_archive_before=T0 + 50)
+        assert store.append(**event(T0 + 200, state={"tasks": []},
+                                    prune_archive_before=T0 + 50)) == {}
+        assert not [s for s in statements if "task_archive" in s]  # the snapshot's: none
+        assert len(store.archived_tasks()) == 3
+        statements.clear()
+        assert store.append(**event(T0 + 201)) == {"completed": 1}
+        assert sum(s.startswith("BEGIN") for s in statements) == 1
+        # a later snapshot deletes too (with a snapshot at every event nothing would else)
+        assert store.append(**event(T0 + 202, state={"tasks": []})) == {"cancelled": 1}
     finally:
         store.db.set_trace_callback(None)
-    assert gone == {"completed": 1, "cancelled": 1}
-    assert sum(s.startswith("BEGIN") for s in statements) == 1
     assert [t["task_id"] for t in store.archived_tasks()] == ["t000003"]
-    assert store.append(kind="nodes", event={"kind": "nodes", "time": T0 + 300}, solves=[],
-                        response=b"{}", prune_archive_before=T0 + 50) == {}
+    assert store.append(**event(T0 + 203)) == {}  # caught up: the mark is gone
+    assert store.append(**event(T0 + 204)) == {}
+    assert [t["task_id"] for t in store.archived_tasks()] == ["t000003"]
     store.close()
