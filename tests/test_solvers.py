@@ -578,9 +578,9 @@ def test_dp_kernel_solves_without_the_fixing_when_it_fails(monkeypatch, defeat):
         assert lb > -np.inf
         if defeat == "no option left":
             thr[0] = np.inf
-        else:  # only count 0 survives: value 0 < the known lb
+        else:  # only count 0 survives (a huge price): the DP's best is then below lb
             thr[:] = [tab[tab_off[j]] for j in range(len(jmin))]
-            lam = 0.0
+            lam = 1e12
         return lam, thr, lb
 
     monkeypatch.setattr(dp_kernel, "_capacity_price", broken)

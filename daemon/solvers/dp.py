@@ -318,7 +318,8 @@ def warm_up() -> float:
     (2 tasks, 3 idle nodes; the breakpoint DP of the module docstring, BFTrainer
     arXiv 2106.12091 §3).
 
-    Returns the seconds it took (about 1 s with the cache, 12-14 s on a 2-core machine without).
+    Returns the seconds it took (about 1 s with the cache, 18-25 s on a 2-core machine without;
+    10-12 s before the reduced-cost fixing).
     The daemon calls it before it reports SERVING, so no event waits for a compilation.
     """
     import time

@@ -739,31 +739,29 @@ def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, s
     bp_all, bp_off = _all_breakpoints(tab_off, ns, ns_off, jmin, cur)
     margin = (J + 4) * tol + 1e-9 * scale
     lam, thr, lb = _capacity_price(tab, tab_off, bp_all, bp_off, jmin, cur, n_idle, margin)
-    o_kind, o_lo, o_hi, o_s, opt_off, maxcount, mincount, cur_kept = _useful_options(
-        tab, tab_off, bp_all, bp_off, jmin, cur, lam, thr)
-    floor = 0
-    for j in range(J):
-        floor += mincount[j] if mincount[j] >= 0 else n_idle + 1
-    shared = 0
-    if floor <= n_idle:
-        shared = _common_prefix(tab, tab_off, ns, ns_off, jmin, cur, n_idle,
-                                (o_kind, o_lo, o_hi, o_s, opt_off), prev_tab, prev_tab_off,
-                                prev_ns, prev_ns_off, prev_jmin, prev_cur, prev_n_idle,
-                                len(prev_K), prev_options)
-    else:
-        floor = n_idle  # (the pass below is then discarded)
-    L0, L1, K, LO, H1, m_lo, best, passes, kept = _forward(
-        tab, tab_off, (o_kind, o_lo, o_hi, o_s, opt_off), maxcount, floor, n_idle, tol,
-        brute_width, slack, work, shared, prev_LO, prev_K, prev_H1)
-    if mincount.min() < 0 or best < lb - margin:
-        # rounding defeated the fixing (an option of every optimal vector was dropped): again
-        # without it, from the first row
-        thr[:] = -np.inf
+    for attempt in range(2):  # (one call site per phase: numba inlines each once)
         o_kind, o_lo, o_hi, o_s, opt_off, maxcount, mincount, cur_kept = _useful_options(
-            tab, tab_off, bp_all, bp_off, jmin, cur, 0.0, thr)
+            tab, tab_off, bp_all, bp_off, jmin, cur, lam, thr)
+        emptied = mincount.min() < 0  # rounding dropped a task's every count
+        floor = 0
+        shared = 0
+        if not emptied:
+            for j in range(J):
+                floor += mincount[j]
+            if attempt == 0:
+                shared = _common_prefix(tab, tab_off, ns, ns_off, jmin, cur, n_idle,
+                                        (o_kind, o_lo, o_hi, o_s, opt_off), prev_tab,
+                                        prev_tab_off, prev_ns, prev_ns_off, prev_jmin,
+                                        prev_cur, prev_n_idle, len(prev_K), prev_options)
         L0, L1, K, LO, H1, m_lo, best, passes, kept = _forward(
-            tab, tab_off, (o_kind, o_lo, o_hi, o_s, opt_off), maxcount, 0, n_idle, tol,
-            brute_width, slack, work, 0, prev_LO, prev_K, prev_H1)
+            tab, tab_off, (o_kind, o_lo, o_hi, o_s, opt_off), maxcount, floor, n_idle, tol,
+            brute_width, slack, work, shared, prev_LO, prev_K, prev_H1)
+        if attempt == 1 or not (emptied or best < lb - margin):
+            break
+        # rounding defeated the fixing (an option of every optimal vector was dropped):
+        # again without it, from the first row
+        lam = 0.0
+        thr[:] = -np.inf
     options = (o_kind, o_lo, o_hi, o_s, opt_off)
     _backtrack(tab, tab_off, cur, options, cur_kept, L0, L1, K, m_lo, best, tol, counts)
     return counts, passes, K, LO, H1, kept, options
