@@ -36,7 +36,18 @@ uvloop (25fd694), a slow    243 (1 thr) 3.91        4.36 / 3.50 (floor 450: 0.54
 hour, 3,000 trials          414 (4 thr) 9.41        8.69 / 10.22 (floor 772: 0.54x)
 2026-11-27 afternoon        319 (1 thr) 3.02        3.40 / 2.98 (floor 585: 0.55x)
 (92394ab), 3,000 trials     567 (4 thr) 6.96        6.87 / 6.78 (floor 1,002: 0.57x)
+2026-11-27 evening, a slow  364 (4 thr) 11.01       8.73 / 8.18 (floor 773: 0.47x)
+hour (7812362), 3,000       CPU per round trip: server 2.80 ms, client threads 0.90 ms;
+trials                      floor: server 1.35 ms, client threads 0.65 ms
 =========================  ==========  ==========  ==============================
+
+Where the 700 goal stands: the server's CPU per round trip is about twice the floor's (2.0-2.8
+against 1.1-1.35 ms) and the client threads' about 1.4x (0.90 against 0.65 ms), on the same two
+cores; 700 round trips/s needs the two together under 2.86 ms, i.e. within about 0.7 ms of
+the floor's total. In the server, py-spy (``--gil``, 2026-11-27 evening) puts the event
+loop's own gRPC/asyncio work at about a quarter of the daemon's GIL time and our handlers at a
+third, of which the batch-size policy (Thompson sampling) about 5 % and the JSON of the job's
+summary row written per call about 6 %: no single part whose removal reaches the goal.
 
 The round trip on the event loop (architecture §1, "Threads": ``Predict``/``ReportEpoch`` as
 coroutines, commits awaited on the committer thread) cut the server's CPU per round trip from
