@@ -6,9 +6,12 @@ the method (breakpoints B_j, at most one "free" task, layers L0/L1, sliding-wind
 backtrack). Here it is split into its phases:
 
 1. :func:`_own_best_counts`: the shortcut (every task's own best count fits the pool);
-2. :func:`_useful_options`: per task the undominated breakpoints and free segments;
-3. :func:`_forward`: the two DP layers over capacity (one or two passes);
-4. :func:`_backtrack`: the argmax under the documented tie-breaking rule.
+2. :func:`_all_breakpoints`, :func:`_capacity_price`: the breakpoints, and the reduced-cost
+   fixing that rules out counts no optimal vector uses (Lagrangian bound of the capacity row);
+3. :func:`_useful_options`: per task the undominated breakpoints and free segments, of the
+   counts the fixing kept;
+4. :func:`_forward`: the two DP layers over capacity (one or two passes);
+5. :func:`_backtrack`: the argmax under the documented tie-breaking rule.
 
 Units: counts and capacities are nodes (int64); values f_j(n) are the objective units of
 :meth:`AllocationProblem.value_tables` (float64).
@@ -71,7 +74,7 @@ def _own_best_counts(tab, tab_off, jmin, cur):
     return counts, total, scale
 
 
-# ---------------------------------------------------------------- 2. useful options
+# ---------------------------------------------------------------- 2-3. breakpoints, fixing, options
 def _task_breakpoints(lo_adm, top, c, ns, ns_lo, ns_hi, bp):
     """The breakpoints B_j of one task, ascending and unique (int64 view, nodes).
 
@@ -338,7 +341,7 @@ def _useful_options(tab, tab_off, bp_all, bp_off, jmin, cur, lam, thr):
     return o_kind, o_lo, o_hi, o_s, opt_off, maxcount, mincount, cur_kept
 
 
-# ---------------------------------------------------------------- 3. forward layers
+# ---------------------------------------------------------------- 4. forward layers
 def _max_plus_into(dst, src, add, cnt):
     """dst[i] = max(dst[i], src[i] + add) for i = 0..cnt-1 (none if cnt <= 0), in place,
     strict '>'.
@@ -605,7 +608,7 @@ def _common_prefix(tab, tab_off, ns, ns_off, jmin, cur, n_idle, options, prev_ta
     return k
 
 
-# ---------------------------------------------------------------- 4. backtrack
+# ---------------------------------------------------------------- 5. backtrack
 def _backtrack_start(L0, L1, K, m_lo, best, tol):
     """Where the backtrack starts: (m, target), m the smallest capacity >= ``m_lo`` [nodes]
     whose value max(L0_J(m), L1_J(m)) is within ``tol`` of ``best`` (objective units), target
