@@ -197,20 +197,19 @@ def _no_rows() -> tuple:
     """:func:`.dp_kernel.kernel`'s ``prev`` when no solve left rows: empty arrays, N = -1."""
     none_f, none_i = np.zeros(0), np.zeros(0, dtype=np.int64)
     one = np.zeros(1, dtype=np.int64)
-    return (none_f, one, none_f, one, none_i, none_i, -1, none_i, none_i,
-            np.zeros(0, dtype=np.bool_), none_i, none_i, none_i, none_f, one)
+    return (none_f, one, -1, none_i, none_i, np.zeros(0, dtype=np.bool_), none_i, none_i,
+            none_i, none_f, one)
 
 
 def _rows_left(problem: AllocationProblem, packed: tuple, answer: tuple) -> tuple:
     """:func:`.dp_kernel.kernel`'s ``prev`` for the next solve on the same scratch after it
     solved ``problem`` (``packed``: :func:`_pack`'s arrays; ``answer``: the kernel's return,
-    with at least one forward pass): copies of what the caller owns, the kernel's own arrays
-    as they are. Rows of the breakpoint DP (module docstring; BFTrainer arXiv 2106.12091
-    §3)."""
-    tab, tab_off, ns, ns_off = packed
+    with at least one forward pass): the value tables (a copy: callers own theirs), N, and
+    the kernel's own row ends, flags and options as they are. Rows of the breakpoint DP
+    (module docstring; BFTrainer arXiv 2106.12091 §3)."""
+    tab, tab_off, _, _ = packed
     _, _, K, LO, H1, _, options = answer
-    return (tab.copy(), tab_off, ns, ns_off, problem.min_nodes.copy(),
-            problem.current_nodes.copy(), problem.idle_nodes, K, LO, H1, *options)
+    return (tab.copy(), tab_off, problem.idle_nodes, K, LO, H1, *options)
 
 
 def _workspace(J: int, N: int) -> np.ndarray:

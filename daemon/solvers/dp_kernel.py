@@ -548,62 +548,42 @@ def _forward(tab, tab_off, options, maxcount, floor, n_idle, tol, brute_width, s
     return L0, L1, K, LO, H1, m_lo, best, attempt + 1, kept
 
 
-def _common_prefix(tab, tab_off, ns, ns_off, jmin, cur, n_idle, options, prev_tab,
-                   prev_tab_off, prev_ns, prev_ns_off, prev_jmin, prev_cur, prev_n_idle,
-                   prev_rows, prev_options):
+def _same_run(a, a_off, b, b_off, k):
+    """Whether run k of the flat array ``a`` (``a[a_off[k]:a_off[k+1]]``) equals run k of
+    ``b`` element for element (same length; exact, floats included). ``a_off``/``b_off``:
+    int64 offsets as :func:`kernel`'s (value tables, option arrays)."""
+    a0 = a_off[k]
+    b0 = b_off[k]
+    n = a_off[k + 1] - a0
+    if b_off[k + 1] - b0 != n:
+        return False
+    for i in range(n):
+        if a[a0 + i] != b[b0 + i]:
+            return False
+    return True
+
+
+def _common_prefix(tab, tab_off, options, n_idle, prev_tab, prev_tab_off, prev_options,
+                   prev_n_idle, prev_rows):
     """How many leading tasks this problem shares with the previous solve on the same
-    workspace: equal f_j tables (float64, exact), curve points Ns_j, Jmin_j, c_j and options
-    (:func:`_useful_options`, after the fixing of :func:`_capacity_price`), with the same N
-    (``n_idle``) and at most ``prev_rows`` - 1 (the rows it left; 0: none). Inputs as
+    workspace: equal options (:func:`_useful_options`, after the fixing of
+    :func:`_capacity_price`: kind, counts, slope) and f_j tables (float64, exact), with the
+    same N (``n_idle``) and at most ``prev_rows`` - 1 (the rows it left; 0: none). Inputs as
     :func:`kernel`'s, ``prev_*`` the previous solve's. The DP's rows 0..shared depend on
-    those tasks' options and values and N only (BFTrainer arXiv 2106.12091 §3 at count level;
-    :func:`_forward`).
+    those tasks' options and values and N only (the curve points, Jmin_j and c_j enter
+    through the options; BFTrainer arXiv 2106.12091 §3 at count level; :func:`_forward`).
     """
     if prev_rows <= 0 or prev_n_idle != n_idle:
         return 0
     o_kind, o_lo, o_hi, o_s, opt_off = options
     p_kind, p_lo, p_hi, p_s, p_off = prev_options
-    lim = min(len(jmin), len(prev_jmin), prev_rows - 1)
+    lim = min(len(tab_off), len(prev_tab_off), prev_rows) - 1
     k = 0
-    while k < lim:
-        if jmin[k] != prev_jmin[k] or cur[k] != prev_cur[k]:
-            break
-        a0 = opt_off[k]
-        b0 = p_off[k]
-        n = opt_off[k + 1] - a0
-        if p_off[k + 1] - b0 != n:
-            break
-        same = True
-        for i in range(n):
-            if (o_kind[a0 + i] != p_kind[b0 + i] or o_lo[a0 + i] != p_lo[b0 + i]
-                    or o_hi[a0 + i] != p_hi[b0 + i] or o_s[a0 + i] != p_s[b0 + i]):
-                same = False
-                break
-        if not same:
-            break
-        a0 = tab_off[k]
-        b0 = prev_tab_off[k]
-        n = tab_off[k + 1] - a0
-        if prev_tab_off[k + 1] - b0 != n:
-            break
-        same = True
-        for i in range(n):
-            if tab[a0 + i] != prev_tab[b0 + i]:
-                same = False
-                break
-        if same:
-            a0 = ns_off[k]
-            b0 = prev_ns_off[k]
-            n = ns_off[k + 1] - a0
-            if prev_ns_off[k + 1] - b0 != n:
-                same = False
-            else:
-                for i in range(n):
-                    if ns[a0 + i] != prev_ns[b0 + i]:
-                        same = False
-                        break
-        if not same:
-            break
+    while (k < lim and _same_run(o_kind, opt_off, p_kind, p_off, k)
+           and _same_run(o_lo, opt_off, p_lo, p_off, k)
+           and _same_run(o_hi, opt_off, p_hi, p_off, k)
+           and _same_run(o_s, opt_off, p_s, p_off, k)
+           and _same_run(tab, tab_off, prev_tab, prev_tab_off, k)):
         k += 1
     return k
 
@@ -717,9 +697,8 @@ def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, s
     up to this many counts are enumerated; ``slack``: the first forward pass's reach below N
     [nodes] (:func:`_forward`); ``work``: float64 scratch of shape
     (>= 2 J + 4, N + 1), overwritten but for the rows kept; ``prev``: the previous solve on
-    ``work`` that left rows there: (tab, tab_off, ns, ns_off, jmin, cur as above, its N, its
-    K, LO, H1 and its five option arrays as returned), with empty arrays when none
-    (:func:`_common_prefix`). Same ``brute_width`` and ``slack`` on one ``work``.
+    ``work`` that left rows there: (its tab, tab_off as above, its N, its K, LO, H1 and its
+    five option arrays as returned), with empty arrays when none (:func:`_common_prefix`). Same ``brute_width`` and ``slack`` on one ``work``.
 
     Before the DP, :func:`_capacity_price` fixes the counts that no optimal vector uses
     (reduced-cost fixing with the Lagrangian bound), which narrows the rows to the columns
@@ -728,8 +707,8 @@ def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, s
     BFTrainer's problem (arXiv 2106.12091 §3 eq. 1-9 at count level). Compiled by
     :func:`compile_kernel`; plain Python otherwise (tests only).
     """
-    (prev_tab, prev_tab_off, prev_ns, prev_ns_off, prev_jmin, prev_cur, prev_n_idle, prev_K,
-     prev_LO, prev_H1, p_kind, p_lo, p_hi, p_s, p_off) = prev
+    (prev_tab, prev_tab_off, prev_n_idle, prev_K, prev_LO, prev_H1, p_kind, p_lo, p_hi, p_s,
+     p_off) = prev
     prev_options = (p_kind, p_lo, p_hi, p_s, p_off)
     counts, total, scale = _own_best_counts(tab, tab_off, jmin, cur)
     if total <= n_idle:
@@ -752,10 +731,9 @@ def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, s
             for j in range(J):
                 floor += mincount[j]
             if attempt == 0:
-                shared = _common_prefix(tab, tab_off, ns, ns_off, jmin, cur, n_idle,
-                                        (o_kind, o_lo, o_hi, o_s, opt_off), prev_tab,
-                                        prev_tab_off, prev_ns, prev_ns_off, prev_jmin,
-                                        prev_cur, prev_n_idle, len(prev_K), prev_options)
+                shared = _common_prefix(tab, tab_off, (o_kind, o_lo, o_hi, o_s, opt_off),
+                                        n_idle, prev_tab, prev_tab_off, prev_options,
+                                        prev_n_idle, len(prev_K))
         L0, L1, K, LO, H1, m_lo, best, passes, kept = _forward(
             tab, tab_off, (o_kind, o_lo, o_hi, o_s, opt_off), maxcount, floor, n_idle, tol,
             brute_width, slack, work, shared, prev_LO, prev_K, prev_H1)
@@ -772,7 +750,8 @@ def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, s
 
 _COMPILED = (_own_best_counts, _task_breakpoints, _push_option, _all_breakpoints,
              _capacity_price, _useful_options,
-             _max_plus_into, _relax_free_window, _forward_pass, _forward, _common_prefix,
+             _max_plus_into, _relax_free_window, _forward_pass, _forward, _same_run,
+             _common_prefix,
              _backtrack_start, _backtrack, kernel)
 
 
