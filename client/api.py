@@ -106,11 +106,6 @@ class Stream:
         self._call.cancel()
 
 
-#: the largest message ``StreamNodes`` accepts [bytes] (the daemon's limit for it; a larger
-#: node event goes as ``report_nodes``, whose limit is the daemon's ``max_message_mb``)
-STREAM_MESSAGE_BYTES = 1 << 20
-
-
 def node_event(time: float | datetime, source: str, seq: int, idle: Iterable[str] = (),
                preempted: Iterable[str] = ()) -> nodes_pb2.NodeEvent:
     """An ``offcut.v1.NodeEvent``: nodes of ``source`` that became idle / idle nodes taken

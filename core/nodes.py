@@ -11,6 +11,11 @@ from typing import Sequence
 #: Match whole strings only (:func:`is_node_name`): ``$`` would also accept a trailing newline.
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
+#: The largest message of a ``StreamNodes`` stream the daemon accepts [bytes] (1 MiB; a
+#: larger one ends the stream RESOURCE_EXHAUSTED): a sender puts a larger node event in one
+#: ``ReportNodes`` call, whose limit is the daemon's ``max_message_mb``.
+STREAM_MESSAGE_BYTES = 1 << 20
+
 
 def is_node_name(name: object) -> bool:
     """True when ``name`` is a string that is a node name as a whole (:data:`NODE_NAME_RE`)."""

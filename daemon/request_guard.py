@@ -31,6 +31,7 @@ import grpc
 from offcut.daemon.config import DaemonConfig
 from offcut.daemon.handlers import (ASYNC_GENERATOR, COROUTINE, SYNC, MessageRefused,
                                    behavior_of, kind_of, rebuild)
+from offcut.nodes import STREAM_MESSAGE_BYTES
 
 MIB = 1024 * 1024
 
@@ -60,6 +61,7 @@ def request_limits(config: DaemonConfig) -> dict[str, int]:
     cap = config.max_message_mb * MIB
     limits = config.limits()
     own = {method: cap for method in NODE_EVENT_METHODS}
+    own["/offcut.v1.NodeEvents/StreamNodes"] = STREAM_MESSAGE_BYTES  # per message
     own["/offcut.v1.Tasks/SubmitTask"] = (
         SMALL_REQUEST_BYTES + limits.max_curve_points * CURVE_POINT_BYTES
         + limits.max_command_bytes + limits.max_command_args * COMMAND_ARG_OVERHEAD_BYTES)

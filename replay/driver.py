@@ -58,10 +58,11 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from offcut.client.api import STREAM_MESSAGE_BYTES, Client, NodeStream
+from offcut.client.api import Client, NodeStream
 from offcut.client.retry import RetryPolicy
 from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.errors import OffcutError, Unavailable
+from offcut.nodes import STREAM_MESSAGE_BYTES
 from offcut.replay.bftrainer_data import NodeLog, TaskRecord
 from offcut.replay.efficiency import dedicated_efficiency
 from offcut.replay.owners import SINGLE_OWNER, assign_owners, by_owner, fairness
