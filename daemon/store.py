@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import logging
 import os
 import sqlite3
@@ -579,8 +578,9 @@ class Store:
         if pruning and sum(gone.values()) < ARCHIVE_DELETES_PER_APPEND:
             self._archive_horizon = None  # caught up
         if prune_archive_before is not None:
-            self._archive_horizon = max(self._archive_horizon or -math.inf,
-                                        float(prune_archive_before))
+            before = float(prune_archive_before)
+            self._archive_horizon = (before if self._archive_horizon is None
+                                     else max(self._archive_horizon, before))
         self._rows_since_snapshot = 0 if state is not None else self._rows_since_snapshot + 1
         if self.on_commit is not None:
             self.on_commit(cur.lastrowid)
