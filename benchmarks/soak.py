@@ -66,6 +66,13 @@ file grows by appending pages; afterwards SQLite reuses freed pages, and a snaps
 costs about 0.15 ms more (0.46 -> 0.60 ms p50, measured by instrumenting the daemon over a
 shorter run).
 
+With the archive's deletions moved out of the snapshot's transaction into the events after it
+(5685782), the same command on 2026-11-27 evening, a slow hour: 1,636 s (27.3 min); month 12
+/ month 1: RSS 1.01, state file 1.04, journal 0.93, node p99 0.60, submit p99 0.70, snapshot
+stall 4.6 -> 4.2 ms (0.91): PASS; but month 1 was that run's slowest month (node p99 9.0 ms
+against 3.5-6.1 ms later), so the ratios below 1 say as much about the machine as the code;
+months 2-13 lie at 3.3-5.1 ms with no upward step after month 1.
+
 Usage::
 
     python benchmarks/soak.py                      # a year: 26 laps of the real log
