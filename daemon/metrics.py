@@ -231,6 +231,9 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
         #: (made per call: wrapped per call, nothing kept, so no caller's call context is
         #: held). One entry per registered method: unknown methods have no handler.
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler] | None] = {}
+        #: the labelled children already looked up (``labels`` costs a lock and a key per call)
+        self._counters: dict[tuple[str, grpc.StatusCode], Counter] = {}
+        self._timers: dict[str, Histogram] = {}
 
     def _record(self, method: str, code: grpc.StatusCode | None, started: float,
                 failed: bool, cancelled: bool = False) -> None:
@@ -239,8 +242,14 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
                 code = grpc.StatusCode.CANCELLED
             else:
                 code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
-        self.requests.labels(method, code.name).inc()
-        self.duration.labels(method).observe(time.perf_counter() - started)
+        counter = self._counters.get((method, code))
+        if counter is None:  # (registered methods x status codes: a bounded table)
+            counter = self._counters[(method, code)] = self.requests.labels(method, code.name)
+        timer = self._timers.get(method)
+        if timer is None:
+            timer = self._timers[method] = self.duration.labels(method)
+        counter.inc()
+        timer.observe(time.perf_counter() - started)
 
     def _sync(self, method: str, behavior: Callable) -> Callable:
         """A plain behaviour (a worker thread's), recorded when it returns or raises."""

@@ -817,17 +817,32 @@ class Store:
         rows = self._read(sql, args)
         return rows[0][0] if rows else None
 
+    def zeus_first_response(self, request_ids: tuple[str, ...], job_id: str) -> bytes | None:
+        """The stored reply about ``job_id`` under the first of ``request_ids`` that has one
+        (one query for a key and its earlier release's spelling), or None."""
+        if len(request_ids) == 1:
+            return self.zeus_response(request_ids[0], job_id)
+        rows = dict(self._read(
+            f"SELECT request_id, response FROM zeus_requests WHERE request_id IN "
+            f"({', '.join('?' * len(request_ids))}) AND job_id = ?", (*request_ids, job_id)))
+        return next((rows[k] for k in request_ids if k in rows), None)
+
     def zeus_write(self, writes: "list[ZeusWrite]", expire_before: float | None = None) -> None:
         """Apply ``writes`` in order in ONE transaction (with ``durability="full"`` one fsync
-        for all: the registry's group commit), and with ``expire_before`` [s, wall clock]
+        for all: the registry's group commit; of several summaries of one object only the
+        last is written), and with ``expire_before`` [s, wall clock]
         forget the stored answers created before it (the request-retention window).
 
         The registry stores a reply only after finding none for ``(request_id, job_id)``, so a
         row it replaces is one of an earlier release's keys about another job that happens to
         spell ``request_id`` (registry, ``request_key``)."""
+        # a summary that a later write of the batch replaces is not written (the same rows
+        # after the transaction, one statement less: group commits batch one job's calls)
+        last = {(w.kind, w.job_id, w.batch_size): i for i, w in enumerate(writes)
+                if w.state is not None}
         with self._writing():
-            for w in writes:
-                if w.state is not None:
+            for i, w in enumerate(writes):
+                if w.state is not None and last[(w.kind, w.job_id, w.batch_size)] == i:
                     state = (w.state if isinstance(w.state, str)
                              else json.dumps(w.state, separators=(",", ":")))
                     self.db.execute("INSERT OR REPLACE INTO zeus_state VALUES (?, ?, ?, ?)",

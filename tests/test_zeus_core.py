@@ -152,6 +152,52 @@ def test_thompson_sampling_prefers_the_cheaper_arm_and_explores_with_variance():
     assert job.arms == [32, 64]
 
 
+def _gaussian_ts_reference(job: BatchSizeJob, rng: np.random.Generator) -> int:
+    """Zeus's ``GaussianTS.predict`` written out (one shuffle of the arms, an arm with too
+    few runs first, else one ``normal(mean, sd)`` per arm in the arms' order, the posterior of
+    the conjugate update with known precision 1/var): the arm it picks with ``rng``."""
+    arms = job.arms
+    for arm in rng.choice(np.asarray(arms), len(arms), replace=False):
+        if len(job._arm_rewards(int(arm))) < job.spec.mab_num_explorations:
+            return int(arm)
+    samples = []
+    for arm in arms:
+        rewards = job._arm_rewards(arm)
+        variance = float(np.var(rewards))
+        if variance == 0.0:
+            mean, sd = float(rewards.mean()), 0.0
+        else:
+            precision = job.spec.mab_prior_precision + len(rewards) / variance
+            mean = (job.spec.mab_prior_precision * job.spec.mab_prior_mean
+                    + float(rewards.sum()) / variance) / precision
+            sd = math.sqrt(1.0 / precision)
+        samples.append(float(rng.normal(mean, sd)))
+    return arms[int(np.argmax(samples))]
+
+
+def test_thompson_sampling_draws_what_zeus_gaussian_ts_draws():
+    """Each prediction of the bandit is the arm Zeus's order picks from the same RNG state,
+    and leaves the RNG where that order leaves it (the normals drawn as one block are the same
+    floats as one ``normal(mean, sd)`` per arm)."""
+    job = BatchSizeJob(spec(batch_sizes=(8, 16, 32, 64, 128), default_batch_size=32, seed=7))
+    noise = np.random.default_rng(1)
+    cost = {8: 980.0, 16: 1000.0, 32: 990.0, 64: 1010.0, 128: 1500.0}
+    _through_pruning(job, cost)
+    assert job.phase == "mab" and len(job.arms) == 5
+    picks = set()
+    for _ in range(60):
+        reference = np.random.default_rng()
+        reference.bit_generator.state = job.rng.bit_generator.state
+        expected = _gaussian_ts_reference(job, reference)
+        p = job.predict()
+        assert p.batch_size == expected
+        assert job.rng.bit_generator.state == reference.bit_generator.state
+        picks.add(p.batch_size)
+        finish(job, p.trial_number, cost[p.batch_size] * (1 + 0.05 * noise.standard_normal()),
+               True)
+    assert len(picks) > 1  # (the samples decide, not a fixed order)
+
+
 def test_zero_variance_arms_are_deterministic():
     # two identical observations per arm: precision is infinite, the sample is the mean
     job = BatchSizeJob(spec(batch_sizes=(32, 64), default_batch_size=32))

@@ -282,6 +282,32 @@ def test_a_restarted_daemon_lists_every_trial_and_goes_on_exactly(daemons):
                                                                  q.exploration)
 
 
+def test_a_group_commit_writes_only_the_last_summary_of_each_object(tmp_path):
+    """Of a batch's summaries of one object (the calls of one job that a group commit
+    gathers) only the last is written: the rows are those of writing each in turn, with one
+    statement per object; the other rows of every write are written."""
+    from offcut.daemon.store import ZeusWrite
+
+    store = Store(tmp_path / "state.sqlite", durability="normal")
+    statements: list[str] = []
+    store.db.set_trace_callback(statements.append)
+    store.zeus_write([
+        ZeusWrite("bso", "a", 0, '{"n":1}', observations=[(0, 8, -1.0)]),
+        ZeusWrite("plo", "a", 8, {"n": 2}),
+        ZeusWrite("bso", "b", 0, '{"n":3}'),
+        ZeusWrite("bso", "a", 0, None, observations=[(1, 16, -2.0)]),  # (summary unchanged)
+        ZeusWrite("bso", "a", 0, '{"n":4}', observations=[(2, 8, -3.0)]),
+        ZeusWrite("plo", "a", 8, {"n": 5}),
+    ])
+    assert {(k, j, b): json.loads(s) for k, j, b, s in store.db.execute(
+        "SELECT kind, job_id, batch_size, state FROM zeus_state")} == {
+        ("bso", "a", 0): {"n": 4}, ("bso", "b", 0): {"n": 3}, ("plo", "a", 8): {"n": 5}}
+    assert sum("INTO zeus_state" in s for s in statements) == 3
+    assert store.db.execute("SELECT seq FROM zeus_observations WHERE job_id = 'a' "
+                            "ORDER BY seq").fetchall() == [(0,), (1,), (2,)]
+    store.close()
+
+
 def test_a_failed_commit_fails_the_writes_queued_behind_it_and_keeps_its_error(tmp_path):
     """A write queued behind a failed transaction was built on memory holding the failed
     changes: it fails too (it must never land without them), later writes are refused until

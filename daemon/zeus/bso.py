@@ -54,6 +54,7 @@ composes them behind one API and one persisted form.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -228,6 +229,7 @@ class BatchSizeJob:
         self.ledger = TrialLedger(spec)
         self.policy = BatchSizePolicy(spec)
         self._spec_dict: dict[str, Any] | None = None
+        self._spec_json: str | None = None
 
     # ------------------------------------------------------------------ state (read-only)
     trials = _part("ledger", "trials",
@@ -269,9 +271,20 @@ class BatchSizeJob:
         trials and observations as rows (:meth:`from_parts` is its inverse)."""
         if self._spec_dict is None:
             self._spec_dict = self.spec.to_dict()  # (the spec is frozen)
-        return {"spec": self._spec_dict, "rng": self.rng.bit_generator.state,
-                "trial_count": self.ledger.count, "predicted": sorted(self.ledger.predicted),
-                **self.policy.summary()}
+        return {"spec": self._spec_dict, **self._changing()}
+
+    def _changing(self) -> dict[str, Any]:
+        """:meth:`summary` without the spec (what a call can change)."""
+        return {"rng": self.rng.bit_generator.state, "trial_count": self.ledger.count,
+                "predicted": sorted(self.ledger.predicted), **self.policy.summary()}
+
+    def summary_json(self) -> str:
+        """:meth:`summary` as compact JSON text (the spec's text encoded once: the registry
+        writes this on every call, docs/architecture.md §6, "Zeus rows")."""
+        if self._spec_json is None:
+            self._spec_json = json.dumps(self.spec.to_dict(), separators=(",", ":"))
+        return ('{"spec":' + self._spec_json + ","
+                + json.dumps(self._changing(), separators=(",", ":"))[1:])
 
     @classmethod
     def from_parts(cls, summary: dict[str, Any], observations: list[tuple[int, float]],

@@ -94,6 +94,8 @@ class BatchSizePolicy:
     def observations_since(self, start: int) -> list[tuple[int, int, float]]:
         """``(seq, batch size, reward)`` of the runs observed from seq ``start`` on (what a
         call added; O(arms + those runs))."""
+        if start >= self._count:  # (nothing observed since: a Predict)
+            return []
         rows = []
         for arm, seqs in self._seqs.items():
             i = len(seqs)
@@ -254,20 +256,24 @@ class BatchSizePolicy:
 
     def _thompson_sample(self) -> int:
         """An arm under exploration (fewer than ``mab_num_explorations`` runs) in random
-        order, else the arm whose posterior sample is highest (Zeus's ``GaussianTS`` order)."""
-        runs = {arm: self.arm_runs(arm) for arm in self.arms}
+        order, else the arm whose posterior sample is highest (Zeus's ``GaussianTS`` order:
+        one shuffle of the arms, then one normal draw per arm in the arms' order, drawn here
+        as one block of standard normals scaled by each posterior, the same floats as a
+        ``normal(mean, sd)`` per arm)."""
+        arms, explorations = self.arms, self.spec.mab_num_explorations
         # Exploration counts every run of the arm, not only those in the window (Zeus counts
         # the window, so a window smaller than mab_num_explorations would explore forever).
-        for arm in self.rng.choice(np.asarray(self.arms), len(self.arms), replace=False):
-            if runs[int(arm)] < self.spec.mab_num_explorations:
-                return int(arm)
-        best, best_sample = self.arms[0], -math.inf
-        for arm in self.arms:
+        for arm in self.rng.choice(np.asarray(arms), len(arms), replace=False).tolist():
+            if self.arm_runs(arm) < explorations:
+                return arm
+        draws = self.rng.standard_normal(len(arms)).tolist()
+        best, best_sample = arms[0], -math.inf
+        for arm, draw in zip(arms, draws):
             posterior = self._posteriors.get(arm)
             if posterior is None:  # (an arm's posterior changes only when it is observed)
                 posterior = self._posteriors[arm] = self._posterior(self.arm_rewards(arm))
             mean, precision = posterior
-            sample = float(self.rng.normal(mean, math.sqrt(1.0 / precision)))
+            sample = mean + math.sqrt(1.0 / precision) * draw
             if sample > best_sample:
                 best, best_sample = arm, sample
         return best

@@ -174,6 +174,17 @@ class _Entry:
         return {"job": self.job.summary(), "power": power, "seed_given": self.seed_given,
                 "owner": self.owner}
 
+    def stored_json(self) -> str:
+        """:meth:`stored` as compact JSON text, the job's :meth:`BatchSizeJob.summary_json`
+        and the rest's text (encoded once per owner) joined."""
+        tail = self.__dict__.get("_tail_json")
+        if tail is None or tail[0] != self.owner:
+            rest = {"power": self.power.to_dict() if self.power is not None else None,
+                    "seed_given": self.seed_given, "owner": self.owner}
+            tail = self.__dict__["_tail_json"] = (
+                self.owner, "," + json.dumps(rest, separators=(",", ":"))[1:])
+        return '{"job":' + self.job.summary_json() + tail[1]
+
     def acted_on_by(self, who: Caller) -> bool:
         """Whether ``who`` may see and act on this job (admins: every job; users: their own)."""
         return who.is_admin or (bool(self.owner) and self.owner == who.user)
@@ -480,7 +491,7 @@ class ZeusRegistry:
                 ledger.held.pop(n, None)
                 self._row_ticket.pop((job_id, n), None)
         drop_observations = job.policy.take_dropped(DROP_BATCH)
-        state = json.dumps(entry.stored(), separators=(",", ":"))
+        state = entry.stored_json()
         unchanged = state == entry.__dict__.get("_queued_state")  # (e.g. a report mid-run)
         entry.__dict__["_queued_state"] = state
         write = ZeusWrite(_BSO, job_id, 0, None if unchanged else state,
@@ -504,9 +515,8 @@ class ZeusRegistry:
         has no owner (all jobs of that release have none); answers stored for another job are
         never returned. Call under the lock, after :meth:`_entry` allowed the caller on the
         job."""
-        stored = self.store.zeus_response(key, job_id)
-        if stored is None and legacy_key is not None and not self.jobs[job_id].owner:
-            stored = self.store.zeus_response(legacy_key, job_id)
+        keys = (key,) if legacy_key is None or self.jobs[job_id].owner else (key, legacy_key)
+        stored = self.store.zeus_first_response(keys, job_id)
         return None if stored is None else _stored_fields(stored)
 
     def predict(self, job_id: str, request_id: str, who: Caller, generation: int = 0
