@@ -39,15 +39,32 @@ hour, 3,000 trials          414 (4 thr) 9.41        8.69 / 10.22 (floor 772: 0.5
 2026-11-27 evening, a slow  364 (4 thr) 11.01       8.73 / 8.18 (floor 773: 0.47x)
 hour (7812362), 3,000       CPU per round trip: server 2.80 ms, client threads 0.90 ms;
 trials                      floor: server 1.35 ms, client threads 0.65 ms
+2026-11-27 night (a350a53)  274 (1 thr) 3.51        3.92 / 3.37 (floor 490: 0.56x)
+3,000 trials                441 (4 thr) 8.86        8.98 / 8.44 (floor 837: 0.53x);
+                            server CPU 2.35 ms per round trip (floor 1.22)
+16 cores (the GPU          582-717     5.2-6.5     4 runs of 3,000-4,000 trials
+machine's Xeon), a350a53   (4 thr),    (p50)       (floor 1,177-1,502: 0.44-0.53x);
+                           mean 651                server CPU 1.8-2.2 ms/rt
+656cd24 interleaved there  628-659     5.6-6.3     3 runs (floor 1,329-1,502:
+                           (4 thr)                 0.43-0.50x)
 =========================  ==========  ==========  ==============================
 
-Where the 700 goal stands: the server's CPU per round trip is about twice the floor's (2.0-2.8
-against 1.1-1.35 ms) and the client threads' about 1.4x (0.90 against 0.65 ms), on the same two
-cores; 700 round trips/s needs the two together under 2.86 ms, i.e. within about 0.7 ms of
-the floor's total. In the server, py-spy (``--gil``, 2026-11-27 evening) puts the event
-loop's own gRPC/asyncio work at about a quarter of the daemon's GIL time and our handlers at a
-third, of which the batch-size policy (Thompson sampling) about 5 % and the JSON of the job's
-summary row written per call about 6 %: no single part whose removal reaches the goal.
+Where the 700 goal stands: not met, on 2 cores nor on 16. On the 16-core machine the client
+threads have cores of their own, yet offcutd stays at 0.44-0.53x the floor (582-717 rt/s, one
+of four runs above 700): the bound is the daemon's event-loop thread, one GIL, which runs the
+gRPC plumbing of every call (about the floor's work) and the Zeus registry's Python (the
+round trip's changes, its rows' JSON, Thompson sampling). The registry alone costs 0.75-0.9
+ms of CPU per round trip measured in-process (predict + report, durability ``normal``); in
+there the batch-size policy's two numpy calls (the seeded shuffle, ``np.var`` of the refitted
+arm) take about 0.12 ms, four to five times what they take in a tight loop. Durability is not
+the bound (4 threads: 390 rt/s with ``normal``, 403 with ``full``, one hour). The night's
+changes (a350a53: normals drawn as one block, the summary's spec encoded once, one query per
+request key, one summary row per object per group commit, metric children looked up once)
+gave 1.05x and 1.06x round trips/s against 656cd24 here in two A/B runs (two daemons fed
+alternate bursts of 500 round trips from 4 threads; server CPU 0.97x and 0.94x), within the 16-core runs' spread there. What would reach the goal is to take the
+registry's Python off the loop's GIL: serve the Zeus registry from a process of its own, the
+gRPC handlers forwarding each call over a pipe (the loop keeps the floor's work and the
+forwarding), with the storage-error, health, shutdown and restart paths that process needs.
 
 The round trip on the event loop (architecture §1, "Threads": ``Predict``/``ReportEpoch`` as
 coroutines, commits awaited on the committer thread) cut the server's CPU per round trip from
