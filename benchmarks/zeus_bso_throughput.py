@@ -56,15 +56,21 @@ gRPC plumbing of every call (about the floor's work) and the Zeus registry's Pyt
 round trip's changes, its rows' JSON, Thompson sampling). The registry alone costs 0.75-0.9
 ms of CPU per round trip measured in-process (predict + report, durability ``normal``); in
 there the batch-size policy's two numpy calls (the seeded shuffle, ``np.var`` of the refitted
-arm) take about 0.12 ms, four to five times what they take in a tight loop. Durability is not
-the bound (4 threads: 390 rt/s with ``normal``, 403 with ``full``, one hour). The night's
+arm) take about 0.12 ms, four to five times what they take in a tight loop. On 2 cores
+durability is not the bound (4 threads: 390 rt/s with ``normal``, 403 with ``full``, one hour). The night's
 changes (a350a53: normals drawn as one block, the summary's spec encoded once, one query per
 request key, one summary row per object per group commit, metric children looked up once)
 gave 1.05x and 1.06x round trips/s against 656cd24 here in two A/B runs (two daemons fed
-alternate bursts of 500 round trips from 4 threads; server CPU 0.97x and 0.94x), within the 16-core runs' spread there. What would reach the goal is to take the
-registry's Python off the loop's GIL: serve the Zeus registry from a process of its own, the
-gRPC handlers forwarding each call over a pipe (the loop keeps the floor's work and the
-forwarding), with the storage-error, health, shutdown and restart paths that process needs.
+alternate bursts of 500 round trips from 4 threads; server CPU 0.97x and 0.94x), within the
+16-core runs' spread there. Taking the registry's Python off the loop's GIL is not enough on
+its own: a prototype (not kept) that served the Zeus registry from a process of its own, the
+handlers forwarding each call over a pipe, cut the gRPC process's CPU per round trip on 16
+cores to the floor's (1.96 -> 1.17 ms) but raised round trips/s only from 652 to 702 (two
+runs each, interleaved), and lowered them on 2 cores (0.86x: the pickling and the second
+process's threads cost more CPU than they freed). With 4 clients the rate is 4 / the round
+trip's latency, and each round trip waits for two durable commits in turn: 700 needs a round
+trip under 5.7 ms (p50 5.3-6.0 ms on 16 cores; how much of it the fsyncs take there was not
+measured).
 
 The round trip on the event loop (architecture §1, "Threads": ``Predict``/``ReportEpoch`` as
 coroutines, commits awaited on the committer thread) cut the server's CPU per round trip from
