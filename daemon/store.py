@@ -18,6 +18,7 @@ import logging
 import os
 import sqlite3
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from contextlib import contextmanager
@@ -652,9 +653,7 @@ class Store:
         rows = self.db.execute("SELECT task_id, state FROM task_archive WHERE finish_time < ? "
                                "ORDER BY finish_time LIMIT ?",
                                (float(finished_before), int(limit))).fetchall()
-        gone: dict[str, int] = {}
-        for _, state in rows:
-            gone[state] = gone.get(state, 0) + 1
+        gone = dict(Counter(state for _, state in rows))
         if rows:
             self.db.executemany("DELETE FROM task_archive WHERE task_id = ?",
                                 [(task_id,) for task_id, _ in rows])
@@ -807,21 +806,10 @@ class Store:
                                "trial_number = ?", (job_id, int(trial_number)))
         return json.loads(rows[0][0]) if rows else None
 
-    def zeus_response(self, request_id: str, job_id: str | None = None) -> bytes | None:
-        """The stored reply to the Zeus call with ``request_id`` (a key of
-        :mod:`offcut.daemon.zeus.registry`), or None; with ``job_id``, only a reply about
-        that job."""
-        sql, args = "SELECT response FROM zeus_requests WHERE request_id = ?", (request_id,)
-        if job_id is not None:
-            sql, args = sql + " AND job_id = ?", args + (job_id,)
-        rows = self._read(sql, args)
-        return rows[0][0] if rows else None
-
-    def zeus_first_response(self, request_ids: tuple[str, ...], job_id: str) -> bytes | None:
-        """The stored reply about ``job_id`` under the first of ``request_ids`` that has one
-        (one query for a key and its earlier release's spelling), or None."""
-        if len(request_ids) == 1:
-            return self.zeus_response(request_ids[0], job_id)
+    def zeus_response(self, request_ids: tuple[str, ...], job_id: str) -> bytes | None:
+        """The stored reply about ``job_id`` (a Zeus call's answer to a request id) under the
+        first of ``request_ids`` (keys of :mod:`offcut.daemon.zeus.registry`: a key and, for
+        answers of an earlier release, its spelling then) that has one, or None; one query."""
         rows = dict(self._read(
             f"SELECT request_id, response FROM zeus_requests WHERE request_id IN "
             f"({', '.join('?' * len(request_ids))}) AND job_id = ?", (*request_ids, job_id)))

@@ -698,7 +698,8 @@ def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, s
     [nodes] (:func:`_forward`); ``work``: float64 scratch of shape
     (>= 2 J + 4, N + 1), overwritten but for the rows kept; ``prev``: the previous solve on
     ``work`` that left rows there: (its tab, tab_off as above, its N, its K, LO, H1 and its
-    five option arrays as returned), with empty arrays when none (:func:`_common_prefix`). Same ``brute_width`` and ``slack`` on one ``work``.
+    five option arrays as returned), with empty arrays when none (:func:`_common_prefix`).
+    Same ``brute_width`` and ``slack`` on one ``work``.
 
     Before the DP, :func:`_capacity_price` fixes the counts that no optimal vector uses
     (reduced-cost fixing with the Lagrangian bound), which narrows the rows to the columns
@@ -725,9 +726,10 @@ def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, s
         o_kind, o_lo, o_hi, o_s, opt_off, maxcount, mincount, cur_kept = _useful_options(
             tab, tab_off, bp_all, bp_off, jmin, cur, lam, thr)
         emptied = mincount.min() < 0  # rounding dropped a task's every count
-        floor = 0
+        floor = n_idle  # (emptied: the pass below is discarded, so one column of rows)
         shared = 0
         if not emptied:
+            floor = 0
             for j in range(J):
                 floor += mincount[j]
             if attempt == 0:

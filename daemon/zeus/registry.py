@@ -43,6 +43,7 @@ user's job) belongs to ``SubmitTask`` (offcut.daemon.service), which has no regi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import secrets
@@ -165,18 +166,11 @@ class _Entry:
                    PowerLimitSpec.from_dict(d["power"]) if d["power"] else None,
                    bool(d["seed_given"]), str(d.get("owner", "")))
 
-    def stored(self) -> dict:
-        """The stored summary (``zeus_state.state`` of kind ``bso``): :meth:`to_dict` with the
-        job's :meth:`BatchSizeJob.summary` (no trials, no observed runs)."""
-        power = self.__dict__.get("_power_dict")
-        if power is None and self.power is not None:
-            power = self.__dict__["_power_dict"] = self.power.to_dict()  # (frozen spec)
-        return {"job": self.job.summary(), "power": power, "seed_given": self.seed_given,
-                "owner": self.owner}
-
     def stored_json(self) -> str:
-        """:meth:`stored` as compact JSON text, the job's :meth:`BatchSizeJob.summary_json`
-        and the rest's text (encoded once per owner) joined."""
+        """The stored summary (``zeus_state.state`` of kind ``bso``) as compact JSON text:
+        :meth:`to_dict` with the job's :meth:`BatchSizeJob.summary` (no trials, no observed
+        runs), written per call: the job's :meth:`BatchSizeJob.summary_json` joined with the
+        text of the other fields (encoded once per owner)."""
         tail = self.__dict__.get("_tail_json")
         if tail is None or tail[0] != self.owner:
             rest = {"power": self.power.to_dict() if self.power is not None else None,
@@ -377,8 +371,8 @@ class ZeusRegistry:
                 if existing.owner:
                     raise AlreadyExists(f"job {spec.job_id!r} is registered for "
                                         f"{existing.owner!r}, not {owner!r}", "owner")
-                stored = {**existing.stored(), "owner": owner}
-                self._commit_now(ZeusWrite(_BSO, spec.job_id, 0, stored))
+                given = dataclasses.replace(existing, owner=owner)  # (stored, then kept)
+                self._commit_now(ZeusWrite(_BSO, spec.job_id, 0, given.stored_json()))
                 existing.owner = owner  # an admin hands a job without an owner to its user
                 return existing.job, existing.power, existing.owner
             cap = self.max_jobs_per_owner
@@ -392,7 +386,7 @@ class ZeusRegistry:
             entry.job.policy.retention = self.observation_retention
             entry.job.ledger.loader = functools.partial(self.store.zeus_trial_record,
                                                         spec.job_id)
-            self._commit_now(ZeusWrite(_BSO, spec.job_id, 0, entry.stored()))
+            self._commit_now(ZeusWrite(_BSO, spec.job_id, 0, entry.stored_json()))
             self.jobs[spec.job_id] = entry
             return entry.job, entry.power, entry.owner
 
@@ -516,7 +510,7 @@ class ZeusRegistry:
         never returned. Call under the lock, after :meth:`_entry` allowed the caller on the
         job."""
         keys = (key,) if legacy_key is None or self.jobs[job_id].owner else (key, legacy_key)
-        stored = self.store.zeus_first_response(keys, job_id)
+        stored = self.store.zeus_response(keys, job_id)
         return None if stored is None else _stored_fields(stored)
 
     def predict(self, job_id: str, request_id: str, who: Caller, generation: int = 0
@@ -624,7 +618,7 @@ class ZeusRegistry:
         instead of NOT_FOUND."""
         with self.lock:
             key = request_key("DeleteJob", who, job_id, request_id) if request_id else ""
-            if key and self.store.zeus_response(key, job_id) is not None:
+            if key and self.store.zeus_response((key,), job_id) is not None:
                 return  # (a retry: the job, if registered again since, is another one)
             self._entry(job_id, who)
             self.commits.flush()
