@@ -47,60 +47,68 @@ machine's Xeon), a350a53   (4 thr),    (p50)       (floor 1,177-1,502: 0.44-0.53
                            mean 651                server CPU 1.8-2.2 ms/rt
 656cd24 interleaved there  628-659     5.6-6.3     3 runs (floor 1,329-1,502:
                            (4 thr)                 0.43-0.50x)
+2026-11-27, later (5cc0073) 217-231     4.10-4.25   3 runs of 3,000 trials; the floor
+2 cores, the coroutine     (1 thr)                 as now (below): 538-556 (1 thr),
+floor                      380-450     8.70-10.26  929-1,044 (4 thr): 0.40-0.44x;
+                           (4 thr)                 server CPU 2.31-2.70 ms/rt
 =========================  ==========  ==========  ==============================
 
-Where the 700 goal stands: not met, on 2 cores nor on 16. On the 16-core machine the client
-threads have cores of their own, yet offcutd stays at 0.44-0.53x the floor (582-717 rt/s, one
-of four runs above 700): the bound is the daemon's event-loop thread, one GIL, which runs the
-gRPC plumbing of every call (about the floor's work) and the Zeus registry's Python (the
-round trip's changes, its rows' JSON, Thompson sampling). The registry alone costs 0.75-0.9
-ms of CPU per round trip measured in-process (predict + report, durability ``normal``); in
-there the batch-size policy's two numpy calls (the seeded shuffle, ``np.var`` of the refitted
-arm) take about 0.12 ms, four to five times what they take in a tight loop. On 2 cores
-durability is not the bound (4 threads: 390 rt/s with ``normal``, 403 with ``full``, one hour). The night's
-changes (a350a53: normals drawn as one block, the summary's spec encoded once, one query per
+The ``gRPC floor`` (``--floor``, on by default): two EMPTY unary calls per round trip, from the
+same client threads, to an empty ``grpc.aio`` server that serves them as offcutd serves
+``Predict`` and ``ReportEpoch``: a coroutine on offcutd's kind of loop (uvloop). Until
+2026-11-27 (night) the floor's handler was a plain function on a migration thread pool, which
+reaches 0.6-0.8x this one's rate (683-762 against 965-1,138 rt/s from 4 threads, one hour):
+the floors and ratios in the rows above are against that former floor.
+
+Where the 700 goal stands: not met, and not reachable on 2 cores by this design (a gRPC call
+per predict and per report, each answered after its durable commit). At 700 round trips/s a
+round trip may cost ``cores / 700`` of CPU with every core busy, servers and clients
+together: 2.86 ms on 2 cores. ``--budget`` (on by default) prints that beside the parts
+measured in the same run: the floor's server and client threads, and the Zeus registry alone
+(in-process, no gRPC, its two durable commits; :func:`registry_cpu_ms`). On 2 cores
+(2026-11-27, later, 5cc0073; ``--no-zeus --no-tcp --trials 3000``, 3 runs) the parts alone took
+2.49-2.74 ms, 0.87-0.96x the budget (floor server 0.86-0.96 + its clients 0.63-0.72 + registry
+0.91-1.06), before offcutd joins them (in the first run its server 2.70 + its clients 0.89 =
+3.59 ms, 1.26x: 380 rt/s, 0.40x the floor's 960). With the client threads on cores of their
+own (16 cores, a350a53) it reached 582-717.
+
+Where the round trip goes on 2 cores (4 threads, 370-400 rt/s; per-thread CPU from /proc and
+timers patched into a daemon, scratch, not kept): the event-loop thread is 60 % busy, the
+committer 25 %, the machine 27 % idle. With 4 clients the rate is 4 / the round trip's
+latency, and of a call's ~5 ms about 2.5-3 ms is the wait for its commit: a group commit (1.45
+writes on average) takes 1.34 ms of wall time for 0.45 ms of CPU (its statements and the
+commit wait for the GIL the loop holds, and for the fsync). The durable writes of a round trip
+alone, in one thread: 0.57 ms CPU, 0.88 ms wall (``normal``: 0.34 / 0.41). A/B against the
+same tree with one change patched in (two daemons fed alternate bursts of 500 round trips from
+4 threads, 8-16 bursts each): no SQLite write at all 1.41x round trips/s (not durable: the
+ceiling of any work on the write path); durability ``normal`` 1.11x; no stored-answer lookup
+before a Predict (not retry-safe) 1.035x; the Zeus tables ``WITHOUT ROWID`` (one B-tree each,
+not a table and its key index) 1.01x and 1.00x over 16 bursts each (a first short run's 1.07x
+was noise; dropped); ``sys.setswitchinterval(0.0005)`` 0.98x; the committer woken at the end
+of the loop's iteration rather than at once (larger batches) 1.00x. Earlier: the night's
+changes of a350a53 (normals drawn as one block, the summary's spec encoded once, one query per
 request key, one summary row per object per group commit, metric children looked up once)
-gave 1.05x and 1.06x round trips/s against 656cd24 here in two A/B runs (two daemons fed
-alternate bursts of 500 round trips from 4 threads; server CPU 0.97x and 0.94x), within the
-16-core runs' spread there. Taking the registry's Python off the loop's GIL is not enough on
-its own: a prototype (not kept) that served the Zeus registry from a process of its own, the
-handlers forwarding each call over a pipe, cut the gRPC process's CPU per round trip on 16
-cores to the floor's (1.96 -> 1.17 ms) but raised round trips/s only from 652 to 702 (two
-runs each, interleaved), and lowered them on 2 cores (0.86x: the pickling and the second
-process's threads cost more CPU than they freed). With 4 clients the rate is 4 / the round
-trip's latency, and each round trip waits for two durable commits in turn: 700 needs a round
-trip under 5.7 ms (p50 5.3-6.0 ms on 16 cores; how much of it the fsyncs take there was not
-measured).
+1.05x and 1.06x against 656cd24; the registry served from a process of its own (a prototype,
+not kept) 652 -> 702 rt/s on 16 cores and 0.86x on 2 (the pickling and the second process's
+threads cost more CPU than they freed).
 
 The round trip on the event loop (architecture §1, "Threads": ``Predict``/``ReportEpoch`` as
 coroutines, commits awaited on the committer thread) cut the server's CPU per round trip from
-3.03 to 1.81 ms and moved offcutd from 0.28x to 0.49x the floor in that hour.
-
-The machine's speed varies by up to 2x over an hour (the same daemon measured 298 and 458
-rt/s from 4 threads); compare rows taken in one run, and offcutd's ratio to the floor (0.37x
-from 1 thread, 0.40x from 4 in the run above: server CPU 2.28 ms per round trip against the
-floor's 0.91, of which the Zeus registry with its SQLite commits about 1.0 ms, measured
-in-process).
-
-The flat-cost goal passes; 700 rt/s from 4 threads does not on this machine: the run is CPU
-bound (server 3.35 ms CPU per round trip, of which the Zeus registry incl. SQLite ~1.4 ms and
-the gRPC/asyncio plumbing, interceptors and metrics the rest, plus the 4 client threads on the
-same 2 cores), not fsync bound (group commit shares fsyncs between the callers). The ``gRPC
-floor`` rows (``--floor``, on by default) measure the ceiling the same way: two EMPTY unary
-calls per round trip to an empty ``grpc.aio`` server built as offcutd's (handler on a
-migration thread pool), from the same client threads; offcutd's row over the floor's is
-printed. Where the server's time went in the 2026-11-27 afternoon run (py-spy ``--gil`` over
-the 4-thread run, the daemon's steady state): the gRPC/asyncio plumbing most of it; in our
-code the batch-size policy's Thompson sampling about 9 % (the seeded draws Zeus's order
-prescribes: a shuffled exploration order and one normal draw per arm each ``Predict``), the
-JSON of the rows written about 7 %, the RPC metrics about 4 %.
+3.03 to 1.81 ms and moved offcutd from 0.28x to 0.49x the former floor in that hour. The
+machine's speed varies by up to 2x over an hour (the same daemon measured 298 and 458 rt/s
+from 4 threads); compare rows taken in one run, and offcutd's ratio to the floor. Where the
+server's time went in the 2026-11-27 afternoon run (py-spy ``--gil`` over the 4-thread run):
+the gRPC/asyncio plumbing most of it; in our code the batch-size policy's Thompson sampling
+about 9 % (the seeded draws Zeus's order prescribes), the JSON of the rows written about 7 %,
+the RPC metrics about 4 %.
 
 - offcutd: a real daemon subprocess on a unix socket in a temporary folder with durability
   ``--durability`` (default ``full``: SQLite WAL, fsync on every commit before answering), and
   with ``--tcp`` (default on) a second one on TCP loopback. Client: ``offcut.client.Client``,
   one per thread; predictions carry a request id (retry-safe, as a real client sends).
-- gRPC floor: a subprocess serving only gRPC health ``Check`` (no interceptors, no state, no
-  fsync), driven by the same :func:`drive` over plain ``grpc`` channels.
+- gRPC floor: a subprocess serving only gRPC health ``Check`` (:data:`FLOOR_SERVER`: no
+  interceptors, no state, no fsync), driven by the same :func:`drive` over plain ``grpc``
+  channels.
 - Zeus: ``zeus.optimizer.batch_size.server.router:app`` (FastAPI) under uvicorn on 127.0.0.1,
   one worker, SQLite through aiosqlite (``ZEUS_BSO_DATABASE_URL=sqlite+aiosqlite:///...``,
   SQLite's default rollback journal with synchronous=FULL, i.e. also durable), tables created
@@ -337,27 +345,30 @@ def offcut_scenario(daemon: Offcutd, transport: str, threads: int, args) -> Resu
 
 
 # ---------------------------------------------------------------------- the gRPC floor
-#: an empty gRPC server as offcutd's is built: grpc.aio on its loop, the plain (unary) handler
-#: on a migration thread pool of offcutd's size; it answers gRPC health ``Check`` and does
-#: nothing else (no interceptors, no state, no fsync)
+#: an empty gRPC server as offcutd serves the Zeus round trip: grpc.aio on offcutd's kind of
+#: event loop (``offcut.daemon.event_loop.new_loop``: uvloop where importable), the unary
+#: handler a coroutine on that loop (as ``Predict`` and ``ReportEpoch``, docs/architecture.md
+#: §1, "Threads"); it answers gRPC health ``Check`` and does nothing else (no interceptors, no
+#: state, no fsync)
 FLOOR_SERVER = r"""
-import asyncio, sys
-from concurrent.futures import ThreadPoolExecutor
+import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from offcut.daemon.event_loop import new_loop
 
 class Empty(health_pb2_grpc.HealthServicer):
-    def Check(self, request, context):
+    async def Check(self, request, context):
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
 
 async def serve():
-    server = grpc.aio.server(migration_thread_pool=ThreadPoolExecutor(int(sys.argv[2])))
+    server = grpc.aio.server()
     health_pb2_grpc.add_HealthServicer_to_server(Empty(), server)
     server.add_insecure_port(sys.argv[1])
     await server.start()
     await server.wait_for_termination()
 
-asyncio.run(serve())
+loop, _ = new_loop()
+loop.run_until_complete(serve())
 """
 
 
@@ -368,10 +379,8 @@ def floor_scenario(folder: Path, threads: int, args) -> Result:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from offcut.daemon.config import RPC_WORKERS
-
     address = f"unix://{folder / 'floor.sock'}"
-    proc = subprocess.Popen([sys.executable, "-c", FLOOR_SERVER, address, str(RPC_WORKERS)])
+    proc = subprocess.Popen([sys.executable, "-c", FLOOR_SERVER, address])
     try:
         with grpc.insecure_channel(address) as ch:
             grpc.channel_ready_future(ch).result(timeout=30)
@@ -397,6 +406,63 @@ def floor_scenario(folder: Path, threads: int, args) -> Result:
     finally:
         proc.kill()
         proc.wait()
+
+
+# ---------------------------------------------------------------------- the CPU budget
+def registry_cpu_ms(folder: Path, round_trips: int, durability: str) -> float:
+    """CPU [ms] per round trip of the Zeus registry alone, in this process: the same job and
+    calls as :func:`offcut_scenario` on a ``ZeusRegistry`` over its own state file with
+    ``durability``, one caller, no gRPC (each call leads its own commit: two durable commits
+    per round trip, where concurrent callers share some)."""
+    from offcut.daemon.auth import LOCAL_ADMIN
+    from offcut.daemon.store import Store
+    from offcut.daemon.zeus.bso import BatchSizeJobSpec
+    from offcut.daemon.zeus.registry import ZeusRegistry
+
+    registry = ZeusRegistry(Store(folder / "registry.sqlite", durability=durability))
+    job_id, rng = "bench-in-process", np.random.default_rng(0)
+    registry.register(BatchSizeJobSpec.create(
+        job_id=job_id, batch_sizes=BATCH_SIZES, default_batch_size=DEFAULT_BS, eta_knob=0.5,
+        beta_knob=2.0, max_epochs=100, target_metric=TARGET, higher_is_better=True,
+        max_power_w=MAX_POWER_W, seed=1), None, LOCAL_ADMIN, "")
+
+    def round_trip() -> None:
+        pred = registry.predict(job_id, uuid.uuid4().hex, LOCAL_ADMIN)
+        v = registry.report(job_id, pred.trial_number, 1, 10.0,
+                            1000.0 * (1.0 + 0.1 * rng.random()), TARGET, LOCAL_ADMIN,
+                            pred.batch_size)
+        if not v.stop:
+            registry.end_trial(job_id, pred.trial_number, LOCAL_ADMIN)
+
+    try:
+        for _ in range(min(200, round_trips)):  # (pruning's first trials)
+            round_trip()
+        cpu0 = time.process_time()
+        for _ in range(round_trips):
+            round_trip()
+        return 1e3 * (time.process_time() - cpu0) / round_trips
+    finally:
+        registry.store.close()
+
+
+def print_budget(rows: list[dict], registry_ms: float, args) -> None:
+    """What this machine's cores allow per round trip at :data:`GOAL_RT_PER_S`, against the
+    parts of a round trip measured here: the gRPC floor's server and client threads (the
+    ``--threads`` run) and the registry alone (:func:`registry_cpu_ms`)."""
+    floor = next((r for r in rows if r["server"] == "grpc floor"
+                  and r["threads"] == args.threads), None)
+    cores = os.cpu_count() or 1
+    allowed = 1e3 * cores / GOAL_RT_PER_S
+    print(f"CPU per round trip: {GOAL_RT_PER_S:g} rt/s on {cores} cores allows {allowed:.2f} ms "
+          "(every core busy, servers and clients together)")
+    if floor is None or floor["server_cpu_ms_per_rt"] is None:
+        print(f"  the Zeus registry alone (in-process, no gRPC): {registry_ms:.2f} ms")
+        return
+    parts = floor["server_cpu_ms_per_rt"] + floor["client_cpu_ms_per_rt"] + registry_ms
+    print(f"  parts measured here: gRPC floor server {floor['server_cpu_ms_per_rt']:.2f} + its "
+          f"client threads {floor['client_cpu_ms_per_rt']:.2f} + the Zeus registry alone "
+          f"(in-process, durability {args.durability}, one caller) {registry_ms:.2f} = "
+          f"{parts:.2f} ms, {parts / allowed:.2f}x what the goal allows")
 
 
 # ---------------------------------------------------------------------- Zeus's BSO server
@@ -599,6 +665,10 @@ def main() -> None:
     ap.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
                     help="also measure the gRPC floor: two empty calls per round trip to an "
                          "empty grpc.aio server built as offcutd's (default on)")
+    ap.add_argument("--budget", action=argparse.BooleanOptionalAction, default=True,
+                    help="also measure the Zeus registry alone (in-process, no gRPC) and print "
+                         "the CPU per round trip this machine's cores allow at the goal against "
+                         "the parts measured (default on; needs --floor for the parts)")
     ap.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
@@ -628,6 +698,11 @@ def main() -> None:
         for k in thread_counts:
             rows.append(floor_scenario(folder, k, args).row())
             print(f"  gRPC floor x{k}: {rows[-1]['rt_per_s']:.1f} rt/s", flush=True)
+
+    registry_ms = None
+    if args.budget:
+        registry_ms = registry_cpu_ms(folder, min(args.trials or 1000, 2000), args.durability)
+        print(f"  Zeus registry alone: {registry_ms:.2f} ms CPU per round trip", flush=True)
 
     zeus_note = None
     if not args.no_zeus:
@@ -660,9 +735,13 @@ def main() -> None:
         f"floor {o['rt_per_s']:.0f} rt/s, {fmt(o['server_cpu_ms_per_rt'], '.2f', 0)} ms server "
         "CPU per round trip"))
     goals(rows, args)
+    if registry_ms is not None:
+        print_budget(rows, registry_ms, args)
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                         "zeus": zeus_note, "rows": rows}, indent=2) + "\n")
+                                         "zeus": zeus_note, "rows": rows,
+                                         "registry_cpu_ms_per_rt": registry_ms},
+                                        indent=2) + "\n")
         print(f"JSON: {args.json}")
 
 
