@@ -159,6 +159,10 @@ BATCH_SIZES = [8, 16, 32, 64, 128, 256]
 DEFAULT_BS = 32
 TARGET = 0.5
 MAX_POWER_W = 300.0
+#: offcutd's job (its ``BatchSizeJobSpec`` fields but ``job_id``): over gRPC and in-process
+JOB_SPEC = dict(batch_sizes=BATCH_SIZES, default_batch_size=DEFAULT_BS, eta_knob=0.5,
+                beta_knob=2.0, max_epochs=100, target_metric=TARGET, higher_is_better=True,
+                max_power_w=MAX_POWER_W, seed=1)
 ZEUS_VENV_HINT = ("python -m venv {venv} && {venv}/bin/pip install 'zeus[bso-server]' "
                   "aiosqlite greenlet")
 
@@ -218,6 +222,12 @@ class Result:
                 "not_converged": self.not_converged, "errors": len(self.errors),
                 "cut_by_time": bool(self.trials_goal and self.round_trips < self.trials_goal),
                 "first_error": self.errors[0] if self.errors else None}
+
+
+def epoch_energy(rng: np.random.Generator) -> float:
+    """The energy [J] reported for a round trip's one epoch: 1,000-1,100 J, within beta_knob
+    (2) x the cheapest run, so every trial converges."""
+    return 1000.0 * (1.0 + 0.1 * rng.random())
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -316,10 +326,7 @@ class Offcutd:
 def offcut_scenario(daemon: Offcutd, transport: str, threads: int, args) -> Result:
     job_id = f"bench-{transport}-{threads}-{uuid.uuid4().hex[:8]}"
     with Client(daemon.address) as c:
-        c.register_zeus_job(zeus_pb2.BatchSizeJobSpec(
-            job_id=job_id, batch_sizes=BATCH_SIZES, default_batch_size=DEFAULT_BS,
-            eta_knob=0.5, beta_knob=2.0, max_epochs=100, target_metric=TARGET,
-            higher_is_better=True, max_power_w=MAX_POWER_W, seed=1))
+        c.register_zeus_job(zeus_pb2.BatchSizeJobSpec(job_id=job_id, **JOB_SPEC))
 
     def make_worker(i: int):
         client = Client(daemon.address)
@@ -327,8 +334,7 @@ def offcut_scenario(daemon: Offcutd, transport: str, threads: int, args) -> Resu
 
         def round_trip() -> bool:
             pred = client.predict_batch_size(job_id, request_id=uuid.uuid4().hex)
-            energy = 1000.0 * (1.0 + 0.1 * rng.random())  # costs within beta x min: converges
-            v = client.report_epoch(job_id, pred.trial_number, 1, 10.0, energy, TARGET,
+            v = client.report_epoch(job_id, pred.trial_number, 1, 10.0, epoch_energy(rng), TARGET,
                                     batch_size=pred.batch_size)
             if args.end_trial or not v.finished:
                 client.end_trial(job_id, pred.trial_number)
@@ -421,16 +427,13 @@ def registry_cpu_ms(folder: Path, round_trips: int, durability: str) -> float:
 
     registry = ZeusRegistry(Store(folder / "registry.sqlite", durability=durability))
     job_id, rng = "bench-in-process", np.random.default_rng(0)
-    registry.register(BatchSizeJobSpec.create(
-        job_id=job_id, batch_sizes=BATCH_SIZES, default_batch_size=DEFAULT_BS, eta_knob=0.5,
-        beta_knob=2.0, max_epochs=100, target_metric=TARGET, higher_is_better=True,
-        max_power_w=MAX_POWER_W, seed=1), None, LOCAL_ADMIN, "")
+    registry.register(BatchSizeJobSpec.create(job_id=job_id, **JOB_SPEC), None, LOCAL_ADMIN,
+                      "")
 
     def round_trip() -> None:
         pred = registry.predict(job_id, uuid.uuid4().hex, LOCAL_ADMIN)
-        v = registry.report(job_id, pred.trial_number, 1, 10.0,
-                            1000.0 * (1.0 + 0.1 * rng.random()), TARGET, LOCAL_ADMIN,
-                            pred.batch_size)
+        v = registry.report(job_id, pred.trial_number, 1, 10.0, epoch_energy(rng), TARGET,
+                            LOCAL_ADMIN, pred.batch_size)
         if not v.stop:
             registry.end_trial(job_id, pred.trial_number, LOCAL_ADMIN)
 
@@ -560,7 +563,7 @@ def zeus_scenario(server: ZeusServer, threads: int, args) -> Result:
 
         def round_trip() -> bool:
             trial = client.call("GET", f"/jobs/batch_size?job_id={job_id}")
-            energy = 1000.0 * (1.0 + 0.1 * rng.random())
+            energy = epoch_energy(rng)
             v = client.call("POST", "/report", {
                 "job_id": job_id, "batch_size": trial["batch_size"],
                 "trial_number": trial["trial_number"], "time": 10.0, "energy": energy,

@@ -54,6 +54,7 @@ composes them behind one API and one persisted form.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -228,8 +229,6 @@ class BatchSizeJob:
         self.spec = spec
         self.ledger = TrialLedger(spec)
         self.policy = BatchSizePolicy(spec)
-        self._spec_dict: dict[str, Any] | None = None
-        self._spec_json: str | None = None
 
     # ------------------------------------------------------------------ state (read-only)
     trials = _part("ledger", "trials",
@@ -269,9 +268,17 @@ class BatchSizeJob:
         sizes) whatever the job's history (spec, RNG, min cost, best batch size, phase, arms,
         pruning; ``trial_count`` = trials ever opened). The registry stores it in place and the
         trials and observations as rows (:meth:`from_parts` is its inverse)."""
-        if self._spec_dict is None:
-            self._spec_dict = self.spec.to_dict()  # (the spec is frozen)
-        return {"spec": self._spec_dict, **self._changing()}
+        return {"spec": self._spec_fields, **self._changing()}
+
+    @functools.cached_property
+    def _spec_fields(self) -> dict[str, Any]:
+        """``spec.to_dict()``, made once (the spec is frozen)."""
+        return self.spec.to_dict()
+
+    @functools.cached_property
+    def _spec_text(self) -> str:
+        """:attr:`_spec_fields` as compact JSON text, encoded once."""
+        return json.dumps(self._spec_fields, separators=(",", ":"))
 
     def _changing(self) -> dict[str, Any]:
         """:meth:`summary` without the spec (what a call can change)."""
@@ -281,9 +288,7 @@ class BatchSizeJob:
     def summary_json(self) -> str:
         """:meth:`summary` as compact JSON text (the spec's text encoded once: the registry
         writes this on every call, docs/architecture.md §6, "Zeus rows")."""
-        if self._spec_json is None:
-            self._spec_json = json.dumps(self.spec.to_dict(), separators=(",", ":"))
-        return ('{"spec":' + self._spec_json + ","
+        return ('{"spec":' + self._spec_text + ","
                 + json.dumps(self._changing(), separators=(",", ":"))[1:])
 
     @classmethod

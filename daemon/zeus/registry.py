@@ -49,7 +49,7 @@ import json
 import secrets
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, TypeVar
 
 from offcut.daemon.model import Limits
@@ -155,6 +155,11 @@ class _Entry:
     #: finished trials numbered up to this have no row any more (retention; memory only,
     #: rebuilt from the file at load)
     pruned_through: int = 0
+    #: (owner, text) of :meth:`stored_json` after the job's summary, for that owner
+    _tail_json: tuple[str, str] | None = field(default=None, init=False, repr=False,
+                                               compare=False)
+    #: the summary text last queued for writing (a call that leaves it as it was writes none)
+    _queued_state: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         return {"job": self.job.to_dict(), "power": self.power.to_dict() if self.power else None,
@@ -171,13 +176,11 @@ class _Entry:
         :meth:`to_dict` with the job's :meth:`BatchSizeJob.summary` (no trials, no observed
         runs), written per call: the job's :meth:`BatchSizeJob.summary_json` joined with the
         text of the other fields (encoded once per owner)."""
-        tail = self.__dict__.get("_tail_json")
-        if tail is None or tail[0] != self.owner:
+        if self._tail_json is None or self._tail_json[0] != self.owner:
             rest = {"power": self.power.to_dict() if self.power is not None else None,
                     "seed_given": self.seed_given, "owner": self.owner}
-            tail = self.__dict__["_tail_json"] = (
-                self.owner, "," + json.dumps(rest, separators=(",", ":"))[1:])
-        return '{"job":' + self.job.summary_json() + tail[1]
+            self._tail_json = (self.owner, "," + json.dumps(rest, separators=(",", ":"))[1:])
+        return '{"job":' + self.job.summary_json() + self._tail_json[1]
 
     def acted_on_by(self, who: Caller) -> bool:
         """Whether ``who`` may see and act on this job (admins: every job; users: their own)."""
@@ -486,8 +489,8 @@ class ZeusRegistry:
                 self._row_ticket.pop((job_id, n), None)
         drop_observations = job.policy.take_dropped(DROP_BATCH)
         state = entry.stored_json()
-        unchanged = state == entry.__dict__.get("_queued_state")  # (e.g. a report mid-run)
-        entry.__dict__["_queued_state"] = state
+        unchanged = state == entry._queued_state  # (e.g. a report mid-run)
+        entry._queued_state = state
         write = ZeusWrite(_BSO, job_id, 0, None if unchanged else state,
                           trials, observed, request_key or None,
                           stored_answer(result) if request_key else None, self.clock(),
