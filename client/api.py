@@ -367,6 +367,22 @@ class Client:
                 msg.energy_j = float(r["energy_j"])
         return self.tasks.ReportProgress(req, timeout=self.timeout_s)
 
+    @_fresh_request_id
+    @_translate
+    def report_energy(self, task_id: str, generation: int, rank: int, joules: float, *,
+                      request_id: str | None = None) -> tasks_pb2.ReportEnergyResponse:
+        """Report what the GPUs of process ``rank`` of ``generation`` of a task drew since it
+        started, ``joules`` [J] (cumulative; docs/execution.md, "Energy"). The largest figure
+        per (generation, rank) counts, so a repeat changes nothing; ``request_id`` (None: a
+        fresh one, the same on every retry of this call; "": none) answers a retry from the
+        stored reply. Returns the task after it (``task.energy``). Raises NotFound (unknown
+        task, or another user's), FailedPrecondition (a generation after the current one or
+        no longer kept), InvalidArgument (``joules`` not finite or outside 0 .. 1e13,
+        ``generation`` 0, ``rank`` not below the generation's world size)."""
+        return self.tasks.ReportEnergy(tasks_pb2.EnergyReport(
+            task_id=task_id, generation=generation, rank=rank, joules=joules,
+            request_id=request_id), timeout=self.timeout_s)
+
     def watch(self, task_id: str = "", after_revision: int = 0,
               timeout_s: float | None = None) -> "Stream":
         """Placement updates as they are decided (retained ones after ``after_revision``

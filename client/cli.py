@@ -396,7 +396,7 @@ def solve(
 
 @app.command()
 def recur(
-    command: str = typer.Option(..., "--command", help="training command template; placeholders {batch_size} {learning_rate} {trial} {recurrence}; run without a shell (shlex.split)"),
+    command: str = typer.Option(..., "--command", help="training command template; placeholders {batch_size} {learning_rate} {trial} {recurrence} {seed}; run without a shell (shlex.split)"),
     batch_sizes: str = typer.Option(..., "--batch-sizes", help="comma-separated batch sizes, e.g. 32,64,128"),
     default: int = typer.Option(..., "--default", help="the default batch size (one of --batch-sizes)"),
     target_metric: float = typer.Option(..., "--target-metric", help="validation metric that counts as converged"),
@@ -409,7 +409,8 @@ def recur(
     lower_is_better: bool = typer.Option(False, "--lower-is-better", help="the metric is reached from above (e.g. WER)"),
     max_power_w: Optional[float] = typer.Option(None, "--max-power-w", help="zeus_cost's MaxPower, W: the GPU's maximum power limit x GPUs per run [default: read via pynvml, else required]"),
     num_gpus: Optional[int] = typer.Option(None, "--num-gpus", help="GPUs per run, for MaxPower read via pynvml [default: all visible]"),
-    power_limits: Optional[str] = typer.Option(None, "--power-limits", help="MIN-MAX power limits to profile, W (e.g. 100-250), or auto (the GPU's range via pynvml); enables the power-limit optimizer"),
+    power_limits: Optional[str] = typer.Option(None, "--power-limits", help="MIN-MAX power limits to profile, W (e.g. 100-250), or auto (the GPU's range via pynvml); enables the power-limit optimizer (with --observer-mode: only MAX is used) [default with --observer-mode: auto]"),
+    observer_mode: bool = typer.Option(False, "--observer-mode", help="every run at the maximum power limit: the optimizers measure, they do not choose the limit (Zeus's observer mode, ZEUS_USE_OPTIMAL_PL=False); the batch size still follows the optimizer"),
     power_step: float = typer.Option(25.0, "--power-step", help="stride between profiled power limits, W"),
     warmup_steps: int = typer.Option(10, "--warmup-steps", help="steps run at a power limit before its window"),
     profile_steps: int = typer.Option(40, "--profile-steps", help="steps measured per power limit"),
@@ -418,6 +419,8 @@ def recur(
     lr_scaling: str = typer.Option("linear", "--lr-scaling", help="linear: base_lr*b/default | sqrt: base_lr*sqrt(b/default) | none: base_lr"),
     max_tries: int = typer.Option(20, "--max-tries", help="runs per recurrence before giving up"),
     seed: Optional[int] = typer.Option(None, "--seed", help="seed of the batch-size optimizer [default: drawn by the daemon]"),
+    run_seed: Optional[int] = typer.Option(None, "--run-seed", help="{seed} of the job's trial 1; trial n gets RUN_SEED+n-1 (mod 2^32), as Zeus's ZeusMaster adds one per run [default: --seed, else 123456]"),
+    workdir: Optional[str] = typer.Option(None, "--workdir", help="working directory of each run, may use the --command placeholders (e.g. runs/r{recurrence}-t{trial}); created with mode 0700; refused if writable by every user or another user's [default: this one]"),
     out: Path = typer.Option(Path("recur-out"), "--out", help="output folder (history.csv, logs/)"),
     timeout_s: Optional[float] = typer.Option(None, "--timeout-s", help="wall-clock limit per run, s"),
     poll_s: float = typer.Option(1.0, "--poll-s", help="how often a running trial is checked, s"),
@@ -429,8 +432,10 @@ def recur(
     recurrence is retried until a run reaches the target metric.
 
     The command reads its trial from OFFCUT_ADDRESS, OFFCUT_ZEUS_JOB_ID, OFFCUT_ZEUS_TRIAL and
-    OFFCUT_BATCH_SIZE (see offcut.client.training.ZeusTraining.from_env). Writes
-    OUT/history.csv, one row per run.
+    OFFCUT_BATCH_SIZE (see offcut.client.training.ZeusTraining.from_env); it runs in --workdir
+    with {seed} = RUN_SEED + trial - 1. With --observer-mode every run keeps the maximum power
+    limit and the history shows what each run measured there. Writes OUT/history.csv, one row
+    per run (with its seed, power limit, energy, time and zeus_cost).
 
     \b
     Example:
@@ -438,6 +443,9 @@ def recur(
         --batch-sizes 32,64,128 --default 64 --base-lr 0.1 --lr-scaling linear \\
         --target-metric 0.9 --max-epochs 30 --recurrences 10 --max-power-w 300 \\
         --power-limits 100-300 --out out/recur
+      offcut recur --command "python train.py --batch-size {batch_size} --seed {seed}" \\
+        --workdir ~/jobs/cifar --batch-sizes 32,64,128 --default 64 --target-metric 0.9 \\
+        --max-epochs 30 --recurrences 10 --max-power-w 300 --observer-mode --out out/observe
     """
     from offcut.client.recur import RecurError, RecurOptions, parse_batch_sizes, parse_power_limits, run_recur
 
@@ -451,7 +459,8 @@ def recur(
             power_limits_auto=power_limits is not None and limits is None, power_step_w=power_step,
             warmup_steps=warmup_steps, profile_steps=profile_steps, selector=selector,
             base_lr=base_lr, lr_scaling=lr_scaling, max_tries=max_tries, seed=seed, out=out,
-            timeout_s=timeout_s, poll_s=poll_s, grace_s=grace_s, run_logs=run_logs)
+            timeout_s=timeout_s, poll_s=poll_s, grace_s=grace_s, run_logs=run_logs,
+            run_seed=run_seed, workdir=workdir, observer_mode=observer_mode)
         run_recur(options, echo=typer.echo)
     except RecurError as exc:
         _fail(str(exc), exc.exit_code)
@@ -566,14 +575,16 @@ def report(
 @app.command()
 @connection_options
 def history(
-    out: Path = typer.Option(..., "--out", help="output folder: steps.csv, placements.csv and the report files are replaced"),
+    out: Path = typer.Option(..., "--out", help="output folder: steps.csv, placements.csv, tasks.csv and the report files are replaced"),
     after_revision: int = typer.Option(0, "--after-revision", min=0, help="export only events after this revision (0 = all; offcut status shows the current one)"),
     *, settings: ClientSettings,
 ) -> None:
     """Export a live daemon's history (its journal of applied events, oldest first, up to
     now) into steps.csv and placements.csv with the replay's columns, then render the
     report as offcut report does. steps.csv has one row per node event (evt counts from 0
-    in the export); submissions and cancellations add placements.csv rows only.
+    in the export); submissions and cancellations add placements.csv rows only. tasks.csv
+    has one row per task, as last answered in the export, with its energy [J] and samples
+    per joule labelled measured (its processes' GPUs) or modelled (an estimate).
 
     \b
     Examples:
@@ -591,12 +602,15 @@ def history(
         # failed export never clobbers an earlier one
         with tempfile.TemporaryDirectory(prefix=".history-", dir=out) as tmp:
             first = last = None
+            tasks = task_cli.TaskEnergyRows()
             with settings.client() as c, HistoryWriter(tmp) as writer:
                 for entry in c.export_history(after_revision=after_revision):
                     writer.entry(entry)
+                    tasks.entry(entry)
                     first = entry.revision if first is None else first
                     last = entry.revision
-            for name in ("steps.csv", "placements.csv"):
+            tasks.write(Path(tmp) / "tasks.csv")
+            for name in ("steps.csv", "placements.csv", "tasks.csv"):
                 os.replace(Path(tmp) / name, out / name)
     except OffcutError as exc:
         _fail(_one_line(exc))
@@ -606,7 +620,8 @@ def history(
         _fail(f"the daemon has no events after revision {after_revision}: empty steps.csv and "
               f"placements.csv written to {out}, no report")
     typer.echo(f"exported revisions {first}..{last}: {writer.node_events} node events -> "
-               f"{out / 'steps.csv'}, {out / 'placements.csv'}")
+               f"{out / 'steps.csv'}, {out / 'placements.csv'}; {len(tasks.tasks)} tasks "
+               f"({tasks.measured} with measured energy) -> {out / 'tasks.csv'}")
     if writer.node_events == 0:
         _fail(f"no node events after revision {after_revision}: nothing to plot, no report")
     _render_report(out, use_summary_json=False)

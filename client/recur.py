@@ -1,21 +1,48 @@
-"""The recurring-job driver (Zeus's ``ZeusMaster``; docs/architecture.md §5): runs a training
-command once per recurrence with the batch size the daemon's batch-size optimizer predicts,
-retrying a recurrence until a run reaches the target metric.
+"""The recurring-job driver (Zeus's ``ZeusMaster``, ``zeus/run/master.py`` of Zeus's earlier
+releases, not in zeus 0.16; docs/architecture.md §5): runs a training command once per
+recurrence with the batch size the daemon's batch-size optimizer predicts, retrying a
+recurrence until a run reaches the target metric.
 
 Per try: Predict (with an idempotency key, so a retried call gets the same trial), format the
-command template with ``{batch_size}``, ``{learning_rate}``, ``{trial}`` and ``{recurrence}``,
-run it without a shell (``shlex.split``) with the ``OFFCUT_*`` variables of
-:mod:`offcut.client.training`, and watch the trial while it runs (GetJob every ``poll_s``): a
-run the daemon stopped without convergence (cost bound, max_epochs) that keeps running gets
-``grace_s`` to exit, then SIGTERM, then SIGKILL (to its whole process group). After the run,
-a trial still open is ended (EndTrial). A command that exits non-zero is a failed run, not an
-error of the driver. Stops when the daemon answers FAILED_PRECONDITION (every batch size
-failed) or a recurrence does not converge in ``max_tries`` tries.
+command template with ``{batch_size}``, ``{learning_rate}``, ``{trial}``, ``{recurrence}`` and
+``{seed}`` (the seed's ``Job.gen_command(batch_size, learning_rate, seed, rec_i)``), run it
+without a shell (``shlex.split``) in the run's working directory (``workdir``, the seed's
+``job.workdir``) with the ``OFFCUT_*`` variables of :mod:`offcut.client.training`, and watch
+the trial while it runs (GetJob every ``poll_s``): a run the daemon stopped without
+convergence (cost bound, max_epochs) that keeps running gets ``grace_s`` to exit, then
+SIGTERM, then SIGKILL (to its whole process group). After the run, a trial still open is
+ended (EndTrial). A command that exits non-zero is a failed run, not an error of the driver.
+Stops when the daemon answers FAILED_PRECONDITION (every batch size failed) or a recurrence
+does not converge in ``max_tries`` tries.
+
+``{seed}``: the run with trial number ``n`` gets ``(run_seed + n - 1) mod 2^32`` (a valid
+``numpy.random.seed``). The seed's ZeusMaster starts at its ``seed`` (default 123456) and adds
+one per run; with a fresh job, whose trials are numbered 1, 2, ... in the order of the runs,
+this is the same sequence, and a driver started again on the same job goes on with new seeds
+instead of repeating them. ``run_seed`` defaults to ``seed`` (the batch-size optimizer's, as
+the seed's ``run_zeus.py`` passes one seed to both), else 123456.
+
+``workdir``: a template with the same placeholders (e.g. ``runs/r{recurrence}-t{trial}``);
+relative to the driver's working directory; missing folders are created with mode 0700. It is
+refused (exit 2, before the run) when it exists and is not a directory, is writable by every
+user, belongs to another user than this one or root (either could put files there that the
+command runs or imports), or cannot be entered.
+
+Observer mode (``observer_mode``; the seed's ``observer_mode``, ``ZEUS_USE_OPTIMAL_PL=False``,
+Zeus, NSDI '23, §5): every run trains at the maximum power limit, the MAX of ``power_limits``
+(read via pynvml when not given). The job's power spec is registered with that single limit
+(min = max), so the training side sets the maximum, the power-limit optimizer measures each
+batch size's window at it and chooses nothing else; the batch-size optimizer still picks each
+run's batch size from the measured cost (zeus_cost, Zeus §3.1 Eq. 2, with ``eta``), as the
+seed's does. Unlike the seed, whose profiling windows still sweep the lower limits, no run
+leaves the maximum. The job is not the optimizing job of the same command: its default id
+differs, and a switch of mode under one ``--job-id`` is refused as a different spec.
 
 Writes ``history.csv`` (one row per run, flushed as it goes): recurrence, try, trial,
-batch_size, power_limit_w (the profile's chosen limit when it is done, else empty), energy_j,
-time_s, reached, cost, exit_code (negative: killed by that signal), epochs, status; and, with
-``run_logs``, each run's output to ``logs/r<recurrence>-t<try>-trial<trial>.log``.
+batch_size, seed, power_limit_w (the profile's chosen limit when it is done, else empty; in
+observer mode that is the maximum), energy_j, time_s, reached, cost (the trial's zeus_cost of its
+measured energy and time [J]), exit_code (negative: killed by that signal), epochs, status;
+and, with ``run_logs``, each run's output to ``logs/r<recurrence>-t<try>-trial<trial>.log``.
 """
 
 from __future__ import annotations
@@ -27,6 +54,7 @@ import os
 import re
 import shlex
 import signal
+import stat
 import string
 import subprocess
 import time
@@ -41,10 +69,15 @@ from offcut.client.training import (ENV_ADDRESS, ENV_BATCH_SIZE, ENV_JOB_ID, ENV
 from offcut.errors import AlreadyExists, FailedPrecondition, Unavailable
 from offcut.v1 import zeus_pb2
 
-PLACEHOLDERS = ("batch_size", "learning_rate", "trial", "recurrence")
+PLACEHOLDERS = ("batch_size", "learning_rate", "trial", "recurrence", "seed")
 LR_SCALINGS = ("linear", "sqrt", "none")
-HISTORY_COLUMNS = ("recurrence", "try", "trial", "batch_size", "power_limit_w", "energy_j",
-                   "time_s", "reached", "cost", "exit_code", "epochs", "status")
+HISTORY_COLUMNS = ("recurrence", "try", "trial", "batch_size", "seed", "power_limit_w",
+                   "energy_j", "time_s", "reached", "cost", "exit_code", "epochs", "status")
+ZEUS_MASTER_SEED = 123456
+"""The seed's ``ZeusMaster(seed=123456)`` default: the first run's ``{seed}`` when neither
+``run_seed`` nor ``seed`` is given."""
+SEED_MODULUS = 2**32
+"""Run seeds wrap at 2^32, so that each is a valid ``numpy.random.seed``."""
 
 
 class RecurError(Exception):
@@ -104,32 +137,112 @@ def scaled_learning_rate(base_lr: float, batch_size: int, default_batch_size: in
     raise _bad(f"--lr-scaling: {scaling!r} is not one of {', '.join(LR_SCALINGS)}")
 
 
-def default_job_id(command: str) -> str:
+def default_job_id(command: str, observer_mode: bool = False) -> str:
     """A job id derived from the command template: the script's name and a hash of the
-    whole template (e.g. ``train-1a2b3c4d5e``)."""
+    whole template and the mode (e.g. ``train-1a2b3c4d5e``), so that an observer-mode job and
+    the optimizing job of the same command get different ids."""
     try:
         tokens = shlex.split(command)
     except ValueError:
         tokens = command.split()
     script = next((t for t in tokens if t.endswith(".py")), tokens[0] if tokens else "job")
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", os.path.basename(script).removesuffix(".py"))
-    return f"{stem[:40] or 'job'}-{hashlib.sha256(command.encode()).hexdigest()[:10]}"
+    key = command + ("\0observer" if observer_mode else "")
+    return f"{stem[:40] or 'job'}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+
+def template_fields(template: str, option: str) -> set[str]:
+    """The placeholders ``template`` uses (``{name}``).
+
+    Raises:
+        RecurError: (exit 2, naming ``option``) malformed braces, or a placeholder that is not
+            one of :data:`PLACEHOLDERS` (no attribute or index access: ``{seed.x}`` too).
+    """
+    fields = set()
+    try:
+        for _, name, _, _ in string.Formatter().parse(template):
+            if name is not None:
+                fields.add(name)
+    except ValueError as exc:
+        raise _bad(f"{option}: {exc} (write {{{{ }}}} for literal braces)") from None
+    unknown = sorted(f for f in fields if f not in PLACEHOLDERS)
+    if unknown:
+        raise _bad(f"{option}: unknown placeholder {{{unknown[0]}}}; use "
+                   f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)} (write {{{{ }}}} for "
+                   "literal braces)")
+    return fields
 
 
 def format_command(template: str, **values) -> list[str]:
-    """The argv of one run: ``template`` formatted with ``values``, then ``shlex.split``.
+    """The argv of one run: ``template`` formatted with ``values`` (every name of
+    :data:`PLACEHOLDERS`), then ``shlex.split``.
     Raises RecurError (exit 2) for an unknown placeholder or unbalanced quotes."""
+    template_fields(template, "--command")
     try:
         argv = shlex.split(template.format(**values))
-    except KeyError as exc:
-        raise _bad(f"--command: unknown placeholder {{{exc.args[0]}}}; use "
-                   f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)} (write {{{{ }}}} for "
-                   "literal braces)") from None
-    except (ValueError, IndexError) as exc:
+    except (ValueError, IndexError, KeyError) as exc:
         raise _bad(f"--command: {exc}") from None
     if not argv:
         raise _bad("--command is empty")
     return argv
+
+
+def run_seed(base: int, trial_number: int) -> int:
+    """The ``{seed}`` of the run with ``trial_number`` (>= 1): ``(base + trial_number - 1)
+    mod 2^32`` (see the module docstring)."""
+    return (base + trial_number - 1) % SEED_MODULUS
+
+
+def prepare_workdir(template: str, **values) -> Path:
+    """The absolute working directory of a run: ``template`` formatted with ``values`` (as
+    :func:`format_command`), ``~`` expanded, relative to this process's working directory;
+    created where missing, each new folder with mode 0700 (less by the umask).
+
+    Raises:
+        RecurError: (exit 2, naming ``--workdir``) an unknown placeholder, an empty path or
+            one with a NUL byte, a path that exists and is not a directory (or a dangling
+            link), a folder that cannot be created, a directory writable by every user or
+            owned by a user other than this one and root, or one this user cannot enter.
+    """
+    template_fields(template, "--workdir")
+    try:
+        text = template.format(**values)
+    except (ValueError, IndexError, KeyError) as exc:
+        raise _bad(f"--workdir: {exc}") from None
+    if not text.strip():
+        raise _bad("--workdir is empty")
+    if "\0" in text:
+        raise _bad("--workdir contains a NUL byte")
+    path = Path(os.path.expanduser(text)).absolute()
+    missing: list[Path] = []
+    probe = path
+    while not probe.is_dir():
+        if os.path.lexists(probe):
+            raise _bad(f"--workdir: {probe} exists and is not a directory")
+        missing.append(probe)
+        probe = probe.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            if not folder.is_dir():
+                raise _bad(f"--workdir: {folder} exists and is not a directory") from None
+        except OSError as exc:
+            raise _bad(f"--workdir: cannot create {folder}: {exc.strerror or exc}") from None
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise _bad(f"--workdir: cannot read {path}: {exc.strerror or exc}") from None
+    if st.st_mode & stat.S_IWOTH:
+        raise _bad(f"--workdir: {path} is writable by every user (mode "
+                   f"{stat.S_IMODE(st.st_mode):04o}): another user could put files there that "
+                   "the command runs or imports; use a folder of your own")
+    if st.st_uid not in (os.geteuid(), 0):
+        raise _bad(f"--workdir: {path} is owned by uid {st.st_uid}, not by this user (uid "
+                   f"{os.geteuid()}) or root; use a folder of your own")
+    if not os.access(path, os.X_OK):
+        raise _bad(f"--workdir: cannot enter {path}: permission denied")
+    return path
 
 
 # ----------------------------------------------------------------------------- options
@@ -160,6 +273,9 @@ class RecurOptions:
     lr_scaling: str = "linear"
     max_tries: int = 20
     seed: int | None = None
+    run_seed: int | None = None          # {seed} of trial 1; None: seed, else 123456
+    workdir: str | None = None           # the runs' working directory (template); None: ours
+    observer_mode: bool = False          # every run at the maximum power limit
     out: Path = Path("recur-out")
     timeout_s: float | None = None
     poll_s: float = 1.0
@@ -174,19 +290,15 @@ class RecurOptions:
         """
         if not self.command.strip():
             raise _bad("--command is empty")
-        fields = set()
-        try:
-            for _, name, _, _ in string.Formatter().parse(self.command):
-                if name is not None:
-                    fields.add(name)
-        except ValueError as exc:
-            raise _bad(f"--command: {exc} (write {{{{ }}}} for literal braces)") from None
-        unknown = sorted(f for f in fields if f not in PLACEHOLDERS)
-        if unknown:
-            raise _bad(f"--command: unknown placeholder {{{unknown[0]}}}; use "
-                       f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
+        fields = template_fields(self.command, "--command")
         if "learning_rate" in fields and self.base_lr is None:
             raise _bad("--command uses {learning_rate}: give --base-lr")
+        if self.workdir is not None:
+            if not self.workdir.strip():
+                raise _bad("--workdir is empty")
+            if ("learning_rate" in template_fields(self.workdir, "--workdir")
+                    and self.base_lr is None):
+                raise _bad("--workdir uses {learning_rate}: give --base-lr")
         if self.default_batch_size not in self.batch_sizes:
             raise _bad(f"--default {self.default_batch_size} is not one of --batch-sizes "
                        f"{','.join(map(str, self.batch_sizes))}")
@@ -214,19 +326,46 @@ class RecurOptions:
             (self.grace_s >= 0, f"--grace-s must be >= 0, got {self.grace_s}"),
             (self.seed is None or 0 <= self.seed < 2**63,
              f"--seed must be in [0, 2^63), got {self.seed}"),
+            (self.run_seed is None or 0 <= self.run_seed < SEED_MODULUS,
+             f"--run-seed must be in [0, 2^32), got {self.run_seed}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise _bad(message)
         format_command(self.command, batch_size=self.default_batch_size, learning_rate="0.1",
-                       trial=1, recurrence=1)  # unbalanced quotes
+                       trial=1, recurrence=1, seed=0)  # unbalanced quotes
+
+    @property
+    def seed_base(self) -> int:
+        """The ``{seed}`` of trial 1: ``run_seed``, else ``seed`` mod 2^32, else 123456 (the
+        seed's ``ZeusMaster`` default)."""
+        if self.run_seed is not None:
+            return self.run_seed
+        return ZEUS_MASTER_SEED if self.seed is None else self.seed % SEED_MODULUS
+
+    @property
+    def fixed_workdir(self) -> bool:
+        """Whether ``workdir`` is set and has no placeholders (one folder for every run)."""
+        return (self.workdir is not None
+                and not template_fields(self.workdir, "--workdir"))
+
+    @property
+    def observer_limit_w(self) -> float | None:
+        """In observer mode, the power limit [W] every run keeps (the MAX of
+        ``power_limits``, after :meth:`resolve_gpu_figures`); else None."""
+        if not self.observer_mode or self.power_limits is None:
+            return None
+        return self.power_limits[1]
 
     def resolve_gpu_figures(self) -> None:
-        """Fill ``max_power_w`` (and the power range for ``power_limits_auto``) from pynvml.
+        """Fill ``max_power_w`` (and the power range for ``power_limits_auto``, or in observer
+        mode without ``power_limits``) from pynvml.
 
         Raises:
             RecurError: (exit 2) pynvml cannot read them; says which option to give.
         """
+        if self.observer_mode and self.power_limits is None:
+            self.power_limits_auto = True
         if self.max_power_w is not None and not self.power_limits_auto:
             return
         try:
@@ -234,7 +373,8 @@ class RecurOptions:
         except (BackendUnavailable, ValueError) as exc:
             need = ("--max-power-w (zeus_cost's MaxPower: the GPU's maximum power limit x GPUs "
                     "per run, e.g. 300 for one V100)" if self.max_power_w is None
-                    else "--power-limits MIN-MAX")
+                    else "--power-limits MIN-MAX" + (" (observer mode keeps every run at MAX)"
+                                                     if self.observer_mode else ""))
             raise _bad(f"give {need}: it could not be read via pynvml ({exc})") from None
         if self.power_limits_auto:
             self.power_limits = (lo, hi)
@@ -242,7 +382,8 @@ class RecurOptions:
             self.max_power_w = hi * (self.num_gpus or visible)
 
     def job_spec(self, job_id: str) -> zeus_pb2.BatchSizeJobSpec:
-        """The BatchSizeJobSpec to register (after :meth:`resolve_gpu_figures`)."""
+        """The BatchSizeJobSpec to register (after :meth:`resolve_gpu_figures`); in observer
+        mode its power range is the single limit MAX (min = max)."""
         spec = zeus_pb2.BatchSizeJobSpec(
             job_id=job_id, batch_sizes=self.batch_sizes,
             default_batch_size=self.default_batch_size, eta_knob=self.eta,
@@ -253,8 +394,10 @@ class RecurOptions:
         if self.seed is not None:
             spec.seed = self.seed
         if self.power_limits is not None:
+            # observer mode: the maximum is the only limit to profile (and so the choice)
+            lo = self.power_limits[1] if self.observer_mode else self.power_limits[0]
             spec.power.CopyFrom(zeus_pb2.PowerLimitSpec(
-                min_power_limit_w=self.power_limits[0], max_power_limit_w=self.power_limits[1],
+                min_power_limit_w=lo, max_power_limit_w=self.power_limits[1],
                 step_w=self.power_step_w, warmup_steps=self.warmup_steps,
                 profile_steps=self.profile_steps, selector=self.selector))
         return spec
@@ -262,14 +405,16 @@ class RecurOptions:
 
 @dataclass
 class RunRecord:
-    """One run: where it sits (recurrence, try), the daemon's trial, what it measured (energy
-    [J], time [s], zeus_cost [J]), the power limit it ended at [W] (None if unknown), whether
-    it reached the target, the command's exit code (negative: killed by that signal)."""
+    """One run: where it sits (recurrence, try), the daemon's trial, its ``{seed}``, what it
+    measured (energy [J], time [s], zeus_cost [J]), the power limit it ended at [W] (None if
+    unknown), whether it reached the target, the command's exit code (negative: killed by that
+    signal)."""
 
     recurrence: int
     try_: int
     trial: int
     batch_size: int
+    seed: int
     power_limit_w: float | None
     energy_j: float
     time_s: float
@@ -281,7 +426,7 @@ class RunRecord:
 
     def row(self) -> list:
         """The history.csv row."""
-        return [self.recurrence, self.try_, self.trial, self.batch_size,
+        return [self.recurrence, self.try_, self.trial, self.batch_size, self.seed,
                 "" if self.power_limit_w is None else f"{self.power_limit_w:g}",
                 f"{self.energy_j:.6g}", f"{self.time_s:.6g}", self.reached, f"{self.cost:.6g}",
                 "" if self.exit_code is None else self.exit_code, self.epochs, self.status]
@@ -302,7 +447,7 @@ class RecurDriver:
         self.opts = options
         self.client = client
         self.echo = echo
-        self.job_id = options.job_id or default_job_id(options.command)
+        self.job_id = options.job_id or default_job_id(options.command, options.observer_mode)
         self.session = uuid.uuid4().hex[:12]  # idempotency keys of this driver's predictions
         self.records: list[RunRecord] = []
 
@@ -322,6 +467,10 @@ class RecurDriver:
         self.echo(f"job {self.job_id}: batch sizes {list(job.spec.batch_sizes)}, default "
                   f"{job.spec.default_batch_size}, phase {job.phase}, {job.trial_count} earlier "
                   f"trials{power}")
+        if self.opts.observer_mode:
+            self.echo(f"observer mode: every run at the maximum power limit "
+                      f"{self.opts.observer_limit_w:g} W; the optimizers measure, the batch "
+                      "size still follows the batch-size optimizer")
 
     def _predict(self, recurrence: int, attempt: int) -> zeus_pb2.Prediction:
         request_id = f"recur-{self.session}-r{recurrence}-t{attempt}"
@@ -395,7 +544,8 @@ class RecurDriver:
 
         Raises:
             FailedPrecondition: every batch size failed (from Predict).
-            RecurError: the command cannot be started.
+            RecurError: the command cannot be started, or (exit 2) its working directory is
+                refused (:func:`prepare_workdir`); the trial is ended first.
         """
         opts = self.opts
         pred = self._predict(recurrence, attempt)
@@ -403,13 +553,23 @@ class RecurDriver:
         lr = (scaled_learning_rate(opts.base_lr, b, opts.default_batch_size, opts.lr_scaling)
               if opts.base_lr is not None else None)
         lr_text = "" if lr is None else f"{lr:.6g}"
-        argv = format_command(opts.command, batch_size=b, learning_rate=lr_text, trial=n,
-                              recurrence=recurrence)
+        seed = run_seed(opts.seed_base, n)
+        values = dict(batch_size=b, learning_rate=lr_text, trial=n, recurrence=recurrence,
+                      seed=seed)
+        try:
+            argv = format_command(opts.command, **values)
+            cwd = prepare_workdir(opts.workdir, **values) if opts.workdir is not None else None
+        except RecurError:
+            self.client.end_trial(self.job_id, n)
+            raise
         env = {**os.environ, ENV_ADDRESS: self.client.address,
                ENV_JOB_ID: self.job_id, ENV_TRIAL: str(n), ENV_BATCH_SIZE: str(b)}
+        if cwd is not None:
+            env["PWD"] = str(cwd)  # what a shell would set; some scripts read it
         bound = "" if math.isinf(pred.cost_bound_j) else f", cost bound {pred.cost_bound_j:.4g} J"
         self.echo(f"recurrence {recurrence}/{opts.recurrences} try {attempt}: trial {n}, batch "
-                  f"size {b}{', lr ' + lr_text if lr_text else ''}{bound}")
+                  f"size {b}{', lr ' + lr_text if lr_text else ''}, seed {seed}{bound}"
+                  + (f", in {cwd}" if cwd is not None else ""))
         log_path = None
         if opts.run_logs:
             log_path = opts.out / "logs" / f"r{recurrence}-t{attempt}-trial{n}.log"
@@ -417,7 +577,7 @@ class RecurDriver:
         log = open(log_path, "wb") if log_path else None
         try:
             try:
-                proc = subprocess.Popen(argv, env=env, start_new_session=True,
+                proc = subprocess.Popen(argv, env=env, cwd=cwd, start_new_session=True,
                                         stdout=log, stderr=subprocess.STDOUT if log else None)
             except OSError as exc:
                 self.client.end_trial(self.job_id, n)
@@ -441,7 +601,7 @@ class RecurDriver:
         if trial.status in ("running", "suspended"):
             self.client.end_trial(self.job_id, n)
             trial = self._trial(n)
-        record = RunRecord(recurrence, attempt, n, b, self._power_limit(b), trial.energy_j,
+        record = RunRecord(recurrence, attempt, n, b, seed, self._power_limit(b), trial.energy_j,
                            trial.time_s, trial.status == "converged", trial.cost_j,
                            proc.returncode, trial.epochs, trial.status)
         hint = ("; the command reported no epoch (does it use offcut.client.training?)"
@@ -501,5 +661,7 @@ def run_recur(options: RecurOptions, echo: Callable[[str], None] = print) -> lis
     """
     options.validate()
     options.resolve_gpu_figures()
+    if options.fixed_workdir:  # refused before any trial is opened
+        prepare_workdir(options.workdir)
     with Client(options.target) as client:
         return RecurDriver(options, client, echo).run()

@@ -12,8 +12,8 @@ cannot apply it twice**:
   whose ``message`` says it had already ended);
 * with a non-empty ``request_id`` only: ``submit``, ``report_task_run``, ``report_progress``,
   ``predict_batch_size``, ``cancel``, ``delete_zeus_job``, ``report_power_window``,
-  ``interrupt_power_window`` (the daemon answers a repeated id with the stored reply; the
-  last three get a fresh id per call unless given ``request_id=""``);
+  ``interrupt_power_window``, ``report_energy`` (the daemon answers a repeated id with the
+  stored reply; the last four get a fresh id per call unless given ``request_id=""``);
 * ``report_epoch``: repeated; if the repeat is refused because the trial already holds this
   epoch (the first attempt was applied, its answer lost) and the job's stored trial shows
   exactly this report (epoch, cumulative time and energy) still running, the answer is the
@@ -62,7 +62,8 @@ ALWAYS = frozenset({"report_nodes", "sync_nodes", "status", "get_task", "list_ta
 #: methods retried only when called with a non-empty ``request_id``
 WITH_REQUEST_ID = frozenset({"submit", "report_task_run", "predict_batch_size",
                              "report_progress", "cancel", "delete_zeus_job",
-                             "report_power_window", "interrupt_power_window"})
+                             "report_power_window", "interrupt_power_window",
+                             "report_energy"})
 #: methods retried with a check of the daemon's state when the repeat is refused
 RECONCILED = frozenset({"report_epoch"})
 #: methods never retried (not idempotent): none now (the streams are not retried either)

@@ -97,6 +97,76 @@ def progress_pct(task: tasks_pb2.Task) -> float:
     return 100.0 * min(max(task.work_done_samples / total, 0.0), 1.0) if total > 0 else 0.0
 
 
+def energy_figures(task: tasks_pb2.Task) -> tuple[float, float, str]:
+    """``(joules [J], samples per joule [samples/J], source)`` of a task as the daemon shows
+    it (``Task.energy``; docs/execution.md, "Energy"): source ``measured`` (its processes'
+    GPUs) or ``modelled`` (an estimate); a daemon before that answers energy_j, modelled."""
+    if task.HasField("energy"):
+        e = task.energy
+        return e.joules, e.samples_per_joule, e.source
+    j = task.energy_j
+    return j, (task.work_done_samples / j if j > 0 else 0.0), "modelled"
+
+
+def energy_text(task: tasks_pb2.Task) -> str:
+    """The ``Energy`` line of ``offcut show``: joules, their source and what stands behind
+    them (the newest generation's ranks that reported; the modelled power now)."""
+    joules, _, source = energy_figures(task)
+    if source == "measured":
+        e = task.energy
+        return (f"{joules:.6g} J measured ({e.generations_reported} generation"
+                f"{'s' if e.generations_reported != 1 else ''} reported; generation "
+                f"{e.last_generation}: {e.last_generation_joules:.6g} J from "
+                f"{e.last_generation_ranks} of {e.last_generation_world_size} ranks)")
+    return (f"{joules:.6g} J modelled, an estimate (now {task.power_w:.6g} W; no process "
+            "reported measured energy)")
+
+
+#: columns of ``tasks.csv`` (``offcut history``): one row per task, as of the last journal
+#: entry that answered with it (a submission, cancellation, run or energy report)
+TASK_ENERGY_COLUMNS = ("task_id", "task_name", "state", "generation", "as_of",
+                       "work_done_samples", "energy_j", "energy_source", "samples_per_joule")
+
+
+class TaskEnergyRows:
+    """The ``tasks.csv`` of ``offcut history``: every task of the exported journal entries
+    that carry one (``HistoryEntry.task``), as last answered, with its joules and samples per
+    joule labelled ``measured`` or ``modelled`` (:func:`energy_figures`). Holds one task per
+    id seen (the export's tasks)."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, tuple[float, tasks_pb2.Task]] = {}
+
+    def entry(self, e) -> None:
+        """Note one ``offcut.v1.HistoryEntry`` (entries without a task are skipped)."""
+        if e.HasField("task") and e.task.task_id:
+            t = e.decision.time
+            self.tasks[e.task.task_id] = (t.seconds + t.nanos / 1e9, e.task)
+
+    @property
+    def measured(self) -> int:
+        """Tasks whose energy is measured."""
+        return sum(energy_figures(t)[2] == "measured" for _, t in self.tasks.values())
+
+    def write(self, path: Path) -> None:
+        """Write the rows (in task id order) to ``path`` (CSV with a header; ``as_of`` in
+        ISO-8601 UTC, joules [J], samples/J)."""
+        import csv
+        from datetime import datetime, timezone
+
+        with open(path, "w", newline="") as fh:
+            out = csv.writer(fh)
+            out.writerow(TASK_ENERGY_COLUMNS)
+            for task_id in sorted(self.tasks):
+                at, task = self.tasks[task_id]
+                joules, per_joule, source = energy_figures(task)
+                out.writerow([task_id, task.spec.name, state_name(task.state), task.generation,
+                              datetime.fromtimestamp(at, timezone.utc).isoformat(
+                                  timespec="seconds"),
+                              repr(task.work_done_samples), repr(joules), source,
+                              repr(per_joule)])
+
+
 def task_json(task: tasks_pb2.Task) -> dict:
     """A task as ``offcut queue --json`` and ``offcut show --json`` print it: the ``Task``
     message in the one JSON form (:mod:`offcut.client.json_out`) plus ``progress_pct`` (% of
@@ -205,6 +275,7 @@ def submit(
     zeus_job: str = typer.Option("", "--zeus-job", help="Zeus batch-size job (offcut recur / BatchSizeOptimizer.RegisterJob) whose batch size the task's runs use: passed to them as OFFCUT_ZEUS_JOB_ID (docs/execution.md)"),
     gpus_per_node: int = typer.Option(0, "--gpus-per-node", help="GPUs every node of the task must have, as in sbatch (0: a CPU task, placed on nodes without GPUs only)"),
     constraint: str = typer.Option("", "--constraint", "-C", help="node features every node must have, as in sbatch: FEATURE[&FEATURE...] (e.g. a100&ib)"),
+    procs_per_node: int = typer.Option(0, "--procs-per-node", help="processes started on each node, each with its own RANK and LOCAL_RANK, as torchrun --nproc-per-node (default: --gpus-per-node when given, one process per GPU; else 1)"),
     parsable: bool = typer.Option(False, "--parsable", help="print only the task id (like sbatch --parsable)"),
     command: Optional[List[str]] = typer.Argument(None, help="training command (after --), run on the task's nodes in live mode"),
     *, settings: ClientSettings,
@@ -218,6 +289,7 @@ def submit(
       offcut submit -J new-model -N 1-32 --work 3e9 -- python train.py   # curve learned online
       offcut submit -J digits -N 1-4 --work 40000 -- python examples/elastic_digits/train.py
       offcut submit -J llm -N 2-8 --gpus-per-node 4 -C a100 --work 1e9 -- python train.py
+      offcut submit -J cpu-ddp -N 1-4 --procs-per-node 2 --work 40000 -- python train.py
     """
     from offcut.client.taskspec import make_task_spec, read_scalability_csv
 
@@ -226,7 +298,8 @@ def submit(
         spec = make_task_spec(name, nodes=nodes, work_samples=work, scalability=curve,
                               rescale_up_s=rescale_up, rescale_down_s=rescale_down,
                               objective=objective, command=command or [],
-                              gpus_per_node=gpus_per_node, constraint=constraint)
+                              gpus_per_node=gpus_per_node, constraint=constraint,
+                              procs_per_node=procs_per_node)
         spec.reports_progress = reports_progress
         spec.zeus_job_id = zeus_job
     except InvalidArgument as exc:
@@ -255,7 +328,9 @@ def _cli_field(message: str) -> str:
     for api, option in (("work:", "--work:"), ("nodes:", "--nodes:"), ("scalability:", "--scalability:"),
                         ("rescale_up:", "--rescale-up:"), ("rescale_down:", "--rescale-down:"),
                         ("objective:", "--objective:"), ("constraint:", "--constraint:"),
-                        ("gpus_per_node:", "--gpus-per-node:")):
+                        ("gpus_per_node:", "--gpus-per-node:"),
+                        ("procs_per_node:", "--procs-per-node:"),
+                        ("spec.procs_per_node:", "--procs-per-node:")):
         if message.startswith(api):
             return option + message[len(api):]
     return message
@@ -350,6 +425,7 @@ def show(
         ("NodeList", hostlist.collect_hostlist(list(task.nodes)) if task.nodes else "(null)"),
         ("TresPerNode", f"gres:gpu:{s.gpus_per_node}" if s.gpus_per_node else "(null)"),
         ("Features", "&".join(s.constraint) or "(null)"),
+        ("NtasksPerNode", str(s.procs_per_node or s.gpus_per_node or 1)),
         ("Progress", f"{progress_pct(task):.2f}% ({task.work_done_samples:.6g} of "
                      f"{s.total_work_samples:.6g} samples)"),
         ("Rate", f"{task.rate_samples_per_s:.6g} samples/s"),
@@ -361,7 +437,8 @@ def show(
         ("RescaleUp", f"{s.rescale_up_s:g} s"), ("RescaleDown", f"{s.rescale_down_s:g} s"),
         ("Scalability", " ".join(f"{n}:{p:g}" for n, p in zip(s.node_counts, s.throughputs))
          or "learned online"),
-        ("Energy", f"{task.energy_j:.6g} J (now {task.power_w:.6g} W)"),
+        ("Energy", energy_text(task)),
+        ("SamplesPerJ", "{1:.6g} ({2})".format(*energy_figures(task))),
     ]
     if task.HasField("model"):
         m = task.model

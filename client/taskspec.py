@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 from offcut.errors import InvalidArgument
-from offcut.taskspec import MAX_GPUS_PER_NODE, TaskSpec
+from offcut.taskspec import MAX_GPUS_PER_NODE, MAX_PROCS_PER_NODE, TaskSpec
 from offcut.v1 import tasks_pb2
 
 __all__ = ["OBJECTIVES", "Scalability", "check_spec", "make_task_spec", "parse_node_range",
@@ -143,7 +143,8 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
                    objective: Literal["throughput", "speedup"] = "throughput",
                    command: Sequence[str] = (), zeus_job_id: str = "",
                    reports_progress: bool = False, gpus_per_node: int = 0,
-                   constraint: str | Sequence[str] = ()) -> tasks_pb2.TaskSpec:
+                   constraint: str | Sequence[str] = (),
+                   procs_per_node: int = 0) -> tasks_pb2.TaskSpec:
     """The ``TaskSpec`` of a task.
 
     Args:
@@ -165,6 +166,9 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
             0: a CPU task, kept off GPU nodes).
         constraint: node features every node must have: ``"a100&ib"`` (as ``sbatch
             --constraint``, AND only) or a sequence of feature names.
+        procs_per_node: processes started on each node (``RANK``/``LOCAL_RANK`` per
+            process; docs/execution.md, "Processes per node"); 0: ``gpus_per_node`` when
+            set (one process per GPU), else 1.
 
     Raises:
         InvalidArgument: naming ``nodes``, ``work``, ``scalability``, ``rescale_up``,
@@ -183,12 +187,16 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
     if not 0 <= gpus_per_node <= MAX_GPUS_PER_NODE:
         raise InvalidArgument(f"must be 0 to {MAX_GPUS_PER_NODE}, got {gpus_per_node}",
                               "gpus_per_node")
+    if not 0 <= procs_per_node <= MAX_PROCS_PER_NODE:
+        raise InvalidArgument(f"must be 0 to {MAX_PROCS_PER_NODE}, got {procs_per_node}",
+                              "procs_per_node")
     spec = tasks_pb2.TaskSpec(name=name, min_nodes=low, max_nodes=high,
                               total_work_samples=float(work_samples), rescale_up_s=rescale_up_s,
                               rescale_down_s=rescale_down_s, command=list(command),
                               zeus_job_id=zeus_job_id, reports_progress=reports_progress,
                               gpus_per_node=gpus_per_node,
-                              constraint=parse_constraint(constraint))
+                              constraint=parse_constraint(constraint),
+                              procs_per_node=procs_per_node)
     if scalability is not None:
         _add_curve(spec, scalability, objective)
     check_spec(spec)
@@ -205,7 +213,7 @@ def check_spec(spec: tasks_pb2.TaskSpec) -> None:
                     total_work_samples=spec.total_work_samples, command=list(spec.command),
                     reports_progress=spec.reports_progress, power_w=list(spec.power_w),
                     zeus_job_id=spec.zeus_job_id, gpus_per_node=spec.gpus_per_node,
-                    constraint=list(spec.constraint))
+                    constraint=list(spec.constraint), procs_per_node=spec.procs_per_node)
 
 
 def parse_constraint(constraint: str | Sequence[str]) -> list[str]:

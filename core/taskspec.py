@@ -35,6 +35,8 @@ MAX_WORK_SAMPLES = 1e18
 MAX_TASK_POWER_W = 1e9
 #: largest ``spec.gpus_per_node`` (GPUs a task may ask of each node)
 MAX_GPUS_PER_NODE = 64
+#: largest ``spec.procs_per_node`` (processes the launcher starts on each node)
+MAX_PROCS_PER_NODE = 64
 #: most features in ``spec.constraint``
 MAX_CONSTRAINT_FEATURES = 16
 #: a node feature's name, as Slurm spells them (``Features=`` of slurm.conf): 1-64 of these
@@ -116,6 +118,10 @@ class TaskSpec:
         constraint: node features every node of the task must have (Slurm's
             ``--constraint``, joined with ``&``), at most :data:`MAX_CONSTRAINT_FEATURES`,
             each matching :data:`FEATURE_RE`; sorted, without repeats.
+        procs_per_node: processes the launcher starts on each node (docs/execution.md,
+            "Processes per node"), 0 to :data:`MAX_PROCS_PER_NODE`; 0: the default,
+            :attr:`local_world_size`. With GPUs, ``gpus_per_node`` must be a multiple of it
+            (each process gets ``gpus_per_node / procs_per_node`` GPUs).
 
     A spec without ``node_counts``/``throughputs`` (both empty) is *learned*: the daemon
     allocates it with the scalability model it fits from the task's progress reports
@@ -138,6 +144,13 @@ class TaskSpec:
     zeus_job_id: str = ""
     gpus_per_node: int = 0
     constraint: tuple[str, ...] = ()
+    procs_per_node: int = 0
+
+    @property
+    def local_world_size(self) -> int:
+        """Processes on each node of the task: ``procs_per_node`` when set, else
+        ``gpus_per_node`` (one process per GPU) when set, else 1."""
+        return self.procs_per_node or self.gpus_per_node or 1
 
     @property
     def learned(self) -> bool:
@@ -156,7 +169,8 @@ class TaskSpec:
                rescale_down_s: float = 0.0, total_work_samples: float = 0.0,
                command: Sequence[str] = (), reports_progress: bool = False,
                power_w: Sequence[float] = (), zeus_job_id: str = "",
-               gpus_per_node: int = 0, constraint: Sequence[str] = ()) -> "TaskSpec":
+               gpus_per_node: int = 0, constraint: Sequence[str] = (),
+               procs_per_node: int = 0) -> "TaskSpec":
         """Build and validate a spec (against ``limits`` too when given, checked before the
         lists are converted); raises :class:`InvalidArgument` naming the field
         (``spec.<field>``) on the first problem found, ``TypeError`` for a misspelled
@@ -178,6 +192,7 @@ class TaskSpec:
             gpus_per_node=gpus_per_node,
             constraint=tuple(sorted({str(f) for f in constraint}))
             if len(constraint) <= MAX_CONSTRAINT_FEATURES else tuple(constraint),
+            procs_per_node=procs_per_node,
         )
         spec.validate(limits)
         return spec
@@ -266,6 +281,15 @@ class TaskSpec:
                 or not 0 <= g <= MAX_GPUS_PER_NODE:
             raise InvalidArgument(f"must be an integer from 0 to {MAX_GPUS_PER_NODE}, got {g!r}",
                                   "spec.gpus_per_node")
+        k = self.procs_per_node
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) \
+                or not 0 <= k <= MAX_PROCS_PER_NODE:
+            raise InvalidArgument(f"must be an integer from 0 to {MAX_PROCS_PER_NODE}, got {k!r}",
+                                  "spec.procs_per_node")
+        if k and g and g % k:
+            raise InvalidArgument(f"{k} processes cannot share {g} GPUs per node evenly "
+                                  "(gpus_per_node must be a multiple of it)",
+                                  "spec.procs_per_node")
         if len(self.constraint) > MAX_CONSTRAINT_FEATURES:
             raise InvalidArgument(f"has {len(self.constraint)} features, more than "
                                   f"{MAX_CONSTRAINT_FEATURES}", "spec.constraint")

@@ -77,6 +77,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "/offcut.v1.Tasks/WatchPlacements": _READERS,
     "/offcut.v1.Tasks/ReportTaskRun": _NODE_SIDE,
     "/offcut.v1.Tasks/ReportProgress": _USERS,
+    "/offcut.v1.Tasks/ReportEnergy": _USERS,   # every process of a task, as its owner
     "/offcut.v1.Status/GetStatus": _READERS,
     "/offcut.v1.Status/ExportHistory": _ADMIN,
     "/offcut.v1.BatchSizeOptimizer/RegisterJob": _USERS,

@@ -120,8 +120,21 @@ class SlurmConfig(BaseModel):
     command_template: str = Field("{command}", description=(
         "command run on each node (a shell line; placeholders {command} {task_id} "
         "{task_name} {node} {rank} {nodes} {num_nodes} {generation} {master_addr} "
-        "{master_port} {world_size} {checkpoint_dir}); one process per node, "
-        "docs/execution.md"))
+        "{master_port} {world_size} {checkpoint_dir}); run once for every process of the "
+        "node (procs_per_node of the task), docs/execution.md"))
+    peer_timeout_s: float = Field(60.0, ge=5, le=3600, description=(
+        "seconds after which a task's processes give up on a silent peer (a vanished node, a "
+        "hung collective) and exit 75: the collective timeout and the heartbeat deadline of "
+        "offcut.client.elastic (OFFCUT_PEER_TIMEOUT_S); docs/execution.md, \"A lost peer\""))
+    power_socket: str | None = Field(None, examples=["/run/offcut/power.sock"], description=(
+        "unix socket of the node power helper (offcut-slurm power-helper) on every GPU node; "
+        "the jobs get it as ZEUSD_SOCK_PATH, so power limits are set through it without root "
+        "(docs/deployment.md); unset = tasks cannot set power limits"))
+    node_python: str | None = Field(None, examples=["/opt/offcut/venv/bin/python"], description=(
+        "Python interpreter (3.9 or later), on every node and runnable by every user, of the "
+        "per-node supervisor that starts a job's processes (offcut/slurm_plugin/node_run.py, "
+        "standard library only); unset = the launcher's own when every user may run it, else "
+        "/usr/bin/python3"))
     sbatch_args: list[str] = Field(default_factory=list, examples=[["--qos=scavenger"]],
                                    description="extra sbatch arguments of every job")
     export_env: list[str] = Field(

@@ -28,9 +28,9 @@ import numpy as np
 from offcut.errors import FailedPrecondition, NotFound, OffcutError, ResourceExhausted
 from offcut.daemon.decision_times import DecisionTimes
 from offcut.daemon.scheduler import Outcome, Scheduler, SolveRecord
-from offcut.daemon.model import (CancelEvent, Event, Limits, NodeEvent, ObjectiveSettings,
-                                 ProgressEvent, SubmitEvent, Task, TaskRunEvent, TaskState,
-                                 event_from_dict, event_to_dict)
+from offcut.daemon.model import (CancelEvent, EnergyEvent, Event, Limits, NodeEvent,
+                                 ObjectiveSettings, ProgressEvent, SubmitEvent, Task,
+                                 TaskRunEvent, TaskState, event_from_dict, event_to_dict)
 from offcut.daemon.replies import (Decision, PlacementUpdate, Reply, SnapshotStatistics,
                                    SolverStatistics, StatusView, TaskView, decision_of,
                                    task_view)
@@ -516,7 +516,7 @@ class Engine:
 
 #: the kind of each event that may carry a ``request_id`` (its idempotency namespace)
 _REQUEST_KINDS = ((SubmitEvent, "submit"), (TaskRunEvent, "run"), (ProgressEvent, "progress"),
-                  (CancelEvent, "cancel"))
+                  (CancelEvent, "cancel"), (EnergyEvent, "energy"))
 
 
 def _request_key(event: Event, caller: str) -> str | None:
@@ -546,11 +546,11 @@ def _duplicate(stored: bytes) -> Reply:
 
 
 def _answered_task_ids(event: Event, out: Outcome) -> list[str]:
-    """The tasks a reply carries: the one submitted, cancelled or reported on; every task of
-    a progress report; none for node events."""
+    """The tasks a reply carries: the one submitted, cancelled or reported on (a run or an
+    energy report); every task of a progress report; none for node events."""
     if isinstance(event, ProgressEvent):
         return [r.task_id for r in event.reports]
-    if isinstance(event, (SubmitEvent, CancelEvent, TaskRunEvent)):
+    if isinstance(event, (SubmitEvent, CancelEvent, TaskRunEvent, EnergyEvent)):
         return [out.task_id]
     return []
 

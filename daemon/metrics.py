@@ -32,7 +32,7 @@ from offcut.daemon.decision_times import LATENCY_BUCKETS_S, DecisionTimeSummary
 from offcut.daemon.engine import Engine
 from offcut.daemon.handlers import ASYNC_GENERATOR, COROUTINE, SYNC, kind_of, wrapped
 from offcut.daemon.model import TaskState
-from offcut.daemon.replies import StatusView
+from offcut.daemon.replies import MEASURED, MODELLED, StatusView, energy_view
 from offcut.daemon.zeus.registry import ZeusRegistry
 
 log = logging.getLogger("offcut.daemon")
@@ -43,13 +43,15 @@ class _EngineFigures:
     """What :class:`EngineCollector` copies under the engine's lock: the Status reply's
     figures (tasks by state, node counts, accounting), the event clock [s since epoch, None
     before the first event], the modelled rate [samples/s] and power [W] of the running
-    tasks, the fallback count, solves by backend, and the summaries of the decision times and
-    of the snapshots' hold times."""
+    tasks, the fallback count, solves by backend, the summaries of the decision times and
+    of the snapshots' hold times, and per energy source (``measured`` | ``modelled``) the
+    joules [J] and samples of the tasks in the state."""
 
     status: StatusView
     clock: float | None
     rate: float
     power: float
+    energy_by_source: dict[str, tuple[float, float]]
     fallbacks: int
     solves_by_backend: dict[str, int]
     decisions: DecisionTimeSummary
@@ -72,6 +74,7 @@ class EngineCollector(Collector):
         """Yield the metric families (see docs/metrics.md for units and meanings)."""
         figures = self._copy()
         yield from _state_families(figures)
+        yield from _energy_families(figures)
         yield from _counter_families(figures)
         if self.zeus is not None:
             yield from self._zeus_families()
@@ -87,11 +90,12 @@ class EngineCollector(Collector):
             running = [t for t in scheduler.active.values() if t.state is TaskState.RUNNING]
             rate = float(sum(t.rate for t in running))
             power = float(sum(t.power for t in running))
+            energy_by_source = _energy_by_source(scheduler.tasks.values())
             fallbacks, solves_by_backend = engine.fallbacks, dict(engine.solves_by_backend)
             decisions = engine.decision_times.summary()
             snapshots = engine.snapshot_times.summary()
-        return _EngineFigures(st, clock, rate, power, fallbacks, solves_by_backend, decisions,
-                              snapshots)
+        return _EngineFigures(st, clock, rate, power, energy_by_source, fallbacks,
+                              solves_by_backend, decisions, snapshots)
 
     def _zeus_families(self) -> Iterator[Metric]:
         """The ``offcut_zeus_*`` gauges (counts copied under the registry's lock)."""
@@ -102,6 +106,37 @@ class EngineCollector(Collector):
         yield GaugeMetricFamily("offcut_zeus_power_profiles",
                                 "Zeus power-limit profiles (one per job and batch size)",
                                 value=profiles)
+
+
+def _energy_by_source(tasks) -> dict[str, tuple[float, float]]:
+    """(joules [J], samples) summed over ``tasks`` by the source of each task's shown energy
+    (:func:`~offcut.daemon.replies.energy_view`: measured by its processes, else modelled)."""
+    sums = {MEASURED: [0.0, 0.0], MODELLED: [0.0, 0.0]}
+    for task in tasks:
+        view = energy_view(task)
+        sums[view.source][0] += view.joules
+        sums[view.source][1] += view.samples_per_joule * view.joules  # its samples
+    return {source: (j, n) for source, (j, n) in sums.items()}
+
+
+def _energy_families(figures: _EngineFigures) -> Iterator[Metric]:
+    """The tasks' energy [J] and samples per joule by source (docs/metrics.md)."""
+    joules = GaugeMetricFamily(
+        "offcut_task_energy_by_source_joules",
+        "Energy of the tasks in the daemon's state (running, and finished within "
+        "finished_task_retention_s) by source: measured = summed from their processes' GPU "
+        "measurements (ReportEnergy), modelled = the daemon's estimate for the tasks without "
+        "any, J", labels=["source"])
+    per_joule = GaugeMetricFamily(
+        "offcut_task_samples_per_joule",
+        "Samples per joule of the same tasks by source (their samples / their joules; 0 "
+        "without joules), samples/J", labels=["source"])
+    for source in (MEASURED, MODELLED):
+        j, n = figures.energy_by_source[source]
+        joules.add_metric([source], j)
+        per_joule.add_metric([source], n / j if j > 0 else 0.0)
+    yield joules
+    yield per_joule
 
 
 def _state_families(figures: _EngineFigures) -> Iterator[Metric]:

@@ -153,6 +153,9 @@ class Task:
     failure_reason: str = ""  # the last failure that restarted or failed it, in words
     node_seconds: float = 0.0  # nodes held x seconds so far [node-s] (fair_share's usage)
     learner: Any = field(default=None, repr=False)  # offcut.daemon.learning.TaskLearner
+    #: what its processes measured (offcut.daemon.scheduler.energy.EnergyLedger; None: nothing
+    #: yet); docs/execution.md, "Energy"
+    energy: Any = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form for snapshots."""
@@ -163,6 +166,7 @@ class Task:
         d["spec"] = self.spec.to_dict()
         d["state"] = self.state.value
         d["learner"] = self.learner.to_dict() if self.learner is not None else None
+        d["energy"] = self.energy.to_dict() if self.energy is not None else None
         return d
 
     @classmethod
@@ -174,6 +178,9 @@ class Task:
         if d.get("learner") is not None:
             from offcut.daemon.learning import TaskLearner
             d["learner"] = TaskLearner.from_dict(d["learner"])
+        if d.get("energy") is not None:  # (absent in snapshots of earlier releases)
+            from offcut.daemon.scheduler.energy import EnergyLedger
+            d["energy"] = EnergyLedger.from_dict(d["energy"])
         return cls(**d)
 
 
@@ -327,7 +334,22 @@ class ProgressEvent:
     request_id: str = ""
 
 
-Event = NodeEvent | SubmitEvent | CancelEvent | TaskRunEvent | ProgressEvent
+@dataclass(frozen=True)
+class EnergyEvent:
+    """What the GPUs of process ``rank`` of ``generation`` of task ``task_id`` drew since it
+    started, ``joules`` [J] (cumulative; ``Tasks.ReportEnergy``, docs/execution.md, "Energy"),
+    applied at ``time`` [s since epoch] (the daemon's receive time). ``request_id`` makes a
+    retry idempotent (per caller); ``sent_time`` is always None (the report carries no time)."""
+    time: float
+    task_id: str
+    generation: int
+    rank: int
+    joules: float
+    request_id: str = ""
+    sent_time: float | None = None
+
+
+Event = NodeEvent | SubmitEvent | CancelEvent | TaskRunEvent | ProgressEvent | EnergyEvent
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
@@ -348,6 +370,10 @@ def event_to_dict(event: Event) -> dict[str, Any]:
     elif isinstance(event, ProgressEvent):
         return {"kind": "progress", "time": event.time, "request_id": event.request_id,
                 "reports": [{"task_id": r.task_id, **asdict(r.report)} for r in event.reports]}
+    elif isinstance(event, EnergyEvent):
+        return {"kind": "energy", "time": event.time, "task_id": event.task_id,
+                "generation": event.generation, "rank": event.rank, "joules": event.joules,
+                "request_id": event.request_id}
     else:
         d = {"kind": "cancel", "time": event.time, "task_id": event.task_id}
         if event.request_id:  # (absent otherwise: rows as an earlier release wrote them)
@@ -376,4 +402,7 @@ def event_from_dict(d: dict[str, Any]) -> Event:
         items = tuple(ProgressItem(r["task_id"], ProgressReport(
             **{k: v for k, v in r.items() if k != "task_id"})) for r in d["reports"])
         return ProgressEvent(d["time"], items, d.get("request_id", ""))
+    if kind == "energy":
+        return EnergyEvent(d["time"], d["task_id"], d["generation"], d["rank"], d["joules"],
+                           d["request_id"])
     raise ValueError(f"unknown event kind {kind!r}")

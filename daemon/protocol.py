@@ -14,12 +14,12 @@ from dataclasses import asdict, fields
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from offcut.errors import InvalidArgument
-from offcut.daemon.model import (CancelEvent, Limits, NodeEvent, NodeKind, ProgressEvent,
-                                 ProgressItem, ProgressReport, SubmitEvent, TaskRunEvent,
-                                 TaskSpec, TaskState)
-from offcut.daemon.replies import (Decision, EventFigures, MeasuredCount, ModelView,
-                                   PlacementUpdate, SolverStatistics, SolveSummary, StatusView,
-                                   TaskView)
+from offcut.daemon.model import (CancelEvent, EnergyEvent, Limits, NodeEvent, NodeKind,
+                                 ProgressEvent, ProgressItem, ProgressReport, SubmitEvent,
+                                 TaskRunEvent, TaskSpec, TaskState)
+from offcut.daemon.replies import (Decision, EnergyView, EventFigures, MeasuredCount,
+                                   ModelView, PlacementUpdate, SolverStatistics, SolveSummary,
+                                   StatusView, TaskView)
 from offcut.daemon.scheduler import PlacementChange
 from offcut.v1 import decision_pb2, nodes_pb2, status_pb2, tasks_pb2
 
@@ -115,7 +115,8 @@ def spec_from_pb(spec: tasks_pb2.TaskSpec, limits: Limits | None = None) -> Task
         rescale_down_s=spec.rescale_down_s, total_work_samples=spec.total_work_samples,
         command=list(spec.command), reports_progress=spec.reports_progress,
         power_w=list(spec.power_w), zeus_job_id=spec.zeus_job_id,
-        gpus_per_node=spec.gpus_per_node, constraint=list(spec.constraint))
+        gpus_per_node=spec.gpus_per_node, constraint=list(spec.constraint),
+        procs_per_node=spec.procs_per_node)
 
 
 def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
@@ -127,7 +128,7 @@ def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
         rescale_down_s=spec.rescale_down_s, total_work_samples=spec.total_work_samples,
         command=spec.command, reports_progress=spec.reports_progress, power_w=spec.power_w,
         zeus_job_id=spec.zeus_job_id, gpus_per_node=spec.gpus_per_node,
-        constraint=spec.constraint)
+        constraint=spec.constraint, procs_per_node=spec.procs_per_node)
 
 
 def submit_from_pb(req: tasks_pb2.SubmitTaskRequest, now: float,
@@ -206,6 +207,23 @@ def progress_from_pb(req: tasks_pb2.ReportProgressRequest, now: float) -> Progre
                          request_id=req.request_id)
 
 
+def energy_from_pb(req: tasks_pb2.EnergyReport, now: float) -> EnergyEvent:
+    """An EnergyEvent at ``now`` [s since epoch] (the report carries no time); InvalidArgument
+    naming ``task_id`` when it is missing, ``generation`` beyond a signed 64-bit integer. The
+    figures are checked by the core (``offcut.daemon.scheduler.energy``)."""
+    if not req.task_id:
+        raise InvalidArgument("is required", "task_id")
+    if req.generation > MAX_SEQ:
+        raise InvalidArgument(f"must be at most 2^63 - 1, got {req.generation}", "generation")
+    return EnergyEvent(time=now, task_id=req.task_id, generation=req.generation,
+                       rank=req.rank, joules=req.joules, request_id=req.request_id)
+
+
+def energy_to_pb(view: EnergyView | None) -> tasks_pb2.TaskEnergy | None:
+    """The protocol form of a task's shown energy (None: unset)."""
+    return tasks_pb2.TaskEnergy(**asdict(view)) if view is not None else None
+
+
 def spec_from_stored_pb(spec: tasks_pb2.TaskSpec) -> TaskSpec:
     """A spec from a message the daemon itself stored (a format-1 journal reply): taken as
     it is, without validation (it was validated when it was submitted)."""
@@ -278,7 +296,7 @@ def task_to_pb(task: TaskView) -> tasks_pb2.Task:
         rate_samples_per_s=task.rate_samples_per_s, rescales=task.rescales,
         preemptions=task.preemptions, launches=task.launches, last_run=task.last_run,
         generation=task.generation, failed_runs=task.failed_runs,
-        failure_reason=task.failure_reason)
+        failure_reason=task.failure_reason, energy=energy_to_pb(task.energy))
 
 
 def task_from_pb(msg: tasks_pb2.Task) -> TaskView:

@@ -70,12 +70,54 @@ class ModelView:
         return cls(**d)
 
 
+#: where a task's shown energy comes from (``EnergyView.source``)
+MEASURED, MODELLED = "measured", "modelled"
+
+
+@dataclass
+class EnergyView:
+    """A task's energy as shown (docs/execution.md, "Energy"; ``offcut.v1.TaskEnergy``):
+    ``source`` :data:`MEASURED` (the sum of what its processes measured on their GPUs,
+    ``Tasks.ReportEnergy``) or :data:`MODELLED` (``Task.energy_j``, the daemon's model: an
+    estimate); ``joules`` [J]; ``samples_per_joule`` [samples/J] (0 when ``joules`` is 0).
+    Measured only: generations with a report, the newest of them, its sum [J], its ranks
+    that reported and its world size."""
+
+    source: str
+    joules: float
+    samples_per_joule: float
+    generations_reported: int = 0
+    last_generation: int = 0
+    last_generation_joules: float = 0.0
+    last_generation_ranks: int = 0
+    last_generation_world_size: int = 0
+
+
+def energy_view(task: Task) -> EnergyView:
+    """``task``'s :class:`EnergyView`: measured once any of its processes reported, with the
+    samples of its last progress report (else its work done); else modelled, with its work
+    done [samples]."""
+    ledger = task.energy
+    if ledger is None or not ledger.measured:
+        joules, samples = task.energy_j, task.work_done
+        return EnergyView(MODELLED, joules, samples / joules if joules > 0 else 0.0)
+    last = task.learner.last_report if task.learner is not None else None
+    samples = last[1] if last is not None else task.work_done
+    joules = ledger.total_j
+    g, g_joules, g_ranks, g_size = ledger.last()
+    return EnergyView(MEASURED, joules, samples / joules if joules > 0 else 0.0,
+                      generations_reported=ledger.generations, last_generation=g,
+                      last_generation_joules=g_joules, last_generation_ranks=g_ranks,
+                      last_generation_world_size=g_size)
+
+
 @dataclass
 class TaskView:
     """A task as answered: its spec, owner, state, times [s since epoch; None unset], nodes,
     progress projected to the scheduler's clock (work [samples], rate [samples/s]), counters,
-    execution (generation, failed runs, reason; docs/execution.md), energy [J], modelled
-    power [W] and learned model."""
+    execution (generation, failed runs, reason; docs/execution.md), energy [J] (modelled or
+    reported), modelled power [W], learned model, and the energy as shown (measured or
+    modelled; None in answers stored by releases before it)."""
 
     task_id: str
     spec: TaskSpec
@@ -97,6 +139,7 @@ class TaskView:
     energy_j: float
     power_w: float
     model: ModelView | None = None
+    energy: EnergyView | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form."""
@@ -112,6 +155,7 @@ class TaskView:
         d["spec"] = TaskSpec.from_dict(d["spec"])
         d["state"] = TaskState(d["state"])
         d["model"] = ModelView.from_dict(d["model"]) if d.get("model") is not None else None
+        d["energy"] = EnergyView(**d["energy"]) if d.get("energy") is not None else None
         return cls(**d)
 
 
@@ -151,7 +195,7 @@ def task_view(task: Task, scheduler: "Scheduler") -> TaskView:
         rescales=task.rescales, preemptions=task.preemptions, launches=task.launches,
         last_run=task.last_run, generation=task.generation, failed_runs=task.failed_runs,
         failure_reason=task.failure_reason, energy_j=task.energy_j, power_w=task.power,
-        model=model_view(task, scheduler))
+        model=model_view(task, scheduler), energy=energy_view(task))
 
 
 @dataclass

@@ -111,7 +111,7 @@ def _rpc_stream(method):
 _rpc_async = _rpc_stream
 
 #: journal kinds whose stored reply answers about one task (shown as the entry's ``task``)
-_ONE_TASK_KINDS = ("submit", "cancel", "run")
+_ONE_TASK_KINDS = ("submit", "cancel", "run", "energy")
 
 
 def history_entry(row_id: int, kind: str, stored: bytes) -> status_pb2.HistoryEntry:
@@ -343,16 +343,22 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
             tasks=[protocol.task_to_pb(t) for t in views],
             next_page_token=views[-1].task_id if more else "")
 
-    @_rpc
-    def CancelTask(self, request, context):
-        """Cancel a task, release its nodes, re-allocate (NOT_FOUND / FAILED_PRECONDITION); a
-        repeated ``request_id`` of the same caller gets the stored reply."""
+    def _apply_for_own_task(self, request, context, from_pb):
+        """Apply the event ``from_pb(request, now)`` of a request about one task
+        (``request.task_id``), which the caller must see (NOT_FOUND naming ``task_id``
+        otherwise, before anything is applied); returns ``(caller, reply)``."""
         who = self.auth.of(context)
         if request.task_id and not _visible(self.engine, who, request.task_id):
             raise NotFound(f"no task {request.task_id!r}", "task_id")
         now = clock_now()
-        event, stamp = self.times.place(protocol.cancel_from_pb(request, now), now, who)
-        reply = self.engine.apply(event, stamp=stamp, **_caller(who))
+        event, stamp = self.times.place(from_pb(request, now), now, who)
+        return who, self.engine.apply(event, stamp=stamp, **_caller(who))
+
+    @_rpc
+    def CancelTask(self, request, context):
+        """Cancel a task, release its nodes, re-allocate (NOT_FOUND / FAILED_PRECONDITION); a
+        repeated ``request_id`` of the same caller gets the stored reply."""
+        who, reply = self._apply_for_own_task(request, context, protocol.cancel_from_pb)
         return tasks_pb2.CancelTaskResponse(task=protocol.task_to_pb(reply.tasks[0]),
                                             decision=_decision_for(self.engine, who, reply))
 
@@ -387,6 +393,18 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         return tasks_pb2.ReportProgressResponse(
             decision=_decision_for(self.engine, who, reply),
             tasks=[protocol.task_to_pb(t) for t in reply.tasks])
+
+    @_rpc
+    def ReportEnergy(self, request, context):
+        """What one process's GPUs drew in its generation (docs/execution.md, "Energy"): the
+        largest figure per (generation, rank) counts, summed per generation and task. A user
+        may report their own tasks only (another user's task is NOT_FOUND); INVALID_ARGUMENT
+        names ``joules``, ``generation`` or ``rank`` out of bounds, FAILED_PRECONDITION a
+        generation after the current one or no longer kept; a repeated ``request_id`` gets the
+        stored reply."""
+        who, reply = self._apply_for_own_task(request, context, protocol.energy_from_pb)
+        return tasks_pb2.ReportEnergyResponse(task=protocol.task_to_pb(reply.tasks[0]),
+                                              decision=_decision_for(self.engine, who, reply))
 
     @_rpc_stream
     async def WatchPlacements(self, request, context):

@@ -13,10 +13,18 @@ something to send, grpc):
 * :mod:`~offcut.slurm_plugin.slurm_cli`: ``sinfo``/``squeue``/``sbatch``/``scancel``/``scontrol``
   calls with timeouts and clear errors (shared with the launcher).
 * :mod:`~offcut.slurm_plugin.launcher`: the launcher (``offcut-slurm launch``).
+* :mod:`~offcut.slurm_plugin.node_run`: the per-node supervisor a job's batch script runs: the
+  task's processes on the node, the stop signal forwarded, the protocol's exit code
+  (``python -m offcut.slurm_plugin.node_run``; standard library only).
 * :mod:`~offcut.slurm_plugin.owners`: whose account runs a task's jobs (its owner's:
   ``sbatch --uid/--gid``) and which owners are refused.
 * :mod:`~offcut.slurm_plugin.nodelist`: hostlist expansion and the daemon's node-name rule.
 * :mod:`~offcut.slurm_plugin.rpc`: a light node-event sender (stubs + optional bearer token).
+* :mod:`~offcut.slurm_plugin.power_helper`: the GPU power helper (zeusd's API, per-job
+  authorisation) and the node epilog's restore (``offcut-slurm power-helper`` /
+  ``power-restore``); :mod:`~offcut.slurm_plugin.job_gpus`: which job a process is in and
+  which GPUs it holds; :mod:`~offcut.slurm_plugin.gpu_backends`: NVML and the recording
+  stand-in.
 * :mod:`~offcut.slurm_plugin.cli`: the ``offcut-slurm`` command.
 
 The daemon is reached through ``offcut.v1`` only (docs/architecture.md §1); of the daemon's code,

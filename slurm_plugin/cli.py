@@ -4,6 +4,9 @@
     offcut-slurm idle           print the idle set the watcher would send (no daemon)
     offcut-slurm install-hooks  write the PrologSlurmctld / EpilogSlurmctld wrappers
     offcut-slurm launch         run the daemon's placements as Slurm jobs
+    offcut-slurm power-helper   the node's privileged GPU power-limit helper (zeusd's API)
+    offcut-slurm power-restore  node Epilog: restore the ending job's GPU power limits
+    offcut-slurm install-power-epilog  write the node Epilog wrapper of power-restore
 
 Run ``offcut-slurm COMMAND --help`` for the options.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -38,10 +42,14 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _setup_logging(log_file: Optional[Path], level: str) -> None:
+    """Log ``offcut.slurm`` to ``log_file`` (rotated: 10 MiB, 3 old files kept) or stderr."""
+    from logging.handlers import RotatingFileHandler
+
     handler: logging.Handler
     if log_file:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(log_file, encoding="utf-8")
+        handler = RotatingFileHandler(log_file, maxBytes=10 << 20, backupCount=3,
+                                      encoding="utf-8")
     else:
         handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -274,6 +282,165 @@ def launch(
         log.info("launching placements of %s as jobs in partition %s (poll %g s)",
                  client.address, cfg.slurm.partition, poll_s)
         launcher.run(poll_s, stop)
+
+
+# ----------------------------------------------------------------------------- GPU power limits
+POWER_GPUS_HELP = ("the node's GPUs: nvml (nvidia-ml-py), or fake:FILE, the recording stand-in "
+                   "for tests and GPU-less nodes (slurm_plugin/gpu_backends.py)")
+POWER_STATE_HELP = "the record of the limits the helper changed, per job (JSON, mode 0600)"
+
+
+
+@app.command("power-helper")
+def power_helper(
+    socket_path: Path = typer.Option(Path("/run/offcut/power.sock"), "--socket", help="unix socket to listen on (its folder must be root's and writable by root only)"),
+    socket_mode: str = typer.Option("666", "--socket-mode", help="the socket's mode, octal: 666 lets every job connect; each call is authorised by its caller's credentials (SO_PEERCRED) and Slurm"),
+    gpus: str = typer.Option("nvml", "--gpus", help=POWER_GPUS_HELP),
+    node: Optional[str] = typer.Option(None, "--node", help="this node's Slurm name [default: the short host name]"),
+    state: Path = typer.Option(Path("/run/offcut/power-records.json"), "--state", help=POWER_STATE_HELP),
+    job_lookup: str = typer.Option("auto", "--job-lookup", help="how a caller's job is found: auto (stepd, then cgroup) | stepd (its root slurmstepd ancestor) | cgroup (Slurm's cgroup) | scontrol (scontrol pidinfo)"),
+    cache_s: float = typer.Option(5.0, "--cache-s", help="seconds a job's description from scontrol is reused"),
+    max_connections: int = typer.Option(64, "--max-connections", help="connections of users other than root served at once (one more is answered 503; root's are never refused)"),
+    max_per_user: int = typer.Option(16, "--max-connections-per-user", help="connections of one user (not root) served at once"),
+    idle_timeout_s: float = typer.Option(10.0, "--idle-timeout-s", help="a connection idle this long is closed [s]"),
+    scontrol: str = typer.Option("scontrol", "--scontrol", help="the scontrol command (name in PATH or path)"),
+    slurm_conf: Optional[Path] = typer.Option(None, "--slurm-conf", envvar="SLURM_CONF", help="slurm.conf for scontrol"),
+    slurm_timeout_s: float = typer.Option(5.0, "--slurm-timeout-s", help="limit per scontrol call [s]"),
+    log_file: Optional[Path] = typer.Option(None, "--log-file", help="log here (rotated) instead of stderr"),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Serve zeusd's HTTP API on a unix socket, so that Zeus (ZEUSD_SOCK_PATH) and Offcut's
+    training side set GPU power limits without root: root may set any GPU, any other caller
+    only the GPUs its own running Slurm job holds on this node (docs/security.md, "GPU power
+    limits"). Runs as root on every GPU node; the node Epilog (install-power-epilog)
+    restores the defaults when a job ends.
+
+    Example: offcut-slurm power-helper --log-file /var/log/offcut/power-helper.log
+    """
+    import socket as socket_mod
+
+    from offcut.slurm_plugin.gpu_backends import GpuError, open_backend
+    from offcut.slurm_plugin.job_gpus import JobDirectory
+    from offcut.slurm_plugin.power_helper import PowerHelper, PowerHelperServer, PowerRecords
+    from offcut.slurm_plugin.slurm_cli import SlurmCLI
+
+    try:
+        mode = int(socket_mode, 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o777:
+        _fail(f"--socket-mode: {socket_mode!r} is not an octal mode such as 666")
+    if (cache_s < 0 or max_connections < 1 or max_per_user < 1 or idle_timeout_s <= 0
+            or slurm_timeout_s <= 0):
+        _fail("--cache-s must be >= 0, --max-connections(-per-user) >= 1, the timeouts > 0")
+    if gpus == "nvml" and os.geteuid() != 0:
+        _fail("power-helper --gpus nvml must run as root (setting a power limit needs it)")
+    _setup_logging(log_file, log_level)
+    log = logging.getLogger("offcut.slurm.power")
+    try:
+        backend = open_backend(gpus)
+        jobs = JobDirectory(SlurmCLI(scontrol=scontrol, timeout_s=slurm_timeout_s,
+                                     slurm_conf=str(slurm_conf) if slurm_conf else None),
+                            method=job_lookup, ttl_s=cache_s)
+    except (ValueError, GpuError) as exc:
+        _fail(str(exc))
+    name = node or socket_mod.gethostname().split(".")[0]
+    helper = PowerHelper(backend, jobs, name, PowerRecords(state))
+    try:
+        server = PowerHelperServer(helper, str(socket_path), mode=mode,
+                                   max_connections=max_connections,
+                                   max_per_user=max_per_user, idle_timeout_s=idle_timeout_s)
+    except (OSError, ValueError) as exc:
+        backend.close()
+        _fail(str(exc))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    log.info("power helper of node %s on %s (mode %04o, %d GPUs, %s)", name, socket_path, mode,
+             backend.count(), gpus)
+    try:
+        stop.wait()
+    finally:
+        server.stop()
+        backend.close()
+        log.info("power helper stopped")
+
+
+@app.command("power-restore")
+def power_restore(
+    socket_path: Path = typer.Option(Path("/run/offcut/power.sock"), "--socket", help="the power helper's socket"),
+    gpus: str = typer.Option("nvml", "--gpus", help=POWER_GPUS_HELP + "; used only when the helper cannot be reached"),
+    state: Path = typer.Option(Path("/run/offcut/power-records.json"), "--state", help=POWER_STATE_HELP),
+    job_id: Optional[str] = typer.Option(None, "--job-id", envvar="SLURM_JOB_ID", help="the ending job [default: $SLURM_JOB_ID]"),
+    job_gpus: Optional[str] = typer.Option(None, "--job-gpus", envvar="SLURM_JOB_GPUS", help="its GPUs on this node, e.g. 0,1 [default: $SLURM_JOB_GPUS]"),
+    node: Optional[str] = typer.Option(None, "--node", help="the helper's node name, only where several slurmd share a host: the epilog of another node ($SLURMD_NODENAME) does nothing"),
+    timeout_s: float = typer.Option(5.0, "--timeout-s", help="bound on the call to the helper [s]; the whole run is bounded by 3x this + 5 s"),
+    log_file: Optional[Path] = typer.Option(None, "--log-file", help="log here (rotated) instead of stderr"),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Node Epilog (as root, at every job end: finished, cancelled, preempted, killed):
+    restore the default power limit of every GPU of the ending job (SLURM_JOB_GPUS and the
+    helper's record) through the helper, or directly when the helper is not running. Safe when
+    nothing changed. Always exits 0 (errors are logged), so a node is never drained for it."""
+    from offcut.slurm_plugin.power_helper import epilog_restore
+
+    try:
+        _setup_logging(log_file, log_level)
+    except OSError as exc:
+        typer.echo(f"offcut-slurm power-restore: log file: {exc}", err=True)
+    log = logging.getLogger("offcut.slurm.power-restore")
+    limit = max(1, int(3 * max(timeout_s, 0.1) + 5))
+
+    def _watchdog(*_):
+        log.error("job %s: no result within %d s; exiting 0", job_id, limit)
+        logging.shutdown()
+        os._exit(0)
+
+    signal.signal(signal.SIGALRM, _watchdog)
+    signal.alarm(limit)
+    try:
+        line = epilog_restore(job_id, job_gpus, socket_path=str(socket_path), backend_spec=gpus,
+                              state=str(state), node=node,
+                              this_node=os.environ.get("SLURMD_NODENAME"),
+                              timeout_s=max(timeout_s, 0.1))
+        (log.error if line.startswith("error:") else log.info)("%s", line)
+    except Exception:  # noqa: BLE001 - an epilog must exit 0
+        log.exception("job %s: restore failed", job_id)
+    finally:
+        signal.alarm(0)
+    raise typer.Exit(0)
+
+
+@app.command("install-power-epilog")
+def install_power_epilog(
+    directory: Path = typer.Option(..., "--dir", help="folder for epilog_power.sh (root's)"),
+    socket_path: Path = typer.Option(Path("/run/offcut/power.sock"), "--socket", help="the power helper's socket"),
+    gpus: str = typer.Option("nvml", "--gpus", help=POWER_GPUS_HELP),
+    state: Path = typer.Option(Path("/run/offcut/power-records.json"), "--state", help=POWER_STATE_HELP),
+    node: Optional[str] = typer.Option(None, "--node", help="see power-restore --node (test clusters only)"),
+    timeout_s: float = typer.Option(5.0, "--timeout-s", help="bound on the call to the helper [s]"),
+    log_file: Optional[Path] = typer.Option(None, "--log-file", help="the epilog's log [default: DIR/offcut-power-epilog.log]"),
+    python: Optional[Path] = typer.Option(None, "--python", help="interpreter with offcut installed [default: this one]"),
+) -> None:
+    """Write the node Epilog wrapper (epilog_power.sh) that runs power-restore, and print the
+    slurm.conf line.
+
+    Example: offcut-slurm install-power-epilog --dir /etc/slurm/offcut
+    """
+    from offcut.slurm_plugin.install import (PowerEpilogConfig, power_epilog_conf_line,
+                                             write_power_epilog)
+
+    if timeout_s <= 0:
+        _fail("--timeout-s must be > 0")
+    kw = {"python": str(python.absolute())} if python else {}
+    path = write_power_epilog(directory, PowerEpilogConfig(
+        socket=str(socket_path), gpus=gpus, state=str(state), node=node, timeout_s=timeout_s,
+        log_file=str(log_file) if log_file else None, **kw))
+    typer.echo(f"wrote {path}", err=True)
+    typer.echo("# add to slurm.conf on every GPU node (or call the script from your Epilog), "
+               "then `scontrol reconfigure`:")
+    typer.echo(power_epilog_conf_line(path))
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""Writes the shell wrappers that Slurm runs as ``PrologSlurmctld`` / ``EpilogSlurmctld``.
+"""Writes the shell wrappers that Slurm runs as ``PrologSlurmctld`` / ``EpilogSlurmctld``, and
+the node ``Epilog`` that restores GPU power limits (:func:`write_power_epilog`).
 
 Slurm runs them with no ``PATH`` and no ``SLURM_CONF``, so everything is absolute: the
 wrapper runs this installation's Python (``sys.executable`` at install time, the virtual
@@ -125,3 +126,69 @@ def slurm_conf_lines(paths: dict[str, Path], timeout_s: float) -> list[str]:
     kill is only a last resort."""
     return [f"{SLURM_KEYS[k]}={p}" for k, p in paths.items()] + [
         f"PrologEpilogTimeout={max(int(timeout_s * 3 + 15), 30)}"]
+
+
+# ----------------------------------------------------------------------------- node epilog
+POWER_EPILOG_FILE = "epilog_power.sh"
+
+
+@dataclass
+class PowerEpilogConfig:
+    """Settings baked into the node ``Epilog`` wrapper that restores GPU power limits
+    (``offcut-slurm power-restore --help``). ``socket``: the power helper's socket;
+    ``gpus``: the helper's ``--gpus`` (``nvml`` or ``fake:FILE``), used when the helper cannot
+    be reached; ``state``: the helper's limits record; ``node``: the helper's node name (only
+    where several slurmd share one host, as in the test cluster; the epilog of another node
+    then does nothing); ``timeout_s``: bound on the call to the helper [s]."""
+
+    socket: str
+    gpus: str = "nvml"
+    state: str | None = None
+    log_file: str | None = None          # default: DIR/offcut-power-epilog.log
+    node: str | None = None
+    timeout_s: float = 5.0
+    python: str = field(default_factory=lambda: os.path.abspath(sys.executable))
+
+
+def power_epilog_command(cfg: PowerEpilogConfig, log_file: str) -> list[str]:
+    """The argv the node epilog wrapper runs (``offcut-slurm power-restore``)."""
+    argv = [cfg.python, "-I", "-m", "offcut.slurm_plugin.cli", "power-restore",
+            "--socket", os.path.abspath(cfg.socket), "--gpus", cfg.gpus,
+            "--timeout-s", f"{cfg.timeout_s:g}", "--log-file", log_file]
+    if cfg.state:
+        argv += ["--state", os.path.abspath(cfg.state)]
+    if cfg.node:
+        argv += ["--node", cfg.node]
+    return argv
+
+
+def write_power_epilog(directory: str | Path, cfg: PowerEpilogConfig) -> Path:
+    """Write ``epilog_power.sh`` (mode 0755, atomically) into ``directory`` (created if
+    needed): slurmd runs it as root at the end of every job on the node (``Epilog=``), with
+    ``SLURM_JOB_ID`` and ``SLURM_JOB_GPUS`` in its environment, and it always exits 0 so that
+    a failure never drains the node (errors go to the log). Returns its path."""
+    d = Path(directory).absolute()
+    d.mkdir(parents=True, exist_ok=True)
+    log_file = os.path.abspath(cfg.log_file) if cfg.log_file else str(d / "offcut-power-epilog.log")
+    Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+    cmd = " ".join(shlex.quote(a) for a in power_epilog_command(cfg, log_file))
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    text = ("#!/bin/sh\n"
+            f"# Offcut node Epilog: restores the default GPU power limits of the ending job,\n"
+            f"# written by `offcut-slurm install-power-epilog` ({when}). slurmd runs it as root\n"
+            "# with SLURM_JOB_ID and SLURM_JOB_GPUS set. Every path is absolute; it always exits\n"
+            "# 0: an error is logged, never a drained node.\n"
+            f"{cmd} </dev/null >/dev/null 2>>{shlex.quote(log_file)}\n"
+            "exit 0\n")
+    path = d / POWER_EPILOG_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o755)
+    os.replace(tmp, path)
+    return path
+
+
+def power_epilog_conf_line(path: str | Path) -> str:
+    """The slurm.conf line that runs the wrapper at every job end on a node (a site with an
+    ``Epilog`` of its own calls the wrapper from it instead)."""
+    return f"Epilog={Path(path).absolute()}"

@@ -7,8 +7,10 @@ Slurm job per node in the preemptible partition (``sbatch -p PARTITION -w NODE -
 ``PREFIX-TASKID.GENERATION-NODE``, with the task's command (``slurm.command_template``) and
 the environment of docs/execution.md: ``OFFCUT_*`` (task, generation, node list, checkpoint
 folder, stop signal, daemon address, Zeus job) and torch.distributed's ``MASTER_ADDR``,
-``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` (one process
-per node; a torchrun template makes one per GPU).
+``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``: the job runs
+the task's ``procs_per_node`` processes (one per GPU by default) under the per-node
+supervisor :mod:`offcut.slurm_plugin.node_run`, which forwards the stop signal to each and
+ends the job with the protocol's exit code.
 
 Each task's jobs run as the task's owner (``sbatch --uid=UID --gid=GID`` from a root launcher:
 :mod:`offcut.slurm_plugin.owners`), with the owner's ``HOME``/``USER``/``LOGNAME``, in
@@ -54,8 +56,8 @@ Slurm call repairs itself on the next pass:
 
 Ahead of a preemption Slurm sends the same signal to the job's batch shell
 (``--signal=B:SIG@LEAD`` with ``SlurmctldParameters=preempt_send_user_signal``), then waits
-the partition's GraceTime. The command is ``exec``-ed, so the training program itself gets
-the signal.
+the partition's GraceTime. The batch shell ``exec``-s the per-node supervisor, which forwards
+the signal to every process of the node.
 
 Passes are triggered by placement updates (``WatchPlacements``), at least every ``--poll-s``
 seconds, and every second while a generation is being replaced. Errors of Slurm or the
@@ -68,6 +70,7 @@ import logging
 import os
 import re
 import shlex
+import sys
 import threading
 import time
 import zlib
@@ -79,6 +82,7 @@ import hostlist
 
 from offcut.daemon.config import SlurmConfig
 from offcut.errors import FailedPrecondition, NotFound, OffcutError
+from offcut.slurm_plugin import node_run
 from offcut.slurm_plugin.owners import (JOB_UMASK, Account, OwnerAccounts, OwnerRefused,
                                         RunAsPolicy, user_name)
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
@@ -180,6 +184,7 @@ class Generation:
     owner: str = ""           # the task's owner (a user name), whose account runs its jobs
     gpus_per_node: int = 0    # the task's spec.gpus_per_node: the jobs' --gres=gpu:N
     constraint: tuple[str, ...] = ()  # the task's spec.constraint: the jobs' --constraint
+    procs_per_node: int = 1   # processes on each node (TaskSpec.local_world_size)
 
 
 def _older_than_task(job: JobInfo, gen: Generation | None) -> bool:
@@ -189,11 +194,49 @@ def _older_than_task(job: JobInfo, gen: Generation | None) -> bool:
             and job.submit_time < gen.submit_time - CLOCK_SLACK_S)
 
 
+#: the per-node supervisor a job's batch script runs (one file of the standard library, so any
+#: Python 3.9+ runs it: docs/execution.md, "Processes per node")
+NODE_RUN = Path(node_run.__file__).resolve()
+#: the interpreter of the supervisor when the launcher's own cannot be run by every user
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def _everyone_may(path: str, bits: int) -> bool:
+    """Whether every user may use ``path`` (its real path) as ``bits`` says (``S_IXOTH`` to
+    run, ``S_IROTH`` to read) and pass through every folder above it."""
+    import stat
+
+    real = Path(os.path.realpath(path))
+    try:
+        if not real.stat().st_mode & bits:
+            return False
+        return all(p.stat().st_mode & stat.S_IXOTH for p in real.parents)
+    except OSError:
+        return False
+
+
+def supervisor_python(cfg: SlurmConfig) -> str:
+    """The interpreter that runs :data:`NODE_RUN` in the jobs (which run as the tasks'
+    owners): ``[slurm] node_python`` when set; else the launcher's own interpreter when every
+    user may run it; else :data:`SYSTEM_PYTHON` when it exists (a launcher in a virtual
+    environment whose base interpreter lives in a private folder, e.g. root's home)."""
+    import stat
+
+    if cfg.node_python:
+        return cfg.node_python
+    if _everyone_may(sys.executable, stat.S_IXOTH) or not os.access(SYSTEM_PYTHON, os.X_OK):
+        return sys.executable
+    return SYSTEM_PYTHON
+
+
 def batch_script(cfg: SlurmConfig, gen: Generation, node: str, *, address: str,
                  master_addr: str, account: Account | None = None) -> str:
     """The batch script of ``gen``'s job on ``node``: the environment of docs/execution.md,
-    then ``exec`` of ``cfg.command_template`` (placeholders filled; ``{command}`` is the
-    task's argv, shell-quoted). With ``account`` (the jobs run as the task's owner) the script
+    then ``exec`` of the per-node supervisor (:data:`NODE_RUN`, by :func:`supervisor_python`),
+    which starts ``gen.procs_per_node`` processes of
+    ``cfg.command_template`` (placeholders filled; ``{command}`` is the task's argv,
+    shell-quoted; ``{rank}`` is the node's index, each process's own rank is its ``RANK``).
+    With ``account`` (the jobs run as the task's owner) the script
     first creates the task's checkpoint folder as the owner (mode 0700) and exits 1, with a
     message, when that fails or the folder is a link or not the owner's (another user's
     folder planted in a shared root).
@@ -203,34 +246,43 @@ def batch_script(cfg: SlurmConfig, gen: Generation, node: str, *, address: str,
     """
     if not gen.command and "{command}" in cfg.command_template:
         raise ValueError(f"task {gen.task_id} has no command (submit it with -- COMMAND...)")
-    rank, world = gen.nodes.index(node), len(gen.nodes)
+    node_rank, nodes = gen.nodes.index(node), len(gen.nodes)
+    procs = gen.procs_per_node
+    world = nodes * procs
     nodelist = hostlist.collect_hostlist(list(gen.nodes))
     port = master_port(cfg, gen.task_id, gen.generation)
     ckpt = str(checkpoint_dir(cfg, gen.task_id, account))
     line = cfg.command_template.format(
         command=shlex.join(gen.command), task_id=gen.task_id,
-        task_name=shlex.quote(gen.task_name), node=node, rank=rank, nodes=nodelist,
-        num_nodes=world, generation=gen.generation, master_addr=master_addr, master_port=port,
+        task_name=shlex.quote(gen.task_name), node=node, rank=node_rank, nodes=nodelist,
+        num_nodes=nodes, generation=gen.generation, master_addr=master_addr, master_port=port,
         world_size=world, checkpoint_dir=shlex.quote(ckpt))
     env = {"OFFCUT_TASK_ID": gen.task_id, "OFFCUT_TASK_NAME": gen.task_name,
            "OFFCUT_ADDRESS": address, "OFFCUT_GENERATION": str(gen.generation),
-           "OFFCUT_NODE": node, "OFFCUT_RANK": str(rank), "OFFCUT_NODELIST": nodelist,
-           "OFFCUT_NUM_NODES": str(world), "OFFCUT_CHECKPOINT_DIR": ckpt,
-           "OFFCUT_STOP_SIGNAL": cfg.signal,
+           "OFFCUT_NODE": node, "OFFCUT_NODE_RANK": str(node_rank), "OFFCUT_NODELIST": nodelist,
+           "OFFCUT_NUM_NODES": str(nodes), "OFFCUT_CHECKPOINT_DIR": ckpt,
+           "OFFCUT_STOP_SIGNAL": cfg.signal, "OFFCUT_PEER_TIMEOUT_S": f"{cfg.peer_timeout_s:g}",
            "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
-           "RANK": str(rank), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+           "LOCAL_WORLD_SIZE": str(procs)}
     if gen.zeus_job_id:
         env["OFFCUT_ZEUS_JOB_ID"] = gen.zeus_job_id
+    if cfg.power_socket and gen.gpus_per_node:
+        env["ZEUSD_SOCK_PATH"] = cfg.power_socket
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
     head = (f"#!/bin/bash\n# Offcut task {gen.task_id}, generation {gen.generation}, on {node} "
-            f"(rank {rank} of {world})")
+            f"(node {node_rank} of {nodes}, {procs} process(es) each)")
+    run = shlex.join([supervisor_python(cfg), "-I", str(NODE_RUN),
+                      "--procs", str(procs), "--node-rank", str(node_rank),
+                      "--num-nodes", str(nodes),
+                      "--gpus-per-proc", str(gen.gpus_per_node // procs),
+                      "--stop-signal", cfg.signal, "--", line])
     if account is None:  # the launcher made the folder (its own account runs the jobs)
-        return f"{head}\n{exports}\nexec {line}\n"
+        return f"{head}\n{exports}\nexec {run}\n"
     make = ('mkdir -p -m 0700 -- "$OFFCUT_CHECKPOINT_DIR" && [ ! -L "$OFFCUT_CHECKPOINT_DIR" ] '
             '&& [ -O "$OFFCUT_CHECKPOINT_DIR" ] || { echo "offcut: cannot use the checkpoint '
             'folder $OFFCUT_CHECKPOINT_DIR (not created, a link, or not $(id -un)\'s)" >&2; '
             'exit 1; }')
-    return f"{head}, as {account.name}\n{exports}\n{make}\nexec {line}\n"
+    return f"{head}, as {account.name}\n{exports}\n{make}\nexec {run}\n"
 
 
 def job_environment(cfg: SlurmConfig, environ: Mapping[str, str] | None = None,
@@ -276,17 +328,22 @@ def run_state(job: JobInfo, *, cancelled_by_us: bool = False,
     """The run state to report for a job (None: nothing to report yet / at all).
 
     An ended job: ``finished`` (COMPLETED: exit 0); None (cancelled by this launcher);
-    ``interrupted`` (exit 75, or ended after this launcher's stop signal); ``preempted``
-    (PREEMPTED, ended while Slurm was preempting it, or CANCELLED by someone else);
-    ``failed`` (any other end: a non-zero exit, a signal, TIMEOUT, OUT_OF_MEMORY,
-    NODE_FAIL ...). A running job: ``started``."""
+    ``interrupted`` (exit 75, or killed by a signal after this launcher's stop signal);
+    ``preempted`` (PREEMPTED, ended while Slurm was preempting it, or CANCELLED by someone
+    else); ``failed`` (any other end: a non-zero exit other than 75, also after this
+    launcher's stop signal, where it is the run's own status: a rank that crashed while its
+    peers' end made the launcher stop the generation; a signal, TIMEOUT, OUT_OF_MEMORY,
+    NODE_FAIL ...). The daemon counts a failure only for the task's current generation
+    (docs/execution.md). A running job: ``started``."""
     s = job.states
     if s & FINISHED_JOB_STATES:
         if "COMPLETED" in s:
             return "finished"
         if "CANCELLED" in s and cancelled_by_us:
             return None
-        if signalled_by_us or (job.exit_code == EXIT_RESTART and not job.signal):
+        if job.exit_code == EXIT_RESTART and not job.signal:
+            return "interrupted"
+        if signalled_by_us and (job.signal or not job.exit_code):
             return "interrupted"
         if "PREEMPTED" in s or "CANCELLED" in s or job.being_preempted:
             return "preempted"
@@ -380,7 +437,8 @@ class Launcher:
                                       tuple(sorted(t.nodes)), tuple(t.spec.command),
                                       t.spec.zeus_job_id,
                                       t.submit_time.seconds + t.submit_time.nanos / 1e9,
-                                      t.owner, t.spec.gpus_per_node, tuple(t.spec.constraint))
+                                      t.owner, t.spec.gpus_per_node, tuple(t.spec.constraint),
+                                      t.spec.procs_per_node or t.spec.gpus_per_node or 1)
                 for t in self.client.list_tasks(states=[tasks_pb2.TASK_STATE_RUNNING])}
 
     def node_addresses(self) -> dict[str, str]:

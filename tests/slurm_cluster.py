@@ -91,11 +91,14 @@ def _free_port_block(n: int, tries: int = 200) -> int:
 
 
 class SlurmCluster:
-    """A running test cluster and helpers to drive it."""
+    """A running test cluster and helpers to drive it. ``gpu_nodes`` get ``gpus_per_node``
+    fake GPUs each (start-slurm.sh's SLURM_GPU_NODES / SLURM_GPUS_PER_NODE); ``extra_conf``:
+    further slurm.conf lines (e.g. a node ``Epilog=``)."""
 
     def __init__(self, root: Path, nodes: int = NODES, accounting: bool = False,
                  min_job_age_s: int = 300, gpu_nodes: Iterable[str] = (),
-                 features: Mapping[str, str] | None = None):
+                 features: Mapping[str, str] | None = None, gpus_per_node: int = 1,
+                 extra_conf: Iterable[str] = ()):
         self.root = root
         self.accounting = accounting
         self.dir = root / "slurm"
@@ -115,9 +118,10 @@ class SlurmCluster:
             "SLURM_PROLOG_EPILOG_TIMEOUT": "30", "SLURM_MIN_JOB_AGE": str(min_job_age_s),
             "SLURM_ACCOUNTING": "1" if accounting else "0",
             # schedule a submitted batch job within ~1 s instead of ~3 s (test speed only)
-            "SLURM_EXTRA_CONF": "SchedulerParameters=batch_sched_delay=0,sched_interval=1",
+            "SLURM_EXTRA_CONF": "\n".join(
+                ["SchedulerParameters=batch_sched_delay=0,sched_interval=1", *extra_conf]),
             # GPU nodes (gpu GRES with fake device files) and node features
-            "SLURM_GPU_NODES": ",".join(gpu_nodes),
+            "SLURM_GPU_NODES": ",".join(gpu_nodes), "SLURM_GPUS_PER_NODE": str(gpus_per_node),
             "SLURM_NODE_FEATURES": ";".join(f"{n}={f}" for n, f in (features or {}).items())})
         self.started = False
 

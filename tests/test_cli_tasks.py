@@ -120,6 +120,10 @@ def test_submit_bad_input_is_one_line(curve, tmp_path, daemon):
     one_line_error(run(*base, "--nodes", "1-2", "--gpus-per-node", "65"), 2, "--gpus-per-node",
                    "0 to 64")
     one_line_error(run(*base, "--nodes", "1-2", "--gpus-per-node", "-1"), 2, "--gpus-per-node")
+    one_line_error(run(*base, "--nodes", "1-2", "--procs-per-node", "65"), 2, "--procs-per-node",
+                   "0 to 64")
+    one_line_error(run(*base, "--nodes", "1-2", "--gpus-per-node", "4", "--procs-per-node", "3"),
+                   2, "--procs-per-node", "multiple")
     # nothing of it reached the daemon
     assert json.loads(run("queue", "--all", "--json", "--address", addr).stdout) == []
 
@@ -161,6 +165,7 @@ def test_submit_with_node_needs_shows_them(daemon):
     assert spec.gpus_per_node == 2 and list(spec.constraint) == ["a100", "ib"]
     shown = run("show", tid, "--address", srv.address).stdout
     assert "TresPerNode  gres:gpu:2" in shown and "Features     a100&ib" in shown
+    assert "NtasksPerNode  2" in shown or "NtasksPerNode 2" in " ".join(shown.split())
 
 
 def test_unreachable_daemon_says_where_and_how(tmp_path, curve):

@@ -368,6 +368,15 @@ def test_from_env_reads_the_protocol_and_local_runs():
     assert local.checkpoint_dir == Path("ck")
     assert not ElasticEnv.from_env({**FULL, "OFFCUT_ADDRESS": ""}).reports_progress
     assert parse_signal("SIGTERM") == parse_signal("15") == signal.SIGTERM
+    # the peer timeout: the launcher's [slurm] peer_timeout_s, else 60 s; the collective
+    # timeout follows it (twice it with nccl, whose watchdog would abort the process)
+    assert env.peer_timeout_s == 60.0 and local.peer_timeout_s == 60.0
+    assert ElasticEnv.from_env({**FULL, "OFFCUT_PEER_TIMEOUT_S": "12.5"}).peer_timeout_s == 12.5
+    run = ElasticRun(ElasticEnv.from_env({**FULL, "OFFCUT_PEER_TIMEOUT_S": "12.5"}),
+                     backend="gloo")
+    assert run.timeout_s == 12.5
+    assert ElasticRun(ElasticEnv.from_env(FULL), backend="nccl").timeout_s == 120.0
+    assert ElasticRun(ElasticEnv.from_env(FULL), backend="nccl", timeout_s=7).timeout_s == 7.0
 
 
 @pytest.mark.parametrize("change,variable", [
@@ -385,6 +394,10 @@ def test_from_env_reads_the_protocol_and_local_runs():
     ({"OFFCUT_GENERATION": "2b"}, "OFFCUT_GENERATION"),
     ({"OFFCUT_STOP_SIGNAL": "SIGNOPE"}, "OFFCUT_STOP_SIGNAL"),
     ({"OFFCUT_NUM_NODES": "0"}, "OFFCUT_NUM_NODES"),
+    ({"OFFCUT_PEER_TIMEOUT_S": "0"}, "OFFCUT_PEER_TIMEOUT_S"),
+    ({"OFFCUT_PEER_TIMEOUT_S": "nan"}, "OFFCUT_PEER_TIMEOUT_S"),
+    ({"OFFCUT_PEER_TIMEOUT_S": "1e9"}, "OFFCUT_PEER_TIMEOUT_S"),
+    ({"OFFCUT_PEER_TIMEOUT_S": "soon"}, "OFFCUT_PEER_TIMEOUT_S"),
 ])
 def test_from_env_names_the_missing_or_malformed_variable(change, variable):
     env = {k: v for k, v in {**FULL, **change}.items() if v is not None}

@@ -43,25 +43,53 @@ def example_argv() -> list[str]:
             "--collective-timeout-s", "30", "--rendezvous-timeout-s", "120"]
 
 
-def generations(slurm, tid: str) -> dict[int, dict[str, dict]]:
-    """generation -> node -> squeue record of the task's jobs."""
+def generations(slurm, tid: str, after: int = 0) -> dict[int, dict[str, dict]]:
+    """generation -> node -> squeue record of the task's jobs (of job ids above ``after``:
+    squeue still shows the ended jobs of an earlier test, whose task may have had the same
+    id)."""
     out: dict[int, dict[str, dict]] = {}
-    for j in slurm.jobs().values():
+    for job_id, j in slurm.jobs().items():
         parsed = parse_job_name(CFG, j.get("name", ""))
-        if parsed and parsed.task_id == tid and j.get("partition") == "scavenger":
+        if parsed and parsed.task_id == tid and j.get("partition") == "scavenger" \
+                and int(job_id) > after:
             out.setdefault(parsed.generation, {})[parsed.node] = j
     return out
 
 
-def running(slurm, tid: str) -> dict[str, int]:
-    """node -> generation of the task's running jobs."""
-    return {n: g for g, jobs in generations(slurm, tid).items() for n, j in jobs.items()
+def running(slurm, tid: str, after: int = 0) -> dict[str, int]:
+    """node -> generation of the task's running jobs (of job ids above ``after``)."""
+    return {n: g for g, jobs in generations(slurm, tid, after).items() for n, j in jobs.items()
             if j["state"] == "RUNNING"}
+
+
+def last_job_id(slurm) -> int:
+    """The highest job id squeue shows (0: none): the jobs of a test have higher ones."""
+    return max((int(j) for j in slurm.jobs()), default=0)
 
 
 def reported(client, tid: str) -> float:
     m = client.get_task(tid).model
     return m.last_samples_done if m.has_report else 0.0
+
+
+def job_logs(out: Path) -> tuple[dict[str, str], dict[int, list[tuple[int, int]]],
+                                 dict[int, int], tuple[float, int] | None]:
+    """What the jobs' output files in ``out`` say: (file name -> text; generation ->
+    [(samples, world size)] of its checkpoints; generation -> the samples it resumed from;
+    (final accuracy [%], samples) or None)."""
+    logs = {p.name: p.read_text(errors="replace") for p in out.glob("*.out")}
+    trained: dict[int, list[tuple[int, int]]] = {}
+    resumed: dict[int, int] = {}
+    final = None
+    for name, text in logs.items():
+        parsed = parse_job_name(CFG, name.rsplit("-", 1)[0])
+        for m in CHECKPOINT_RE.finditer(text):
+            trained.setdefault(int(m.group(2)), []).append((int(m.group(1)), int(m.group(3))))
+        if (m := RESUMED_RE.search(text)) and parsed:
+            resumed[parsed.generation] = int(m.group(1))
+        if m := ACCURACY_RE.search(text):
+            final = (float(m.group(1)), int(m.group(2)))
+    return logs, trained, resumed, final
 
 
 def undisturbed_accuracy(tmp_path: Path) -> float:
@@ -132,18 +160,7 @@ def test_example_trains_through_preemption_of_rank_0_and_growth(example, slurm, 
     assert grown, f"no four-node generation after the shrink: {sorted(gens)}"
 
     # what each generation did, from the jobs' output (rank 0 prints its checkpoints)
-    logs = {p.name: p.read_text(errors="replace") for p in out.glob("*.out")}
-    trained: dict[int, list[tuple[int, int]]] = {}  # generation -> [(samples, world size)]
-    resumed: dict[int, int] = {}                     # generation -> samples it resumed from
-    final = None
-    for name, text in logs.items():
-        parsed = parse_job_name(CFG, name.rsplit("-", 1)[0])
-        for m in CHECKPOINT_RE.finditer(text):
-            trained.setdefault(int(m.group(2)), []).append((int(m.group(1)), int(m.group(3))))
-        if (m := RESUMED_RE.search(text)) and parsed:
-            resumed[parsed.generation] = int(m.group(1))
-        if m := ACCURACY_RE.search(text):
-            final = (float(m.group(1)), int(m.group(2)))
+    _, trained, resumed, final = job_logs(out)
     ran = sorted(trained)
     assert ran[0] == 1 and {w for _, w in trained[1]} == {4}
     assert {w for _, w in trained[gen_shrunk]} == {2}

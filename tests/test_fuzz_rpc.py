@@ -517,6 +517,20 @@ def req_task_run(data, ctx, adv):
     return req
 
 
+def req_energy(data, ctx, adv):
+    """An energy report: plausible figures for a task's early generations and ranks (which
+    the daemon may still refuse: a generation it has not reached, a rank beyond the world
+    size), or adversarial ones."""
+    bad = _bad_fields(data, ["task_id", "generation", "rank", "joules", "request_id"], adv)
+    return tasks_pb2.EnergyReport(
+        task_id=task_id(data, ctx, "task_id" in bad, False),
+        generation=data.draw(adv_uint64 if "generation" in bad else st.integers(1, 4)),
+        rank=data.draw(st.integers(0, 2**32 - 1) if "rank" in bad else st.integers(0, 5)),
+        joules=data.draw(adv_floats if "joules" in bad else st.floats(0, 1e7)),
+        request_id=data.draw(adv_strings if "request_id" in bad
+                             else st.sampled_from(["", f"fz-e{ctx.revision}"])))
+
+
 def req_progress(data, ctx, adv):
     """Progress reports: mostly plausible figures for active tasks (which the learners may
     still refuse: figures going backwards, counts never held), or adversarial ones."""
@@ -737,7 +751,7 @@ REQUESTS = {
     "StreamNodes": req_report_nodes,  # one node event on the stream
     "SubmitTask": req_submit, "GetTask": req_get_task, "ListTasks": req_list_tasks,
     "CancelTask": req_cancel, "WatchPlacements": req_watch, "ReportTaskRun": req_task_run,
-    "ReportProgress": req_progress,
+    "ReportProgress": req_progress, "ReportEnergy": req_energy,
     "GetStatus": req_get_status, "ExportHistory": req_export,
     "RegisterJob": req_register, "Predict": req_predict, "ReportEpoch": req_report_epoch,
     "EndTrial": req_end_trial, "ResumeTrial": req_resume_trial, "DeleteJob": req_delete_job,

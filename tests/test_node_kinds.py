@@ -121,6 +121,8 @@ def test_bad_kinds_are_refused_and_change_nothing(daemon, kinds, field, message)
 
 @pytest.mark.parametrize("kw,field", [
     ({"gpus_per_node": 65}, "spec.gpus_per_node"),
+    ({"procs_per_node": 65}, "spec.procs_per_node"),
+    ({"procs_per_node": 3, "gpus_per_node": 4}, "spec.procs_per_node"),  # not even
     ({"constraint": ["a&b"]}, "spec.constraint"),
     ({"constraint": [""]}, "spec.constraint"),
     ({"constraint": [f"f{i}" for i in range(17)]}, "spec.constraint"),
@@ -139,6 +141,17 @@ def test_node_needs_are_kept_and_shown(daemon):
                         ).task.task_id
     spec = client.get_task(tid).spec
     assert spec.gpus_per_node == 4 and list(spec.constraint) == ["a100", "ib"]
+    assert spec.procs_per_node == 0   # the default: one process per GPU (the launcher's 4)
+    two = client.submit(make_spec("y", gpus_per_node=4, procs_per_node=2)).task.task_id
+    assert client.get_task(two).spec.procs_per_node == 2
+
+
+def test_processes_per_node_survive_a_restart(daemons):
+    srv, client = daemons.start()
+    tid = client.submit(make_spec("p", procs_per_node=3)).task.task_id
+    daemons.stop(srv)
+    _, client = daemons.start()
+    assert client.get_task(tid).spec.procs_per_node == 3
 
 
 def test_journal_rows_keep_kinds_and_read_rows_without_them():

@@ -1,12 +1,15 @@
 """``offcut recur`` (offcut.client.recur): the recurring-job driver runs a small training
 script (offcut.client.training with a fake clock, no GPU) against a real daemon: history rows,
-the environment contract, learning-rate scaling, failed and runaway runs, bad input."""
+the environment contract, learning-rate scaling, ``{seed}`` and ``--workdir``, observer mode,
+failed and runaway runs, bad input."""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import shlex
+import stat
 import sys
 import time
 
@@ -14,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from offcut.client.cli import app
-from offcut.client.recur import HISTORY_COLUMNS, scaled_learning_rate
+from offcut.client.recur import HISTORY_COLUMNS, default_job_id, scaled_learning_rate
 from offcut.client.training import BackendUnavailable
 
 TRAIN_SCRIPT = r'''
@@ -31,11 +34,14 @@ p.add_argument("--converge-epoch", type=int, default=2)
 p.add_argument("--crash-trial", type=int, default=0)     # exit 3 before any epoch
 p.add_argument("--ignore-stop", action="store_true")
 p.add_argument("--ignore-sigterm", action="store_true")
+p.add_argument("--seed", type=int, default=None)
+p.add_argument("--limits-log", default="")              # every power limit the run set
 a = p.parse_args()
 if a.record:
     with open(a.record, "a") as fh:
         env = {k: v for k, v in os.environ.items() if k.startswith("OFFCUT_")}
         fh.write(json.dumps({"argv_trial": a.trial, "batch_size": a.batch_size, "lr": a.lr,
+                             "seed": a.seed, "cwd": os.getcwd(), "PWD": os.environ.get("PWD"),
                              **env}) + "\n")
 if a.trial == a.crash_trial:
     sys.exit(3)
@@ -56,6 +62,9 @@ with ZeusTraining.from_env(backend=backend) as zt:
     if a.ignore_stop:
         while True:
             time.sleep(0.05)
+if a.limits_log:                                          # after close (which restores max)
+    with open(a.limits_log, "a") as fh:
+        fh.write(json.dumps({"trial": a.trial, "limits_set": backend.limits_set}) + "\n")
 '''
 
 
@@ -129,6 +138,82 @@ def test_recurrences_run_until_converged_and_history_matches_the_daemon(daemon, 
     result = recur(client.address, out, cmd, "--base-lr", "0.1", "--eta", "0.9")
     assert result.exit_code == 1
     assert "registered with a different spec" in result.output and "--job-id" in result.output
+
+
+def test_seed_and_workdir_reach_the_command(daemon, tmp_path, script):
+    _, client = daemon
+    out, record = tmp_path / "out", tmp_path / "runs.jsonl"
+    # one folder for every run: the command names its script relative to it
+    cmd = (f"{shlex.quote(sys.executable)} {script.name} --batch-size {{batch_size}} "
+           f"--trial {{trial}} --seed {{seed}} --record {record}")
+    result = recur(client.address, out, cmd, "--recurrences", "2", "--workdir",
+                   str(script.parent))
+    assert result.exit_code == 0, result.output
+    runs = [json.loads(line) for line in record.read_text().splitlines()]
+    # --seed 3 is the base: trial n gets 3 + n - 1 (ZeusMaster: seed, seed + 1, ... per run)
+    assert [(r["argv_trial"], r["seed"]) for r in runs] == [(1, 3), (2, 4), (3, 5)]
+    assert {r["cwd"] for r in runs} == {r["PWD"] for r in runs} == {str(script.parent)}
+    assert [r["seed"] for r in history(out)] == ["3", "4", "5"]
+    assert "seed 4" in result.output and f"in {script.parent}" in result.output
+
+    # a folder per run (placeholders), created private; --run-seed; the job goes on (trial 4)
+    runs_dir = tmp_path / "runs"
+    result = recur(client.address, out, command(script, f"--seed {{seed}} --record {record}"),
+                   "--run-seed", "4294967295",
+                   "--workdir", str(runs_dir / "r{recurrence}-trial{trial}-bs{batch_size}"))
+    assert result.exit_code == 0, result.output
+    last = json.loads(record.read_text().splitlines()[-1])
+    assert last["argv_trial"] == 4 and last["seed"] == 2  # (2^32 - 1 + 4 - 1) mod 2^32
+    workdir = runs_dir / f"r1-trial4-bs{last['batch_size']}"
+    assert last["cwd"] == str(workdir)
+    for folder in (runs_dir, workdir):
+        assert stat.S_IMODE(folder.stat().st_mode) & 0o077 == 0, oct(folder.stat().st_mode)
+
+
+def test_a_refused_run_workdir_ends_its_trial(daemon, tmp_path, script):
+    _, client = daemon
+    (tmp_path / "w1").write_text("a file, not a folder")
+    result = recur(client.address, tmp_path / "out", command(script), "--workdir",
+                   str(tmp_path / "w{trial}"))
+    assert result.exit_code == 2, result.output
+    assert f"--workdir: {tmp_path / 'w1'} exists and is not a directory" in result.output
+    assert [t.status for t in client.get_zeus_job("toy").trials] == ["abandoned"]
+
+
+def test_observer_mode_keeps_every_run_at_the_maximum_power_limit(daemon, tmp_path, script):
+    _, client = daemon
+    out, limits = tmp_path / "out", tmp_path / "limits.jsonl"
+    result = recur(client.address, out, command(script, f"--limits-log {limits}"),
+                   "--observer-mode", "--power-limits", "150-250", "--power-step", "50",
+                   "--warmup-steps", "1", "--profile-steps", "2", "--recurrences", "3",
+                   "--eta", "0.3")
+    assert result.exit_code == 0, result.output
+    assert "observer mode: every run at the maximum power limit 250 W" in result.output
+    rows = history(out)
+    # the batch size still follows the optimizer (64, then 32 fails, 128 converges, ...)
+    assert [r["batch_size"] for r in rows[:3]] == ["64", "32", "128"] and len(rows) == 4
+    logs = [json.loads(line) for line in limits.read_text().splitlines()]
+    assert [log["trial"] for log in logs] == [1, 2, 3, 4]
+    for log in logs:                      # the run set the maximum, and nothing else
+        assert log["limits_set"] and set(log["limits_set"]) == {250.0}, log
+    trials = {t.trial_number: t for t in client.get_zeus_job("toy").trials}
+    for row in rows:
+        energy, time_s, cost = float(row["energy_j"]), float(row["time_s"]), float(row["cost"])
+        # measured at the maximum: the script draws 0.9 x limit = 225 W throughout
+        assert energy == pytest.approx(225.0 * time_s, rel=1e-4)
+        # the measured cost: zeus_cost = eta E + (1 - eta) MaxPower T (Zeus §3.1, Eq. 2)
+        assert cost == pytest.approx(0.3 * energy + 0.7 * 250.0 * time_s, rel=1e-4)
+        assert cost == pytest.approx(trials[int(row["trial"])].cost_j, rel=1e-5)
+        assert float(row["power_limit_w"]) == 250.0
+    # the power-limit optimizer measured each batch size at the maximum only
+    for b in {int(r["batch_size"]) for r in rows}:
+        profile = client.power_profile("toy", b)
+        assert profile.done and profile.chosen_power_limit_w == 250.0
+        assert {m.power_limit_w for m in profile.measurements} == {250.0}
+    spec = client.get_zeus_job("toy").spec.power
+    assert (spec.min_power_limit_w, spec.max_power_limit_w) == (250.0, 250.0)
+    # the optimizing job of the same command is another job by default
+    assert default_job_id("python t.py") != default_job_id("python t.py", observer_mode=True)
 
 
 def test_learning_rate_scalings():
@@ -209,6 +294,12 @@ def test_a_run_ignoring_the_stop_verdict_is_terminated(daemon, tmp_path, script,
     ({"--command": "python train.py --bs {bs}"}, "unknown placeholder {bs}", 2),
     ({"--command": "python train.py --lr {learning_rate}"}, "give --base-lr", 2),
     ({"--power-limits": "250-100"}, "--power-limits: need 0 < MIN <= MAX", 2),
+    ({"--workdir": "runs/{bs}"}, "--workdir: unknown placeholder {bs}", 2),
+    ({"--workdir": "runs/{learning_rate}"}, "--workdir uses {learning_rate}: give --base-lr", 2),
+    ({"--workdir": " "}, "--workdir is empty", 2),
+    ({"--run-seed": "-1"}, "--run-seed must be in [0, 2^32), got -1", 2),
+    ({"--run-seed": str(2**32)}, "--run-seed must be in [0, 2^32)", 2),
+    ({"--command": "python train.py --seed {seed.real}"}, "unknown placeholder {seed.real}", 2),
     ({}, "cannot reach offcutd at unix://", 1),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, change, message, code):
@@ -220,6 +311,43 @@ def test_bad_input_is_one_clear_line(tmp_path, change, message, code):
     assert result.exit_code == code, result.output
     assert result.output.startswith("offcut: ") and message in result.output
     assert result.output.strip().count("\n") == 0 and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("kind", ["file", "world-writable", "other-user"])
+def test_an_unsafe_fixed_workdir_is_refused_before_any_trial(tmp_path, kind):
+    path = tmp_path / "work"
+    if kind == "file":
+        path.write_text("x")
+        message = "exists and is not a directory"
+    elif kind == "world-writable":
+        path.mkdir()
+        path.chmod(0o1777)                # sticky like /tmp: others still add files
+        message = "is writable by every user (mode 1777)"
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("chown to another user needs root")
+        path.mkdir(mode=0o755)
+        os.chown(path, 65534, 65534)
+        message = "is owned by uid 65534, not by this user"
+    result = CliRunner().invoke(app, [
+        "recur", "--command", "python train.py", "--batch-sizes", "32,64", "--default", "64",
+        "--target-metric", "0.8", "--max-power-w", "250", "--workdir", str(path),
+        "--target", f"unix://{tmp_path}/nobody.sock"])   # refused before connecting
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("offcut: --workdir: ") and message in result.output
+    assert result.output.strip().count("\n") == 0
+
+
+def test_observer_mode_needs_the_maximum_power_limit(tmp_path, monkeypatch):
+    def no_nvml(*_):
+        raise BackendUnavailable("NVML could not start (NVML Shared Library Not Found)")
+    monkeypatch.setattr("offcut.client.recur.nvml_power_limit_range", no_nvml)
+    result = CliRunner().invoke(app, [
+        "recur", "--command", "python train.py", "--batch-sizes", "32,64", "--default", "64",
+        "--target-metric", "0.8", "--max-power-w", "250", "--observer-mode",
+        "--target", f"unix://{tmp_path}/nobody.sock"])
+    assert result.exit_code == 2, result.output
+    assert "give --power-limits MIN-MAX (observer mode keeps every run at MAX)" in result.output
 
 
 def test_max_power_and_power_range_read_via_pynvml(monkeypatch):

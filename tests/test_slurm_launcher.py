@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import pwd
 import shlex
+import stat
+import sys
 from pathlib import Path
 import threading
 import time
@@ -19,9 +21,10 @@ from slurm_cluster import idle_set
 
 from offcut.client import Client, make_task_spec
 from offcut.daemon.config import SlurmConfig
-from offcut.slurm_plugin.launcher import (Generation, Launcher, batch_script, checkpoint_dir,
-                                          job_name, master_port, parse_job_name, run_state,
-                                          sbatch_options)
+from offcut.slurm_plugin.launcher import (NODE_RUN, SYSTEM_PYTHON, Generation, Launcher,
+                                          _everyone_may, batch_script, checkpoint_dir, job_name,
+                                          master_port, parse_job_name, run_state,
+                                          sbatch_options, supervisor_python)
 from offcut.slurm_plugin.owners import OwnerAccounts, RunAsPolicy
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.slurm_plugin.slurm_json import JobInfo, SlurmCommandError, SlurmError
@@ -91,14 +94,37 @@ def test_batch_script_quotes_and_exports(tmp_path):
     assert 30000 <= port <= 30009
     assert env == {
         "OFFCUT_TASK_ID": "t000002", "OFFCUT_TASK_NAME": "it's", "OFFCUT_NODE": "n3",
-        "OFFCUT_RANK": "1", "OFFCUT_NODELIST": "n[1,3]", "OFFCUT_NUM_NODES": "2",
+        "OFFCUT_NODE_RANK": "1", "OFFCUT_NODELIST": "n[1,3]", "OFFCUT_NUM_NODES": "2",
         "OFFCUT_ADDRESS": "unix:///run/o.sock", "OFFCUT_GENERATION": "7",
         "OFFCUT_CHECKPOINT_DIR": str(tmp_path / "ckpt" / "t000002"), "OFFCUT_STOP_SIGNAL": "USR1",
+        "OFFCUT_PEER_TIMEOUT_S": "60",
         "OFFCUT_ZEUS_JOB_ID": "zj", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": str(port),
-        "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
-    assert shlex.split(script.splitlines()[-1]) == [
-        "exec", "srun", "--ntasks=1", "python", "-c", "print('a b')", "--rank", "1", "--of", "2",
+        "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}
+    # the batch shell execs the per-node supervisor, which runs the filled template once
+    # per process (RANK and LOCAL_RANK are its to set: offcut.slurm_plugin.node_run)
+    run = shlex.split(script.splitlines()[-1])
+    assert run[:4] == ["exec", supervisor_python(cfg), "-I", str(NODE_RUN)]
+    assert run[4:run.index("--")] == ["--procs", "1", "--node-rank", "1", "--num-nodes", "2",
+                                      "--gpus-per-proc", "0", "--stop-signal", "USR1"]
+    assert shlex.split(run[-1]) == [
+        "srun", "--ntasks=1", "python", "-c", "print('a b')", "--rank", "1", "--of", "2",
         "--gen", "7", "--at", f"10.0.0.1:{port}"]
+    # two processes per node on 4 GPUs: world size 4, two GPUs each; the power helper's
+    # socket reaches GPU jobs only
+    gpu_cfg = SlurmConfig(power_socket="/run/offcut/power.sock", node_python="/opt/o/bin/python",
+                          peer_timeout_s=30)
+    gpu_gen = Generation("t3", "g", 2, ("n1", "n3"), ("python", "t.py"), gpus_per_node=4,
+                         procs_per_node=2)
+    gpu_script = batch_script(gpu_cfg, gpu_gen, "n1", address="a", master_addr="n1")
+    genv = _env(gpu_script)
+    assert (genv["WORLD_SIZE"], genv["LOCAL_WORLD_SIZE"], genv["OFFCUT_NODE_RANK"]) == ("4", "2", "0")
+    assert genv["ZEUSD_SOCK_PATH"] == "/run/offcut/power.sock"
+    assert genv["OFFCUT_PEER_TIMEOUT_S"] == "30"
+    grun = shlex.split(gpu_script.splitlines()[-1])
+    assert grun[1:3] == ["/opt/o/bin/python", "-I"] and grun[grun.index("--procs") + 1] == "2"
+    assert grun[grun.index("--gpus-per-proc") + 1] == "2"
+    assert "ZEUSD_SOCK_PATH" not in _env(batch_script(gpu_cfg, gen, "n3", address="a",
+                                                      master_addr="n1"))
     # consecutive generations draw different ports (deterministic by task and generation)
     assert len({master_port(cfg, "t000002", g) for g in range(1, 6)}) > 1
     assert master_port(cfg, "t000002", 7) == port
@@ -115,6 +141,28 @@ def test_batch_script_quotes_and_exports(tmp_path):
     assert "--gres=gpu:2" in opts and "--constraint=a100&ib" in opts
 
 
+def test_the_supervisor_runs_with_an_interpreter_every_owner_may_run(tmp_path):
+    """The jobs run as the tasks' owners: a launcher whose interpreter lives in a private
+    folder (a virtual environment of an interpreter in root's 0700 home) gives the
+    supervisor, one file of the standard library, the system's python3 instead."""
+    private = tmp_path / "home"
+    (private / "bin").mkdir(parents=True)
+    exe = private / "bin" / "python"
+    exe.write_text("")
+    exe.chmod(0o755)
+    private.chmod(0o700)
+    assert not _everyone_may(str(exe), stat.S_IXOTH)
+    private.chmod(0o755)
+    tmp_path.chmod(0o755)
+    assert _everyone_may(str(exe), stat.S_IXOTH) == all(
+        p.stat().st_mode & stat.S_IXOTH for p in exe.parents)
+    assert supervisor_python(SlurmConfig(node_python="/opt/o/bin/python")) == "/opt/o/bin/python"
+    chosen = supervisor_python(SlurmConfig())
+    assert chosen in (sys.executable, SYSTEM_PYTHON)
+    assert _everyone_may(chosen, stat.S_IXOTH) or chosen == sys.executable
+    assert NODE_RUN.name == "node_run.py" and _everyone_may(str(NODE_RUN), stat.S_IROTH)
+
+
 def test_checkpoint_dir_is_taken_from_workdir_when_relative(tmp_path):
     assert checkpoint_dir(SlurmConfig(workdir=str(tmp_path)), "t9") == \
         tmp_path / "offcut-checkpoints" / "t9"
@@ -129,6 +177,7 @@ def test_checkpoint_dir_is_taken_from_workdir_when_relative(tmp_path):
     ({"FAILED"}, 75, 0, False, False, False, "interrupted"),
     ({"FAILED"}, 75, 0, True, False, False, "interrupted"),   # checkpointed in Slurm's grace
     ({"FAILED"}, 0, 10, False, False, True, "interrupted"),   # our stop signal killed it
+    ({"FAILED"}, 1, 0, False, False, True, "failed"),         # its own crash, after our stop
     ({"FAILED"}, 0, 10, True, False, False, "preempted"),     # Slurm's signal killed it
     ({"FAILED"}, 0, 9, False, False, False, "failed"),
     ({"OUT_OF_MEMORY"}, 0, 0, False, False, False, "failed"),
@@ -258,8 +307,8 @@ def test_generations_through_preemption_grow_and_shrink_with_fake_slurm(placed):
     assert sorted(n for _, n, _ in r.submitted) == ALL and not r.cancelled
     assert slurm.generations() == {n: 1 for n in ALL}
     envs = {n: _env(slurm.scripts[j]) for n, j in slurm.active().items()}
-    assert {n: (e["RANK"], e["WORLD_SIZE"], e["MASTER_ADDR"]) for n, e in envs.items()} == {
-        n: (str(i), "4", "10.0.0.1") for i, n in enumerate(ALL)}
+    assert {n: (e["OFFCUT_NODE_RANK"], e["WORLD_SIZE"], e["MASTER_ADDR"])
+            for n, e in envs.items()} == {n: (str(i), "4", "10.0.0.1") for i, n in enumerate(ALL)}
     assert len({e["MASTER_PORT"] for e in envs.values()}) == 1
     r = launcher.reconcile()  # steady state: nothing to do, starts reported once
     assert not r.submitted and not r.cancelled and len(r.reported) == 4

@@ -95,6 +95,16 @@ def assert_close(actual, expected, path: str = "$") -> None:
         assert actual == expected, f"{path}: {actual!r} != {expected!r}"
 
 
+def without_energy(task: dict) -> dict:
+    """A task (``to_dict``) without ``energy``, which came after release 3593fb3, checked to
+    be the modelled figure it answered (``energy_j``)."""
+    task = dict(task)
+    energy = task.pop("energy")
+    assert energy["source"] == "modelled"
+    assert math.isclose(energy.get("joules", 0.0), task.get("energy_j", 0.0))
+    return task
+
+
 def status_state(client) -> dict:
     """GetStatus's fields that are state (no solver timings, no last decision)."""
     status = to_dict(client.status(include_idle_nodes=True))
@@ -124,7 +134,7 @@ def assert_recorded_state(client, recorded: dict) -> None:
     """Status, tasks and Zeus optimizers equal ``recorded`` (``EXPECTED`` or its
     ``after_continuation``)."""
     assert_close(status_state(client), expected_status(recorded["status"]))
-    assert_close([to_dict(t) for t in client.list_tasks()], recorded["tasks"])
+    assert_close([without_energy(to_dict(t)) for t in client.list_tasks()], recorded["tasks"])
     assert_close(zeus_state(client), recorded["zeus"])
 
 
@@ -257,7 +267,7 @@ def test_state_continues_and_survives_a_restart(daemons):
     assert_close(without_solve_ms(decision), without_solve_ms(nodes["reply"]))
     reply = to_dict(call(client, submit))
     assert int(reply["decision"]["revision"]) == REVISION + 2
-    assert_close(reply["task"], submit["reply"]["task"])
+    assert_close(without_energy(reply["task"]), submit["reply"]["task"])
     assert_close(without_solve_ms(reply["decision"]), without_solve_ms(submit["reply"]["decision"]))
     verdict = to_dict(call(client, epoch))
     assert_close(verdict, epoch["reply"])

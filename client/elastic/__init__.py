@@ -61,8 +61,9 @@ The parts of :class:`ElasticRun` live in modules of their own, whose public name
 re-exports: the environment (:mod:`offcut.client.elastic.env`), the checkpoints
 (:mod:`offcut.client.elastic.checkpoints`), the process group and its collectives
 (:mod:`offcut.client.elastic.group`), the stop signals and their agreement
-(:mod:`offcut.client.elastic.stop`), the progress reports (:mod:`offcut.client.elastic.report`)
-and the exits (:mod:`offcut.client.elastic.exit`).
+(:mod:`offcut.client.elastic.stop`), the progress reports (:mod:`offcut.client.elastic.report`),
+the measured energy (:mod:`offcut.client.elastic.energy`) and the exits
+(:mod:`offcut.client.elastic.exit`).
 """
 
 from __future__ import annotations
@@ -84,7 +85,9 @@ from offcut.client.elastic.exit import (EXIT_DONE, EXIT_RESTART, call_restart_ho
                                         is_peer_loss, log_peer_loss)
 from offcut.client.elastic.exit import _PEER_LOSS_RE  # noqa: F401 - re-exported
 from offcut.client.elastic.group import ProcessGroup
+from offcut.client.elastic.heartbeat import PeerWatch
 from offcut.client.elastic.report import DaemonProgress
+from offcut.client.elastic.energy import EnergyMeter, GenerationEnergy  # docs/execution.md, "Energy"
 from offcut.client.elastic.stop import StopSignals
 
 log = logging.getLogger("offcut.client.elastic")
@@ -123,7 +126,13 @@ class ElasticRun:
         env: the process's environment (:meth:`ElasticEnv.from_env`).
         timeout_s: the collective timeout [s]: a collective that waits this long for a
             silent peer raises (and the run exits 75) instead of hanging (torch's default is
-            30 min). Default 120.
+            30 min). Default: the peer timeout (``OFFCUT_PEER_TIMEOUT_S``, 60 s) with gloo,
+            twice it with nccl (whose watchdog aborts the process on a timeout: the heartbeat
+            below acts first and exits 75). Besides, every process beats a heartbeat on the
+            generation's store (:class:`~offcut.client.elastic.heartbeat.PeerWatch`): when a
+            peer's stops for the peer timeout, the process exits 75 from the watch's thread
+            (after ``on_restart``), whatever its main thread is doing; with ``hard_exit=False``
+            the loss is only logged.
         rendezvous_timeout_s: how long the rendezvous waits for every rank [s] (default
             600); a rendezvous that times out raises (exit 1: a failure of the run, e.g. an
             unreachable ``MASTER_ADDR``).
@@ -154,6 +163,11 @@ class ElasticRun:
             so this is where a script ends what must not outlive the process, e.g. suspends its
             Zeus trial (``ZeusTraining.interrupt``). Its exceptions are logged, never raised:
             the exit stays 75. Also settable as the attribute :attr:`on_restart`.
+        energy_meter: what measures this process's GPUs (docs/execution.md, "Energy"): None
+            (default) ZeusMonitor or NVML on the process's own GPUs from :meth:`start`, nothing
+            without a GPU; an :class:`~offcut.client.elastic.energy.EnergyMeter` (``read_j()``:
+            cumulative J); False: none. Every rank reports its joules at each checkpoint and
+            when it ends (:meth:`close`), bounded by ``report_timeout_s``, never raising.
 
     Attributes:
         samples_done: cumulative samples [samples] of the latest checkpoint this run loaded
@@ -165,16 +179,19 @@ class ElasticRun:
     installed there).
     """
 
-    def __init__(self, env: ElasticEnv, *, timeout_s: float = 120.0,
+    def __init__(self, env: ElasticEnv, *, timeout_s: float | None = None,
                  rendezvous_timeout_s: float = 600.0, backend: str | None = None,
                  keep: int = 2, checkpoint_every_s: float | None = None,
                  checkpoint_every_steps: int | None = None, report_timeout_s: float = 5.0,
                  weights_only: bool = True, hard_exit: bool = True,
-                 on_restart: Callable[[], Any] | None = None):
-        _check_arguments(timeout_s, rendezvous_timeout_s, report_timeout_s, keep,
+                 on_restart: Callable[[], Any] | None = None,
+                 energy_meter: EnergyMeter | bool | None = None):
+        _check_arguments(env.peer_timeout_s if timeout_s is None else timeout_s,
+                         rendezvous_timeout_s, report_timeout_s, keep,
                          checkpoint_every_s, checkpoint_every_steps, backend)
         self.env = env
-        self.timeout_s, self.rendezvous_timeout_s = float(timeout_s), float(rendezvous_timeout_s)
+        self._timeout_s = timeout_s
+        self.rendezvous_timeout_s = float(rendezvous_timeout_s)
         self.keep, self.report_timeout_s = int(keep), float(report_timeout_s)
         self.checkpoint_every_s = checkpoint_every_s
         self.checkpoint_every_steps = checkpoint_every_steps
@@ -187,7 +204,9 @@ class ElasticRun:
         self._group = ProcessGroup(env, backend)
         self._checkpoints = RunCheckpoints(env.checkpoint_dir, env.rank)
         self._stop = StopSignals(env.stop_signal)
+        self._watch: PeerWatch | None = None
         self._progress = DaemonProgress(env)
+        self._energy = GenerationEnergy(env, energy_meter)  # measured energy, every rank
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *,
@@ -223,9 +242,23 @@ class ElasticRun:
         return self._group.backend
 
     @property
+    def timeout_s(self) -> float:
+        """The collective timeout [s]: as given, else the peer timeout with gloo and twice it
+        with nccl (see the class)."""
+        if self._timeout_s is not None:
+            return float(self._timeout_s)
+        return self.env.peer_timeout_s * (2 if self.backend == "nccl" else 1)
+
+    @property
     def device(self):
         """The ``torch.device`` to train on: ``cuda:LOCAL_RANK`` with nccl, else ``cpu``."""
         return self._group.device
+
+    @property
+    def energy_j(self) -> float | None:
+        """Joules [J] this process's GPUs drew since :meth:`start` (docs/execution.md,
+        "Energy"); None when they are not measured."""
+        return self._energy.joules()
 
     samples_done = delegated("_checkpoints", "samples_done", "Cumulative samples [samples] of "
                              "the latest checkpoint loaded or written (0 before any).")
@@ -259,8 +292,31 @@ class ElasticRun:
             raise
         self._stop.arm()
         self._started = True
+        self._energy.start()  # measured energy: from here
+        self._watch = PeerWatch(self.env.master_addr, self.env.master_port, rank=self.rank,
+                                world_size=self.world_size, generation=self.generation,
+                                timeout_s=self.env.peer_timeout_s, on_lost=self._peer_lost)
+        try:
+            self._watch.start()
+        except Exception as exc:  # the store went away since the rendezvous: a lost peer
+            self._watch = None
+            self.close()
+            raise RuntimeError(f"rank {self.rank}: cannot reach the generation's store for "
+                               f"the heartbeat: {exc}") from exc
         self._checkpoints.mark()
         return self
+
+    def _peer_lost(self, why: str) -> None:
+        """The heartbeat found a peer lost (:class:`PeerWatch`; runs in its thread): log, then
+        :attr:`on_restart` and exit 75 without tearing the process group down (the main
+        thread may be blocked in it); with ``hard_exit=False`` only log."""
+        log.warning("rank %d: a peer of generation %d is lost: %s; exiting %d", self.rank,
+                    self.generation, why, EXIT_RESTART)
+        if not self.hard_exit:
+            return
+        hook, self._on_restart_done = (None if self._on_restart_done else self.on_restart), True
+        call_restart_hook(hook, self.rank)
+        end_process(EXIT_RESTART, True)
 
     def _require_started(self) -> None:
         if not self._started:
@@ -305,6 +361,7 @@ class ElasticRun:
                                                world_size=self.world_size, keep=self.keep)
         if written:
             self.report_progress(int(samples_done))
+        self._energy.report(self.report_timeout_s)  # measured energy: every rank
         return path
 
     # ------------------------------------------------------------------ progress
@@ -361,9 +418,12 @@ class ElasticRun:
         if self._closed:
             return
         self._closed = True
+        if self._watch is not None:
+            self._watch.stop(left=True)
         if self._started:
             self._group.destroy()
         self._stop.restore()
+        self._energy.close(self.report_timeout_s)  # measured energy: the last report
         self._progress.close()
 
     def exit_restart(self) -> NoReturn:
@@ -373,6 +433,7 @@ class ElasticRun:
         hook, self._on_restart_done = (None if self._on_restart_done else self.on_restart), True
         call_restart_hook(hook, self.rank)  # once
         self.close()
+        log.info("rank %d: exiting %d%s", self.rank, EXIT_RESTART, self._stop.cause())
         end_process(EXIT_RESTART, self.hard_exit)
 
     def exit_done(self) -> NoReturn:
@@ -393,11 +454,23 @@ class ElasticRun:
           then exit 75;
         - ``SystemExit`` (e.g. from :meth:`exit_restart` with ``hard_exit=False``),
           ``KeyboardInterrupt`` and any other exception: :meth:`close` and let it through
-          (an exception ends the process with 1: a failure of the run).
+          (an exception ends the process with 1: a failure of the run). For a failure (with
+          ``hard_exit``) the stop signals are ignored from here on and the peers are not told
+          this process left (the
+          heartbeat's "left" mark), so the run ends with its own status: a peer that exits 75
+          on the loss makes the launcher stop the generation, and that stop must not turn the
+          failure into a kill by the stop signal.
         """
         started = self._started
         if exc is None:
             self.exit_done()
+        failure = not isinstance(exc, (SystemExit, KeyboardInterrupt)) \
+            and not (started and is_peer_loss(exc))
+        if failure:
+            if self.hard_exit:  # the process is ending (hard_exit=False: it goes on)
+                self._stop.ignore()
+            if self._watch is not None:
+                self._watch.stop(left=False)
         self.close()
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
             return None

@@ -44,6 +44,26 @@ def _int_var(env: Mapping[str, str], name: str, *, default: int | None = None,
     return v
 
 
+#: default of ``OFFCUT_PEER_TIMEOUT_S`` [s] (the launcher's ``[slurm] peer_timeout_s``)
+DEFAULT_PEER_TIMEOUT_S = 60.0
+#: bounds of ``OFFCUT_PEER_TIMEOUT_S`` [s]
+PEER_TIMEOUT_RANGE_S = (1.0, 3600.0)
+
+
+def _seconds_var(env: Mapping[str, str], name: str, default: float,
+                 bounds: tuple[float, float]) -> float:
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if not bounds[0] <= v <= bounds[1]:  # (also refuses nan)
+        raise ValueError(f"{name} must be {bounds[0]:g} to {bounds[1]:g} seconds, got {raw}")
+    return v
+
+
 @dataclass(frozen=True)
 class ElasticEnv:
     """What one process of a generation gets (docs/execution.md, "What every process gets").
@@ -65,6 +85,9 @@ class ElasticEnv:
             local_world_size``): the ``nodes`` of progress reports.
         task_name, node, nodelist: ``OFFCUT_TASK_NAME``, ``OFFCUT_NODE``, ``OFFCUT_NODELIST``
             (informational; None when unset).
+        peer_timeout_s: ``OFFCUT_PEER_TIMEOUT_S`` [s] (default :data:`DEFAULT_PEER_TIMEOUT_S`):
+            how long a silent peer is waited for before the process exits 75
+            (docs/execution.md, "A lost peer").
     """
 
     rank: int
@@ -82,6 +105,7 @@ class ElasticEnv:
     task_name: str | None = None
     node: str | None = None
     nodelist: str | None = None
+    peer_timeout_s: float = 60.0
 
     @property
     def reports_progress(self) -> bool:
@@ -102,7 +126,7 @@ class ElasticEnv:
                 ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and the checkpoint directory
                 are required; ``RANK`` must be below ``WORLD_SIZE``, ``MASTER_PORT`` in
                 1..65535, ``OFFCUT_GENERATION`` >= 1 when set, ``OFFCUT_NUM_NODES`` >= 1,
-                ``OFFCUT_STOP_SIGNAL`` a signal.
+                ``OFFCUT_STOP_SIGNAL`` a signal, ``OFFCUT_PEER_TIMEOUT_S`` 1 to 3600 s.
         """
         env = os.environ if environ is None else environ
         world_size = _int_var(env, "WORLD_SIZE", minimum=1)
@@ -130,5 +154,7 @@ class ElasticEnv:
                    address=env.get("OFFCUT_ADDRESS") or None, num_nodes=num_nodes,
                    task_name=env.get("OFFCUT_TASK_NAME") or None,
                    node=env.get("OFFCUT_NODE") or None,
-                   nodelist=env.get("OFFCUT_NODELIST") or None)
+                   nodelist=env.get("OFFCUT_NODELIST") or None,
+                   peer_timeout_s=_seconds_var(env, "OFFCUT_PEER_TIMEOUT_S",
+                                               DEFAULT_PEER_TIMEOUT_S, PEER_TIMEOUT_RANGE_S))
 

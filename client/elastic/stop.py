@@ -58,6 +58,18 @@ class StopSignals:
                 pass
         self._saved.clear()
 
+    def ignore(self) -> None:
+        """From now on the signals are ignored, the handlers found no longer put back: a
+        process that is ending with a failure finishes with its own exit status, not killed
+        by a stop signal that a peer's end brought (the launcher stops a generation once one
+        of its runs ended)."""
+        self._saved.clear()
+        for s in self.signals:
+            try:
+                signal.signal(s, signal.SIG_IGN)
+            except (ValueError, TypeError):  # not the main thread
+                pass
+
     def agree(self, group: ProcessGroup, checkpoint_due: bool) -> tuple[bool, bool]:
         """Whether any rank :attr:`requested` a stop and whether any rank says a checkpoint is
         ``checkpoint_due``: one ``all_reduce`` (MAX) of both flags, so call it on every rank at

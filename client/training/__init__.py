@@ -78,18 +78,33 @@ broadcast)::
             zt.on_epoch_end(validate())
 
 Measurement and actuation go through a :class:`MeasurementBackend`: :class:`ZeusMonitorBackend`
-(the ``zeus`` package), :class:`NvmlBackend` (``nvidia-ml-py``) or :class:`ManualBackend`
-(injected clock and energy, for tests and machines without a GPU). Neither ``zeus`` nor
-``pynvml`` is imported until a backend that needs it is created. Setting power limits needs
-root or the SYS_ADMIN capability.
+(the ``zeus`` package), :class:`NvmlBackend` (``nvidia-ml-py``), :class:`HelperBackend`
+(power limits through the node's privileged power helper, zeusd's API on ``ZEUSD_SOCK_PATH``,
+so no root is needed; :func:`default_backend` picks it when that variable is set) or
+:class:`ManualBackend` (injected clock and energy, for tests and machines without a GPU).
+Neither ``zeus`` nor ``pynvml`` is imported until a backend that needs it is created. Setting
+power limits directly (NVML, zeus without the helper) needs root or the SYS_ADMIN capability.
+
+Power limits with one process per GPU (docs/execution.md, "Power limits"): rank 0 creates this
+object with ``sync=TorchRankSync(run.device)`` and ``power_backend=`` a backend of its own GPU;
+every other rank creates a :class:`PowerLimitFollower` with a backend of its own GPU and calls
+its hooks at the same steps. Rank 0 asks the daemon's power-limit optimizer and shares each
+plan (one broadcast), every process sets the limit on its own GPU, and a profiling window is
+measured on all of them (time: the slowest rank's; energy: the sum). Across generations the
+daemon keeps the profile: a window cut short by the stop signal is reported interrupted
+(:meth:`ZeusTraining.interrupt`) and measured again by the next generation, the limits already
+measured are not, and once the optimizer has chosen every later generation starts at the
+chosen limit.
 
 Not thread-safe: call the hooks from the training loop's thread. With data parallelism, create
-one object (e.g. on local rank 0) whose backend covers all the GPUs of the node, and broadcast
-:attr:`ZeusTraining.should_stop` to the other ranks.
+one object on rank 0 and broadcast :attr:`ZeusTraining.should_stop` to the other ranks; its
+``backend`` measures the epochs (e.g. all the GPUs of the node).
 
 The parts live in modules of their own, whose public names this module re-exports: the
 errors (:mod:`offcut.client.training.errors`), the measurement backends
-(:mod:`offcut.client.training.backends`), the trial's record and its calls
+(:mod:`offcut.client.training.backends`), the power helper's client and backend
+(:mod:`offcut.client.training.zeusd`), the ranks' collectives
+(:mod:`offcut.client.training.ranks`), the trial's record and its calls
 (:mod:`offcut.client.training.trial`) and the power-limit control (:mod:`offcut.client.training.power`).
 """
 
@@ -103,10 +118,15 @@ from offcut.client.api import Client
 from offcut.client.delegation import delegated
 from offcut.client.training.backends import (ManualBackend, MeasurementBackend, NvmlBackend,
                                          ZeusMonitorBackend, default_backend,
-                                         nvml_power_limit_range)
-from offcut.client.training.errors import (BackendUnavailable, PowerLimitError, TrainingSetupError,
-                                       TrialEndedError)
-from offcut.client.training.power import PowerLimitControl, profiled_max_limit_w
+                                         measuring_backend, nvml_power_limit_range)
+from offcut.client.training.errors import (BackendUnavailable, PowerHelperError,
+                                           PowerLimitError, RankSyncError, TrainingSetupError,
+                                           TrialEndedError)
+from offcut.client.training.power import (PowerLimitControl, PowerLimitFollower,
+                                          profiled_max_limit_w)
+from offcut.client.training.ranks import RankSync, TorchRankSync
+from offcut.client.training.zeusd import (HelperBackend, ZeusdHttpClient, connect_helper,
+                                          node_gpu_ids)
 from offcut.client.training.trial import Verdict, ZeusTrial
 from offcut.client.training.trial import _call, _Calls  # noqa: F401 - re-exported
 
@@ -275,6 +295,15 @@ class ZeusTraining:
         end_trial_on_close: whether :meth:`close` ends an unfinished trial (set False when a
             supervisor restarts this process on the same trial and ends it itself).
         restore_power_limit: whether :meth:`close` sets the GPUs' maximum limit again.
+        power_backend: sets this process's power limits and measures the profiling windows
+            (default: ``backend``); e.g. a :class:`HelperBackend` of this process's GPU while
+            ``backend`` measures the epochs of more (or models them).
+        sync: the generation's ranks (:class:`TorchRankSync`) when every process sets the
+            limit on its own GPUs (one process per GPU): this object (rank 0) shares every
+            plan with the others' :class:`PowerLimitFollower`, and a profiling window's time
+            is the slowest rank's and its energy the sum of the ranks' (Zeus's
+            ``GlobalPowerLimitOptimizer``); None: this process alone sets limits. Epochs are
+            measured by ``backend`` alone either way.
 
     Raises:
         NotFound: unknown job or trial (from the daemon).
@@ -284,8 +313,9 @@ class ZeusTraining:
         Unavailable: the daemon cannot be reached.
         TrainingSetupError: a batch size that is not the trial's, ``power=True`` without a
             power spec, a power range outside the GPUs', both ``trial_number`` and
-            ``resume_trial``, a negative ``generation``.
+            ``resume_trial``, a negative ``generation``, a ``sync`` whose rank is not 0.
         BackendUnavailable: no backend given and none available.
+        PowerLimitError: the power helper could not say the GPUs' power limit range.
     """
 
     EPOCH_WINDOW = "offcut.epoch"
@@ -295,8 +325,13 @@ class ZeusTraining:
                  backend: MeasurementBackend | None = None, request_id: str = "",
                  expected_batch_size: int | None = None, power: bool | None = None,
                  wait_steps: int = 1, end_trial_on_close: bool = True,
-                 restore_power_limit: bool = True):
+                 restore_power_limit: bool = True,
+                 power_backend: MeasurementBackend | None = None,
+                 sync: RankSync | None = None):
         _check_arguments(wait_steps, trial_number, resume_trial, generation)
+        if sync is not None and sync.rank != 0:
+            raise TrainingSetupError(f"ZeusTraining runs on rank 0 (this is rank {sync.rank}); "
+                                     "the other ranks use PowerLimitFollower")
         self.generation = int(generation)
         self._owns_client = not isinstance(client, Client)
         self.client = client if isinstance(client, Client) else Client(client)
@@ -307,8 +342,9 @@ class ZeusTraining:
         trial = None
         try:
             self.backend = backend if backend is not None else default_backend()
+            self.power_backend = power_backend if power_backend is not None else self.backend
             job = self.client.get_zeus_job(job_id)
-            max_limit_w = profiled_max_limit_w(job, job_id, power, self.backend)
+            max_limit_w = profiled_max_limit_w(job, job_id, power, self.power_backend)
             trial = ZeusTrial(self.client, job_id, self.generation, self.backend,
                               self.EPOCH_WINDOW)
             trial.open(job, trial_number, resume_trial, request_id)
@@ -325,8 +361,9 @@ class ZeusTraining:
         self._trial = trial
         self.trial_number, self.batch_size = trial.trial_number, trial.batch_size
         self.resumed, self.taken_over = trial.resumed, trial.taken_over
-        self._power = PowerLimitControl(self.client, self.backend, job_id, self.batch_size,
-                                        max_limit_w, wait_steps=wait_steps)
+        self._power = PowerLimitControl(self.client, self.power_backend, job_id,
+                                        self.batch_size, max_limit_w, wait_steps=wait_steps,
+                                        sync=sync)
 
     @classmethod
     def from_env(cls, backend: MeasurementBackend | None = None, *,
@@ -531,7 +568,9 @@ class ZeusTraining:
 
 __all__ = ["ENV_ADDRESS", "ENV_BATCH_SIZE", "ENV_GENERATION", "ENV_JOB_ID", "ENV_RESUME_TRIAL",
            "ENV_TASK_ID", "ENV_TRIAL", "ENV_VARS", "EXIT_INTERRUPTED",
-           "BackendUnavailable", "ManualBackend", "MeasurementBackend", "NvmlBackend",
-           "PowerLimitError", "TrainingSetupError", "TrialEndedError", "Verdict",
-           "ZeusMonitorBackend", "ZeusTraining", "default_backend", "nvml_power_limit_range",
-           "per_rank_batch_size"]
+           "BackendUnavailable", "HelperBackend", "ManualBackend", "MeasurementBackend",
+           "NvmlBackend", "PowerHelperError", "PowerLimitError", "PowerLimitFollower",
+           "RankSync", "RankSyncError", "TorchRankSync", "TrainingSetupError",
+           "TrialEndedError", "Verdict", "ZeusMonitorBackend", "ZeusTraining",
+           "ZeusdHttpClient", "connect_helper", "default_backend", "measuring_backend",
+           "node_gpu_ids", "nvml_power_limit_range", "per_rank_batch_size"]

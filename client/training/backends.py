@@ -3,8 +3,10 @@
 :class:`MeasurementBackend` measures time [s] and GPU energy [J] over named windows and sets
 GPU power limits [W]. :class:`ZeusMonitorBackend` (the ``zeus`` package), :class:`NvmlBackend`
 (``nvidia-ml-py``), :class:`ManualBackend` (injected clock and energy, for tests and machines
-without a GPU); :func:`default_backend` picks the first that works. Neither ``zeus`` nor
-``pynvml`` is imported until a backend that needs it is created.
+without a GPU); :func:`measuring_backend` picks the first of zeus and NVML that works, and
+:func:`default_backend` wraps it in :class:`~offcut.client.training.HelperBackend` (limits
+through the node's power helper, :mod:`offcut.client.training.zeusd`) when ``ZEUSD_SOCK_PATH``
+is set. Neither ``zeus`` nor ``pynvml`` is imported until a backend that needs it is created.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ logger = logging.getLogger("offcut.training")
 _INSTALL_HINT = ("install zeus (pip install 'offcut[zeus]') or nvidia-ml-py "
                  "(pip install 'offcut[gpu]') on a machine with an NVIDIA GPU, or pass "
                  "backend=ManualBackend(...) to run without GPU measurements")
-_PERMISSION_HINT = ("setting GPU power limits needs root or the SYS_ADMIN capability (run as "
-                    "root, or e.g. `docker run --cap-add SYS_ADMIN`), or run the job without "
-                    "the power-limit optimizer (ZeusTraining(..., power=False))")
+_PERMISSION_HINT = ("setting GPU power limits directly needs root or the SYS_ADMIN capability; "
+                    "set them through the node's power helper instead (ZEUSD_SOCK_PATH, "
+                    "HelperBackend), or run the job without the power-limit optimizer "
+                    "(ZeusTraining(..., power=False))")
 
 
 # ----------------------------------------------------------------------------- backends
@@ -370,8 +373,9 @@ class ZeusMonitorBackend:
                                       i, watts) from None
 
 
-def default_backend(gpu_indices: Sequence[int] | None = None) -> MeasurementBackend:
-    """The first backend that works: :class:`ZeusMonitorBackend`, then :class:`NvmlBackend`.
+def measuring_backend(gpu_indices: Sequence[int] | None = None) -> MeasurementBackend:
+    """The first measuring backend that works for ``gpu_indices``: :class:`ZeusMonitorBackend`,
+    then :class:`NvmlBackend` (their power limits set directly, which needs root).
 
     Raises:
         BackendUnavailable: neither works; the message gives each one's reason and what to
@@ -388,3 +392,24 @@ def default_backend(gpu_indices: Sequence[int] | None = None) -> MeasurementBack
         return backend
     raise BackendUnavailable(f"no GPU measurement backend ({'; '.join(reasons)}); {_INSTALL_HINT}")
 
+
+def default_backend(gpu_indices: Sequence[int] | None = None) -> MeasurementBackend:
+    """This process's backend for ``gpu_indices`` (the framework's GPU indices; one process
+    per GPU: ``[LOCAL_RANK]``; None: every visible GPU): :func:`measuring_backend` (zeus, else
+    NVML) measures; power limits go through the node's power helper when ``ZEUSD_SOCK_PATH``
+    is set (:class:`~offcut.client.training.HelperBackend`: no root needed; the helper is
+    reached when a limit is first set or read), else directly through zeus or NVML as
+    before (root or ``CAP_SYS_ADMIN``).
+
+    Raises:
+        BackendUnavailable: no measuring backend works (the message says what to install),
+            or ``gpu_indices`` do not map to the helper's GPU ids.
+    """
+    measure = measuring_backend(gpu_indices)
+    if not os.environ.get("ZEUSD_SOCK_PATH", "").strip():
+        return measure
+    from offcut.client.training.zeusd import HelperBackend  # noqa: PLC0415 - imports this module
+
+    backend = HelperBackend(gpu_indices, measure=measure)
+    logger.info("power limits through the power helper at %s", backend.socket_path)
+    return backend

@@ -23,6 +23,23 @@ class PowerLimitError(RuntimeError):
         self.power_limit_w = power_limit_w
 
 
+class PowerHelperError(RuntimeError):
+    """The node's power helper (zeusd's API on ``ZEUSD_SOCK_PATH``) could not be reached,
+    refused a request or answered something else than zeusd's shape. ``status``: the HTTP
+    status of a refusal (403: a GPU that is not the job's; 400: a limit outside the GPU's
+    range), None otherwise."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class RankSyncError(RuntimeError):
+    """Rank 0 failed a step that every rank of the generation takes together (fetching or
+    reporting the daemon's power plan) and told the other ranks so; its own error, with the
+    cause, is in its log."""
+
+
 class TrialEndedError(RuntimeError):
     """An epoch was started on a trial that already has a final verdict (check
     :attr:`ZeusTraining.should_stop` before each epoch)."""

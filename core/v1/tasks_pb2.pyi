@@ -44,7 +44,7 @@ RUN_STATE_FAILED: RunState
 RUN_STATE_INTERRUPTED: RunState
 
 class TaskSpec(_message.Message):
-    __slots__ = ("name", "min_nodes", "max_nodes", "node_counts", "throughputs", "objective_values", "rescale_up_s", "rescale_down_s", "total_work_samples", "command", "reports_progress", "power_w", "zeus_job_id", "gpus_per_node", "constraint")
+    __slots__ = ("name", "min_nodes", "max_nodes", "node_counts", "throughputs", "objective_values", "rescale_up_s", "rescale_down_s", "total_work_samples", "command", "reports_progress", "power_w", "zeus_job_id", "gpus_per_node", "constraint", "procs_per_node")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MIN_NODES_FIELD_NUMBER: _ClassVar[int]
     MAX_NODES_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class TaskSpec(_message.Message):
     ZEUS_JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    PROCS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
     name: str
     min_nodes: int
     max_nodes: int
@@ -75,7 +76,8 @@ class TaskSpec(_message.Message):
     zeus_job_id: str
     gpus_per_node: int
     constraint: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., node_counts: _Optional[_Iterable[int]] = ..., throughputs: _Optional[_Iterable[float]] = ..., objective_values: _Optional[_Iterable[float]] = ..., rescale_up_s: _Optional[float] = ..., rescale_down_s: _Optional[float] = ..., total_work_samples: _Optional[float] = ..., command: _Optional[_Iterable[str]] = ..., reports_progress: _Optional[bool] = ..., power_w: _Optional[_Iterable[float]] = ..., zeus_job_id: _Optional[str] = ..., gpus_per_node: _Optional[int] = ..., constraint: _Optional[_Iterable[str]] = ...) -> None: ...
+    procs_per_node: int
+    def __init__(self, name: _Optional[str] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., node_counts: _Optional[_Iterable[int]] = ..., throughputs: _Optional[_Iterable[float]] = ..., objective_values: _Optional[_Iterable[float]] = ..., rescale_up_s: _Optional[float] = ..., rescale_down_s: _Optional[float] = ..., total_work_samples: _Optional[float] = ..., command: _Optional[_Iterable[str]] = ..., reports_progress: _Optional[bool] = ..., power_w: _Optional[_Iterable[float]] = ..., zeus_job_id: _Optional[str] = ..., gpus_per_node: _Optional[int] = ..., constraint: _Optional[_Iterable[str]] = ..., procs_per_node: _Optional[int] = ...) -> None: ...
 
 class SubmitTaskRequest(_message.Message):
     __slots__ = ("spec", "submit_time", "request_id", "owner")
@@ -98,7 +100,7 @@ class SubmitTaskResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "spec", "owner", "state", "submit_time", "admit_time", "finish_time", "nodes", "work_done_samples", "rate_samples_per_s", "rescales", "preemptions", "launches", "last_run", "energy_j", "power_w", "model", "generation", "failed_runs", "failure_reason")
+    __slots__ = ("task_id", "spec", "owner", "state", "submit_time", "admit_time", "finish_time", "nodes", "work_done_samples", "rate_samples_per_s", "rescales", "preemptions", "launches", "last_run", "energy_j", "power_w", "model", "generation", "failed_runs", "failure_reason", "energy")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +121,7 @@ class Task(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     FAILED_RUNS_FIELD_NUMBER: _ClassVar[int]
     FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     spec: TaskSpec
     owner: str
@@ -139,7 +142,28 @@ class Task(_message.Message):
     generation: int
     failed_runs: int
     failure_reason: str
-    def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., owner: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., admit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[str]] = ..., work_done_samples: _Optional[float] = ..., rate_samples_per_s: _Optional[float] = ..., rescales: _Optional[int] = ..., preemptions: _Optional[int] = ..., launches: _Optional[int] = ..., last_run: _Optional[str] = ..., energy_j: _Optional[float] = ..., power_w: _Optional[float] = ..., model: _Optional[_Union[LearnedModel, _Mapping]] = ..., generation: _Optional[int] = ..., failed_runs: _Optional[int] = ..., failure_reason: _Optional[str] = ...) -> None: ...
+    energy: TaskEnergy
+    def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., owner: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., admit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[str]] = ..., work_done_samples: _Optional[float] = ..., rate_samples_per_s: _Optional[float] = ..., rescales: _Optional[int] = ..., preemptions: _Optional[int] = ..., launches: _Optional[int] = ..., last_run: _Optional[str] = ..., energy_j: _Optional[float] = ..., power_w: _Optional[float] = ..., model: _Optional[_Union[LearnedModel, _Mapping]] = ..., generation: _Optional[int] = ..., failed_runs: _Optional[int] = ..., failure_reason: _Optional[str] = ..., energy: _Optional[_Union[TaskEnergy, _Mapping]] = ...) -> None: ...
+
+class TaskEnergy(_message.Message):
+    __slots__ = ("source", "joules", "samples_per_joule", "generations_reported", "last_generation", "last_generation_joules", "last_generation_ranks", "last_generation_world_size")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    JOULES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_JOULE_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_REPORTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    LAST_GENERATION_JOULES_FIELD_NUMBER: _ClassVar[int]
+    LAST_GENERATION_RANKS_FIELD_NUMBER: _ClassVar[int]
+    LAST_GENERATION_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    joules: float
+    samples_per_joule: float
+    generations_reported: int
+    last_generation: int
+    last_generation_joules: float
+    last_generation_ranks: int
+    last_generation_world_size: int
+    def __init__(self, source: _Optional[str] = ..., joules: _Optional[float] = ..., samples_per_joule: _Optional[float] = ..., generations_reported: _Optional[int] = ..., last_generation: _Optional[int] = ..., last_generation_joules: _Optional[float] = ..., last_generation_ranks: _Optional[int] = ..., last_generation_world_size: _Optional[int] = ...) -> None: ...
 
 class LearnedModel(_message.Message):
     __slots__ = ("measured", "rescale_up_s", "rescale_down_s", "curve_node_counts", "curve_throughputs", "has_report", "last_report_time", "last_samples_done", "last_energy_j", "curve_low", "curve_high", "measured_rescale_up_s", "measured_rescale_down_s")
@@ -300,6 +324,28 @@ class ReportProgressResponse(_message.Message):
     def __init__(self, decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
 
 class ReportTaskRunResponse(_message.Message):
+    __slots__ = ("task", "decision")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    decision: _decision_pb2.Decision
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ...) -> None: ...
+
+class EnergyReport(_message.Message):
+    __slots__ = ("task_id", "generation", "rank", "joules", "request_id")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    JOULES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    generation: int
+    rank: int
+    joules: float
+    request_id: str
+    def __init__(self, task_id: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., joules: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ReportEnergyResponse(_message.Message):
     __slots__ = ("task", "decision")
     TASK_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]

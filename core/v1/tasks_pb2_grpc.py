@@ -69,6 +69,11 @@ class TasksStub:
                 request_serializer=offcut_dot_v1_dot_tasks__pb2.ReportProgressRequest.SerializeToString,
                 response_deserializer=offcut_dot_v1_dot_tasks__pb2.ReportProgressResponse.FromString,
                 _registered_method=True)
+        self.ReportEnergy = channel.unary_unary(
+                '/offcut.v1.Tasks/ReportEnergy',
+                request_serializer=offcut_dot_v1_dot_tasks__pb2.EnergyReport.SerializeToString,
+                response_deserializer=offcut_dot_v1_dot_tasks__pb2.ReportEnergyResponse.FromString,
+                _registered_method=True)
 
 
 class TasksServicer:
@@ -122,6 +127,16 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportEnergy(self, request, context):
+        """Energy measured by one process (rank) of a task's generation on its own GPUs
+        (docs/execution.md, "Energy"): the joules its GPUs drew since the process started. The
+        largest figure per (generation, rank) counts (a repeat or a late, lower figure changes
+        nothing); the daemon sums them per generation and per task (Task.energy).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -159,6 +174,11 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.ReportProgress,
                     request_deserializer=offcut_dot_v1_dot_tasks__pb2.ReportProgressRequest.FromString,
                     response_serializer=offcut_dot_v1_dot_tasks__pb2.ReportProgressResponse.SerializeToString,
+            ),
+            'ReportEnergy': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportEnergy,
+                    request_deserializer=offcut_dot_v1_dot_tasks__pb2.EnergyReport.FromString,
+                    response_serializer=offcut_dot_v1_dot_tasks__pb2.ReportEnergyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -350,6 +370,33 @@ class Tasks:
             '/offcut.v1.Tasks/ReportProgress',
             offcut_dot_v1_dot_tasks__pb2.ReportProgressRequest.SerializeToString,
             offcut_dot_v1_dot_tasks__pb2.ReportProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportEnergy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/offcut.v1.Tasks/ReportEnergy',
+            offcut_dot_v1_dot_tasks__pb2.EnergyReport.SerializeToString,
+            offcut_dot_v1_dot_tasks__pb2.ReportEnergyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from offcut.daemon.learning import TaskLearner
 from offcut.daemon.model import CancelEvent, SubmitEvent, Task, TaskRunEvent, TaskState
+from offcut.daemon.scheduler.energy import ledger_of
 from offcut.daemon.scheduler.outcome import Outcome, PlacementChange
 
 
@@ -129,6 +130,8 @@ class TaskLifecycle:
         finish starts a new generation (docs/execution.md)."""
         if not task.state.finished:
             task.generation += 1
+            ledger_of(task).start_generation(task.generation,
+                                             len(task.nodes) * task.spec.local_world_size)
         return PlacementChange(task.task_id, task.spec.name, change, list(task.nodes), before,
                                task.rate, task.work_done, task.spec.total_work_samples, t,
                                task.generation)

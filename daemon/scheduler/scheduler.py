@@ -38,11 +38,12 @@ admitted task through the allocation callable, the scheduler checks the answer a
 
 from __future__ import annotations
 
-from offcut.daemon.model import (CancelEvent, Event, NodeEvent, ProgressEvent, SubmitEvent,
-                                 TaskRunEvent)
+from offcut.daemon.model import (CancelEvent, EnergyEvent, Event, NodeEvent, ProgressEvent,
+                                 SubmitEvent, TaskRunEvent)
 from offcut.daemon.scheduler.outcome import Allocate, Outcome
 from offcut.daemon.scheduler.allocation import Allocation
 from offcut.daemon.scheduler.clock import ProgressClock
+from offcut.daemon.scheduler.energy import EnergyReports
 from offcut.daemon.scheduler.lifecycle import TaskLifecycle
 from offcut.daemon.scheduler.models import TaskModels
 from offcut.daemon.scheduler.nodes import NodeEvents
@@ -52,11 +53,11 @@ from offcut.daemon.scheduler.validation import EventValidation
 
 
 class Scheduler(EventValidation, ProgressClock, NodeEvents, TaskLifecycle, ProgressReports,
-                Allocation, TaskModels, SchedulerState):
+                EnergyReports, Allocation, TaskModels, SchedulerState):
     """Applies events to the cluster state, one concern per base class: validation
     (:mod:`.validation`), the clock and progress model (:mod:`.clock`), node events
     (:mod:`.nodes`), task life cycle (:mod:`.lifecycle`), progress reports (:mod:`.progress`),
-    allocation (:mod:`.allocation`), task models (:mod:`.models`), over the state and its
+    measured energy (:mod:`.energy`), allocation (:mod:`.allocation`), task models (:mod:`.models`), over the state and its
     persistence (:mod:`.state`; constructor arguments there)."""
 
     def apply(self, event: Event, allocate: Allocate) -> Outcome:
@@ -101,4 +102,5 @@ class Scheduler(EventValidation, ProgressClock, NodeEvents, TaskLifecycle, Progr
         CancelEvent: ("cancel", TaskLifecycle._apply_cancel),
         TaskRunEvent: ("run", TaskLifecycle._apply_run_event),
         ProgressEvent: ("progress", ProgressReports._apply_progress),
+        EnergyEvent: ("energy", EnergyReports._apply_energy),
     }

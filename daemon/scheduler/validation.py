@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from offcut.daemon.model import (RUN_STATES, CancelEvent, Event, NodeEvent, ProgressEvent,
-                                 SubmitEvent, TaskRunEvent, check_node_names)
+from offcut.daemon.model import (RUN_STATES, CancelEvent, EnergyEvent, Event, NodeEvent,
+                                 ProgressEvent, SubmitEvent, TaskRunEvent, check_node_names)
 
 
 MAX_SOURCE_LEN = 200
@@ -19,7 +19,7 @@ MAX_MESSAGE_LEN = 2000
 
 
 class EventValidation:
-    """Validation of the five event kinds; pure (never changes state)."""
+    """Validation of the six event kinds; pure (never changes state)."""
 
     def validate(self, event: Event) -> None:
         """Raise InvalidArgument / FailedPrecondition / NotFound if ``event`` cannot be applied.
@@ -72,6 +72,8 @@ class EventValidation:
                 raise InvalidArgument(f"must be 1-{MAX_SOURCE_LEN} characters", "owner")
         elif isinstance(event, ProgressEvent):
             self._validate_progress(event)
+        elif isinstance(event, EnergyEvent):
+            self._validate_energy(event)  # (offcut.daemon.scheduler.energy)
         elif isinstance(event, (CancelEvent, TaskRunEvent)):
             if isinstance(event, CancelEvent) and len(event.request_id) > MAX_SOURCE_LEN:
                 raise InvalidArgument(f"must be at most {MAX_SOURCE_LEN} characters", "request_id")

@@ -40,6 +40,15 @@ generation ends, what it measured::
     zeus epoch 2 of trial 2 (batch size 32, world size 3): test accuracy 96.63%, ...
     zeus: trial 2 converged after epoch 2: this generation measured 0.4210 s, 126.300 J; ...
 
+Power limits (docs/execution.md, "Power limits"): when the Zeus job has a power spec and the
+node runs a power helper (``ZEUSD_SOCK_PATH``), every process sets the limit the daemon's
+power-limit optimizer plans on its own GPU(s) through the helper (no root): rank 0's
+``ZeusTraining`` asks the daemon and shares each plan, the other ranks'
+:class:`~offcut.client.training.PowerLimitFollower` follow it, and every rank calls the step
+hook before each training step. Without the helper no limit is set. Without a GPU (tests,
+with the helper's stand-in) the fake GPUs named by ``CUDA_VISIBLE_DEVICES`` are limited and
+the profiling windows are measured with the helper's energy counters.
+
 Run ``python train.py --help`` for the options; README.md shows torchrun and Offcut runs.
 """
 
@@ -148,10 +157,32 @@ def zeus_trial_status(address: str | None, job_id: str, trial_number: int) -> st
     raise ValueError(f"the Zeus job {job_id!r} has no trial {trial_number}")
 
 
+def power_backend(run: ElasticRun):
+    """This process's power-limit backend: its GPUs' limits through the node's power helper
+    (``ZEUSD_SOCK_PATH``), measured by zeus or NVML, or (without CUDA: the helper's stand-in)
+    by the helper's energy counters; None without a helper (no power limits: setting them
+    directly needs root) or without a GPU of its own. Its GPUs: those it measures
+    (:func:`offcut.client.elastic.energy.own_gpus`: the launcher's ``OFFCUT_LOCAL_GPUS``, else
+    torchrun's binding)."""
+    if not os.environ.get("ZEUSD_SOCK_PATH", "").strip():
+        return None
+    from offcut.client.elastic.energy import own_gpus, visible_gpu_count
+    from offcut.client.training import HelperBackend, default_backend
+
+    if run.device.type == "cuda":
+        gpus = own_gpus(run.env, visible_gpu_count())
+        return default_backend(gpus) if gpus else None
+    named = [e for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if e.strip()]
+    gpus = own_gpus(run.env, len(named) or run.env.local_world_size)
+    return HelperBackend(gpus, measure="helper") if gpus else None
+
+
 class ZeusEpochs:
     """The task's Zeus trial: rank 0 holds the :class:`~offcut.client.training.ZeusTraining`;
     every rank gets the trial's global batch size and, at each epoch's end, the daemon's stop
-    verdict, by broadcast from rank 0. Creating it is a collective (call it on every rank).
+    verdict, by broadcast from rank 0; every other rank follows the power-limit plan with a
+    :class:`~offcut.client.training.PowerLimitFollower`. Creating it is a collective (call it
+    on every rank).
 
     Args:
         run: the started run (its ``on_restart`` becomes :meth:`suspend` on rank 0).
@@ -165,16 +196,31 @@ class ZeusEpochs:
         self.zt = None          # rank 0 only
         self._ended = False     # rank 0 closed zt (suspended, finished or failed)
         self.base = (0.0, 0.0)  # the trial's (time [s], energy [J]) when this generation began
-        info = torch.zeros(3, dtype=torch.int64)  # batch size (0: rank 0 failed), trial, done
+        from offcut.client.training import PowerLimitFollower, TorchRankSync
+
+        self.sync = TorchRankSync(run.device)   # rank 0 shares each power plan with the others
+        power_error = None
+        try:
+            self.power = power_backend(run)     # this process's GPUs' limits (None: no helper)
+        except Exception as exc:  # raised below, after the broadcast every rank waits for
+            self.power, power_error = None, exc
+        self.follower = None if run.is_main else PowerLimitFollower(self.power, self.sync)
+        if self.follower is not None:
+            run.on_restart = self.suspend       # before every exit 75: the maximum limit back
+        # batch size (0: rank 0 failed), trial, done; on the collectives' device (nccl: GPU)
+        info = torch.zeros(3, dtype=torch.int64, device=run.device)
         error = None
         if run.is_main:
             try:
-                info = torch.tensor(self._open(saved, power_w), dtype=torch.int64)
+                if power_error is not None:
+                    raise power_error
+                info = torch.tensor(self._open(saved, power_w), dtype=torch.int64,
+                                    device=run.device)
             except Exception as exc:  # every rank stops; rank 0 raises the cause
                 error = exc
         dist.broadcast(info, src=0)
-        if error is not None:
-            raise error
+        if error is not None or power_error is not None:
+            raise error or power_error
         if int(info[0]) < 1:
             raise RuntimeError("rank 0 could not open the Zeus trial (see its log)")
         self.batch_size, self.trial, self.finished = int(info[0]), int(info[1]), bool(info[2])
@@ -203,7 +249,9 @@ class ZeusEpochs:
         # a driver's OFFCUT_ZEUS_TRIAL is the same trial; ZeusTraining resumes it if suspended
         resume = None if saved is None or environ.get("OFFCUT_ZEUS_TRIAL") else saved["trial"]
         zt = ZeusTraining.from_env(backend, environ=environ, resume_trial=resume,
-                                   generation=run.generation or None, power=False)
+                                   generation=run.generation or None,
+                                   power=None if self.power is not None else False,
+                                   power_backend=self.power, sync=self.sync)
         self.zt, self.base = zt, (zt.time_s, zt.energy_j)
         run.on_restart = self.suspend  # before every exit 75 (which skips with/finally)
         if saved is not None and zt.batch_size != saved["batch_size"]:
@@ -220,11 +268,20 @@ class ZeusEpochs:
     def begin_epoch(self) -> None:
         if self.zt is not None:
             self.zt.on_epoch_begin()
+        elif self.follower is not None:
+            self.follower.on_epoch_begin()
+
+    def begin_step(self) -> None:
+        """Before every training step, on every rank: the power-limit profiling's step."""
+        if self.zt is not None:
+            self.zt.on_step_begin()
+        elif self.follower is not None:
+            self.follower.on_step_begin()
 
     def end_epoch(self, metric, world_size: int) -> bool:
         """Report the epoch on rank 0 with ``metric()`` (called there only); every rank
         returns the daemon's stop verdict (one broadcast)."""
-        stop = torch.zeros(1, dtype=torch.int64)
+        stop = torch.zeros(1, dtype=torch.int64, device=self.run.device)
         if self.zt is not None:
             acc = metric()
             verdict = self.zt.on_epoch_end(acc)
@@ -233,6 +290,8 @@ class ZeusEpochs:
                   f"{self.zt.time_s:.4f} s, {self.zt.energy_j:.3f} J so far -> "
                   f"{verdict.message}", flush=True)
             stop[0] = int(verdict.stop)
+        elif self.follower is not None:
+            self.follower.on_epoch_end()
         dist.broadcast(stop, src=0)
         self.finished = bool(stop[0])
         return self.finished
@@ -245,7 +304,9 @@ class ZeusEpochs:
 
     def suspend(self) -> None:
         """Rank 0, before exit 75 (stop signal, lost peer): suspend the trial, the epoch cut
-        short counted, for the next generation."""
+        short counted, for the next generation; the other ranks set their maximum limit."""
+        if self.follower is not None:
+            self.follower.interrupt()
         if self.zt is not None and not self._ended:
             self._ended = True
             self.zt.interrupt()
@@ -255,6 +316,8 @@ class ZeusEpochs:
         """The run's end: a trial the daemon did not stop (the samples ran out) ends as not
         converged."""
         self.finished = True
+        if self.follower is not None:
+            self.follower.close()
         if self.zt is not None and not self._ended:
             self._ended = True
             verdict = self.zt.close()
@@ -263,6 +326,12 @@ class ZeusEpochs:
 
     def fail(self, exc: BaseException) -> None:
         """A real failure of this run: end the trial as not converged."""
+        if self.follower is not None:
+            try:
+                self.follower.close()
+            except Exception as close_error:  # the original error matters more
+                logging.getLogger(__name__).warning("restoring the power limit after %s "
+                                                    "failed: %s", type(exc).__name__, close_error)
         if self.zt is not None and not self._ended:
             self._ended = True
             try:
@@ -294,8 +363,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="checkpoint when this many seconds passed since the last (0: never)")
     p.add_argument("--checkpoint-every-steps", type=int, default=0,
                    help="checkpoint every this many steps of this process (0: never)")
-    p.add_argument("--collective-timeout-s", type=float, default=120.0,
-                   help="a collective waiting this long for a silent peer fails (exit 75)")
+    p.add_argument("--collective-timeout-s", type=float, default=None,
+                   help="a collective waiting this long for a silent peer fails (exit 75); "
+                        "default: the peer timeout, $OFFCUT_PEER_TIMEOUT_S or 60 s")
     p.add_argument("--rendezvous-timeout-s", type=float, default=600.0,
                    help="how long the rendezvous waits for every rank")
     p.add_argument("--min-step-s", type=float, default=0.0,
@@ -346,11 +416,13 @@ def main(argv=None) -> None:
     with run:  # rendezvous; a lost peer exits 75 (after run.on_restart)
         zeus = None
         try:
-            x_train, y_train, x_test, y_test = load_data()
+            # on this process's device: cuda:LOCAL_RANK with nccl (one process per GPU), else cpu
+            x_train, y_train, x_test, y_test = (t.to(run.device) for t in load_data())
             epoch_samples = len(y_train)  # a Zeus epoch: one pass over the train images
             torch.manual_seed(args.seed)
-            model = DigitsCNN()
-            ddp = DDP(model)  # broadcasts rank 0's parameters
+            model = DigitsCNN().to(run.device)
+            gpu = [run.device.index] if run.device.type == "cuda" else None
+            ddp = DDP(model, device_ids=gpu)  # broadcasts rank 0's parameters
             opt = torch.optim.Adam(model.parameters(), lr=args.lr)
             ckpt = run.load_checkpoint()
             if ckpt is not None:
@@ -394,6 +466,8 @@ def main(argv=None) -> None:
                 b = int(min(B, limit - done))     # the last global batch may be partial
                 if zeus is not None:              # ... and so may an epoch's last one
                     b = min(b, epoch_samples - done % epoch_samples)
+                if zeus is not None:
+                    zeus.begin_step()             # power-limit profiling, every rank
                 step_started = time.monotonic()
                 part = rank_slice(b, world, run.rank)   # only this rank's samples
                 idx = order.indices(done + part.start, part.stop - part.start)

@@ -1,0 +1,273 @@
+"""``python -I .../offcut/slurm_plugin/node_run.py`` (or ``python -m
+offcut.slurm_plugin.node_run``): the per-node supervisor of one job of a generation
+(docs/execution.md, "Processes per node"). The launcher runs this file by its path with any
+interpreter every user may run (``[slurm] node_python``), since it imports only the standard
+library.
+
+The batch script of a task's job on a node exports the generation's environment
+(docs/execution.md, "What every process gets") and ``exec``-s this module, which starts the
+node's ``--procs`` processes of the command and supervises them, as torchrun's agent does for
+its workers but keeping the execution protocol's exit codes:
+
+- process ``i`` (``LOCAL_RANK`` = i) gets ``RANK`` = node rank x procs + i, ``LOCAL_RANK``,
+  ``LOCAL_WORLD_SIZE`` = procs, torchrun's ``GROUP_RANK`` / ``GROUP_WORLD_SIZE`` (the node's
+  index and the node count) and ``OFFCUT_LOCAL_GPUS``: the positions, among the node's visible
+  GPUs (``CUDA_VISIBLE_DEVICES``, set by Slurm from ``--gres``), of the ``--gpus-per-proc``
+  GPUs that are its own (``i*k .. i*k+k-1``; empty for a CPU task). ``CUDA_VISIBLE_DEVICES``
+  is left as Slurm set it, so a script written for torchrun (``cuda:LOCAL_RANK``) runs as is;
+- the signals the batch shell gets (the stop signal, ``SIGTERM``, ``SIGINT``, ``SIGHUP``: sent
+  by Slurm ahead of a preemption with ``--signal=B:SIG``, or by the launcher's ``scancel
+  --batch --signal``) are forwarded to every process;
+- the run's end is the worst of its processes': the first process that **fails** (an exit
+  status other than 0 and 75, or killed by a signal) fails the run at once: the others get
+  ``SIGTERM``, then ``SIGKILL`` after :data:`KILL_AFTER_S`, and this process ends as the failed
+  one did (the same exit status, or killed by the same signal). Otherwise it waits for every
+  process and exits **75** when any exited 75 (checkpointed, or saw a peer vanish), **0** when
+  all exited 0;
+- its processes die with it (``PR_SET_PDEATHSIG``), so a supervisor killed by Slurm at the end
+  of the job's grace time leaves nothing running.
+
+Why not torchrun or ``srun``: measured with torch 2.13, ``torchrun --signals-to-handle
+SIGUSR1`` forwards the signal but exits 1 when its workers exit 75 (and when all exit 75 with
+no signal, and when one crashes): it cannot tell a checkpointed stop from a failure. ``srun``
+returns the highest exit status of its tasks, so a crash (1) next to peers that exited 75 reads
+as 75 (Slurm's srun(1), "RETURN VALUE"). Both start processes the same way otherwise; this
+module is only that part (no rendezvous: the processes still meet on ``MASTER_ADDR``).
+
+Only the standard library is imported (Python 3.9 or later): the supervisor starts in a few
+tens of milliseconds, under any interpreter of the node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Mapping, Sequence
+
+#: exit status of a process that checkpointed (or lost a peer): restart me (docs/execution.md)
+EXIT_RESTART = 75
+#: seconds the other processes of a failed run get after SIGTERM before SIGKILL
+KILL_AFTER_S = 10.0
+#: signals forwarded to every process, besides the stop signal
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: largest --procs (offcut.taskspec.MAX_PROCS_PER_NODE)
+MAX_PROCS = 64
+
+_PR_SET_PDEATHSIG = 1
+
+
+def process_environment(base: Mapping[str, str], *, local_rank: int, procs: int, node_rank: int,
+                        num_nodes: int, gpus_per_proc: int) -> dict[str, str]:
+    """The environment of local process ``local_rank`` of ``procs`` on the node of index
+    ``node_rank`` of ``num_nodes``: ``base`` plus ``RANK``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE``, ``WORLD_SIZE`` (= nodes x procs), ``GROUP_RANK``,
+    ``GROUP_WORLD_SIZE`` and ``OFFCUT_LOCAL_GPUS`` (comma-separated positions among the visible
+    GPUs: ``gpus_per_proc`` of them from ``local_rank * gpus_per_proc``; empty without GPUs)."""
+    env = dict(base)
+    env.update(RANK=str(node_rank * procs + local_rank), LOCAL_RANK=str(local_rank),
+               LOCAL_WORLD_SIZE=str(procs), WORLD_SIZE=str(num_nodes * procs),
+               GROUP_RANK=str(node_rank), GROUP_WORLD_SIZE=str(num_nodes),
+               OFFCUT_LOCAL_GPUS=",".join(str(local_rank * gpus_per_proc + j)
+                                          for j in range(gpus_per_proc)))
+    return env
+
+
+def exit_status(returncode: int) -> int:
+    """A ``Popen.returncode`` as a shell would report it (a signal S as 128 + S)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run_outcome(returncodes: Sequence[int]) -> int | None:
+    """The run's end from its processes' ``Popen.returncode`` values in the order they ended
+    (negative: killed by that signal): the first failure (not 0, not 75); else 75 when any
+    exited 75; else 0. None for no process."""
+    if not returncodes:
+        return None
+    for rc in returncodes:
+        if rc not in (0, EXIT_RESTART):
+            return rc
+    return EXIT_RESTART if EXIT_RESTART in returncodes else 0
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the supervisor dies; no signal blocked."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: Slurm's process tracking still ends them
+        pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+class NodeRun:
+    """The processes of one node of a generation.
+
+    Args:
+        line: the shell line each process runs (``bash -c 'exec LINE'``).
+        procs: processes to start, 1 to :data:`MAX_PROCS`.
+        node_rank, num_nodes: the node's index in the generation and the node count.
+        gpus_per_proc: GPUs of each process (0: a CPU task).
+        stop_signal: the launcher's stop signal, forwarded like :data:`FORWARDED`.
+        environ: the environment every process starts from (default ``os.environ``).
+        kill_after_s: seconds between SIGTERM and SIGKILL of the others after a failure [s].
+    """
+
+    def __init__(self, line: str, *, procs: int, node_rank: int, num_nodes: int,
+                 gpus_per_proc: int = 0, stop_signal: signal.Signals = signal.SIGUSR1,
+                 environ: Mapping[str, str] | None = None, kill_after_s: float = KILL_AFTER_S):
+        if not 1 <= procs <= MAX_PROCS:
+            raise ValueError(f"--procs must be 1 to {MAX_PROCS}, got {procs}")
+        if not 0 <= node_rank < num_nodes:
+            raise ValueError(f"--node-rank must be 0 to {num_nodes - 1}, got {node_rank}")
+        self.line, self.procs = line, procs
+        self.node_rank, self.num_nodes, self.gpus_per_proc = node_rank, num_nodes, gpus_per_proc
+        self.signals = sorted({int(stop_signal), *(int(s) for s in FORWARDED)})
+        self.environ = os.environ if environ is None else environ
+        self.kill_after_s = kill_after_s
+        self.children: list[subprocess.Popen] = []
+        self.ended: list[int] = []  # returncodes in the order the processes ended
+
+    def _forward(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        print(f"offcut node_run: got {name}, forwarding it to {self._alive_count()} "
+              f"process(es)", file=sys.stderr, flush=True)
+        self._send(signum)
+
+    def _alive_count(self) -> int:
+        return sum(1 for c in self.children if c.returncode is None)
+
+    def _send(self, signum: int) -> None:
+        for child in self.children:
+            if child.returncode is None:
+                try:
+                    os.kill(child.pid, signum)
+                except ProcessLookupError:  # ended, not reaped yet
+                    pass
+
+    def start(self) -> None:
+        """Start the processes, with the forwarded signals held until all exist (a signal
+        that came meanwhile reaches every one of them)."""
+        for s in self.signals:
+            signal.signal(s, self._forward)
+        signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
+        try:
+            for i in range(self.procs):
+                env = process_environment(self.environ, local_rank=i, procs=self.procs,
+                                          node_rank=self.node_rank, num_nodes=self.num_nodes,
+                                          gpus_per_proc=self.gpus_per_proc)
+                self.children.append(subprocess.Popen(
+                    ["/bin/bash", "-c", "exec " + self.line], env=env,
+                    preexec_fn=_die_with_parent))
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, self.signals)
+
+    def _reap(self, block: bool) -> bool:
+        """Reap one ended process (``block``: wait for one). False when none ended."""
+        try:
+            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return False
+        for child in self.children:
+            if child.pid == pid and child.returncode is None:
+                child.returncode = os.waitstatus_to_exitcode(status)
+                self.ended.append(child.returncode)
+                return True
+        return True  # not ours (cannot happen: we start no other child)
+
+    def _stop_the_rest(self) -> None:
+        """SIGTERM to the processes still running, SIGKILL after ``kill_after_s``."""
+        self._send(signal.SIGTERM)
+        deadline = time.monotonic() + self.kill_after_s
+        while self._alive_count() and time.monotonic() < deadline:
+            if not self._reap(block=False):
+                time.sleep(0.05)
+        if self._alive_count():
+            self._send(signal.SIGKILL)
+            while self._alive_count() and self._reap(block=True):
+                pass
+
+    def wait(self) -> int:
+        """Wait for the run's end (:func:`run_outcome`); returns the winning returncode."""
+        while self._alive_count():
+            self._reap(block=True)
+            last = self.ended[-1] if self.ended else 0
+            if last not in (0, EXIT_RESTART):
+                i = next(c for c in self.children if c.returncode == last)
+                print(f"offcut node_run: local rank {self.children.index(i)} failed "
+                      f"({_describe(last)}); stopping the other processes",
+                      file=sys.stderr, flush=True)
+                self._stop_the_rest()
+                break
+        outcome = run_outcome(self.ended)
+        return 0 if outcome is None else outcome
+
+
+def _describe(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit {returncode}"
+
+
+def end_as(returncode: int) -> None:
+    """End this process as a process with ``returncode`` ended: that exit status, or killed
+    by the same signal (so Slurm records the job as its process ended)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if returncode < 0:
+        sig = -returncode
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        os.kill(os.getpid(), sig)
+        time.sleep(1)  # the signal is delivered before this returns; a stopped-only one is not
+        os._exit(exit_status(returncode))
+    os._exit(returncode)
+
+
+def _parse_signal(text: str) -> signal.Signals:
+    name = text.strip().upper()
+    if name.isdigit():
+        return signal.Signals(int(name))
+    return signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line: ``node_run --procs N --node-rank R --num-nodes M [--gpus-per-proc K]
+    [--stop-signal USR1] -- LINE``; ends as :meth:`NodeRun.wait` says (:func:`end_as`)."""
+    p = argparse.ArgumentParser(
+        prog="python -m offcut.slurm_plugin.node_run",
+        description="Start the processes of one node of an Offcut generation and supervise "
+                    "them (docs/execution.md, 'Processes per node').")
+    p.add_argument("--procs", type=int, required=True, help=f"processes, 1-{MAX_PROCS}")
+    p.add_argument("--node-rank", type=int, required=True, help="the node's index in the generation")
+    p.add_argument("--num-nodes", type=int, required=True, help="the generation's node count")
+    p.add_argument("--gpus-per-proc", type=int, default=0, help="GPUs of each process (0: CPU)")
+    p.add_argument("--stop-signal", default="USR1", help="the launcher's stop signal")
+    p.add_argument("--kill-after-s", type=float, default=KILL_AFTER_S,
+                   help="seconds between SIGTERM and SIGKILL of the others after a failure")
+    p.add_argument("line", nargs=argparse.REMAINDER, help="-- then the shell line to run")
+    args = p.parse_args(argv)
+    line = args.line[1:] if args.line[:1] == ["--"] else args.line
+    if not line:
+        p.error("no command (give it after --)")
+    try:
+        stop = _parse_signal(args.stop_signal)
+        run = NodeRun(" ".join(line), procs=args.procs, node_rank=args.node_rank,
+                      num_nodes=args.num_nodes, gpus_per_proc=args.gpus_per_proc,
+                      stop_signal=stop, kill_after_s=args.kill_after_s)
+    except (ValueError, KeyError) as exc:
+        p.error(str(exc))
+    run.start()
+    end_as(run.wait())
+
+
+if __name__ == "__main__":
+    main()
