@@ -65,8 +65,9 @@ Usage::
     python benchmarks/load.py --clients 16 --duration 30 --speedup 3600
     python benchmarks/load.py --mix submit=1,status=1     # clients without node events
     python benchmarks/load.py --node-log missing.tar.gz   # synthetic log of the real burst sizes
-    python benchmarks/load.py --address 127.0.0.1:50051 --token-file admin.token  # a running
-                                                          # daemon (fresh state, admin token)
+    python benchmarks/load.py --address unix:///run/offcut/offcutd.sock --token-file admin.token
+                                    # a running daemon (fresh state, admin token; over TCP
+                                    # give its CA in $OFFCUT_TLS_CA: tokens need TLS)
 """
 
 from __future__ import annotations
@@ -1042,10 +1043,11 @@ def _proc_figures(pid: int) -> dict[str, Any]:
 
 
 def start_daemon(folder: Path, durability: str, tokens_file: Path) -> tuple[subprocess.Popen, str]:
-    """``offcutd`` (live clock, solver dp, bearer tokens from ``tokens_file``) on a free TCP
-    loopback port with its state in ``folder``; returns (process, address) once it answers
+    """``offcutd`` (live clock, solver dp, bearer tokens from ``tokens_file``) on a unix
+    socket in ``folder`` (clients send tokens only over a unix socket or TLS:
+    docs/security.md) with its state there; returns (process, address) once it answers
     health checks. Raises Unavailable."""
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"unix://{folder / 'offcutd.sock'}"
     cmd = [*offcutd_argv(), "--listen", address, "--state", str(folder / "state.sqlite"),
            "--solver", "dp", "--durability", durability, "--clock", "live",
            "--tokens-file", str(tokens_file), "--log-level", "warning"]

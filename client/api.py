@@ -188,18 +188,24 @@ class Client:
         munge_socket: munged's socket; without a token every call carries a MUNGE credential
             when munged runs (default ``$OFFCUT_MUNGE_SOCKET``, else
             ``/run/munge/munge.socket.2``; :func:`offcut.channel.open_channel`).
+        insecure_token: send the token to a TCP address without TLS all the same (default
+            ``$OFFCUT_INSECURE_TOKEN``; without it such a token is refused:
+            :func:`offcut.channel.insecure_token_refusal`).
         retry: retry idempotent calls while the daemon is unavailable (restarting), see
             :mod:`offcut.client.retry` for which calls, the backoff and the deadline; None
             (default): every failure is raised at once.
 
     Raises:
-        InvalidArgument: an unreadable or shared token file, an unreadable CA file.
+        InvalidArgument: an unreadable or shared token file, an unreadable CA file; a token
+            for a TCP address without TLS (field ``address``, unless ``insecure_token``); a
+            socket folder others could write.
     """
 
     def __init__(self, address: str | None = None, timeout_s: float = 60.0, *,
                  token: str | None = None, token_file: str | None = None,
                  tls_ca: str | None = None, tls_server_name: str | None = None,
-                 retry: RetryPolicy | None = None, munge_socket: str | None = None):
+                 retry: RetryPolicy | None = None, munge_socket: str | None = None,
+                 insecure_token: bool | None = None):
         self.retry = retry
         self.address = normalize_address(address or os.environ.get("OFFCUT_ADDRESS")
                                          or default_socket())
@@ -209,6 +215,7 @@ class Client:
         self.authenticated = token is not None  # (the token itself is not kept)
         self.channel = open_channel(self.address, token=token, tls_ca=tls_ca,
                                     tls_server_name=tls_server_name, munge_socket=munge_socket,
+                                    insecure_token=insecure_token,
                                     options=[
                                         ("grpc.max_receive_message_length", limit),
                                         ("grpc.max_send_message_length", limit)]

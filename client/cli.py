@@ -16,6 +16,7 @@ import typer
 from offcut.client import task_cli
 from offcut.client.settings import ClientSettings, connection_options
 from offcut.errors import OffcutError
+from offcut.text_safety import terminal_safe
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, no_args_is_help=True,
                   help="Offcut: elastic DL training on the idle nodes of a supercomputer.")
@@ -43,7 +44,8 @@ SOLVER_HELP = "dp | gurobi | cbc | auto | greedy (dp: exact, fast, the same on e
 
 
 def _fail(message: str, code: int = 1) -> None:
-    typer.echo(f"offcut: {message}", err=True)
+    # messages quote user text (file contents, task names, daemon replies): escaped
+    typer.echo(f"offcut: {terminal_safe(message)}", err=True)
     raise typer.Exit(code)
 
 
@@ -61,11 +63,12 @@ def _print_summary(summary: dict, out: Path) -> None:
                 typer.echo(f"  {'efficiency':18s} {v:.4g} of the same node-hours on dedicated "
                            "nodes (each task at its best count, no rescale)")
             continue
-        typer.echo(f"  {k:18s} {v:.4g}" if isinstance(v, float) else f"  {k:18s} {v}")
+        typer.echo(f"  {k:18s} {v:.4g}" if isinstance(v, float)
+                   else f"  {k:18s} {terminal_safe(v)}")
     owners = summary.get("owners") or {}
     if len(owners) > 1:
         for name, o in owners.items():
-            typer.echo(f"  {'owner ' + name:18s} {o['node_hours']:.4g} node-hours, {o['samples']:.4g} "
+            typer.echo(f"  {'owner ' + terminal_safe(name):18s} {o['node_hours']:.4g} node-hours, {o['samples']:.4g} "
                        f"samples, {o['task_energy_j']:.4g} J, {o['tasks_completed']}/{o['tasks']} "
                        "tasks done")
         fair = summary["fairness"]
@@ -489,7 +492,7 @@ def status(
 
     import hostlist
 
-    from offcut.client.json_out import to_json
+    from offcut.client.json_out import json_text, to_json
 
     try:
         with settings.client() as c:
@@ -501,37 +504,39 @@ def status(
     if as_json:
         doc = to_json(st)
         doc["event_lag_s"] = lag_s
-        typer.echo(json.dumps(doc, indent=2))
+        typer.echo(json_text(doc, indent=2))
         return
     s, last = st.solver, st.last_decision
     typer.echo(f"clock        {st.clock.ToJsonString() if has_clock else '-'} (revision {st.revision}; "
-               f"event lag {task_cli.format_duration(lag_s)}; {st.clock_mode or 'live'})")
+               f"event lag {task_cli.format_duration(lag_s)}; "
+               f"{terminal_safe(st.clock_mode or 'live')})")
     typer.echo(f"nodes        {st.idle_nodes} in the idle pool, {st.nodes_in_use} of them in use by tasks")
     typer.echo(f"tasks        {st.queued_tasks} queued, {st.admitted_tasks} admitted, "
                f"{st.running_tasks} running, {st.completed_tasks} completed, {st.cancelled_tasks} cancelled, "
                f"{st.failed_tasks} failed "
                f"(at most {st.max_running_tasks} admitted)")
-    typer.echo(f"solver       {s.configured_solver}: {s.decisions} decisions, p50 {s.decision_ms_p50:.2f} ms, "
+    typer.echo(f"solver       {terminal_safe(s.configured_solver)}: {s.decisions} decisions, p50 {s.decision_ms_p50:.2f} ms, "
                f"p99 {s.decision_ms_p99:.2f} ms, max {s.decision_ms_max:.2f} ms, {s.fallbacks} fallbacks")
     snaps = st.snapshots
     if snaps.count:
         typer.echo(f"snapshots    {snaps.count} since start, each holding events back p50 "
                    f"{snaps.ms_p50:.2f} ms, p99 {snaps.ms_p99:.2f} ms, max {snaps.ms_max:.2f} ms "
                    f"(the last at revision {snaps.last_revision}: {snaps.last_ms:.2f} ms)")
-    if last.revision:
-        typer.echo(f"last         {last.source or 'task request'} at {last.time.ToJsonString()}: {last.solve.status} by "
+    if last.revision:  # the event's source and the solver's words: escaped
+        typer.echo(terminal_safe(f"last         {last.source or 'task request'} at {last.time.ToJsonString()}: {last.solve.status} by "
                    f"{last.solve.solver or '-'} in {last.solve.solve_ms:.2f} ms, "
-                   f"{len(last.placements)} placement change(s)")
+                   f"{len(last.placements)} placement change(s)"))
     if s.last_fallback_reason:
-        typer.echo(f"fallback     {s.last_fallback_reason}")
+        typer.echo(f"fallback     {terminal_safe(s.last_fallback_reason)}")
     typer.echo(f"node-hours   {st.idle_node_seconds / 3600:.1f} idle, {st.used_node_seconds / 3600:.1f} used; "
                f"{st.total_samples:.6g} samples trained")
     eta = f" (eta {st.eta:g})" if st.objective == "zeus_cost" else ""
     spj = f", {st.total_samples / st.energy_j:.4g} samples/J" if st.energy_j > 0 else ""
-    typer.echo(f"objective    {st.objective or 'throughput'}{eta}; energy {st.energy_j:.4g} J "
+    typer.echo(f"objective    {terminal_safe(st.objective or 'throughput')}{eta}; energy {st.energy_j:.4g} J "
                f"({st.task_energy_j:.4g} J by tasks){spj}")
     if idle_nodes:
-        typer.echo(f"idle pool    {hostlist.collect_hostlist(list(st.idle_node_names)) or '-'}")
+        typer.echo(f"idle pool    "
+                   f"{terminal_safe(hostlist.collect_hostlist(list(st.idle_node_names)) or '-')}")
 
 
 def _one_line(exc: Exception) -> str:
@@ -549,8 +554,8 @@ def _render_report(folder: Path, use_summary_json: bool = True) -> None:
         _fail(_one_line(exc), 2)
     except OSError as exc:
         _fail(f"{folder}: cannot write the report: {_one_line(exc)}")
-    typer.echo(rep.text, nl=False)
-    typer.echo("files: " + "  ".join(str(f) for f in rep.files))
+    typer.echo(terminal_safe(rep.text, keep_newlines=True), nl=False)
+    typer.echo(terminal_safe("files: " + "  ".join(str(f) for f in rep.files)))
 
 
 @app.command()

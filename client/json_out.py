@@ -8,7 +8,10 @@ Rules, the same for tasks, placement updates and the status:
   (``TASK_STATE_RUNNING`` -> ``"running"``, ``PLACEMENT_CHANGE_GROW`` -> ``"grow"``), as
   ``offcut queue`` prints them;
 * 64-bit integers (revisions, generations, sequence numbers) are JSON numbers, not strings;
-* times are RFC 3339 strings in UTC (``2026-11-27T05:25:59.729419947Z``).
+* times are RFC 3339 strings in UTC (``2026-11-27T05:25:59.729419947Z``);
+* the text is ASCII (:func:`json_text`): every control character and every non-ASCII
+  character of a string is a ``\\uXXXX`` escape, so a task name or command holding an escape
+  sequence reaches a terminal as inert text and a JSON reader gets it back exactly.
 
 A command may add derived fields beside the message's (``offcut queue``: ``progress_pct`` and
 ``eta_s``; ``offcut status``: ``event_lag_s``), named in its ``--help``.
@@ -16,13 +19,20 @@ A command may add derived fields beside the message's (``offcut queue``: ``progr
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-__all__ = ["to_json", "enum_name"]
+__all__ = ["to_json", "enum_name", "json_text"]
+
+
+def json_text(doc: Any, indent: int | None = None) -> str:
+    """``doc`` as the JSON text every ``--json`` output prints: ``json.dumps`` with
+    ``ensure_ascii`` (module docstring: no raw control character, exact and valid JSON)."""
+    return json.dumps(doc, indent=indent, ensure_ascii=True)
 
 
 def enum_name(enum_type, number: int) -> str:

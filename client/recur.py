@@ -47,7 +47,6 @@ and, with ``run_logs``, each run's output to ``logs/r<recurrence>-t<try>-trial<t
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import math
 import os
@@ -67,6 +66,7 @@ from offcut.client.api import Client
 from offcut.client.training import (ENV_ADDRESS, ENV_BATCH_SIZE, ENV_JOB_ID, ENV_TRIAL,
                                     BackendUnavailable, nvml_power_limit_range)
 from offcut.errors import AlreadyExists, FailedPrecondition, Unavailable
+from offcut.text_safety import csv_writer
 from offcut.v1 import zeus_pb2
 
 PLACEHOLDERS = ("batch_size", "learning_rate", "trial", "recurrence", "seed")
@@ -625,7 +625,7 @@ class RecurDriver:
         opts.out.mkdir(parents=True, exist_ok=True)
         history = opts.out / "history.csv"
         with history.open("w", newline="") as fh:
-            writer = csv.writer(fh)
+            writer = csv_writer(fh)  # text cells a spreadsheet would run: quoted
             writer.writerow(HISTORY_COLUMNS)
             fh.flush()
             for recurrence in range(1, opts.recurrences + 1):

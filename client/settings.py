@@ -9,6 +9,12 @@
    (``~/.config/offcut/client.toml``) when it exists; its keys are the settings' names;
 4. the defaults.
 
+The config file must be the user's own: a file, or a folder above it, that another user could
+write (writable by group or others, or owned by neither the user nor root) is refused, since it
+could point the client, and its token, at another process (:func:`config_file_problem`).
+A token is sent only over a unix socket or TLS; ``insecure_token`` lets it travel over TCP
+without TLS (:func:`offcut.channel.insecure_token_refusal`).
+
 The token itself (``OFFCUT_TOKEN``) is read from the environment only, never from a flag
 (other users see a command line) nor from the file (put it in a 0600 file named by
 ``token_file``); a token, when set, is used before a token file, as :mod:`offcut.channel`
@@ -22,6 +28,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import stat
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
@@ -83,6 +90,10 @@ class ClientSettings(BaseSettings):
     munge_socket: Optional[Path] = Field(
         None, description="munged's socket: calls without a token carry a MUNGE credential",
         json_schema_extra={"default_doc": "/run/munge/munge.socket.2 when munged runs"})
+    insecure_token: Optional[bool] = Field(
+        None, description="send the token over TCP without TLS all the same (any local "
+        "process that takes the port, e.g. while offcutd restarts, receives it)",
+        json_schema_extra={"default_doc": "off: a token is sent only over a unix socket or TLS"})
     call_timeout_s: float = Field(
         30.0, gt=0.0, le=MAX_SECONDS, description=f"deadline of each call, s (0 < s <= "
         f"{MAX_SECONDS:.0f})")
@@ -116,14 +127,16 @@ class ClientSettings(BaseSettings):
         ``retry_deadline_s`` when it is > 0).
 
         Raises:
-            InvalidArgument: an unusable token file or CA file (:class:`Client`).
+            InvalidArgument: an unusable token file or CA file; a token for a TCP address
+            without TLS unless ``insecure_token`` (:class:`Client`).
         """
         retry = RetryPolicy(deadline_s=self.retry_deadline_s) if self.retry_deadline_s else None
         return Client(self.address, timeout_s=self.call_timeout_s,
                       token=self.token.get_secret_value() if self.token else None,
                       token_file=_text(self.token_file), tls_ca=_text(self.tls_ca),
                       tls_server_name=self.tls_server_name,
-                      munge_socket=_text(self.munge_socket), retry=retry)
+                      munge_socket=_text(self.munge_socket), retry=retry,
+                      insecure_token=self.insecure_token)
 
 
 def _text(path: Path | None) -> str | None:
@@ -167,21 +180,50 @@ class SettingsError(ValueError):
     or the config file and key."""
 
 
+def config_file_problem(path: Path, st: os.stat_result, uid: int | None = None) -> str | None:
+    """Why the client config file ``path`` (``st``: its ``fstat``) cannot be trusted by user
+    ``uid`` (default: this process's), else None: the file, or its folder (the folder of the
+    file it links to, and the link's own folder), is writable by group or others or owned by
+    neither ``uid`` nor root. Such a file could be rewritten by another user to send the
+    client's token to their own listener (docs/security.md, "Round two: sockets and
+    tokens")."""
+    uid = os.getuid() if uid is None else uid
+    checks: list[tuple[Path, os.stat_result]] = [(path, st)]
+    folders = {path.absolute().parent, Path(os.path.realpath(path)).parent}
+    for folder in sorted(folders):
+        try:
+            checks.append((folder, os.stat(folder)))
+        except OSError as exc:
+            return f"{folder}: {exc.strerror}"
+    for what, info in checks:
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid not in (uid, 0):
+            return (f"{what} is owned by uid {info.st_uid}, neither yours (uid {uid}) nor root's; "
+                    "another user could change it")
+        if mode & 0o022:
+            return (f"{what} is writable by group or others (mode {mode:04o}); another user "
+                    f"could change it: chmod go-w {what}")
+    return None
+
+
 def load_client_settings(flags: Mapping[str, Any] | None = None,
                          config: str | Path | None = None) -> ClientSettings:
     """The settings from ``flags`` (setting name -> value; None = not given), the environment
     and the config file ``config`` (None: :func:`default_config_file` if it exists).
 
     Raises:
-        SettingsError: ``config`` missing or unreadable, a file that is not TOML, a key the
-            file may not hold (unknown, or ``token``), or a value out of its bounds, naming
-            where it came from.
+        SettingsError: ``config`` missing or unreadable, writable by another user
+            (:func:`config_file_problem`), a file that is not TOML, a key the file may not hold
+            (unknown, or ``token``), or a value out of its bounds, naming where it came from.
     """
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     path = Path(config) if config is not None else default_config_file()
     if config is not None or path.exists():
         try:
             with open(path, "rb") as fh:
+                problem = config_file_problem(path, os.fstat(fh.fileno()))
+                if problem:
+                    raise SettingsError(f"config {path}: refused: {problem}")
                 values = tomllib.load(fh)
         except OSError as exc:
             raise SettingsError(f"cannot read config {path}: {exc.strerror}") from None

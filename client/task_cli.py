@@ -10,7 +10,6 @@ errors, and ``--json`` where it lists.
 from __future__ import annotations
 
 import getpass
-import json
 import re
 import time
 import uuid
@@ -20,8 +19,10 @@ from typing import Iterable, List, Optional
 import hostlist
 import typer
 
+from offcut.client.json_out import json_text
 from offcut.client.settings import ClientSettings, connection_options
 from offcut.errors import InvalidArgument, NotFound, OffcutError
+from offcut.text_safety import terminal_safe
 from offcut.v1 import decision_pb2, tasks_pb2
 
 ACTIVE_STATES = ("queued", "admitted", "running")
@@ -53,7 +54,8 @@ DEFAULT_FORMAT = "%i  %j  %u  %T  %D  %R  %P  %e"
 
 
 def _fail(message: str, code: int = 1) -> None:
-    typer.echo(f"offcut: {message}", err=True)
+    # a daemon's message may quote user text (a task name, a command): escaped
+    typer.echo(f"offcut: {terminal_safe(message)}", err=True)
     raise typer.Exit(code)
 
 
@@ -151,11 +153,12 @@ class TaskEnergyRows:
     def write(self, path: Path) -> None:
         """Write the rows (in task id order) to ``path`` (CSV with a header; ``as_of`` in
         ISO-8601 UTC, joules [J], samples/J)."""
-        import csv
         from datetime import datetime, timezone
 
+        from offcut.text_safety import csv_writer
+
         with open(path, "w", newline="") as fh:
-            out = csv.writer(fh)
+            out = csv_writer(fh)  # task names a spreadsheet would run are quoted
             out.writerow(TASK_ENERGY_COLUMNS)
             for task_id in sorted(self.tasks):
                 at, task = self.tasks[task_id]
@@ -237,10 +240,12 @@ def render_format(parts: list[tuple[str, str, int | None, bool]],
     """Lines of ``tasks`` in a :func:`parse_format` format, as squeue prints them: a field
     with a size is padded to it (right-justified with ``.``) and cut to it, one without is
     as wide as its column's longest value; the header line first unless ``header`` is
-    False."""
-    rows = [[FORMAT_FIELDS[text][1](t) if kind == "field" else text
+    False. Every cell is :func:`~offcut.text_safety.terminal_safe` (escaped before the widths
+    are taken)."""
+    rows = [[terminal_safe(FORMAT_FIELDS[text][1](t) if kind == "field" else text)
              for kind, text, _, _ in parts] for t in tasks]
-    heads = [FORMAT_FIELDS[text][0] if kind == "field" else text for kind, text, _, _ in parts]
+    heads = [FORMAT_FIELDS[text][0] if kind == "field" else terminal_safe(text)
+             for kind, text, _, _ in parts]
     widths = []
     for k, (kind, _, size, _) in enumerate(parts):
         if kind != "field":
@@ -315,12 +320,12 @@ def submit(
         _fail(str(exc))
     task = reply.task
     if parsable:
-        typer.echo(task.task_id)
+        typer.echo(terminal_safe(task.task_id))
         return
     placed = [p for p in reply.decision.placements if p.task_id == task.task_id]
     where = (f", started on {len(placed[0].nodes)} node(s)" if placed and placed[0].nodes
              else f", {state_name(task.state)}")
-    typer.echo(f"Submitted task {task.task_id}{where}")
+    typer.echo(terminal_safe(f"Submitted task {task.task_id}{where}"))
 
 
 def _cli_field(message: str) -> str:
@@ -389,7 +394,7 @@ def queue(
     except OffcutError as exc:
         _fail(str(exc))
     if as_json:
-        typer.echo(json.dumps([task_json(t) for t in tasks], indent=2))
+        typer.echo(json_text([task_json(t) for t in tasks], indent=2))
         return
     text = render_format(parts, tasks, header=not noheader)
     if text:
@@ -415,7 +420,7 @@ def show(
     except OffcutError as exc:
         _fail(str(exc))
     if as_json:
-        typer.echo(json.dumps(task_json(task), indent=2))
+        typer.echo(json_text(task_json(task), indent=2))
         return
     s = task.spec
     fields = [
@@ -456,10 +461,12 @@ def show(
         ("FinishTime", _ts(task.finish_time)),
         ("Command", " ".join(s.command) or "-"),
     ]
+    # user text (name, owner, command, failure reason, features) escaped: no control
+    # character reaches the terminal (docs/security.md)
     for key, value in fields:
-        typer.echo(f"{key:12s} {value}")
+        typer.echo(f"{key:12s} {terminal_safe(value)}")
     for i, line in enumerate(explain(task, status)):
-        typer.echo(f"{'Why' if i == 0 else '':12s} {line}")
+        typer.echo(f"{'Why' if i == 0 else '':12s} {terminal_safe(line)}")
 
 
 def cancel(
@@ -479,16 +486,16 @@ def cancel(
                 try:
                     reply = c.cancel(task_id)  # a fresh request id, the same on its retries
                 except (NotFound, InvalidArgument) as exc:
-                    typer.echo(f"offcut: {exc}", err=True)
+                    typer.echo(f"offcut: {terminal_safe(exc)}", err=True)
                     failed += 1
                     continue
                 except OffcutError as exc:
                     if exc.status == "UNAVAILABLE":
                         raise
-                    typer.echo(f"offcut: {task_id}: {exc}", err=True)
+                    typer.echo(f"offcut: {terminal_safe(f'{task_id}: {exc}')}", err=True)
                     failed += 1
                     continue
-                typer.echo(f"Cancelled task {reply.task.task_id}")
+                typer.echo(f"Cancelled task {terminal_safe(reply.task.task_id)}")
     except OffcutError as exc:
         _fail(str(exc))
     if failed:
@@ -497,14 +504,16 @@ def cancel(
 
 def format_update(update: tasks_pb2.PlacementUpdate) -> list[str]:
     """One line per placement change of an update (``generation N`` once the task has one:
-    docs/execution.md)."""
+    docs/execution.md), :func:`~offcut.text_safety.terminal_safe` (task names and causes
+    escaped)."""
     lines = []
     for p in update.placements:
         nodes = hostlist.collect_hostlist(list(p.nodes)) if p.nodes else "-"
         gen = f"  generation {p.generation}" if p.generation else ""
-        lines.append(f"{_ts(p.time)}  rev {update.revision:<6d} {update.cause:10s} {p.task_id}  "
-                     f"{p.task_name}  {change_name(p.change)} {p.previous_node_count}->"
-                     f"{len(p.nodes)}  {nodes}{gen}")
+        lines.append(terminal_safe(
+            f"{_ts(p.time)}  rev {update.revision:<6d} {update.cause:10s} {p.task_id}  "
+            f"{p.task_name}  {change_name(p.change)} {p.previous_node_count}->"
+            f"{len(p.nodes)}  {nodes}{gen}"))
     return lines
 
 
@@ -535,7 +544,7 @@ def watch(
 
             for update in c.watch(task_id or "", after_revision=after_revision, timeout_s=timeout):
                 if as_json:
-                    typer.echo(json.dumps(to_json(update)))
+                    typer.echo(json_text(to_json(update)))
                 else:
                     for line in format_update(update):
                         typer.echo(line)

@@ -100,10 +100,19 @@ def unreachable_reason(address: str) -> str | None:
 
 def untrusted_socket(socket_path: str) -> str | None:
     """Why a client should not connect to unix socket ``socket_path`` (its folder fails
-    :func:`untrusted_socket_dir` for this user, the socket's owner trusted), else None; a
-    socket that does not exist is not judged."""
+    :func:`untrusted_socket_dir` for this user, the socket's owner trusted), else None.
+
+    A socket that does not exist (yet: the daemon restarting) is judged by its folder, the
+    folder's owner trusted: it must still be a folder only its owner can write, so that no one
+    else can put a socket there before the daemon's comes back (a client retrying would
+    otherwise send its token to it). A folder that does not exist is not judged."""
     try:
         owner = os.stat(socket_path).st_uid
+    except FileNotFoundError:
+        try:
+            owner = os.stat(os.path.dirname(os.path.abspath(socket_path))).st_uid
+        except OSError:
+            return None
     except OSError:
         return None
     return untrusted_socket_dir(socket_path, os.getuid(), (owner,))

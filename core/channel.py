@@ -9,6 +9,14 @@ TLS: ``tls_ca`` or ``$OFFCUT_TLS_CA`` (PEM of the CA or self-signed certificate 
 address's host. Tokens are sent as ``authorization: Bearer TOKEN`` metadata on every call
 and are never put in error messages.
 
+A token goes only where only the daemon can listen: over TLS (the daemon proves its
+certificate) or a unix socket (its folder checked: :func:`offcut.addresses.untrusted_socket`).
+A TCP address without TLS (loopback included: any local process that takes the port, e.g.
+while offcutd restarts, would receive the token) or an abstract unix socket (any local
+process can bind its name) is refused with :class:`InvalidArgument` naming the address, unless
+``insecure_token`` (``$OFFCUT_INSECURE_TOKEN=1``) accepts the risk
+(:func:`insecure_token_refusal`; docs/security.md, "Round two: sockets and tokens").
+
 Without a token, a client identifies its user with MUNGE as Slurm does (:mod:`offcut.munge`):
 when munged's socket (``$OFFCUT_MUNGE_SOCKET``, else ``/run/munge/munge.socket.2``) exists,
 every call carries a fresh credential bound to that call (``authorization: MUNGE CRED``,
@@ -50,6 +58,34 @@ def token_from_file(path: str, field: str = "token_file") -> str:
     if not token or any(c.isspace() for c in token):
         raise InvalidArgument(f"{path} holds no single-word token on its first line", field)
     return token
+
+
+#: the environment variable that lets a token travel over TCP without TLS
+#: (:func:`insecure_token_refusal`): ``1``, ``true`` or ``yes``
+INSECURE_TOKEN_ENV = "OFFCUT_INSECURE_TOKEN"
+
+
+def insecure_token_wanted(insecure_token: bool | None = None) -> bool:
+    """``insecure_token`` when given, else whether ``$OFFCUT_INSECURE_TOKEN`` is ``1``,
+    ``true`` or ``yes`` (any case)."""
+    if insecure_token is not None:
+        return bool(insecure_token)
+    return os.environ.get(INSECURE_TOKEN_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def insecure_token_refusal(address: str, tls: bool) -> str | None:
+    """Why a bearer token must not be sent to ``address`` (None: it may): a TCP address
+    without TLS, or an abstract unix socket; the message names the address and the ways out.
+    Never holds the token."""
+    if tls or unix_socket_path(address) is not None:
+        return None
+    kind = ("an abstract unix socket (any local process can bind its name)"
+            if address.startswith("unix-abstract:") else
+            "TCP without TLS (any local process that takes the port, e.g. while offcutd "
+            "restarts, would receive it)")
+    return (f"refusing to send the token to {address}: {kind}; use the daemon's unix socket, "
+            "or TLS (tls_ca: --tls-ca, $OFFCUT_TLS_CA, the daemon's CA), or accept the risk "
+            f"with insecure_token (--insecure-token, ${INSECURE_TOKEN_ENV}=1)")
 
 
 def resolve_token(token: str | None = None, token_file: str | None = None) -> str | None:
@@ -155,15 +191,23 @@ def munge_socket_if_running(socket: str | None = None) -> str | None:
 
 def open_channel(address: str, *, token: str | None = None, tls_ca: str | None = None,
                  tls_server_name: str | None = None, options: list | None = None,
-                 munge_socket: str | None = None) -> grpc.Channel:
+                 munge_socket: str | None = None,
+                 insecure_token: bool | None = None) -> grpc.Channel:
     """A channel to ``address``: TLS when a CA is configured (argument or
     ``$OFFCUT_TLS_CA``), with the bearer token when one is given, else with a MUNGE
     credential per call when munged runs here (``munge_socket``, see
     :func:`munge_socket_if_running`).
 
+    Args:
+        insecure_token: send ``token`` over TCP without TLS all the same (None:
+            ``$OFFCUT_INSECURE_TOKEN``; :func:`insecure_token_refusal`).
+
     Raises:
         InvalidArgument: the CA file cannot be read (``tls_ca``); a unix socket whose folder
-            another user could have planted (``address``; :func:`offcut.addresses.untrusted_socket`).
+            another user could have planted (``address``; :func:`offcut.addresses.untrusted_socket`);
+            a token for a TCP address without TLS or an abstract socket, unless
+            ``insecure_token`` (``address``; :func:`insecure_token_refusal`). Nothing is sent
+            then: no connection is made.
     """
     socket = unix_socket_path(address)
     if socket is not None:
@@ -172,6 +216,10 @@ def open_channel(address: str, *, token: str | None = None, tls_ca: str | None =
             raise InvalidArgument(f"refusing to connect to {socket}: {reason}", "address")
     options = list(options or [])
     tls_ca = tls_ca or os.environ.get("OFFCUT_TLS_CA")
+    if token and not insecure_token_wanted(insecure_token):
+        refusal = insecure_token_refusal(address, bool(tls_ca))
+        if refusal:
+            raise InvalidArgument(refusal, "address")
     server_name = tls_server_name or os.environ.get("OFFCUT_TLS_SERVER_NAME")
     if tls_ca:
         try:

@@ -111,7 +111,9 @@ class SlurmConfig(BaseModel):
         "for ever"))
     checkpoint_root: str = Field("offcut-checkpoints", min_length=1, description=(
         "folder of the tasks' checkpoints, one sub-folder per task (OFFCUT_CHECKPOINT_DIR), "
-        "made by the task's job as its owner (mode 0700); must be on storage every node sees; "
+        "named TASKID-SUFFIX (16 hex of the launcher key: others cannot guess it) and made by "
+        "the task's job as its owner (mode 0700; no link and no other user's folder anywhere "
+        "on the path: docs/execution.md); must be on storage every node sees; "
         "%u is the owner's user name; a relative path is taken from the jobs' working folder "
         "(workdir, else the owner's home; with run_as_owner = false the launcher's folder)"))
     master_ports: str = Field("29400-29999", pattern=r"^[0-9]{1,5}-[0-9]{1,5}$", description=(
@@ -136,7 +138,14 @@ class SlurmConfig(BaseModel):
         "standard library only); unset = the launcher's own when every user may run it, else "
         "/usr/bin/python3"))
     sbatch_args: list[str] = Field(default_factory=list, examples=[["--qos=scavenger"]],
-                                   description="extra sbatch arguments of every job")
+                                   description="extra sbatch arguments of every job (not "
+                                               "--comment: the launcher tags its jobs with it)")
+    launcher_key: str | None = Field(None, examples=["/var/lib/offcut/launcher.key"], description=(
+        "the launcher's secret key file (created on first use, mode 0600, 32 random bytes): "
+        "it tags the launcher's jobs (sbatch --comment), so a restarted launcher adopts only "
+        "its own, and names the checkpoint folders so no other user can guess them; back it "
+        "up (without it running jobs are not adopted and tasks get new checkpoint folders); "
+        "unset = $XDG_STATE_HOME/offcut/launcher.key (~/.local/state/offcut/ without it)"))
     export_env: list[str] = Field(
         default_factory=lambda: list(DEFAULT_EXPORT_ENV), examples=[["PATH", "LANG"]],
         description=(
@@ -168,6 +177,15 @@ class SlurmConfig(BaseModel):
             if name.startswith(SECRET_ENV_PREFIXES) or name in SECRET_ENV_NAMES:
                 raise ValueError(f"{name} may hold a secret of the launcher; a task's jobs "
                                  "never get it")
+        return value
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _check_sbatch_args(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            if arg == "--comment" or arg.startswith("--comment="):
+                raise ValueError("--comment is the launcher's own (it tags Offcut's jobs with "
+                                 "it: docs/execution.md, \"Whose job it is\")")
         return value
 
     @field_validator("master_ports")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import stat
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from offcut import munge
-from offcut.addresses import make_private_parents, untrusted_socket_dir
+from offcut.addresses import make_private_parents
 from offcut.daemon.auth import (AuthInterceptor, Authenticator, TokensFileError, check_private,
                                 load_tokens)
 from offcut.daemon.config import RPC_WORKERS, DaemonConfig, split_host_port
@@ -43,6 +42,7 @@ from offcut.daemon.streams import StreamSlots
 from offcut.daemon.workers import NODE_EVENT_WORKERS, ReservedLaneInterceptor, RpcWorkers
 from offcut.daemon.zeus.registry import ZeusRegistry
 from offcut.daemon.zeus.service import BatchSizeOptimizerService, PowerLimitOptimizerService
+from offcut.unix_socket import SocketPathClaim
 from offcut.v1 import (nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
                        tasks_pb2_grpc, zeus_pb2, zeus_pb2_grpc)
 
@@ -66,35 +66,16 @@ SOLVER_HEALTH = "offcut.solver"
 STATE_HEALTH = "offcut.state"
 
 
-def _prepare_unix_socket(address: str) -> Path:
-    """The socket's path, its missing folders made 0700, a stale socket of a previous run
-    removed (only when nothing answers on it). Raises RuntimeError when the folder could be
-    another user's (another process could then put its own socket in the daemon's place:
-    docs/security.md), the path is taken by something else, or a live process listens on it."""
+def _claim_unix_socket(address: str) -> SocketPathClaim:
+    """The socket path of ``address`` claimed for this daemon (:mod:`offcut.unix_socket`):
+    its missing folders made 0700, ``<path>.lock`` held, a stale socket of a previous run to be
+    replaced by :meth:`SocketPathClaim.publish`. Raises RuntimeError
+    (:class:`~offcut.unix_socket.SocketPathError`) when the folder could be another user's
+    (another process could then put its own socket in the daemon's place: docs/security.md),
+    the path is taken by something else, or another server holds or answers on it."""
     path = Path(address[len("unix://"):] if address.startswith("unix://") else address[len("unix:"):])
     make_private_parents(str(path))
-    reason = untrusted_socket_dir(str(path), os.getuid())
-    if reason:
-        raise RuntimeError(f"refusing to listen on {path}: {reason}")
-    if path.exists() or path.is_symlink():
-        if not stat.S_ISSOCK(path.lstat().st_mode):
-            raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
-        if _socket_answers(path):
-            raise RuntimeError(f"{path}: another process is listening on it (a second offcutd?); "
-                               f"refusing to take the socket over")
-        path.unlink()  # a stale socket of a previous run: nothing answers on it
-    return path
-
-
-def _socket_answers(path: Path) -> bool:
-    """True when a process accepts connections on the unix socket ``path``."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        try:
-            sock.connect(str(path))
-        except OSError:
-            return False
-    return True
+    return SocketPathClaim(str(path))
 
 
 def open_state(config: DaemonConfig, lock: StateLock, *, init: bool = False) -> Store:
@@ -223,17 +204,23 @@ class OffcutServer:
         self.workers = RpcWorkers(RPC_WORKERS, NODE_EVENT_WORKERS)
         self._loop = shared_loop()
         self._stopped = False
+        #: the unix socket's path (None for TCP) and this daemon's claim on it: bound under a
+        #: fresh name, renamed over the path with its mode, unlinked at :meth:`stop` only while
+        #: still this daemon's (:mod:`offcut.unix_socket`)
         self.socket_path: Path | None = None
+        self._socket_claim: SocketPathClaim | None = None
         try:
             self._loop.run(self._build(credentials))
-        except RuntimeError as exc:
+            if self._socket_claim is not None:
+                self._socket_claim.publish(self.socket_mode)
+        except (RuntimeError, OSError) as exc:
             self.engine.close()
             self.zeus_store.close()
             self.workers.shutdown(wait=False)
+            if self._socket_claim is not None:  # (removes the bound name, drops the lock)
+                self._socket_claim.release()
             self.state_lock.release()
             raise RuntimeError(f"cannot listen on {config.listen}: {exc}") from exc
-        if self.socket_path is not None and self.socket_path.exists():
-            os.chmod(self.socket_path, self.socket_mode)
 
     @property
     def socket_mode(self) -> int:
@@ -280,14 +267,15 @@ class OffcutServer:
         reflection.enable_server_reflection(
             SERVICE_NAMES + (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                              reflection.SERVICE_NAME), self.server)
-        address = config.listen
+        address = bind = config.listen
         if address.startswith("unix:"):
-            self.socket_path = _prepare_unix_socket(address)
-            address = f"unix://{self.socket_path}"
+            self._socket_claim = _claim_unix_socket(address)
+            self.socket_path = Path(self._socket_claim.path)
+            address, bind = f"unix://{self.socket_path}", f"unix://{self._socket_claim.bind_path}"
         if credentials is not None:
-            self.port = self.server.add_secure_port(address, credentials)
+            self.port = self.server.add_secure_port(bind, credentials)
         else:
-            self.port = self.server.add_insecure_port(address)
+            self.port = self.server.add_insecure_port(bind)
         self.address = address
 
     def request_limit(self, method: str) -> int:
@@ -380,7 +368,6 @@ class OffcutServer:
             log.info("Prometheus metrics on %s", self.metrics_endpoint.url)
         self._loop.run(self.server.start())
         if self.socket_path is not None:
-            os.chmod(self.socket_path, self.socket_mode)
             if self.auth.munge is not None and not _reachable_by_others(self.socket_path):
                 log.warning("munge is on, but other users cannot reach %s (a folder above it "
                             "lacks o+x); chmod 755 its folder", self.socket_path)
@@ -389,13 +376,22 @@ class OffcutServer:
         if self.config.insecure_local and not self.auth.enabled and self.socket_path is None:
             log.warning("INSECURE: %s is TCP without tokens_file (insecure_local): every local "
                         "user who can reach the port is admin", self.address)
+        if (self.socket_path is None and self.auth.tokens is not None
+                and self.config.tls_cert is None):
+            log.warning("%s is TCP without TLS: clients send their tokens only with "
+                        "insecure_token (--insecure-token, $OFFCUT_INSECURE_TOKEN=1), since any "
+                        "local process that takes the port while offcutd is down would receive "
+                        "them; set tls_cert/tls_key or listen on a unix socket "
+                        "(docs/security.md)", self.address)
         log.info("offcutd serving on %s (solver %s, state %s, clock %s)", self.address,
                  self.config.solver, self.config.state, self.config.clock)
 
     def stop(self, grace_s: float = 2.0) -> None:
         """Stop accepting calls, end the open ``WatchPlacements`` streams (status OK), give
         in-flight calls up to ``grace_s`` [s] to finish (then cancel them), snapshot and close
-        the state file. A second call does nothing."""
+        the state file, remove the unix socket (only while the path is still the socket this
+        daemon bound: a successor's stays; :mod:`offcut.unix_socket`) and its lock. A second
+        call does nothing."""
         if self._stopped:
             return
         self._stopped = True
@@ -409,8 +405,8 @@ class OffcutServer:
         self.engine.close()
         self.zeus.commits.close()  # its committer thread, before the file it commits to
         self.zeus_store.close()
-        if self.socket_path is not None and self.socket_path.exists():
-            self.socket_path.unlink()
+        if self._socket_claim is not None:  # only while the path is still this daemon's socket
+            self._socket_claim.release()
         self.state_lock.release()
 
     async def _stop(self, grace_s: float) -> None:

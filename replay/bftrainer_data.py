@@ -22,6 +22,13 @@ Two input flavours are supported:
       total_work_samples,node_counts,throughputs,objective_values``; lists are space-separated,
       floats written with ``repr`` so that they round-trip exactly.
 
+Text cells a spreadsheet would run as a formula (a task or node name beginning with ``=``,
+``+``, ``-``, ``@``) are written with a leading ``'`` (:func:`offcut.text_safety.csv_cell`)
+and read back without it (:func:`~offcut.text_safety.csv_uncell`). Every hostlist of
+``events.csv.gz`` is counted before it is expanded (:class:`offcut.slurm_values.NodeBudget`,
+the size guard shared with ``offcut replay slurm``): one names at most the log's nodes, one
+pass over the file at most :data:`offcut.slurm_values.MAX_INPUT_NODES` in all.
+
 Every problem with an input is reported as :class:`ReplayInputError` with one line naming the
 file and what is wrong.
 """
@@ -44,7 +51,9 @@ import numpy as np
 import pandas as pd
 
 from offcut.errors import InvalidArgument
+from offcut.slurm_values import NodeBudget, NodeListError
 from offcut.taskspec import TaskSpec
+from offcut.text_safety import csv_uncell, csv_writer
 
 __all__ = [
     "ReplayInputError",
@@ -385,7 +394,7 @@ def _read_nodes_csv(path: Path) -> list[str]:
     pairs = []
     for ln, rec in enumerate(_csv_rows(fh, reader, path, "node list"), start=2):
         try:
-            pairs.append((int(rec[idx["index"]]), rec[idx["node"]].strip()))
+            pairs.append((int(rec[idx["index"]]), csv_uncell(rec[idx["node"]].strip())))
         except (ValueError, IndexError):
             raise ReplayInputError(f"{path}: line {ln}: expected 'index,node', got {rec!r}") from None
     pairs.sort()
@@ -401,13 +410,18 @@ def _read_nodes_csv(path: Path) -> list[str]:
     return names
 
 
-def _expand(text: str, path: Path, ln: int, col: str) -> list[str]:
+def _expand(text: str, path: Path, ln: int, col: str, budget: NodeBudget,
+            max_nodes: int) -> list[str]:
+    """The names of the hostlist ``text`` (column ``col`` of line ``ln``), [] when blank: the
+    shared size guard (:class:`offcut.slurm_values.NodeBudget`) counts them first, so a
+    hostlist naming more than ``max_nodes`` (the log's nodes: no row can name more) or a
+    file passing the budget is refused before anything is expanded."""
     text = text.strip()
     if not text:
         return []
     try:
-        return hostlist.expand_hostlist(text)
-    except hostlist.BadHostlist as exc:
+        return budget.expand(text, max_nodes)
+    except NodeListError as exc:
         raise ReplayInputError(f"{path}: line {ln}: bad hostlist in column {col!r}: {exc}") from None
 
 
@@ -420,7 +434,7 @@ def _iter_events_csv(path: Path) -> Iterator[tuple[int, int, str, pd.Timestamp |
     for ln, rec in enumerate(_csv_rows(fh, reader, path, "event log"), start=2):
         try:
             row = int(rec[i_row])
-            t, idle, busy = rec[i_time], rec[i_idle], rec[i_busy]
+            t, idle, busy = rec[i_time], csv_uncell(rec[i_idle]), csv_uncell(rec[i_busy])
         except (ValueError, IndexError):
             raise ReplayInputError(f"{path}: line {ln}: malformed record {rec[:4]!r}") from None
         if row <= last:
@@ -469,19 +483,24 @@ class _SafeSelection:
                                    f"(not in {NODES_CSV})")
         return c if self.lo <= c < self.hi else None
 
-    def columns(self, text: str, ln: int, col: str) -> list[int]:
+    def expand(self, text: str, ln: int, col: str, budget: NodeBudget) -> list[str]:
+        """The names of the hostlist ``text`` in column ``col`` of line ``ln``, counted first
+        against ``budget`` (one per pass over the file) and the log's node count."""
+        return _expand(text, self.events_path, ln, col, budget, len(self.all_names))
+
+    def columns(self, text: str, ln: int, col: str, budget: NodeBudget) -> list[int]:
         """Selected columns of the hostlist ``text`` in column ``col`` of line ``ln``."""
-        return [c for n in _expand(text, self.events_path, ln, col)
+        return [c for n in self.expand(text, ln, col, budget)
                 if (c := self.member(n, ln)) is not None]
 
 
 def _apply_initial_record(sel: _SafeSelection, ln: int, row: int, idle_txt: str, busy_txt: str,
-                          idle_cols: set[int]) -> None:
+                          idle_cols: set[int], budget: NodeBudget) -> None:
     """Apply record ``row`` (line ``ln``) of the initial state's pass to ``idle_cols``: row 0
     lists the idle nodes (all others are busy), later rows the changes."""
     events_path = sel.events_path
-    became_idle = _expand(idle_txt, events_path, ln, "idle")
-    became_busy = _expand(busy_txt, events_path, ln, "busy")
+    became_idle = sel.expand(idle_txt, ln, "idle", budget)
+    became_busy = sel.expand(busy_txt, ln, "busy", budget)
     if row == 0 and became_busy:
         unknown = [n for n in became_busy if n not in sel.col_of]
         if unknown:
@@ -511,10 +530,11 @@ def _safe_initial_state(sel: _SafeSelection, skip_rows: int) -> tuple[pd.Timesta
     initial_time = None
     initial_row = None
     lines = _iter_events_csv(events_path)
+    budget = NodeBudget()
     for ln, row, t, idle_txt, busy_txt in lines:
         if row > skip_rows:
             break
-        _apply_initial_record(sel, ln, row, idle_txt, busy_txt, idle_cols)
+        _apply_initial_record(sel, ln, row, idle_txt, busy_txt, idle_cols, budget)
         initial_time = _parse_time(t, events_path, ln)
         initial_row = row
     else:
@@ -537,13 +557,14 @@ def _iter_safe_changes(sel: _SafeSelection, skip_rows: int,
     skipped. ReplayInputError for a node that becomes idle (busy) while it is idle (busy)."""
     events_path, all_names = sel.events_path, sel.all_names
     state = set(start_idle)
+    budget = NodeBudget()
     for ln, row, t, idle_txt, busy_txt in _iter_events_csv(events_path):
         if row <= skip_rows:
             continue
         if not idle_txt and not busy_txt:
             continue
-        up = sel.columns(idle_txt, ln, "idle")
-        down = sel.columns(busy_txt, ln, "busy")
+        up = sel.columns(idle_txt, ln, "idle", budget)
+        down = sel.columns(busy_txt, ln, "busy", budget)
         if not up and not down:
             continue
         for c in up:
@@ -705,7 +726,7 @@ def _load_tasks_csv(path: Path) -> list[TaskRecord]:
             raise ReplayInputError(f"{path}: line {ln}: expected {len(TASKS_COLUMNS)} fields, "
                                    f"got {len(rec)}")
         g = {c: rec[i] for c, i in idx.items()}
-        nm = g["name"]
+        nm = csv_uncell(g["name"])  # written through csv_cell (write_task_set)
         if not nm:
             raise ReplayInputError(f"{path}: line {ln}: empty task name")
         if nm in names:
@@ -780,7 +801,7 @@ def write_task_set(tasks: Iterable[TaskRecord], path: str | Path) -> Path:
         path = path / TASKS_CSV
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8", newline="") as fh:
-        w = csv.writer(fh, lineterminator="\n")
+        w = csv_writer(fh, lineterminator="\n")
         w.writerow(TASKS_COLUMNS)
         for t in tasks:
             w.writerow([
@@ -807,7 +828,7 @@ def write_node_log(out_dir: str | Path, node_names: list[str], initial_time: pd.
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / NODES_CSV, "w", encoding="utf-8", newline="") as fh:
-        w = csv.writer(fh, lineterminator="\n")
+        w = csv_writer(fh, lineterminator="\n")
         w.writerow(NODES_COLUMNS)
         for i, n in enumerate(node_names):
             w.writerow([i, n])
@@ -818,7 +839,7 @@ def write_node_log(out_dir: str | Path, node_names: list[str], initial_time: pd.
     # mtime=0: identical inputs give byte-identical files
     with gzip.GzipFile(out / EVENTS_CSV, "wb", compresslevel=9, mtime=0) as gz:
         fh = io.TextIOWrapper(gz, encoding="utf-8", newline="")
-        w = csv.writer(fh, lineterminator="\n")
+        w = csv_writer(fh, lineterminator="\n")
         w.writerow(EVENTS_COLUMNS)
         w.writerow([0, pd.Timestamp(initial_time).isoformat(),
                     hostlist.collect_hostlist(list(initial_idle)), ""])

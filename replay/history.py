@@ -9,15 +9,19 @@ by the export of a live daemon's journal (``offcut history``), so both have the 
 * ``placements.csv``: one row per task placement change of any decision, and a ``submitted``
   row per submission, columns :data:`PLACEMENT_COLUMNS` (``nodes`` = node count after the
   change; work in samples).
+
+Both are written through :func:`offcut.text_safety.csv_writer`: a task name a spreadsheet
+would run as a formula (``=HYPERLINK(...)``, ``@SUM(...)``) gets a leading ``'``; numbers stay
+numbers (docs/security.md).
 """
 
 from __future__ import annotations
 
-import csv
 from datetime import datetime, timezone
 from pathlib import Path
 
 from offcut.replay.owners import NodeTime
+from offcut.text_safety import csv_writer
 from offcut.v1 import decision_pb2, status_pb2, tasks_pb2
 
 __all__ = ["STEP_COLUMNS", "PLACEMENT_COLUMNS", "NODE_EVENT_KINDS", "HistoryWriter", "iso",
@@ -64,9 +68,9 @@ class HistoryWriter:
         except OSError:
             self.steps_fh.close()
             raise
-        self.steps = csv.writer(self.steps_fh)
+        self.steps = csv_writer(self.steps_fh)
         self.steps.writerow(STEP_COLUMNS)
-        self.pl = csv.writer(self.pl_fh)
+        self.pl = csv_writer(self.pl_fh)
         self.pl.writerow(PLACEMENT_COLUMNS)
         self.solve_ms: list[float] = []
         self.completed: set[str] = set()

@@ -29,6 +29,7 @@ import pandas as pd
 
 from .bftrainer_data import ReplayInputError
 from .history import PLACEMENT_COLUMNS, STEP_COLUMNS
+from offcut.text_safety import csv_uncell
 
 __all__ = ["Report", "build_report", "render_report", "summarise_history", "format_summary",
            "task_timelines", "Lane", "STEPS_COLUMNS", "PLACEMENTS_COLUMNS"]
@@ -354,7 +355,8 @@ def _plot_overview(out: Path, steps: pd.DataFrame, plc: pd.DataFrame, is_dt: boo
         key = _task_key(plc)
         groups = list(plc.groupby(key, sort=False))
         for _, g in groups:
-            label = str(g["task_name"].iloc[0]) if pd.notna(g["task_name"].iloc[0]) else str(g[key].iloc[0])
+            label = (csv_uncell(str(g["task_name"].iloc[0])) if pd.notna(g["task_name"].iloc[0])
+                     else str(g[key].iloc[0]))
             ax2.plot(g["_t"], g["_pct"], marker=".", markersize=3, linewidth=1.2, label=label)
         if len(groups) <= _MAX_LEGEND:
             ax2.legend(loc="upper left", fontsize="small", ncol=2 if len(groups) > 6 else 1)
@@ -383,7 +385,8 @@ def task_timelines(plc: pd.DataFrame, end_s: float) -> list[Lane]:
     for k, g in plc.groupby(key, sort=False):
         times = [float(t) for t in g["_s"]]
         nodes = [int(n) for n in g["nodes"]]
-        label = str(g["task_name"].iloc[0]) if pd.notna(g["task_name"].iloc[0]) else str(k)
+        label = (csv_uncell(str(g["task_name"].iloc[0])) if pd.notna(g["task_name"].iloc[0])
+                 else str(k))
         hours = _held_integral(np.asarray(times), np.asarray(nodes, dtype=float),
                                max(end_s, times[-1])) / 3600.0
         lanes.append(Lane(str(k), label, times, nodes,

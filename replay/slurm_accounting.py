@@ -36,15 +36,16 @@ id (JSON), or the parse position (broken or truncated JSON).
 from __future__ import annotations
 
 import json
+import math
 import re
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping
 
 import pandas as pd
 
 from offcut.parsable import NO_NODES, NO_VALUE, parsable_rows
 from offcut.replay.bftrainer_data import ReplayInputError
-from offcut.slurm_values import (NodeListError, expand_nodelist, reported_errors, slurm_number,
-                                 slurm_time_arg)
+from offcut.slurm_values import (MAX_INPUT_NODES, NodeBudget, NodeListError, expand_nodelist,
+                                 reported_errors, slurm_number, slurm_time_arg)
 
 __all__ = ["SACCT_LOG_FIELDS", "EVENT_FIELDS", "sacct_command", "sacct_json_command",
            "sacctmgr_events_command", "busy_intervals", "unavailable_intervals",
@@ -89,34 +90,50 @@ def sacctmgr_events_command(start: pd.Timestamp, end: pd.Timestamp) -> list[str]
 
 
 #: most node names all records of one accounting file may expand to (a site's window of jobs
-#: names far fewer): bounds the work a hostile file can cause (each hostlist is bounded too)
-MAX_EXPANDED_NODES = 20_000_000
+#: names far fewer): the shared size guard (:data:`offcut.slurm_values.MAX_INPUT_NODES`,
+#: :class:`~offcut.slurm_values.NodeBudget`), counted over every record *before* any hostlist
+#: is expanded, so a small hostile file is refused at once (each hostlist is bounded too)
+MAX_EXPANDED_NODES = MAX_INPUT_NODES
+#: deepest nesting of the JSON accounting (sacct --json nests 5-6 levels)
+MAX_JSON_DEPTH = 64
+#: longest number of the JSON accounting [characters] (Slurm writes 64-bit integers and
+#: doubles: 24 at most)
+MAX_JSON_NUMBER_CHARS = 40
+
+#: a record to expand: ``(where, start_s, end_s or None, hostlist)``
+_Record = tuple[str, float, "float | None", str]
 
 
-def _interval(where: str, start: float, end: float | None, nodes: str, end_s: float
-              ) -> Interval | None:
-    """The interval of one record (None: empty); ``end`` None: still open at ``end_s``.
-    Raises ReplayInputError naming ``where`` for a malformed or too large hostlist."""
-    try:
-        names = expand_nodelist(nodes)
-    except NodeListError as exc:
-        raise ReplayInputError(f"{where}: {exc}") from None
-    t1 = end_s if end is None else end
-    return (start, t1, names) if t1 > start else None
-
-
-def _collect(out: list[Interval], iv: Interval | None, where: str, total: int) -> int:
-    """Append ``iv`` (when not None) to ``out``; returns the node names expanded so far,
-    ``total`` before it. Raises ReplayInputError naming ``where`` past
-    :data:`MAX_EXPANDED_NODES`."""
-    if iv is None:
-        return total
-    total += len(iv[2])
-    if total > MAX_EXPANDED_NODES:
-        raise ReplayInputError(f"{where}: the records in the window name more than "
-                               f"{MAX_EXPANDED_NODES:,} nodes in all")
-    out.append(iv)
-    return total
+def _held(records: Callable[[], Iterator[_Record]], end_s: float,
+          keep: Collection[str] | None) -> list[Interval]:
+    """The intervals of ``records`` (called twice: a first pass counts every hostlist's names
+    against the size guard, the second expands them), each with only the names in ``keep``
+    (None: all), as the very string objects of ``keep`` when it is a mapping or set-like of
+    names, so a long window holds one reference per wanted node and record, not a copy of
+    every name. Raises ReplayInputError naming the record that passes
+    :data:`MAX_EXPANDED_NODES`, or a malformed or too large hostlist."""
+    budget = NodeBudget(MAX_EXPANDED_NODES)
+    for where, _t0, _t1, nodes in records():
+        try:
+            budget.charge(nodes)
+        except NodeListError as exc:
+            raise ReplayInputError(f"{where}: {exc}") from None
+    canon = None if keep is None else {n: n for n in keep}
+    out: list[Interval] = []
+    for where, t0, t1, nodes in records():
+        try:
+            names = expand_nodelist(nodes)
+        except NodeListError as exc:
+            raise ReplayInputError(f"{where}: {exc}") from None
+        t1 = end_s if t1 is None else t1
+        if t1 <= t0:
+            continue
+        if canon is not None:
+            names = [canon[n] for n in names if n in canon]
+            if not names:
+                continue
+        out.append((t0, t1, names))
+    return out
 
 
 def _text_records(text: str, fields: tuple[str, ...], source: str
@@ -127,14 +144,22 @@ def _text_records(text: str, fields: tuple[str, ...], source: str
         raise ReplayInputError(str(exc)) from None
 
 
+#: latest time read [epoch s]: 9999-12-31T23:59:59 UTC, the last one a Timestamp spells
+MAX_EPOCH_S = 253_402_300_799
+
+
 def _epoch(value: str, what: str, where: str, hint: str) -> float | None:
-    """A text time: epoch seconds, None when unknown."""
+    """A text time: epoch seconds (0 to :data:`MAX_EPOCH_S`), None when unknown."""
     if value.strip() in NO_VALUE:
         return None
     try:
-        return float(value)
+        t = float(value)
     except ValueError:
-        raise ReplayInputError(f"{where}: {what} {value!r} is not epoch seconds ({hint})") from None
+        t = math.nan
+    if not 0 <= t <= MAX_EPOCH_S:
+        raise ReplayInputError(f"{where}: {what} {value[:40]!r} is not epoch seconds "
+                               f"({hint})") from None
+    return t
 
 
 def _sacct_text(text: str, source: str) -> Iterator[tuple[str, str, str, float | None,
@@ -147,16 +172,12 @@ def _sacct_text(text: str, source: str) -> Iterator[tuple[str, str, str, float |
                _epoch(end, "end", where, hint))
 
 
-def _sacct_json(text: str, source: str) -> Iterator[tuple[str, str, str, float | None,
-                                                            float | None]]:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        where = (f"{source}: not readable JSON at line {exc.lineno} column {exc.colno} "
-                 f"(character {exc.pos} of {len(text)}): {exc.msg}")
-        if not text.rstrip().endswith("}") or exc.pos >= len(text.rstrip()):
-            where += f"; the file looks truncated: it breaks off in {_broken_record(text)}"
-        raise ReplayInputError(where) from None
+def _sacct_json(text: str, source: str) -> Callable[[], Iterator[tuple[str, str, str,
+                                                                       float | None,
+                                                                       float | None]]]:
+    """The records of the JSON accounting ``text``: a function that iterates over them (the
+    text is decoded and checked once, here)."""
+    doc = _load_json(text, source)
     errors = reported_errors(doc) if isinstance(doc, Mapping) else ""
     if errors:
         hint = ("; run sacct --json without SLURM_TIME_FORMAT (22.05 fails so under it)"
@@ -165,7 +186,12 @@ def _sacct_json(text: str, source: str) -> Iterator[tuple[str, str, str, float |
     if not isinstance(doc, Mapping) or not isinstance(doc.get("jobs"), list):
         raise ReplayInputError(f"{source}: not sacct --json output (an object with a \"jobs\" "
                                "list)")
-    for index, job in enumerate(doc["jobs"]):
+    return lambda: _sacct_json_records(doc["jobs"], source)
+
+
+def _sacct_json_records(jobs: list, source: str) -> Iterator[tuple[str, str, str, float | None,
+                                                                   float | None]]:
+    for index, job in enumerate(jobs):
         where = f"{source} record {index}"
         if not isinstance(job, Mapping):
             raise ReplayInputError(f"{where}: a job record is an object, not "
@@ -182,6 +208,87 @@ def _sacct_json(text: str, source: str) -> Iterator[tuple[str, str, str, float |
         yield where, partition or "", nodes or "", t0, t1
 
 
+class _JsonLimit(ValueError):
+    """A JSON number past :data:`MAX_JSON_NUMBER_CHARS` (raised by the decoder's hooks)."""
+
+
+def _json_int(digits: str) -> int:
+    if len(digits) > MAX_JSON_NUMBER_CHARS:
+        raise _JsonLimit(digits)
+    return int(digits)
+
+
+def _json_float(digits: str) -> float:
+    if len(digits) > MAX_JSON_NUMBER_CHARS:
+        raise _JsonLimit(digits)
+    return float(digits)
+
+
+_DECODER = json.JSONDecoder(parse_int=_json_int, parse_float=_json_float)
+
+
+def _load_json(text: str, source: str) -> Any:
+    """The JSON document ``text``; ReplayInputError naming ``source`` and the place (line,
+    column, record) for broken or truncated JSON, nesting deeper than
+    :data:`MAX_JSON_DEPTH` or a number longer than :data:`MAX_JSON_NUMBER_CHARS`
+    (both found by :func:`_json_limits` before the decoder runs)."""
+    limit = _json_limits(text)
+    if limit:
+        raise ReplayInputError(f"{source}: {limit}")
+    try:
+        return _DECODER.decode(text)
+    except json.JSONDecodeError as exc:
+        where = (f"{source}: not readable JSON at line {exc.lineno} column {exc.colno} "
+                 f"(character {exc.pos} of {len(text)}): {exc.msg}")
+        if not text.rstrip().endswith("}") or exc.pos >= len(text.rstrip()):
+            where += f"; the file looks truncated: it breaks off in {_broken_record(text)}"
+        raise ReplayInputError(where) from None
+    except (RecursionError, ValueError, OverflowError, MemoryError) as exc:
+        # not expected past _json_limits; one line all the same
+        raise ReplayInputError(f"{source}: not readable JSON: {type(exc).__name__}") from None
+
+
+_SCAN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|-?[0-9][0-9.eE+-]*')
+
+
+def _json_limits(text: str) -> str:
+    """Why the JSON ``text`` is past a limit (nesting deeper than :data:`MAX_JSON_DEPTH`, a
+    number longer than :data:`MAX_JSON_NUMBER_CHARS`), naming the line, column and the
+    ``jobs`` record it is in; "" when it is within them. One pass of a regular expression
+    over the text (strings skipped whole), before any decoding."""
+    depth, record, key, in_jobs = 0, -1, None, False
+    for m in _SCAN.finditer(text):
+        tok = m.group()
+        c = tok[0]
+        if c == '"':
+            if depth == 1:
+                key = tok
+            continue
+        if c in "[{":
+            depth += 1
+            if depth == 2:
+                in_jobs = key == '"jobs"' and c == "["
+            elif depth == 3 and in_jobs and c == "{":
+                record += 1
+            if depth > MAX_JSON_DEPTH:
+                return f"{_place(text, m.start(), in_jobs, record)}: JSON nested deeper than " \
+                       f"{MAX_JSON_DEPTH} levels"
+        elif c in "]}":
+            depth -= 1
+        elif len(tok) > MAX_JSON_NUMBER_CHARS:
+            return (f"{_place(text, m.start(), in_jobs and depth >= 3, record)}: a number of "
+                    f"{len(tok)} characters (at most {MAX_JSON_NUMBER_CHARS}): {tok[:20]}...")
+    return ""
+
+
+def _place(text: str, pos: int, in_record: bool, record: int) -> str:
+    """``record N, line L column C`` (the record only inside one) of character ``pos``."""
+    line = text.count("\n", 0, pos) + 1
+    col = pos - text.rfind("\n", 0, pos)
+    return (f"record {record}, " if in_record and record >= 0 else "") + \
+        f"line {line} column {col}"
+
+
 _BETWEEN = re.compile(r"\s*,?\s*")
 _JOB_ID = re.compile(r'"job_id"\s*:\s*(\d+)')
 
@@ -191,12 +298,12 @@ def _broken_record(text: str) -> str:
     ``"jobs"`` list of broken JSON ``text`` that is not whole."""
     i = text.find('"jobs"')
     i = text.find("[", i) + 1 if i >= 0 else 0
-    decoder, n = json.JSONDecoder(), 0
+    decoder, n = _DECODER, 0
     while i > 0:
         i = _BETWEEN.match(text, i).end()
         try:
             _, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError, OverflowError):  # JSONDecodeError or a limit
             break
         n += 1
     job = _top_level_job_id(text, i) if i > 0 else None
@@ -228,56 +335,66 @@ def _json_time(value: Any, what: str, where: str) -> float | None:
     """A JSON time: epoch seconds, None when 0, unset or infinite (never started / still
     running)."""
     t = slurm_number(value, f"{where}: time/{what}", ReplayInputError)
-    if t != t or t < 0:  # NaN or negative
+    if t != t or t < 0 or MAX_EPOCH_S < t < math.inf:  # NaN, negative, past year 9999
         raise ReplayInputError(f"{where}: time/{what} {value!r:.60} is not a time")
     return None if t == 0 or t == float("inf") else t
 
 
 def busy_intervals(text: str, *, end_s: float, source: str = "sacct",
-                   own_partitions: Iterable[str] = ("scavenger",)) -> list[Interval]:
+                   own_partitions: Iterable[str] = ("scavenger",),
+                   keep: Collection[str] | None = None) -> list[Interval]:
     """``(start_s, end_s, nodes)`` [epoch s] of every job of the accounting ``text`` (text or
     JSON form, module docstring) that started, outside ``own_partitions``; a job still
-    running ends at ``end_s``.
+    running ends at ``end_s``. ``keep``: only these node names are kept in ``nodes`` (and
+    jobs on none of them are left out); None: all.
 
     Raises:
         ReplayInputError: a malformed record, naming its line (text) or its index and job id
-            (JSON), or the parse position of broken JSON; records naming more than
-            :data:`MAX_EXPANDED_NODES` nodes in all.
+            (JSON), or the parse position of broken JSON (also JSON nested deeper than
+            :data:`MAX_JSON_DEPTH` or a number longer than :data:`MAX_JSON_NUMBER_CHARS`);
+            records naming more than :data:`MAX_EXPANDED_NODES` nodes in all, counted
+            before any is expanded.
     """
     own = set(own_partitions)
-    reader = _sacct_json if text.lstrip().startswith("{") else _sacct_text
-    out: list[Interval] = []
-    total = 0
-    for where, partition, nodes, t0, t1 in reader(text, source):
-        if own & set(partition.split(",")) or t0 is None \
-                or nodes.strip() in NO_NODES:
-            continue
-        total = _collect(out, _interval(where, t0, t1, nodes, end_s), where, total)
-    return out
+    if text.lstrip().startswith("{"):
+        rows = _sacct_json(text, source)
+    else:
+        def rows():
+            return _sacct_text(text, source)
+
+    def records() -> Iterator[_Record]:
+        for where, partition, nodes, t0, t1 in rows():
+            if own & set(partition.split(",")) or t0 is None or nodes.strip() in NO_NODES:
+                continue
+            yield where, t0, t1, nodes
+
+    return _held(records, end_s, keep)
 
 
-def unavailable_intervals(text: str, *, end_s: float, source: str = "events"
-                          ) -> list[Interval]:
+def unavailable_intervals(text: str, *, end_s: float, source: str = "events",
+                          keep: Collection[str] | None = None) -> list[Interval]:
     """``(start_s, end_s, nodes)`` [epoch s] of every node event (down, drained, failed) of
     ``sacctmgr show event`` text (:data:`EVENT_FIELDS`, module docstring); an event still open
-    ends at ``end_s``; cluster events (no node) are skipped.
+    ends at ``end_s``; cluster events (no node) are skipped. ``keep`` as for
+    :func:`busy_intervals`.
 
     Raises:
         ReplayInputError: a malformed line (its number): other columns, a time that is not
             epoch seconds, an unreadable hostlist; more than :data:`MAX_EXPANDED_NODES`
-            node names in all.
+            node names in all, counted before any is expanded.
     """
-    out: list[Interval] = []
-    total = 0
     hint = "times need SLURM_TIME_FORMAT=%s"
-    for number, cols in _text_records(text, EVENT_FIELDS, source):
-        nodes, start, end, _ = cols
-        where = f"{source} line {number}"
-        t0 = _epoch(start, "TimeStart", where, hint)
-        t1 = _epoch(end, "TimeEnd", where, hint)
-        if not nodes.strip():
-            continue
-        if t0 is None:
-            raise ReplayInputError(f"{where}: a node event without TimeStart")
-        total = _collect(out, _interval(where, t0, t1, nodes, end_s), where, total)
-    return out
+
+    def records() -> Iterator[_Record]:
+        for number, cols in _text_records(text, EVENT_FIELDS, source):
+            nodes, start, end, _ = cols
+            where = f"{source} line {number}"
+            t0 = _epoch(start, "TimeStart", where, hint)
+            t1 = _epoch(end, "TimeEnd", where, hint)
+            if not nodes.strip():
+                continue
+            if t0 is None:
+                raise ReplayInputError(f"{where}: a node event without TimeStart")
+            yield where, t0, t1, nodes
+
+    return _held(records, end_s, keep)

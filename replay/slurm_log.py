@@ -40,7 +40,9 @@ def node_log_from_sacct(text: str, nodes: Sequence[str], start: pd.Timestamp,
 
     Raises:
         ReplayInputError: a malformed record (its line, or its index and job id, or the JSON
-            parse position; the events' line), no node, or ``end <= start``.
+            parse position; the events' line), records naming more nodes in all than the
+            size guard allows (:data:`offcut.replay.slurm_accounting.MAX_EXPANDED_NODES`,
+            counted before expansion), no node, or ``end <= start``.
     """
     names = list(dict.fromkeys(nodes))
     if not names:
@@ -51,9 +53,12 @@ def node_log_from_sacct(text: str, nodes: Sequence[str], start: pd.Timestamp,
     wanted = set(names)
     deltas: dict[float, dict[str, int]] = {}
     busy_at_start: dict[str, int] = {}
-    held = busy_intervals(text, end_s=t_end, source=source, own_partitions=own_partitions)
+    # only the replayed nodes' names are kept (one reference each per record): a window
+    # naming many other nodes costs no memory beyond its text
+    held = busy_intervals(text, end_s=t_end, source=source, own_partitions=own_partitions,
+                          keep=wanted)
     if events is not None:
-        held += unavailable_intervals(events, end_s=t_end, source=events_source)
+        held += unavailable_intervals(events, end_s=t_end, source=events_source, keep=wanted)
     for t0, t1, job_nodes in held:
         if t1 <= t_start or t0 >= t_end:
             continue

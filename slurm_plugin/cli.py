@@ -252,6 +252,7 @@ def launch(
     from offcut.daemon.config import ConfigError, load_config
     from offcut.errors import OffcutError
     from offcut.slurm_plugin.launcher import Launcher
+    from offcut.slurm_plugin.launcher_key import LauncherKey, LauncherKeyError
     from offcut.slurm_plugin.slurm_cli import SlurmCLI
     from offcut.slurm_plugin.slurm_json import SlurmError
 
@@ -264,11 +265,16 @@ def launch(
     _setup_logging(log_file, log_level)
     log = logging.getLogger("offcut.slurm.launcher")
     cli = SlurmCLI(slurm_conf=str(slurm_conf) if slurm_conf else None, timeout_s=slurm_timeout_s)
-    # idempotent calls (reads, node events, run reports with their request ids) ride
-    # through a daemon restart, as the researcher's client's do (offcut.client.retry)
-    with Client(address or cfg.listen, timeout_s=timeout_s,
-                retry=RetryPolicy(deadline_s=timeout_s)) as client:
-        launcher = Launcher(client, cfg.slurm, cli)
+    try:  # refused at once, with one line, rather than on every pass
+        key = LauncherKey.load(cfg.slurm.launcher_key)
+        # idempotent calls (reads, node events, run reports with their request ids) ride
+        # through a daemon restart, as the researcher's client's do (offcut.client.retry)
+        client = Client(address or cfg.listen, timeout_s=timeout_s,
+                        retry=RetryPolicy(deadline_s=timeout_s))
+    except (LauncherKeyError, OffcutError) as exc:  # an unsafe key; a token without TLS ...
+        _fail(str(exc))
+    with client:
+        launcher = Launcher(client, cfg.slurm, cli, key=key)
         if once:
             try:
                 result = launcher.reconcile()

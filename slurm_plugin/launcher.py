@@ -24,8 +24,10 @@ The launcher is a level-triggered reconciler, so a restart, a missed update or a
 Slurm call repairs itself on the next pass:
 
 * desired = every running task's current generation and nodes (``ListTasks``);
-* actual = Offcut's jobs that ``squeue`` shows, recognised by partition and name: a restarted
-  launcher adopts them and never submits a (task, generation, node) twice;
+* actual = Offcut's jobs that ``squeue`` shows, recognised by partition and name, and counted
+  only when Slurm says they run as the task's owner and this launcher submitted them (job id
+  recorded at submit, or its key's tag in the comment: :class:`Launcher`, "Whose job it is"):
+  a restarted launcher adopts them and never submits a (task, generation, node) twice;
 * a job of an older generation, or of a task that no longer runs, still active -> the stop
   signal (``scancel --batch --signal``; a pending job is cancelled at once), then after
   ``slurm.rescale_grace_s`` ``scancel``: the old generation checkpoints and exits 75;
@@ -83,6 +85,7 @@ import hostlist
 from offcut.daemon.config import SlurmConfig
 from offcut.errors import FailedPrecondition, NotFound, OffcutError
 from offcut.slurm_plugin import node_run
+from offcut.slurm_plugin.launcher_key import LauncherKey
 from offcut.slurm_plugin.owners import (JOB_UMASK, Account, OwnerAccounts, OwnerRefused,
                                         RunAsPolicy, user_name)
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
@@ -160,14 +163,24 @@ def job_workdir(cfg: SlurmConfig, account: Account | None = None) -> str | None:
     return account.home if account else None
 
 
-def checkpoint_dir(cfg: SlurmConfig, task_id: str, account: Account | None = None) -> Path:
-    """The task's checkpoint folder: ``checkpoint_root/TASK_ID`` (``%u`` expanded), a relative
-    root taken from the jobs' working folder (:func:`job_workdir`: ``workdir``, else the
-    owner's home when the jobs run as ``account``, else the launcher's folder)."""
+def checkpoint_dir(cfg: SlurmConfig, task_id: str, account: Account | None = None,
+                   key: LauncherKey | None = None) -> Path:
+    """The task's checkpoint folder: ``checkpoint_root/TASKID-SUFFIX`` (``%u`` expanded), a
+    relative root taken from the jobs' working folder (:func:`job_workdir`: ``workdir``, else
+    the owner's home when the jobs run as ``account``, else the launcher's folder), as an
+    absolute path without ``..``. ``SUFFIX`` is the launcher key's
+    :meth:`~offcut.slurm_plugin.launcher_key.LauncherKey.checkpoint_suffix` of the task and
+    the user its jobs run as (16 hex characters: task ids are sequential, so a bare
+    ``TASK_ID`` could be pre-created by another user in a shared root); the same for every
+    generation of the task. Without ``key``: ``checkpoint_root/TASK_ID`` (tests only)."""
     root = Path(expand_user(cfg.checkpoint_root, account))
     if not root.is_absolute():
         root = Path(job_workdir(cfg, account) or os.getcwd()) / root
-    return root / task_id
+    name = task_id
+    if key is not None:
+        name += "-" + key.checkpoint_suffix(task_id, account.name if account
+                                            else user_name(os.getuid()))
+    return Path(os.path.abspath(root / name))
 
 
 @dataclass(frozen=True)
@@ -230,16 +243,17 @@ def supervisor_python(cfg: SlurmConfig) -> str:
 
 
 def batch_script(cfg: SlurmConfig, gen: Generation, node: str, *, address: str,
-                 master_addr: str, account: Account | None = None) -> str:
+                 master_addr: str, account: Account | None = None,
+                 key: LauncherKey | None = None) -> str:
     """The batch script of ``gen``'s job on ``node``: the environment of docs/execution.md,
     then ``exec`` of the per-node supervisor (:data:`NODE_RUN`, by :func:`supervisor_python`),
     which starts ``gen.procs_per_node`` processes of
     ``cfg.command_template`` (placeholders filled; ``{command}`` is the task's argv,
     shell-quoted; ``{rank}`` is the node's index, each process's own rank is its ``RANK``).
-    With ``account`` (the jobs run as the task's owner) the script
-    first creates the task's checkpoint folder as the owner (mode 0700) and exits 1, with a
-    message, when that fails or the folder is a link or not the owner's (another user's
-    folder planted in a shared root).
+    The supervisor first creates the task's checkpoint folder (:func:`checkpoint_dir`, named
+    with ``key``) as the job's user, safely along the whole path
+    (:func:`offcut.slurm_plugin.node_run.make_private_dir`: no link anywhere, every component
+    root's or the user's), and the job exits 1 with a message when it cannot be used.
 
     Raises:
         ValueError: the task has no command and the template needs one.
@@ -251,7 +265,7 @@ def batch_script(cfg: SlurmConfig, gen: Generation, node: str, *, address: str,
     world = nodes * procs
     nodelist = hostlist.collect_hostlist(list(gen.nodes))
     port = master_port(cfg, gen.task_id, gen.generation)
-    ckpt = str(checkpoint_dir(cfg, gen.task_id, account))
+    ckpt = str(checkpoint_dir(cfg, gen.task_id, account, key))
     line = cfg.command_template.format(
         command=shlex.join(gen.command), task_id=gen.task_id,
         task_name=shlex.quote(gen.task_name), node=node, rank=node_rank, nodes=nodelist,
@@ -275,14 +289,10 @@ def batch_script(cfg: SlurmConfig, gen: Generation, node: str, *, address: str,
                       "--procs", str(procs), "--node-rank", str(node_rank),
                       "--num-nodes", str(nodes),
                       "--gpus-per-proc", str(gen.gpus_per_node // procs),
-                      "--stop-signal", cfg.signal, "--", line])
+                      "--stop-signal", cfg.signal, "--checkpoint-dir", ckpt, "--", line])
     if account is None:  # the launcher made the folder (its own account runs the jobs)
         return f"{head}\n{exports}\nexec {run}\n"
-    make = ('mkdir -p -m 0700 -- "$OFFCUT_CHECKPOINT_DIR" && [ ! -L "$OFFCUT_CHECKPOINT_DIR" ] '
-            '&& [ -O "$OFFCUT_CHECKPOINT_DIR" ] || { echo "offcut: cannot use the checkpoint '
-            'folder $OFFCUT_CHECKPOINT_DIR (not created, a link, or not $(id -un)\'s)" >&2; '
-            'exit 1; }')
-    return f"{head}, as {account.name}\n{exports}\n{make}\nexec {run}\n"
+    return f"{head}, as {account.name}\n{exports}\nexec {run}\n"
 
 
 def job_environment(cfg: SlurmConfig, environ: Mapping[str, str] | None = None,
@@ -303,11 +313,14 @@ def job_environment(cfg: SlurmConfig, environ: Mapping[str, str] | None = None,
 
 
 def sbatch_options(cfg: SlurmConfig, name: str, node: str,
-                   account: Account | None = None, gen: Generation | None = None) -> list[str]:
+                   account: Account | None = None, gen: Generation | None = None,
+                   comment: str = "") -> list[str]:
     """The sbatch options of one per-node job; with ``account``, the job runs as that user
     (``--uid``/``--gid`` last, after ``sbatch_args``, from a root launcher) in
     :func:`job_workdir`; ``gen``'s node needs as Slurm's ``--gres=gpu:N`` (Slurm then sets
-    ``CUDA_VISIBLE_DEVICES``) and ``--constraint=F1&F2``."""
+    ``CUDA_VISIBLE_DEVICES``) and ``--constraint=F1&F2``; ``comment`` (the launcher's tag of
+    the job, :meth:`LauncherKey.job_tag`) as ``--comment``, after ``sbatch_args`` (which
+    may not set one: offcut.daemon.config.SlurmConfig)."""
     opts = ["-p", cfg.partition, "-w", node, "-N", "1", "--exclusive", "-J", name, "--no-requeue",
             f"--signal=B:{cfg.signal}@{cfg.signal_lead_s}", "-o", cfg.output]
     if gen is not None and gen.gpus_per_node:
@@ -320,6 +333,8 @@ def sbatch_options(cfg: SlurmConfig, name: str, node: str,
     if workdir:
         opts.append(f"--chdir={workdir}")
     opts += list(cfg.sbatch_args)
+    if comment:
+        opts.append(f"--comment={comment}")
     return opts + (account.sbatch_options() if account is not None else [])
 
 
@@ -384,12 +399,24 @@ class Launcher:
         monotonic: clock [s] of the rescale grace periods (injectable for tests).
         accounts: whose account runs each task's jobs (default: the task's owner, by the
             ``run_as_owner`` / ``min_uid`` policy of ``cfg``, :meth:`RunAsPolicy.of`).
+        key: the launcher's secret (default: loaded, or created, from ``[slurm]
+            launcher_key`` on first use: :meth:`LauncherKey.load`), which tags its jobs and
+            names the checkpoint folders.
+
+    Whose job it is (docs/execution.md, "Whose job it is"): a job in the partition named like
+    one of Offcut's counts for a task only if (1) Slurm says its user id is the one the task's
+    jobs run as (the owner's account, or the launcher's own with ``run_as_owner = false``),
+    and (2) this launcher submitted it: its job id was recorded at submit, or its comment is
+    the launcher key's tag of its name and user id (:meth:`LauncherKey.job_tag`; how a
+    restarted launcher adopts its jobs). For a job of a task that no longer runs only (2) is
+    asked (the tag binds the uid the launcher submitted it as). A job that fails is ignored:
+    never adopted, reported, stopped or cancelled; logged once.
     """
 
     def __init__(self, client, cfg: SlurmConfig, cli: SlurmCLI,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
-                 accounts: OwnerAccounts | None = None):
+                 accounts: OwnerAccounts | None = None, key: LauncherKey | None = None):
         self.client = client
         self.cfg = cfg
         self.cli = cli
@@ -403,6 +430,10 @@ class Launcher:
         self.held: set[tuple[str, str]] = set()      # (task, node) preempted, not resubmitted
         self.submitted: set[tuple[str, int, str]] = set()  # (task, generation, node)
         self.looked_up: set[tuple[str, int]] = set()  # (task, generation) asked of sacct
+        self.mine: set[str] = set()      # job ids this launcher submitted or adopted
+        self.ignored: set[str] = set()   # job ids named like Offcut's but not its (logged)
+        self.started = clock()           # [s] jobs submitted later are its own only by id
+        self._key = key
         self._errors: set[str] = set()
         self._first = True
         self._node_seq = 0  # seq of the last node event sent (time-based, ns)
@@ -418,15 +449,79 @@ class Launcher:
             log.info("%s: recovered", kind)
             self._errors.discard(kind)
 
-    def own_jobs(self) -> dict[str, tuple[JobName, JobInfo]]:
-        """Offcut's jobs that squeue knows: job id -> (its name's parts, the job)."""
+    @property
+    def key(self) -> LauncherKey:
+        """The launcher's secret (loaded on first use).
+
+        Raises:
+            LauncherKeyError: the key file is unsafe or cannot be made (an OSError: the pass
+                fails and is retried, logged once).
+        """
+        if self._key is None:
+            self._key = LauncherKey.load(self.cfg.launcher_key)
+        return self._key
+
+    def _run_as_uid(self, gen: Generation) -> int | None:
+        """The uid ``gen``'s jobs run as (None: the task cannot run as its owner)."""
+        try:
+            account = self.accounts.account(gen.owner)
+        except OwnerRefused:
+            return None
+        return account.uid if account is not None else self.accounts.uid
+
+    def _not_ours(self, job: JobInfo, gen: Generation | None, *,
+                  ended_unseen: bool = False) -> str:
+        """Why ``job`` (named like one of ``gen``'s task's) is not this launcher's job of that
+        task ("" when it is): the rule of the class docstring. ``ended_unseen``: a job found
+        in Slurm's accounting, which keeps no comment by default (``AccountingStoreFlags=
+        job_comment``): besides its id or tag, one submitted before this launcher started
+        (+ :data:`CLOCK_SLACK_S`) counts, since a job submitted later that it does not know
+        by its id is not its own."""
+        if job.uid is None:
+            return "Slurm did not say its user id"
+        if gen is not None:
+            want = self._run_as_uid(gen)
+            if job.uid != want:
+                return (f"it runs as uid {job.uid}, task {gen.task_id}'s jobs as "
+                        f"{'nobody' if want is None else f'uid {want}'}")
+        if job.job_id in self.mine or self.key.is_tag(job.comment, job.name, job.uid):
+            return ""
+        if ended_unseen and gen is not None and 0 < job.submit_time <= \
+                self.started + CLOCK_SLACK_S:
+            return ""
+        return "this launcher did not submit it (no tag of its key in the comment)"
+
+    def _ignore(self, job: JobInfo, why: str) -> None:
+        """Log once that ``job`` is not Offcut's although named so."""
+        if job.job_id not in self.ignored:
+            self.ignored.add(job.job_id)
+            log.warning("job %s (%s, user %s) is named like Offcut's but is not this "
+                        "launcher's: %s; ignored", job.job_id, job.name,
+                        job.user or job.uid, why)
+
+    def own_jobs(self, desired: Mapping[str, Generation] | None = None
+                 ) -> dict[str, tuple[JobName, JobInfo]]:
+        """Offcut's jobs that squeue knows: job id -> (its name's parts, the job); only the
+        jobs the rule of the class docstring says are this launcher's (``desired``: the
+        running tasks, whose owners the jobs must run as). Others named so are ignored
+        (logged once; retention: the ids squeue still shows)."""
+        desired = desired or {}
         out = {}
+        shown: set[str] = set()
         for job in parse_jobs(self.cli.squeue_json()):
             if self.cfg.partition not in job.partition.split(","):
                 continue
             parsed = parse_job_name(self.cfg, job.name)
-            if parsed:
-                out[job.job_id] = (parsed, job)
+            if not parsed:
+                continue
+            shown.add(job.job_id)
+            why = self._not_ours(job, desired.get(parsed.task_id))
+            if why:
+                self._ignore(job, why)
+                continue
+            out[job.job_id] = (parsed, job)
+        self.mine = (self.mine & shown) | out.keys()
+        self.ignored &= shown
         return out
 
     def desired(self) -> dict[str, Generation]:
@@ -491,7 +586,7 @@ class Launcher:
         """
         result = PassResult()
         desired = self.desired()
-        jobs = {j: (name, job) for j, (name, job) in self.own_jobs().items()
+        jobs = {j: (name, job) for j, (name, job) in self.own_jobs(desired).items()
                 if not _older_than_task(job, desired.get(name.task_id))}
         jobs.update(self.accounted(desired, jobs))
         active, ended, preempted = self._report_runs(jobs, result)
@@ -547,7 +642,9 @@ class Launcher:
         accounting: job id -> (name, job). Asked once per (task, generation) this launcher
         has not submitted or seen (a restarted launcher's first look at a generation), in
         one ``sacct`` call; a generation with a job accounting still shows active is asked
-        again next pass. Without accounting: nothing (logged once)."""
+        again next pass. Only jobs the rule of the class docstring says are this launcher's
+        count (the user id, always recorded; others are ignored, logged once). Without
+        accounting: nothing (logged once)."""
         shown = {(n.task_id, n.generation, n.node) for n, _ in jobs.values()}
         missing = {job_name(self.cfg, t, g.generation, n): g
                    for t, g in desired.items() if (t, g.generation) not in self.looked_up
@@ -573,6 +670,10 @@ class Launcher:
             if gen is None or parsed is None or job.job_id in jobs \
                     or self.cfg.partition not in job.partition.split(",") \
                     or _older_than_task(job, gen):
+                continue
+            why = self._not_ours(job, gen, ended_unseen=True)
+            if why:
+                self._ignore(job, why)
                 continue
             if not job.states & FINISHED_JOB_STATES:  # (squeue and sacct asked a moment apart)
                 groups.discard((gen.task_id, gen.generation))
@@ -703,15 +804,22 @@ class Launcher:
         try:
             script = batch_script(self.cfg, gen, node, address=self.client.address,
                                   master_addr=addresses.get(gen.nodes[0], gen.nodes[0]),
-                                  account=account)
+                                  account=account, key=self.key)
         except ValueError as exc:
             self._error(f"script-{gen.task_id}", f"cannot launch task {gen.task_id}: {exc}")
             return
         if node == gen.nodes[0] and account is None:
-            checkpoint_dir(self.cfg, gen.task_id).mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                node_run.make_private_dir(str(checkpoint_dir(self.cfg, gen.task_id, None,
+                                                             self.key)))
+            except node_run.UnsafeFolder as exc:
+                raise OSError(f"cannot use the checkpoint folder: {exc}") from None
         name = job_name(self.cfg, gen.task_id, gen.generation, node)
-        job_id = self.cli.submit(sbatch_options(self.cfg, name, node, account, gen), script=script,
-                                 env=job_environment(self.cfg, account=account))
+        uid = account.uid if account is not None else self.accounts.uid
+        job_id = self.cli.submit(sbatch_options(self.cfg, name, node, account, gen,
+                                                comment=self.key.job_tag(name, uid)),
+                                 script=script, env=job_environment(self.cfg, account=account))
+        self.mine.add(job_id)
         self.submitted.add((gen.task_id, gen.generation, node))
         result.submitted.append((gen.task_id, node, job_id))
         log.info("task %s generation %d: submitted job %s on %s (rank %d of %d) as %s",

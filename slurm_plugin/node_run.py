@@ -232,6 +232,82 @@ def end_as(returncode: int) -> None:
     os._exit(returncode)
 
 
+class UnsafeFolder(Exception):
+    """A checkpoint folder cannot be used safely; the message names the path component."""
+
+
+def make_private_dir(path: str, uid: int | None = None) -> None:
+    """Create (or check) the task's checkpoint folder ``path`` safely, as the job's user
+    (``uid``, default this process's effective uid), walking it from ``/`` one component at a
+    time with ``open(O_NOFOLLOW | O_DIRECTORY)`` relative to the folder above (``openat``), so
+    no component can be swapped for a link between its check and its use:
+
+    - a component that is a symbolic link, or not a folder, is refused (anywhere on the path,
+      not only the last: a link planted at ``/scratch/USER`` would steer everything below);
+    - every existing component must belong to root or to ``uid``, and must not be writable by
+      group or others unless it is sticky (``/tmp``-like): otherwise its owner or group could
+      rename what lies below it;
+    - a missing component is created with mode 0700 (the job's umask cannot widen it), then
+      opened the same way (a link planted in between is refused);
+    - the last component (the task's folder) must belong to ``uid``; it is set to mode 0700.
+
+    Raises:
+        UnsafeFolder: a relative path, a ``..`` component, a link, a non-folder, a component
+            of another user or writable by others, or an ``OSError`` while walking; the message
+            names the component.
+    """
+    import stat
+
+    uid = os.geteuid() if uid is None else uid
+    if not path.startswith("/"):
+        raise UnsafeFolder(f"{path!r} is not an absolute path")
+    parts = [c for c in path.split("/") if c and c != "."]
+    if ".." in parts:
+        raise UnsafeFolder(f"{path!r} has a '..' component")
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open("/", flags)
+    here = "/"
+    try:
+        for i, name in enumerate(parts):
+            here = os.path.join(here, name)
+            last = i == len(parts) - 1
+            try:
+                child = os.open(name, flags, dir_fd=fd)
+            except FileNotFoundError:
+                try:
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                except FileExistsError:  # made by another node's job a moment ago
+                    pass
+                try:
+                    child = os.open(name, flags, dir_fd=fd)
+                except OSError as exc:
+                    raise UnsafeFolder(f"{here}: {exc.strerror or exc} (a link is refused)") \
+                        from None
+            except OSError as exc:  # ELOOP: a link; ENOTDIR: a file
+                raise UnsafeFolder(f"{here} is a link or not a folder ({exc.strerror or exc})") \
+                    from None
+            os.close(fd)
+            fd = child
+            st = os.fstat(fd)
+            if last:
+                if st.st_uid != uid:
+                    raise UnsafeFolder(f"{here} belongs to uid {st.st_uid}, not to the task's "
+                                       f"owner (uid {uid})")
+                if stat.S_IMODE(st.st_mode) != 0o700:
+                    os.fchmod(fd, 0o700)
+            elif st.st_uid not in (0, uid):
+                raise UnsafeFolder(f"{here} belongs to uid {st.st_uid}, neither root nor the "
+                                   f"task's owner (uid {uid}), who could replace what is below it")
+            elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+                raise UnsafeFolder(f"{here} is writable by group or others and not sticky "
+                                   f"(mode {stat.S_IMODE(st.st_mode):04o}): others could replace "
+                                   "what is below it")
+    except OSError as exc:
+        raise UnsafeFolder(f"{here}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
 def _parse_signal(text: str) -> signal.Signals:
     name = text.strip().upper()
     if name.isdigit():
@@ -241,7 +317,9 @@ def _parse_signal(text: str) -> signal.Signals:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line: ``node_run --procs N --node-rank R --num-nodes M [--gpus-per-proc K]
-    [--stop-signal USR1] -- LINE``; ends as :meth:`NodeRun.wait` says (:func:`end_as`)."""
+    [--stop-signal USR1] [--checkpoint-dir PATH] -- LINE``; with ``--checkpoint-dir`` the
+    task's checkpoint folder is made safely first (:func:`make_private_dir`; exit 1 with one
+    line when it cannot be used); ends as :meth:`NodeRun.wait` says (:func:`end_as`)."""
     p = argparse.ArgumentParser(
         prog="python -m offcut.slurm_plugin.node_run",
         description="Start the processes of one node of an Offcut generation and supervise "
@@ -253,11 +331,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--stop-signal", default="USR1", help="the launcher's stop signal")
     p.add_argument("--kill-after-s", type=float, default=KILL_AFTER_S,
                    help="seconds between SIGTERM and SIGKILL of the others after a failure")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="create (or check) the task's checkpoint folder safely first "
+                        "(make_private_dir); exit 1 when it cannot be used")
     p.add_argument("line", nargs=argparse.REMAINDER, help="-- then the shell line to run")
     args = p.parse_args(argv)
     line = args.line[1:] if args.line[:1] == ["--"] else args.line
     if not line:
         p.error("no command (give it after --)")
+    if args.checkpoint_dir is not None:
+        try:
+            make_private_dir(args.checkpoint_dir)
+        except UnsafeFolder as exc:
+            print(f"offcut: cannot use the checkpoint folder: {exc}", file=sys.stderr, flush=True)
+            sys.exit(1)
     try:
         stop = _parse_signal(args.stop_signal)
         run = NodeRun(" ".join(line), procs=args.procs, node_rank=args.node_rank,

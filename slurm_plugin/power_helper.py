@@ -82,7 +82,6 @@ import logging
 import os
 import socket
 import socketserver
-import stat
 import struct
 import threading
 import time
@@ -704,34 +703,20 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         log.debug("connection error", exc_info=True)
 
 
-def _prepare_socket_path(path: str) -> None:
-    """Refuse an untrusted folder or a live socket; remove a stale one (as zeusd does)."""
-    from offcut.addresses import untrusted_socket_dir
+def _claim_socket_path(path: str):
+    """The socket path claimed for this helper (:class:`offcut.unix_socket.SocketPathClaim`:
+    ``<path>.lock`` held for the helper's lifetime, a live socket refused, a stale one (left by
+    a killed helper) replaced by an atomic rename, the socket unlinked at stop only while it is
+    still this helper's). Its missing folder is made 0755. Raises OSError naming ``--socket``."""
+    from offcut.unix_socket import SocketPathClaim, SocketPathError
 
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.lexists(folder):
         os.makedirs(folder, mode=0o755)
-    why = untrusted_socket_dir(path, os.getuid())
-    if why:
-        raise OSError(f"--socket: will not listen in {folder}: {why}")
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise OSError(f"--socket: {path} exists and is not a socket")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(path)
-    except (ConnectionRefusedError, FileNotFoundError):
-        os.unlink(path)  # stale: left by a killed helper
-        return
-    except OSError as exc:
-        raise OSError(f"--socket: cannot tell whether {path} is live ({exc})") from None
-    finally:
-        probe.close()
-    raise OSError(f"--socket: another process is listening on {path}")
+        return SocketPathClaim(path)
+    except SocketPathError as exc:
+        raise OSError(f"--socket: {exc}") from None
 
 
 class PowerHelperServer:
@@ -758,10 +743,16 @@ class PowerHelperServer:
         if max_connections < 1 or max_per_user < 1 or not idle_timeout_s > 0:
             raise ValueError("max_connections and max_per_user must be >= 1, idle_timeout_s > 0")
         self.socket_path = os.path.abspath(socket_path)
-        _prepare_socket_path(self.socket_path)
-        self._server = _Server(self.socket_path, helper, max_connections, max_per_user,
-                               idle_timeout_s)
-        os.chmod(self.socket_path, mode)
+        self._claim = _claim_socket_path(self.socket_path)
+        try:  # bound under a fresh name, then renamed over socket_path with its mode
+            self._server = _Server(self._claim.bind_path, helper, max_connections, max_per_user,
+                                   idle_timeout_s)
+            self._claim.publish(mode)
+        except BaseException:
+            if getattr(self, "_server", None) is not None:
+                self._server.server_close()
+            self._claim.release()
+            raise
         self._thread: threading.Thread | None = None
 
     def start(self) -> "PowerHelperServer":
@@ -777,8 +768,7 @@ class PowerHelperServer:
         if self._thread is not None:
             self._server.shutdown()
         self._server.server_close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
+        self._claim.release()  # unlinks the socket only while it is still this helper's
         if self._thread is not None:
             self._thread.join(5)
 

@@ -74,18 +74,23 @@ class NodeEventSender:
             no TLS; :func:`offcut.channel.open_channel`).
         munge_socket: munged's socket for MUNGE credentials when no token is given (None:
             ``$OFFCUT_MUNGE_SOCKET``, else the default; :func:`offcut.channel.open_channel`).
+        insecure_token: send ``token`` to a TCP address without TLS all the same (None:
+            ``$OFFCUT_INSECURE_TOKEN``; without it such a token is refused:
+            :func:`offcut.channel.insecure_token_refusal`).
         retry: repeat a call that failed with UNAVAILABLE (the daemon restarting) with this
             backoff, the researcher's client's (:class:`offcut.retry.Backoff`), within the
             call's deadline; safe because the daemon answers a repeated ``(source, seq)``
             from its journal. None: one attempt.
         log: where the retries are logged (a hook's own logger; None: ``offcut.retry``).
 
-    Raises :class:`offcut.errors.InvalidArgument` when the CA file cannot be read.
+    Raises :class:`offcut.errors.InvalidArgument` when the CA file cannot be read, for a
+    token with a TCP address without TLS (unless ``insecure_token``; nothing is sent) and for
+    a socket folder others could write.
     """
 
     def __init__(self, address: str, timeout_s: float = 10.0, token: str | None = None,
                  tls_ca: str | None = None, munge_socket: str | None = None,
-                 retry: "Backoff | None" = None, log=None):
+                 retry: "Backoff | None" = None, log=None, insecure_token: bool | None = None):
         import grpc
         from offcut.channel import open_channel
         from offcut.v1 import nodes_pb2, nodes_pb2_grpc
@@ -98,7 +103,7 @@ class NodeEventSender:
         self.retry = retry
         self._log = log
         self._channel = open_channel(address, token=token, tls_ca=tls_ca,
-                                     munge_socket=munge_socket,
+                                     munge_socket=munge_socket, insecure_token=insecure_token,
                                      options=retry.channel_options() if retry else None)
         self._stub = nodes_pb2_grpc.NodeEventsStub(self._channel)
 

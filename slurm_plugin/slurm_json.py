@@ -149,6 +149,7 @@ class JobInfo:
     submit_time: float = 0.0  # [s since epoch]; 0 when the record did not say
     exit_code: int = 0  # the batch script's return code (0 while it runs)
     signal: int = 0     # the signal that ended the batch script (0: none)
+    uid: int | None = None  # the job's user id (squeue user_id, sacct UID); None: not said
 
     @property
     def being_preempted(self) -> bool:
@@ -496,13 +497,15 @@ def parse_jobs(doc: Any) -> list[JobInfo]:
         if not states:
             raise SlurmDataError(f"squeue: job {jid} has no state")
         user = rec.get("user_name", rec.get("user", ""))
+        uid = rec.get("user_id")
+        uid = None if uid is None or uid == "" else int(number(uid, f"user_id of job {jid}"))
         code, sig = _exit_status(rec.get("exit_code"))
         out.append(JobInfo(
             job_id=str(jid), name=_text(rec.get("name")), partition=_text(rec.get("partition")),
             states=states, nodes=tuple(_job_nodes(rec)), comment=_text(rec.get("comment")),
             preempt_time=number(rec.get("preempt_time"), f"preempt_time of job {jid}"),
             submit_time=number(rec.get("submit_time"), f"submit_time of job {jid}"),
-            user=_text(user), exit_code=code, signal=sig))
+            user=_text(user), exit_code=code, signal=sig, uid=uid))
     return out
 
 
@@ -629,14 +632,16 @@ def idle_nodes(nodes: Mapping[str, NodeInfo], jobs: Iterable[JobInfo], rule: Own
 
 # ----------------------------------------------------------------------------- accounting
 #: the columns :meth:`offcut.slurm_plugin.slurm_cli.SlurmCLI.sacct` asks for, in order
-SACCT_FIELDS = ("JobID", "JobName", "Partition", "State", "ExitCode", "NodeList", "Submit")
+SACCT_FIELDS = ("JobID", "JobName", "Partition", "State", "ExitCode", "NodeList", "Submit",
+                "UID")
 
 
 def parse_sacct(text: str) -> list[JobInfo]:
     """Jobs of ``sacct -X --parsable2 --noheader --format=`` :data:`SACCT_FIELDS` (times as
     epoch seconds, ``SLURM_TIME_FORMAT=%s``), as :class:`JobInfo` records: ``State`` such as
     ``CANCELLED by 0`` becomes ``{"CANCELLED"}``, ``ExitCode`` ``75:0`` the exit code 75 and
-    signal 0, ``NodeList`` ``None assigned`` no nodes.
+    signal 0, ``NodeList`` ``None assigned`` no nodes, ``UID`` the job's user id (lines of the
+    former seven columns, without ``UID``, are read with the user id unknown: None).
 
     Raises:
         SlurmDataError: a line without the expected columns, naming it (1-based).
@@ -644,21 +649,26 @@ def parse_sacct(text: str) -> list[JobInfo]:
     from offcut.parsable import NO_NODES, NO_VALUE, parsable_rows
 
     out = []
+    legacy = len(SACCT_FIELDS) - 2  # "|" of a line without the UID column
+    text = "\n".join(line + "|" if line.count("|") == legacy else line
+                     for line in text.splitlines())
     try:
         records = list(parsable_rows(text, SACCT_FIELDS, "sacct"))
     except ValueError as exc:
         raise SlurmDataError(str(exc)) from None
     for number, cols in records:
-        jid, name, partition, state, exit_code, nodes, submit = cols
+        jid, name, partition, state, exit_code, nodes, submit, uid_text = cols
         if not jid.strip():
             raise SlurmDataError(f"sacct line {number}: no job id")
         code, _, sig = exit_code.partition(":")
         try:
             exit_status = (int(code or 0), int(sig or 0))
             submitted = float(submit) if submit.strip() not in NO_VALUE else 0.0
+            uid = int(uid_text) if uid_text.strip() else None
         except ValueError:
-            raise SlurmDataError(f"sacct line {number}: exit code {exit_code!r} or submit time "
-                                 f"{submit!r} is not a number (SLURM_TIME_FORMAT=%s)") from None
+            raise SlurmDataError(f"sacct line {number}: exit code {exit_code!r}, submit time "
+                                 f"{submit!r} or UID {uid_text!r} is not a number "
+                                 "(SLURM_TIME_FORMAT=%s)") from None
         try:
             node_names = () if nodes.strip() in NO_NODES else tuple(expand_nodelist(nodes))
         except NodeListError as exc:
@@ -666,5 +676,5 @@ def parse_sacct(text: str) -> list[JobInfo]:
         out.append(JobInfo(job_id=jid.strip(), name=name, partition=partition,
                            states=state_tokens(state.split(" ")[0]), nodes=node_names,
                            submit_time=submitted, exit_code=exit_status[0],
-                           signal=exit_status[1]))
+                           signal=exit_status[1], uid=uid))
     return out

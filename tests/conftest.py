@@ -20,6 +20,8 @@ def _no_user_client_config(tmp_path_factory, monkeypatch):
     (offcut.client.settings): point it at an empty folder, so a developer's own file never
     changes a test."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
+    # the Slurm launcher's key (offcut.slurm_plugin.launcher_key) goes to $XDG_STATE_HOME
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
 
 
 def _offcut_loggers() -> dict[str, logging.Logger]:

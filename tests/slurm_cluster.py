@@ -228,7 +228,8 @@ class SlurmCluster:
         out = root / "out"
         out.mkdir(exist_ok=True)
         cfg = SlurmConfig(workdir=str(root), output=str(out / "%x-%j.out"),
-                          rescale_grace_s=rescale_grace_s, checkpoint_root=str(root / "ckpt"))
+                          rescale_grace_s=rescale_grace_s, checkpoint_root=str(root / "ckpt"),
+                          launcher_key=str(root / "launcher.key"))
         stop = threading.Event()
         with Client(address, timeout_s=10) as client:
             launcher = Launcher(client, cfg, SlurmCLI(slurm_conf=str(self.conf)),
@@ -240,6 +241,17 @@ class SlurmCluster:
             finally:
                 stop.set()
                 th.join(10)
+
+    @staticmethod
+    def task_checkpoints(root: Path, task_id: str) -> Path:
+        """The checkpoint folder of ``task_id`` under :meth:`launcher` ``(…, root)``:
+        ``root/ckpt/TASKID-SUFFIX`` (the suffix from the launcher's key, ``root/launcher.key``)."""
+        from offcut.daemon.config import SlurmConfig
+        from offcut.slurm_plugin.launcher import checkpoint_dir
+        from offcut.slurm_plugin.launcher_key import LauncherKey
+
+        return checkpoint_dir(SlurmConfig(checkpoint_root=str(root / "ckpt")), task_id, None,
+                              LauncherKey.load(root / "launcher.key"))
 
     # ------------------------------------------------------------------ waiting
     def wait_for(self, predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1,

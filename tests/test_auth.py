@@ -19,7 +19,8 @@ from offcut.client.cli import app
 from offcut.daemon.auth import add_token, load_tokens, TokensFileError
 from offcut.daemon.config import DaemonConfig
 from offcut.daemon.server import OffcutServer
-from offcut.errors import NotFound, PermissionDenied, Unauthenticated, Unavailable
+from offcut.errors import (InvalidArgument, NotFound, PermissionDenied, Unauthenticated,
+                           Unavailable)
 from offcut.v1 import tasks_pb2
 
 from daemon_helpers import make_spec, status_key
@@ -217,8 +218,10 @@ def test_tls_with_a_self_signed_certificate(tmp_path, tokens):
             ok.wait_ready(10)
             ok.sync_nodes(time.time(), "w", 1, idle=ALL)
             assert ok.status().idle_nodes == 4
-        with Client(address, timeout_s=3, token=made["admin"]) as plain:  # no TLS: refused
-            with pytest.raises(Unavailable):
+        with pytest.raises(InvalidArgument, match="refusing to send the token"):
+            Client(address, timeout_s=3, token=made["admin"])  # no TLS: the token stays here
+        with Client(address, timeout_s=3, token=made["admin"], insecure_token=True) as plain:
+            with pytest.raises(Unavailable):  # sent without TLS all the same: refused
                 plain.status()
         # the prolog hook over the same TLS, with a private token file (the channel every
         # client opens: offcut.channel)

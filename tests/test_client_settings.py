@@ -50,8 +50,8 @@ def test_a_flag_beats_the_environment_which_beats_the_file(daemon, tmp_path, mon
     empty = _write(tmp_path / "empty.toml", "")
     assert load_client_settings({}, empty).model_dump() == {  # the defaults
         "address": None, "token": None, "token_file": None, "tls_ca": None,
-        "tls_server_name": None, "munge_socket": None, "call_timeout_s": 30.0,
-        "retry_deadline_s": 0.0}
+        "tls_server_name": None, "munge_socket": None, "insecure_token": None,
+        "call_timeout_s": 30.0, "retry_deadline_s": 0.0}
 
 
 def test_the_settings_reach_the_client(tmp_path, monkeypatch):

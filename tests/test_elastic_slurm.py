@@ -169,7 +169,8 @@ def test_example_trains_through_preemption_of_rank_0_and_growth(example, slurm, 
     # it: no sample trained twice, none skipped (a stop checkpoint loses nothing)
     for prev, g in zip(ran, ran[1:]):
         assert resumed[g] == max(s for s, _ in trained[prev]), (g, resumed, trained)
-    ckpts = sorted(int(p.stem.split("-")[1]) for p in (tmp_path / "ckpt" / tid).glob("ckpt-*.pt"))
+    ckpts = sorted(int(p.stem.split("-")[1])
+                   for p in slurm.task_checkpoints(tmp_path, tid).glob("ckpt-*.pt"))
     assert ckpts[-1] == WORK and final is not None and final[1] == WORK
     accuracy = final[0]
     reference = undisturbed_accuracy(tmp_path)

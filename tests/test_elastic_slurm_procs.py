@@ -82,7 +82,6 @@ def test_two_processes_per_node_train_through_shrink_grow_and_loss_of_rank_0(
     srv, client = cluster_daemon
     tmp_path.chmod(0o755)
     client.sync_nodes(time.time(), "slurm-watch", 1, idle=ALL)
-    ckpt = tmp_path / "ckpt"   # (the launcher fixture's checkpoint root)
     after = last_job_id(slurm)
     spec = make_task_spec("digits-2ppn", nodes="1-4", work_samples=WORK,
                           scalability=([1, 2, 3, 4], [800.0, 1500.0, 2100.0, 2600.0]),
@@ -90,7 +89,7 @@ def test_two_processes_per_node_train_through_shrink_grow_and_loss_of_rank_0(
                           command=example_argv() + ["--min-step-s", "0.1"],
                           reports_progress=True, procs_per_node=PROCS)
     tid = client.submit(spec, owner="test").task.task_id
-    ckpt = ckpt / tid
+    ckpt = slurm.task_checkpoints(tmp_path, tid)
     states: set[int] = set()
     stale: list[dict] = []   # processes of a generation found alive after the next one ran
     stale_tree = ""
@@ -166,7 +165,8 @@ def test_two_processes_per_node_train_through_shrink_grow_and_loss_of_rank_0(
     assert {w for g in grown for _, w in trained.get(g, [])} <= {4 * PROCS}
     for prev, g in zip(ran, ran[1:]):
         assert resumed[g] == max(s for s, _ in trained[prev]), (g, resumed, trained)
-    ckpts = sorted(int(p.stem.split("-")[1]) for p in (tmp_path / "ckpt" / tid).glob("ckpt-*.pt"))
+    ckpts = sorted(int(p.stem.split("-")[1])
+                   for p in slurm.task_checkpoints(tmp_path, tid).glob("ckpt-*.pt"))
     assert ckpts[-1] == WORK and final is not None and final[1] == WORK
     reference = undisturbed_accuracy(tmp_path)   # 4 ranks: the same global batches of BATCH
     print(f"\n[2 processes per node] generations {ran} (shrunk: {gen_shrunk}, grown: {grown}); "
@@ -208,7 +208,8 @@ def test_a_crash_of_local_rank_1_fails_the_run_and_then_the_task(torch, slurm, c
         slurm.wait_for(lambda: client.get_task(tid).state == tasks_pb2.TASK_STATE_FAILED,
                        timeout=300, what="the task to fail after its failed runs")
         slurm.wait_for(lambda: not running(slurm, tid, after), timeout=60, what="no running job")
-        slurm.wait_for(lambda: not task_processes(tmp_path / "ckpt" / tid), timeout=60,
+        slurm.wait_for(lambda: not task_processes(slurm.task_checkpoints(tmp_path, tid)),
+                       timeout=60,
                        what="no process of the task left")
     task = client.get_task(tid)
     assert task.failed_runs == 3 and "exit code 1" in task.failure_reason, task

@@ -39,11 +39,13 @@ def test_slurm_node_events_are_never_refused_or_lost_under_submit_load(tmp_path)
     tokens = load.make_tokens(tmp_path / "tokens.toml", CLIENTS)
     cfg = load.LoadConfig(clients=CLIENTS, client_rate=None, burst_max=200, nodes_per_client=400,
                           seed=5, timeout_s=60.0)  # clients back to back: the daemon saturated
-    srv = OffcutServer(DaemonConfig(listen="127.0.0.1:0", state=str(tmp_path / "state.sqlite"),
+    # a unix socket: clients send tokens only over a unix socket or TLS (docs/security.md)
+    srv = OffcutServer(DaemonConfig(listen=f"unix://{tmp_path}/offcutd.sock",
+                                    state=str(tmp_path / "state.sqlite"),
                                     solver="dp", tokens_file=str(tmp_path / "tokens.toml")))
     srv.start()
     try:
-        address = f"127.0.0.1:{srv.port}"
+        address = srv.address
         result = load.run_load(address, cfg, feed, tokens)
         check = load.check_state(address, result, timeout_s=120.0)
         load.print_report(result, check, title=f"load test: {CLIENTS} clients + the slurm feed "

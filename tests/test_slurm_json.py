@@ -416,7 +416,8 @@ def test_sacct_hostlists_are_expanded():
 
 @pytest.mark.parametrize("text,message", [
     ("1|name|scavenger|COMPLETED|0:0|n1\n", "line 1: 6 columns"),
-    ("1|a|p|COMPLETED|0:0|n1|1\n2|a|p|COMPLETED|0:0|n1|1|extra\n", "line 2: 8 columns"),
+    ("1|a|p|COMPLETED|0:0|n1|1\n2|a|p|COMPLETED|0:0|n1|1|1500|extra\n", "line 2: 9 columns"),
+    ("1|a|p|COMPLETED|0:0|n1|1|uid\n", "UID 'uid'"),
     (" |a|p|COMPLETED|0:0|n1|1\n", "no job id"),
     ("1|a|p|COMPLETED|x:0|n1|1\n", "exit code 'x:0'"),
     ("1|a|p|COMPLETED|0:0|n1|2026-11-27T04:22:18\n", "SLURM_TIME_FORMAT"),

@@ -6,6 +6,7 @@ Running tasks as their owners: tests/test_slurm_run_as_owner.py."""
 from __future__ import annotations
 
 import json
+import os
 import pwd
 import shlex
 import stat
@@ -105,7 +106,8 @@ def test_batch_script_quotes_and_exports(tmp_path):
     run = shlex.split(script.splitlines()[-1])
     assert run[:4] == ["exec", supervisor_python(cfg), "-I", str(NODE_RUN)]
     assert run[4:run.index("--")] == ["--procs", "1", "--node-rank", "1", "--num-nodes", "2",
-                                      "--gpus-per-proc", "0", "--stop-signal", "USR1"]
+                                      "--gpus-per-proc", "0", "--stop-signal", "USR1",
+                                      "--checkpoint-dir", str(tmp_path / "ckpt" / "t000002")]
     assert shlex.split(run[-1]) == [
         "srun", "--ntasks=1", "python", "-c", "print('a b')", "--rank", "1", "--of", "2",
         "--gen", "7", "--at", f"10.0.0.1:{port}"]
@@ -232,7 +234,8 @@ class FakeSlurm(SlurmCLI):
             raise SlurmCommandError("sacct exited with status 1: Slurm accounting storage "
                                     "is disabled")
         return "".join(f"{j['job_id']}|{j['name']}|{j['partition']}|{j['job_state']}|"
-                       f"{j['exit_code'] >> 8}:0|{j['nodes']}|{j.get('submit_time', 0)}\n"
+                       f"{j['exit_code'] >> 8}:0|{j['nodes']}|{j.get('submit_time', 0)}|"
+                       f"{j.get('user_id', '')}\n"
                        for j in [*self.forgotten.values(), *self.jobs.values()]
                        if j["name"] in names)
 
@@ -249,9 +252,13 @@ class FakeSlurm(SlurmCLI):
         opts = list(options)
         self.next_id += 1
         jid = str(self.next_id)
+        uid = next((int(o[len("--uid="):]) for o in opts if o.startswith("--uid=")),
+                   os.getuid())  # sbatch's real uid, or root's --uid
+        comment = next((o[len("--comment="):] for o in opts if o.startswith("--comment=")), "")
         self.jobs[jid] = {"job_id": int(jid), "name": opts[opts.index("-J") + 1],
                           "partition": opts[opts.index("-p") + 1], "job_state": "RUNNING",
-                          "nodes": opts[opts.index("-w") + 1], "exit_code": 0}
+                          "nodes": opts[opts.index("-w") + 1], "exit_code": 0,
+                          "user_id": uid, "comment": comment, "submit_time": int(time.time())}
         self.scripts[jid] = script
         self.options[jid] = opts
         self.envs[jid] = dict(env or {})
@@ -630,7 +637,8 @@ def test_end_to_end_on_real_slurm(slurm, cluster_daemon, tmp_path):
                        what="four running Offcut jobs")
         jobs = offcut_jobs(slurm, tid)
         assert {n: j["node_list"] for (_, n), j in jobs.items()} == {n: n for n in ALL}
-        assert (tmp_path / "offcut-checkpoints" / tid).is_dir()
+        (ckpt,) = (tmp_path / "offcut-checkpoints").glob(f"{tid}-*")  # TASKID-SUFFIX
+        assert ckpt.is_dir() and stat.S_IMODE(ckpt.stat().st_mode) == 0o700
         t_placed = time.monotonic()
 
         # a launcher restart while the jobs run: it adopts them and submits nothing

@@ -15,6 +15,7 @@ import os
 import pwd
 import secrets
 import shlex
+import stat
 import subprocess
 import threading
 import time
@@ -35,6 +36,7 @@ from offcut.slurm_plugin.owners import Account, OwnerAccounts, OwnerRefused, Run
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.v1 import tasks_pb2
 
+USERS_ACCOUNT = Account("alice", 1500, 1500, "/home/alice", True)
 USERS = fake_users(passwd("alice", 1500), passwd("bob", 1501), passwd("carol", 600),
                    passwd("root", 0), passwd("svc", 64030, shell="/usr/sbin/nologin"),
                    passwd("grp0", 1600, gid=0))
@@ -144,9 +146,11 @@ def test_jobs_run_as_their_owners_and_other_tasks_fail(daemon, tmp_path, monkeyp
     assert {k: env.get(k) for k in ("HOME", "USER", "LOGNAME", "SLURM_UMASK")} == {
         "HOME": "/home/alice", "USER": "alice", "LOGNAME": "alice", "SLURM_UMASK": "0077"}
     assert "OFFCUT_TOKEN" not in env and "launcher-secret-token" not in script
-    ckpt = workdir / "offcut-checkpoints" / tids["alice"]
+    ckpt = checkpoint_dir(cfg, tids["alice"], USERS_ACCOUNT, launcher.key)
+    assert ckpt.parent == workdir / "offcut-checkpoints"
+    assert ckpt.name.startswith(tids["alice"] + "-") and len(ckpt.name) == len(tids["alice"]) + 17
     assert f"export OFFCUT_CHECKPOINT_DIR={ckpt}" in script
-    assert 'mkdir -p -m 0700 -- "$OFFCUT_CHECKPOINT_DIR"' in script  # made by the job, as alice
+    assert shlex.join(["--checkpoint-dir", str(ckpt)]) in script  # made by the job, as alice
     assert not (tmp_path / "work").exists()  # root made nothing in alice's folder
 
     why = {"nosuch": "task owner 'nosuch' has no local account",
@@ -196,7 +200,8 @@ def test_without_run_as_owner_tasks_run_as_the_launcher(daemon, tmp_path, monkey
     (job,) = slurm.jobs
     assert not [o for o in slurm.options[job] if o.startswith(("--uid", "--gid", "--chdir"))]
     assert slurm.envs[job]["HOME"] == "/root" and slurm.envs[job]["SLURM_UMASK"] == "0077"
-    assert (tmp_path / "ckpt" / tid).is_dir() and "mkdir" not in slurm.scripts[job]
+    (ckpt,) = (tmp_path / "ckpt").glob(f"{tid}-*")
+    assert ckpt.is_dir() and stat.S_IMODE(ckpt.stat().st_mode) == 0o700
 
 
 # ----------------------------------------------------------------------------- real Slurm
@@ -301,7 +306,7 @@ def test_a_task_runs_as_its_owner_on_real_slurm(slurm, cluster_daemon, local_use
     assert (out / "own-token").read_text() == "owner-token\n"
     # the output file and the checkpoint folder are the owner's, private
     (log,) = home.glob(f"offcut-offcut-{mine}.*.out")
-    ckpt = home / "offcut-checkpoints" / mine
+    (ckpt,) = (home / "offcut-checkpoints").glob(f"{mine}-*")
     for path, mode in ((log, 0o600), (ckpt, 0o700)):
         st = path.stat()
         assert (st.st_uid, st.st_gid) == (owner.pw_uid, owner.pw_gid), path
