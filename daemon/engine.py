@@ -37,6 +37,7 @@ from offcut.daemon.replies import (Decision, PlacementUpdate, Reply, SnapshotSta
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.solvers.problem import AllocationProblem
 from offcut.daemon.model import task_number
+from offcut.daemon.policies.guard import PolicyGuard
 from offcut.daemon.storage_errors import StateFull, StateReadOnly
 from offcut.daemon.store import SnapshotDelta, Store
 
@@ -50,16 +51,43 @@ RETAINED_UPDATES = 4096
 
 
 class _Replayed:
-    """Allocation answers recorded in the journal, handed back in order on recovery."""
+    """Allocation answers recorded in the journal, handed back in order on recovery.
+
+    A row may also carry a third-party policy's answers (entries with a ``"policy"`` key,
+    after the solves of their decision; :meth:`Allocation._allocation_counts`): a solve is
+    never handed out past one, and :meth:`policy_answer` skips to the next."""
 
     def __init__(self, solves: list[dict]):
-        self._solves = iter(solves)
+        self._entries = solves
+        self._i = 0
+        #: the row carries policy answers (written since they are journaled)
+        self.replaying_answers = any("policy" in e for e in solves)
 
     def __call__(self, problem: AllocationProblem) -> SolveRecord:
-        try:
-            return SolveRecord(**next(self._solves))
-        except StopIteration:
-            raise RuntimeError("journal has fewer allocation answers than the event needs") from None
+        entries, i = self._entries, self._i
+        if i >= len(entries) or "policy" in entries[i]:
+            raise RuntimeError("journal has fewer allocation answers than the event needs")
+        self._i = i + 1
+        return SolveRecord(**entries[i])
+
+    def policy_answer(self) -> dict | None:
+        """The next policy answer of the row (the solves before it skipped), else None."""
+        entries = self._entries
+        while self._i < len(entries) and "policy" not in entries[self._i]:
+            self._i += 1
+        if self._i >= len(entries):
+            return None
+        self._i += 1
+        return entries[self._i - 1]
+
+
+def _journal_solves(out: Outcome) -> list[dict]:
+    """The journal's ``solves`` of an event: its solves in order, each policy answer at its
+    place among them."""
+    entries = [s.to_dict() for s in out.solves]
+    for at, answer in reversed(out.policy_answers):
+        entries.insert(at, answer)
+    return entries
 
 
 class Engine:
@@ -126,6 +154,9 @@ class Engine:
         self.last_decision: Decision | None = None
         self._record = open(record_instances, "a", encoding="utf-8") if record_instances else None
         self.closed = False
+        #: the guard of allocation policies, kept across scheduler reloads (a policy disabled
+        #: after a timeout stays so until the process restarts; its fallback counts)
+        self.policy_guard = PolicyGuard()
         self.scheduler = self._recover()
         #: archived tasks per state (kept with the archive; Status counts them)
         self.archived_counts: dict[TaskState, int] = self._count_archived()
@@ -164,6 +195,7 @@ class Engine:
             scheduler = Scheduler(finished_task_retention_s=self._fresh_retention_s)
         else:
             scheduler = Scheduler()
+        scheduler.policy_guard = self.policy_guard
         n, retired = 0, []
         for event, solves in rows:
             retired += scheduler.apply(event_from_dict(event), _Replayed(solves)).retired
@@ -303,7 +335,7 @@ class Engine:
             state = self._snapshot_state() if snapshot else None
             pruned = self.store.append(
                 kind=out.cause, event=event_to_dict(event),
-                solves=[s.to_dict() for s in out.solves], response=raw,
+                solves=_journal_solves(out), response=raw,
                 source=event.source if isinstance(event, NodeEvent) else None,
                 seq=event.seq if isinstance(event, NodeEvent) else None,
                 request_id=_request_key(event, caller), state=state,

@@ -18,7 +18,7 @@ import contextlib
 import functools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import grpc
@@ -56,6 +56,8 @@ class _EngineFigures:
     solves_by_backend: dict[str, int]
     decisions: DecisionTimeSummary
     snapshots: DecisionTimeSummary
+    #: (policy, kind) -> decisions that fell back to throughput (PolicyGuard.fallbacks)
+    policy_fallbacks: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class EngineCollector(Collector):
@@ -94,8 +96,9 @@ class EngineCollector(Collector):
             fallbacks, solves_by_backend = engine.fallbacks, dict(engine.solves_by_backend)
             decisions = engine.decision_times.summary()
             snapshots = engine.snapshot_times.summary()
+            policy_fallbacks = dict(engine.policy_guard.fallbacks)
         return _EngineFigures(st, clock, rate, power, energy_by_source, fallbacks,
-                              solves_by_backend, decisions, snapshots)
+                              solves_by_backend, decisions, snapshots, policy_fallbacks)
 
     def _zeus_families(self) -> Iterator[Metric]:
         """The ``offcut_zeus_*`` gauges (counts copied under the registry's lock)."""
@@ -201,6 +204,15 @@ def _counter_families(figures: _EngineFigures) -> Iterator[Metric]:
     for backend, n in sorted(figures.solves_by_backend.items()):
         solves.add_metric([backend], n)
     yield solves
+    policy = CounterMetricFamily(
+        "offcut_policy_fallbacks_total",
+        "Decisions of an allocation policy that used 'throughput' instead since the daemon "
+        "started, by policy and kind: error (it raised), answer (counts or a solve() argument "
+        "it may not give), timeout (over its time limit: then disabled), disabled",
+        labels=["policy", "kind"])
+    for (name, kind), n in sorted(figures.policy_fallbacks.items()):
+        policy.add_metric([name, kind], n)
+    yield policy
     yield _histogram("offcut_decision_seconds",
                      "Wall time of each decision (event in, allocation solved, journal "
                      "committed) since the daemon started, s", figures.decisions)

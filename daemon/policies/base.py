@@ -21,14 +21,19 @@ The contract a policy keeps (the daemon's durability rests on it):
   policy must not modify them (build new problems, e.g. with :func:`subproblem`).
 * The answer: a sequence of ``problem.num_tasks`` integers, each 0 or within
   ``[min_nodes[j], max_nodes[j]]``, summing to at most ``problem.idle_nodes``. An answer that
-  is not (a :class:`PolicyError` naming the policy), or a policy that raises, does not stop the
-  event: that decision falls back to ``throughput``, logged, with the reason in its last solve's
-  ``fallback_reason`` (the Decision, ``offcut status``).
+  is not (a :class:`PolicyError` naming the policy), a policy that raises (any
+  ``BaseException``), or one over its time limit, does not stop the event: that decision falls
+  back to ``throughput``, logged and counted, with the reason in its last solve's
+  ``fallback_reason`` (the Decision, ``offcut status``). Third-party policies run under
+  :class:`~offcut.daemon.policies.guard.PolicyGuard` (bounded time, a policy that timed out is
+  disabled until the daemon restarts), and their answers are journaled and compared when the
+  journal is re-applied (the journaled answer wins).
 """
 
 from __future__ import annotations
 
 import abc
+import itertools
 import numbers
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -182,13 +187,21 @@ class AllocationPolicy(abc.ABC):
 def check_counts(name: str, counts: Any, problem: AllocationProblem) -> list[int]:
     """``counts`` as a list of ints if it is an answer the scheduler can apply to ``problem`` (one
     integer per task, 0 or within [Jmin_j, Jmax_j], sum <= idle nodes); else
-    :class:`PolicyError` naming policy ``name`` and what is wrong."""
+    :class:`PolicyError` naming policy ``name`` and what is wrong. An iterable that is not a
+    list or tuple is read to at most ``problem.num_tasks + 1`` items (an endless generator
+    is refused, not followed to a MemoryError)."""
     where = f"allocation policy {name!r}"
-    try:
-        values = list(counts)
-    except TypeError:
-        raise PolicyError(f"{where} answered {type(counts).__name__}, not a sequence of node "
-                          "counts") from None
+    if type(counts) is list or type(counts) is tuple:  # the usual answer: sized, no copy
+        values = counts
+    else:  # any iterable, read to one item past the tasks (an endless generator ends here)
+        try:
+            values = list(itertools.islice(iter(counts), problem.num_tasks + 1))
+        except TypeError:
+            raise PolicyError(f"{where} answered {type(counts).__name__}, not a sequence of "
+                              "node counts") from None
+        if len(values) > problem.num_tasks:
+            raise PolicyError(f"{where} answered more than {problem.num_tasks} counts for "
+                              f"{problem.num_tasks} admitted tasks")
     if len(values) != problem.num_tasks:
         raise PolicyError(f"{where} answered {len(values)} counts for {problem.num_tasks} "
                           "admitted tasks")

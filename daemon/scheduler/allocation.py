@@ -9,8 +9,9 @@ from typing import Collection
 
 from offcut.daemon import placement
 from offcut.daemon.model import PLAIN_NODE, Task, TaskState
-from offcut.daemon.policies import (AllocationPolicy, AllocationRequest, PolicyError, PolicyTask,
-                                    check_counts, get_policy)
+from offcut.daemon.policies import (BUILTIN_POLICIES, AllocationPolicy, AllocationRequest,
+                                    PolicyError, PolicyTask, check_counts, get_policy)
+from offcut.daemon.policies.guard import PolicyFailed, PolicyGuard
 from offcut.daemon.solvers.problem import AllocationProblem
 from offcut.daemon.scheduler.outcome import Allocate, Outcome, SolveRecord
 
@@ -20,6 +21,9 @@ log = logging.getLogger("offcut.daemon")
 
 class Allocation:
     """Builds allocation problems, asks the policy, applies its counts."""
+
+    #: the guard policies run under (:meth:`policy_guard_in_use`); the engine sets its own
+    policy_guard: PolicyGuard | None = None
 
     def problem(self, tasks: list[Task], idle_nodes: int | None = None) -> AllocationProblem:
         """The count-level allocation problem for ``tasks`` on ``idle_nodes`` nodes (None:
@@ -73,21 +77,42 @@ class Allocation:
                                   for task, ns in zip(tasks, problem.node_counts)],
             owner_node_seconds=self.owner_node_seconds)
 
+    def policy_guard_in_use(self) -> PolicyGuard:
+        """The :class:`PolicyGuard` the policy runs under: the engine's (one per daemon, kept
+        across scheduler reloads), else one of this scheduler's own, made on first use."""
+        if self.policy_guard is None:
+            self.policy_guard = PolicyGuard()
+        return self.policy_guard
+
     def _allocation_counts(self, tasks: list[Task], t: float, out: Outcome,
                            allocate: Allocate, idle_nodes: int | None = None) -> list[int]:
         """The configured policy's node counts for ``tasks``, checked; every answer of
         ``allocate`` it used is appended to ``out.solves`` (journaled, in order).
 
-        A policy that raises or answers counts that cannot be applied does not stop the event
-        (a node event from Slurm must not be lost to a policy's bug): the decision falls back
-        to ``throughput`` on the same request, logged, with the reason in the last solve's
-        ``fallback_reason`` (so in the Decision and ``offcut status``). Re-applying the journal
-        repeats it: the policy is deterministic given its answers (docs/architecture.md §4).
-        A policy that cannot be found or loaded is a :class:`PolicyError` (offcutd checks
-        the name at start)."""
+        The policy runs under the :class:`PolicyGuard` (:mod:`offcut.daemon.policies.guard`:
+        a third-party policy in a thread with bounded time, every ``BaseException`` caught,
+        its answer's size and its ``solve`` arguments checked). A policy that fails, answers
+        counts that cannot be applied, runs out of time or is disabled does not stop the
+        event (a node event from Slurm must not be lost to a policy's bug): the decision falls
+        back to ``throughput`` on the same request, logged at ERROR and counted by kind
+        (``PolicyGuard.fallbacks``, the metric ``offcut_policy_fallbacks_total``), with the
+        reason in the last solve's ``fallback_reason`` (the Decision, ``offcut status``).
+
+        A third-party policy's answer (its counts, or the fallback's, and the fallback's kind)
+        goes to ``out.policy_answers`` and is journaled after the solves it used. Re-applying
+        a journal row that carries one (``allocate.replaying_answers``) runs the policy again
+        on the journaled solves and compares: a different answer (or a failure where it had
+        answered, or the other way round) is logged at ERROR and counted in
+        ``PolicyGuard.replay_mismatches``, and the journaled answer wins. Rows written before
+        answers were journaled are re-applied as before (the policy on its journaled solves).
+        A policy that cannot be found or loaded is a :class:`PolicyError` (offcutd checks the
+        name at start)."""
         policy = self.policy()
         name = self.objective.objective
         request = self.allocation_request(tasks, t, idle_nodes)
+        guard = self.policy_guard_in_use()
+        builtin = type(policy) is BUILTIN_POLICIES.get(name)
+        replaying = not builtin and getattr(allocate, "replaying_answers", False)
         failed: list[BaseException] = []  # errors of ``allocate`` itself pass unchanged
 
         def solve(p: AllocationProblem) -> SolveRecord:
@@ -99,19 +124,61 @@ class Allocation:
             out.solves.append(record)
             return record
 
-        try:
-            return check_counts(name, policy.allocate(request, solve), request.problem)
-        except Exception as exc:
-            if any(exc is e for e in failed) or name == "throughput":
-                raise
-            reason = (str(exc) if isinstance(exc, PolicyError) else
-                      f"allocation policy {name!r} failed: {type(exc).__name__}: {exc}")
-        reason = f"{reason[:500]}; this decision used 'throughput'"
-        log.error("%s", reason)
-        record = solve(request.problem)
-        if reason not in (record.fallback_reason or ""):  # re-applied: recorded already
-            record.fallback_reason = "; ".join(filter(None, [record.fallback_reason, reason]))
-        return check_counts("throughput", record.counts, request.problem)
+        kind, reason, counts = "", "", None
+        if not (replaying and name in guard.disabled):
+            try:
+                counts = guard.run(name, policy, request, guard.checked_solve(name, request, solve),
+                                   builtin=builtin)
+            except PolicyFailed as exc:
+                if name == "throughput" and not replaying:
+                    raise PolicyError(str(exc)) from exc
+                kind, reason = exc.kind, str(exc)
+            except Exception as exc:
+                if not replaying and (any(exc is e for e in failed) or name == "throughput"):
+                    raise
+                kind, reason = "error", (
+                    str(exc) if isinstance(exc, PolicyError) else
+                    f"allocation policy {name!r} failed: {type(exc).__name__}: {exc}")
+        if replaying:
+            return self._replayed_answer(name, request, allocate, counts, kind, reason, t)
+        if reason:
+            reason = f"{reason[:500]}; this decision used 'throughput'"
+            log.error("%s", reason)
+            guard.count(name, kind)
+            record = solve(request.problem)
+            if reason not in (record.fallback_reason or ""):  # re-applied: recorded already
+                record.fallback_reason = "; ".join(filter(None, [record.fallback_reason, reason]))
+            counts = check_counts("throughput", record.counts, request.problem)
+        if not builtin:
+            out.policy_answers.append((len(out.solves), {"policy": name, "counts": counts,
+                                                         "fallback": kind or None}))
+        return counts
+
+    def _replayed_answer(self, name: str, request: AllocationRequest, allocate: Allocate,
+                         counts: list[int] | None, kind: str, reason: str, t: float) -> list[int]:
+        """The journaled answer of a third-party policy's decision being re-applied
+        (``allocate.policy_answer()``: its solves not yet handed out are skipped), checked
+        against the request; compared with what the policy answered again (``counts``, or
+        the failure ``kind``/``reason``; neither when it is disabled): a mismatch is logged
+        at ERROR and counted, the journaled answer wins. A journaled answer the request cannot
+        take is a :class:`PolicyError` (a damaged journal)."""
+        stored = allocate.policy_answer()
+        if not isinstance(stored, dict) or stored.get("policy") != name:
+            raise PolicyError(f"journal row has no answer of allocation policy {name!r} for "
+                              f"the decision at {t}")
+        wanted = check_counts(name, stored.get("counts"), request.problem)
+        guard = self.policy_guard_in_use()
+        if counts is None and not kind:  # disabled: nothing to compare
+            return wanted
+        was = stored.get("fallback")
+        if (counts != wanted and not kind) or bool(kind) != bool(was):
+            guard.replay_mismatches += 1
+            again = f"counts {counts}" if not kind else f"a fallback ({reason[:300]})"
+            first = f"counts {wanted}" if not was else f"the fallback's counts {wanted}"
+            log.error("allocation policy %r is not deterministic: re-applying the decision at "
+                      "%s from the journal it answered %s, the journal has %s; the journal's "
+                      "answer is kept", name, t, again, first)
+        return wanted
 
     def node_groups(self, tasks: list[Task]) -> list[tuple[Collection[str], list[Task]]]:
         """``tasks`` grouped by the idle nodes they may run on (docs/architecture.md §4, "Node

@@ -64,6 +64,9 @@ class Outcome:
     revision: int = 0
     placements: list[PlacementChange] = field(default_factory=list)
     solves: list[SolveRecord] = field(default_factory=list)
+    #: a third-party policy's answers: (how many of ``solves`` came before it, its journal
+    #: entry ``{"policy", "counts", "fallback"}``), journaled among the solves at that place
+    policy_answers: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     ignored_nodes: list[str] = field(default_factory=list)
     completed_task_ids: list[str] = field(default_factory=list)
     task_id: str | None = None
