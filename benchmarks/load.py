@@ -65,6 +65,7 @@ Usage::
     python benchmarks/load.py --clients 16 --duration 30 --speedup 3600
     python benchmarks/load.py --mix submit=1,status=1     # clients without node events
     python benchmarks/load.py --node-log missing.tar.gz   # synthetic log of the real burst sizes
+    python benchmarks/load.py --flood 30 --max-events 3000  # one user floods submit+cancel
     python benchmarks/load.py --address unix:///run/offcut/offcutd.sock --token-file admin.token
                                     # a running daemon (fresh state, admin token; over TCP
                                     # give its CA in $OFFCUT_TLS_CA: tokens need TLS)
@@ -1054,6 +1055,94 @@ def start_daemon(folder: Path, durability: str, tokens_file: Path) -> tuple[subp
     return start_offcutd(cmd, address, folder / "offcutd.log"), address
 
 
+# ----------------------------------------------------------------------------- the flood case
+#: largest command argument the daemon accepts [characters] (offcut.taskspec)
+MAX_ARG_CHARS = 65536
+#: the flood case's limit on the feeder's node-event p99 [ms] (issue 37, "Done when")
+FLOOD_P99_LIMIT_MS = 100.0
+
+
+def _state_bytes(path: Path) -> int:
+    """The state file's size with its ``-wal`` [bytes] (0 for a part not there)."""
+    return sum(q.stat().st_size for q in (path, Path(f"{path}-wal")) if q.exists())
+
+
+def run_flood(feed: NodeFeed, seconds: float, durability: str) -> int:
+    """The flood case (issue 37, finding 2; docs/security.md, "Round two: what one user makes
+    the daemon keep"): beside the feeder's node events, one user submits and cancels tasks
+    back to back, each with the largest command ``max_command_bytes`` allows (arguments of
+    :data:`MAX_ARG_CHARS`), for ``seconds`` [s] (or until the feed ends). Prints the pairs
+    accepted and refused (RESOURCE_EXHAUSTED: the per-owner budget), the daemon's RSS and the
+    state file's growth [MiB], and the node events' p50 / p99 latency [ms]. Returns 1 when a
+    node event failed, a flood call failed otherwise than RESOURCE_EXHAUSTED, or the p99 is
+    :data:`FLOOD_P99_LIMIT_MS` or more; else 0."""
+    from offcut.daemon.config import DaemonConfig
+    from offcut.errors import OffcutError, ResourceExhausted
+
+    size = DaemonConfig().max_command_bytes
+    command = ["x" * min(MAX_ARG_CHARS, size - at) for at in range(0, size, MAX_ARG_CHARS)]
+    spec = tasks_pb2.TaskSpec(name="flood", min_nodes=1, max_nodes=4, node_counts=[0, 1, 2, 4],
+                              throughputs=[0.0, 10.0, 18.0, 30.0], total_work_samples=1e6,
+                              command=command)
+    counts = {"accepted": 0, "refused": 0, "errors": 0, "node_errors": 0}
+    latencies: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="offcut-flood-") as tmp:
+        folder = Path(tmp)
+        tokens = make_tokens(folder / "tokens.toml", 1)
+        proc, address = start_daemon(folder, durability, folder / "tokens.toml")
+        state = folder / "state.sqlite"
+        stop = threading.Event()
+        try:
+            slurm = Client(address, timeout_s=120, token=tokens.slurm)
+            user = Client(address, timeout_s=120, token=tokens.user(client_source(0)))
+            rss0, state0 = _proc_figures(proc.pid)["rss_mb"], _state_bytes(state)
+
+            def flood() -> None:
+                i = 0
+                while not stop.is_set():
+                    try:
+                        task_id = user.submit(spec, request_id=f"flood-{i}").task.task_id
+                        user.cancel(task_id)
+                        counts["accepted"] += 1
+                    except ResourceExhausted:
+                        counts["refused"] += 1
+                    except OffcutError:
+                        counts["errors"] += 1
+                    i += 1
+
+            thread = threading.Thread(target=flood, daemon=True)
+            thread.start()
+            started = time.perf_counter()
+            for seq, ev in enumerate(feed.events, start=1):
+                if time.perf_counter() - started > seconds:
+                    break
+                t0 = time.perf_counter()
+                try:
+                    slurm.report_nodes(time.time(), FEED_SOURCE, seq, idle=ev.idle,
+                                       preempted=ev.busy)
+                except OffcutError:
+                    counts["node_errors"] += 1
+                latencies.append((time.perf_counter() - t0) * 1e3)
+            stop.set()
+            thread.join(timeout=120)
+            rss1, state1 = _proc_figures(proc.pid)["rss_mb"], _state_bytes(state)
+            slurm.close()
+            user.close()
+        finally:
+            stop.set()
+            stop_offcutd(proc)
+    lat = np.array(latencies or [0.0])
+    p50, p99 = float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
+    print(f"flood: {counts['accepted']} submit+cancel pairs of {size:,}-byte commands accepted, "
+          f"{counts['refused']} refused (RESOURCE_EXHAUSTED), {counts['errors']} other errors")
+    print(f"daemon RSS {rss0:.0f} -> {rss1:.0f} MiB (+{rss1 - rss0:.0f}); state file "
+          f"{state0 / 2**20:.1f} -> {state1 / 2**20:.1f} MiB (+{(state1 - state0) / 2**20:.1f})")
+    print(f"node events: {len(latencies)} sent, {counts['node_errors']} failed, p50 {p50:.1f} ms,"
+          f" p99 {p99:.1f} ms (limit {FLOOD_P99_LIMIT_MS:g} ms)")
+    bad = counts["node_errors"] or counts["errors"] or p99 >= FLOOD_P99_LIMIT_MS
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: run the load against a private daemon (or ``--address``); exit status 1
     when a node event of the feeder was refused or lost, a call failed or the final state is
@@ -1095,6 +1184,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--token-file", type=Path,
                     help="with --address: an admin token for every call (default: none)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--flood", type=float, metavar="SECONDS",
+                    help="the flood case instead (run_flood): one user submits and cancels "
+                         "tasks with the largest allowed command beside the node events for "
+                         "this many seconds; prints RSS, state-file growth, node-event p99")
     args = ap.parse_args(argv)
     try:
         mix = {k.strip(): float(v) for k, v in (item.split("=") for item in args.mix.split(","))}
@@ -1116,6 +1209,8 @@ def main(argv: list[str] | None = None) -> int:
     if feed.synthetic:
         print("NOTE: the real node log is absent; the feeder plays a SYNTHETIC log of its "
               "burst-size distribution", flush=True)
+    if args.flood is not None:
+        return run_flood(feed, args.flood, args.durability)
     proc = None
     with tempfile.TemporaryDirectory(prefix="offcut-load-") as tmp:
         if args.address:

@@ -25,7 +25,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from offcut.addresses import default_socket, normalize_address
 from offcut.channel import open_channel, resolve_token
 from offcut.client.retry import RetryPolicy
-from offcut.errors import InvalidArgument, OffcutError, Unavailable, from_rpc_error
+from offcut.errors import (DAEMON_SAYS, InvalidArgument, OffcutError, Unavailable,
+                           from_rpc_error)
 from offcut.v1 import (decision_pb2, nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc,
                        tasks_pb2, tasks_pb2_grpc, zeus_pb2, zeus_pb2_grpc)
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -230,7 +231,8 @@ class Client:
     def _error(self, err: grpc.RpcError) -> OffcutError:
         """The :mod:`offcut.errors` exception for a failed call (UNAVAILABLE says how to
         start the daemon at this address)."""
-        if err.code() == grpc.StatusCode.UNAVAILABLE:
+        if (err.code() == grpc.StatusCode.UNAVAILABLE
+                and not (err.details() or "").startswith(DAEMON_SAYS)):  # (the daemon's reason)
             exc = Unavailable(
                 f"cannot reach offcutd at {self.address} ({err.details()}); start it with "
                 f"`offcutd --listen {self.address}` or pass the right address (--address or "

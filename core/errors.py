@@ -77,6 +77,10 @@ class Unavailable(OffcutError):
     status = "UNAVAILABLE"
 
 
+#: how an UNAVAILABLE raised by the daemon itself (e.g. its state cannot be written:
+#: offcut.daemon.storage_errors) begins, so a client tells it from a daemon it cannot reach
+DAEMON_SAYS = "offcutd: "
+
 _BY_STATUS = {cls.status: cls for cls in (InvalidArgument, NotFound, FailedPrecondition,
                                           AlreadyExists, PermissionDenied, Unauthenticated,
                                           ResourceExhausted, Unavailable)}

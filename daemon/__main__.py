@@ -74,6 +74,8 @@ def serve(
     zeus_observation_retention: Optional[int] = typer.Option(None, "--zeus-observation-retention", help=flag_help("zeus_observation_retention")),
     max_zeus_jobs_per_owner: Optional[int] = typer.Option(None, "--max-zeus-jobs-per-owner", help=flag_help("max_zeus_jobs_per_owner")),
     max_active_tasks_per_owner: Optional[int] = typer.Option(None, "--max-active-tasks-per-owner", help=flag_help("max_active_tasks_per_owner")),
+    max_retained_tasks_per_owner: Optional[int] = typer.Option(None, "--max-retained-tasks-per-owner", help=flag_help("max_retained_tasks_per_owner")),
+    max_retained_task_bytes_per_owner: Optional[int] = typer.Option(None, "--max-retained-task-bytes-per-owner", help=flag_help("max_retained_task_bytes_per_owner")),
     zeus_request_retention_s: Optional[float] = typer.Option(None, "--zeus-request-retention-s", help=flag_help("zeus_request_retention_s")),
     record_instances: Optional[str] = typer.Option(None, "--record-instances", help=flag_help("record_instances")),
     max_streams: Optional[int] = typer.Option(None, "--max-streams", help=flag_help("max_streams")),
@@ -132,10 +134,11 @@ def serve(
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from offcut.daemon.server import OffcutServer
     from offcut.daemon.store import StoreError
+    from offcut.errors import OffcutError
 
     try:
         server = OffcutServer(cfg, init=init)
-    except (StoreError, RuntimeError, OSError) as exc:
+    except (StoreError, RuntimeError, OSError, OffcutError) as exc:  # one line, no traceback
         typer.echo(f"offcutd: {exc}", err=True)
         raise typer.Exit(1)
     stop = threading.Event()
@@ -143,7 +146,7 @@ def serve(
         signal.signal(sig, lambda *_: stop.set())
     try:
         server.start()
-    except RuntimeError as exc:  # e.g. metrics_listen cannot be bound (state already closed)
+    except (RuntimeError, OffcutError) as exc:  # e.g. metrics_listen cannot be bound
         typer.echo(f"offcutd: {exc}", err=True)
         raise typer.Exit(1)
     stop.wait()

@@ -364,6 +364,20 @@ class DaemonConfig(BaseModel):
         "queued and running tasks one owner may have, 1 to 10,000,000; one more SubmitTask "
         "from a user is RESOURCE_EXHAUSTED (a retried request id still gets its stored "
         "reply); admins are not capped (docs/security.md)"))
+    max_retained_tasks_per_owner: int = Field(20_000, ge=1, le=10_000_000, description=(
+        "tasks of one owner the daemon keeps in memory, 1 to 10,000,000: its queued and "
+        "running tasks and its finished ones until they leave memory (finished_task_retention_s "
+        "after they finished; then they are read from the archive); one more SubmitTask from a "
+        "user is RESOURCE_EXHAUSTED naming it, until some leave; admins are not capped "
+        "(docs/security.md)"))
+    max_retained_task_bytes_per_owner: int = Field(64 * 1_048_576, ge=1_048_576,
+                                                   le=1 << 40, description=(
+        "bytes of the tasks one owner has in memory (those max_retained_tasks_per_owner "
+        "counts), 1 MiB to 1 TiB: each task counts its command, name and curve with a fixed "
+        "2 KiB of overhead; a SubmitTask from a user that would pass it is RESOURCE_EXHAUSTED "
+        "naming it, until some of the owner's finished tasks leave memory (default 64 MiB: "
+        "with finished_task_retention_s, it bounds what one user adds to the journal and the "
+        "archive per day; docs/security.md); admins are not capped"))
     zeus_request_retention_s: float = Field(7 * 86400.0, ge=3600, le=3650 * 86400.0, description=(
         "seconds a stored answer to a Zeus request id (Predict, ResumeTrial) is kept, 1 hour "
         "to 10 years: a retry within it gets the first answer, a later one is a new request; "

@@ -28,6 +28,7 @@ import numpy as np
 from offcut.errors import FailedPrecondition, NotFound, OffcutError, ResourceExhausted
 from offcut.daemon.decision_times import DecisionTimes
 from offcut.daemon.scheduler import Outcome, Scheduler, SolveRecord
+from offcut.daemon.scheduler.state import retained_bytes
 from offcut.daemon.model import (CancelEvent, EnergyEvent, Event, Limits, NodeEvent,
                                  ObjectiveSettings, ProgressEvent, SubmitEvent, Task,
                                  TaskRunEvent, TaskState, event_from_dict, event_to_dict)
@@ -108,6 +109,12 @@ class Engine:
             (pruned at each snapshot; inf: for ever).
         max_active_tasks_per_owner: the most unfinished (queued, admitted, running) tasks of
             one owner when a ``capped`` caller submits (:meth:`apply`; None: no cap).
+        max_retained_tasks_per_owner: the most tasks of one owner in the scheduler's state
+            (unfinished, and finished ones not yet retired) when a ``capped`` caller submits
+            (None: no cap).
+        max_retained_task_bytes_per_owner: the most bytes those tasks may count together
+            (:func:`offcut.daemon.scheduler.state.retained_bytes`, the new task's included)
+            when a ``capped`` caller submits [bytes] (None: no cap).
         journal_retention_s: how long journal rows are kept [s of event clock]: the window
             in which a repeated request id or ``(source, seq)`` is answered from the journal
             and ``ExportHistory`` reaches back (marked at each snapshot, deleted a few rows per
@@ -124,8 +131,13 @@ class Engine:
                  finished_task_retention_s: float | None = None,
                  task_archive_retention_s: float = float("inf"),
                  journal_retention_s: float = float("inf"),
-                 max_active_tasks_per_owner: int | None = None):
+                 max_active_tasks_per_owner: int | None = None,
+                 max_retained_tasks_per_owner: int | None = None,
+                 max_retained_task_bytes_per_owner: int | None = None):
         self.store = store
+        #: tasks / bytes of one owner the state may keep when a capped caller submits
+        self.max_retained_tasks_per_owner = max_retained_tasks_per_owner
+        self.max_retained_task_bytes_per_owner = max_retained_task_bytes_per_owner
         #: unfinished tasks one owner may have when a capped caller submits (None: no cap)
         self.max_active_tasks_per_owner = max_active_tasks_per_owner
         self.task_archive_retention_s = float(task_archive_retention_s)
@@ -252,7 +264,7 @@ class Engine:
             if reply is not None:
                 return reply
             if capped and isinstance(event, SubmitEvent):
-                self._check_owner_cap(event.owner)
+                self._check_owner_cap(event)
             if stamp and self.scheduler.clock is not None and event.time < self.scheduler.clock:
                 event = dataclasses.replace(event, time=self.scheduler.clock)
             try:
@@ -283,9 +295,13 @@ class Engine:
                     owners=self._owners(reply.decision.placements)))
             return reply
 
-    def _check_owner_cap(self, owner: str) -> None:
-        """ResourceExhausted (field ``max_active_tasks_per_owner``) when ``owner`` has as many
-        unfinished tasks as the cap allows (call under the lock)."""
+    def _check_owner_cap(self, event: SubmitEvent) -> None:
+        """ResourceExhausted when ``event``'s owner has as many unfinished tasks as
+        ``max_active_tasks_per_owner`` allows, as many tasks in the state as
+        ``max_retained_tasks_per_owner`` allows, or when the new task would bring the bytes
+        of its tasks in the state past ``max_retained_task_bytes_per_owner`` (the field
+        names the setting; call under the lock, before anything changes)."""
+        owner = event.owner
         cap = self.max_active_tasks_per_owner
         held = self.scheduler.active_owners.get(owner, 0)
         if cap is not None and held >= cap:
@@ -293,6 +309,26 @@ class Engine:
                 f"owner {owner!r} has {held} queued or running tasks, the most this daemon "
                 f"allows ({cap}); cancel some or wait until they finish",
                 "max_active_tasks_per_owner")
+        kept, size = self.scheduler.retained_owners.get(owner, (0, 0))
+        finished = _finished_text(self.scheduler.finished_task_retention_s)
+        cap = self.max_retained_tasks_per_owner
+        if cap is not None and kept >= cap:
+            raise ResourceExhausted(
+                f"owner {owner!r} has {kept} tasks in the daemon's memory (queued, running, "
+                f"and {finished}), the most this daemon allows ({cap}); "
+                "finished tasks leave memory that long after they finished",
+                "max_retained_tasks_per_owner")
+        cap = self.max_retained_task_bytes_per_owner
+        if cap is not None:
+            new = retained_bytes(Task(task_id="", spec=event.spec, owner=owner,
+                                      submit_time=event.time, request_id=event.request_id))
+            if size + new > cap:
+                raise ResourceExhausted(
+                    f"owner {owner!r} has tasks of {size:,} bytes in the daemon's memory "
+                    f"(queued, running, and {finished}); this one's "
+                    f"{new:,} bytes would pass the {cap:,} this daemon allows; finished tasks "
+                    "leave memory that long after they finished",
+                    "max_retained_task_bytes_per_owner")
 
     def _refuse_archived(self, event: Event, exc: NotFound) -> None:
         """FAILED_PRECONDITION instead of ``exc`` when the event names a task that finished
@@ -549,6 +585,24 @@ class Engine:
 #: the kind of each event that may carry a ``request_id`` (its idempotency namespace)
 _REQUEST_KINDS = ((SubmitEvent, "submit"), (TaskRunEvent, "run"), (ProgressEvent, "progress"),
                   (CancelEvent, "cancel"), (EnergyEvent, "energy"))
+
+
+def _finished_text(seconds: float) -> str:
+    """Which finished tasks stay in memory, for a message: ``"finished in the last 1 day"``
+    (``seconds``: finished_task_retention_s [s])."""
+    if not math.isfinite(seconds):
+        return "finished at any time (finished_task_retention_s is unlimited)"
+    return f"finished in the last {_duration_text(seconds)}"
+
+
+def _duration_text(seconds: float) -> str:
+    """``seconds`` in words for a message: ``"1 day"``, ``"3 h"``, ``"90 s"``."""
+    if seconds >= 86400 and seconds % 86400 == 0:
+        days = int(seconds // 86400)
+        return f"{days} day" + ("s" if days != 1 else "")
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{int(seconds // 3600)} h"
+    return f"{seconds:g} s"
 
 
 def _request_key(event: Event, caller: str) -> str | None:

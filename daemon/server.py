@@ -37,7 +37,8 @@ from offcut.daemon.request_guard import (NODE_EVENT_METHODS, SMALL_REQUEST_BYTES
 from offcut.daemon.service import NodeEventsService, StatusService, TasksService
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.state_lock import StateLock, check_state_dir
-from offcut.daemon.store import Store, StoreError
+from offcut.daemon.storage_errors import StateFull, StateReadOnly
+from offcut.daemon.store import Store, StoreError, check_writable
 from offcut.daemon.streams import StreamSlots
 from offcut.daemon.workers import NODE_EVENT_WORKERS, ReservedLaneInterceptor, RpcWorkers
 from offcut.daemon.zeus.registry import ZeusRegistry
@@ -182,6 +183,7 @@ class OffcutServer:
         # then the state: a second daemon or a damaged file refuses the start at once
         make_private_parents(str(config.state))
         check_state_dir(config.state)
+        check_writable(config.state)  # a read-only state: one line with the fix, not a traceback
         #: the exclusive lock on the state (held until :meth:`stop`)
         self.state_lock = StateLock(config.state)
         # a failure before the registry is up releases what was taken (lock, files, solver)
@@ -336,7 +338,10 @@ class OffcutServer:
                              finished_task_retention_s=config.finished_task_retention_s,
                              task_archive_retention_s=config.task_archive_retention_s,
                              journal_retention_s=config.journal_retention_s,
-                             max_active_tasks_per_owner=config.max_active_tasks_per_owner)
+                             max_active_tasks_per_owner=config.max_active_tasks_per_owner,
+                             max_retained_tasks_per_owner=config.max_retained_tasks_per_owner,
+                             max_retained_task_bytes_per_owner=(
+                                 config.max_retained_task_bytes_per_owner))
         # The Zeus optimizers keep their own connection to the state file: their transactions
         # must not interleave with the engine's on one connection (SQLite serialises writers).
         self.zeus_store = Store(config.state, durability=config.durability)
@@ -402,7 +407,11 @@ class OffcutServer:
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.stop()
             self.metrics_endpoint = None
-        self.engine.close()
+        try:
+            self.engine.close()  # (closes the file even when its final snapshot fails)
+        except (StateReadOnly, StateFull) as exc:  # logged once by the store; no traceback
+            log.error("stopped without the final snapshot (the journal holds every "
+                      "acknowledged event): %s", exc)
         self.zeus.commits.close()  # its committer thread, before the file it commits to
         self.zeus_store.close()
         if self._socket_claim is not None:  # only while the path is still this daemon's socket

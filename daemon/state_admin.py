@@ -14,8 +14,8 @@ from pathlib import Path
 
 from offcut.daemon import snapshot_prune
 from offcut.daemon.state_lock import StateOwnershipError, check_state_dir, lock_path, read_mark
-from offcut.daemon.store import (SCHEMA_VERSION, StoreError, check_identity, inspect_file,
-                                 snapshots)
+from offcut.daemon.store import (SCHEMA_VERSION, StoreError, bad_zeus_rows, check_identity,
+                                 check_writable, inspect_file, snapshots)
 
 
 class BackupError(RuntimeError):
@@ -65,6 +65,12 @@ def check_state(state: str | Path) -> tuple[list[str], bool]:
         out.append(f"ok: folder {state.absolute().parent} is private to its owner")
     except StateOwnershipError as exc:
         fail(str(exc))
+    try:
+        check_writable(state)  # as the daemon's start (for the user running this command)
+        out.append(f"ok: writable by uid {os.geteuid()}")
+    except StoreError as exc:
+        fail(str(exc))
+        return out, ok  # (opening it now would leave -wal/-shm files of its mode behind)
     holder = _holder(state)
     out.append(f"note: in use by offcutd pid {holder}" if holder else "note: no offcutd holds it")
     try:
@@ -114,6 +120,16 @@ def check_state(state: str | Path) -> tuple[list[str], bool]:
                 out.append(f"ok: snapshot at journal row {journal_id}")
         if found and not good and not complete:
             fail("no good snapshot and the journal does not start at row 1: restore a backup")
+        # the rows the daemon re-applies (after the newest good snapshot) must all be there
+        base = next((j for j, st, _ in snapshots(db) if st is not None), 0)
+        needed = db.execute("SELECT COUNT(*) FROM journal WHERE id > ?", (base,)).fetchone()[0]
+        if needed != max(0, last - base):
+            fail(f"journal rows after row {base} (the snapshot the daemon starts from) have "
+                 f"gaps: {needed} of {last - base} present; offcutd refuses to re-apply them: "
+                 f"restore a backup")
+        for kind, job_id, size, why in bad_zeus_rows(db):
+            fail(f"zeus_state row ({kind}, {job_id}, {size}) is damaged ({why}); offcutd "
+                 f"refuses to start on it: restore a backup")
         waiting = snapshot_prune.backlog(db, snapshot_prune.default_cursor(db))
         if waiting:
             out.append(f"note: {waiting} task rows of older snapshots are still to be deleted "

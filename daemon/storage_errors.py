@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from offcut.errors import ResourceExhausted, Unavailable
+from offcut.errors import DAEMON_SAYS, ResourceExhausted, Unavailable
 
 
 class StateReadOnly(Unavailable):
@@ -40,9 +40,9 @@ def classify(exc: sqlite3.Error, path: object) -> Exception | None:
     code = getattr(exc, "sqlite_errorcode", None)
     base = code & 0xFF if code is not None else None
     if base == sqlite3.SQLITE_FULL:
-        return StateFull(f"state {path}: storage is full ({exc}); nothing was written, retry "
-                         f"once space is freed")
+        return StateFull(f"{DAEMON_SAYS}state {path}: storage is full ({exc}); nothing was "
+                         f"written, retry once space is freed")
     if base in _READ_ONLY:
-        return StateReadOnly(f"state {path}: cannot be written ({exc}); nothing was written, "
-                             f"retry once the storage is writable")
+        return StateReadOnly(f"{DAEMON_SAYS}state {path}: cannot be written ({exc}); nothing "
+                             f"was written, retry once the storage is writable")
     return None

@@ -12,11 +12,13 @@ mode; ``durability="full"`` (default) fsyncs every commit, so a committed reply 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import sqlite3
+import stat
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -56,6 +58,10 @@ APPLICATION_ID = 0x4F464354
 TABLES = frozenset({"meta", "journal", "snapshots", "snapshot_checksums", "snapshot_tasks",
                     "task_archive",
                     "zeus_state", "zeus_trials", "zeus_observations", "zeus_requests"})
+
+#: damaged ``task_archive`` rows whose ids are remembered (each logged once); past it they
+#: are only counted
+MAX_BAD_ARCHIVE_ROWS = 1000
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
@@ -201,6 +207,75 @@ def snapshots(db: sqlite3.Connection) -> Iterator[tuple[int, dict[str, Any] | No
         yield journal_id, state, ""
 
 
+class StateNotWritable(StoreError):
+    """The state file, its ``-wal``/``-shm`` file or its folder cannot be written by this
+    process (a mode such as 0400, another owner, a read-only mount): refused at start with
+    the recovery step (docs/operations.md, "Read-only or full storage")."""
+
+
+def check_writable(path: str | Path) -> None:
+    """Refuse a state this process could open only read-only (SQLite would silently open it
+    read-only, answer reads and fail every write).
+
+    Checks the file and its ``-wal``/``-shm`` files that exist (opened read-write and
+    closed at once, nothing written) and the folder (write and search permission: SQLite
+    creates the ``-wal``/``-shm`` files there, and the daemon its lock). Missing ones pass
+    (they are created later, 0600/0700).
+
+    Raises:
+        StateNotWritable: one line naming the file, why, and the recovery step.
+    """
+    path = Path(path)
+    euid = os.geteuid()
+    folder = path.absolute().parent
+    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK, effective_ids=True):
+        st = folder.stat()
+        raise StateNotWritable(
+            f"{folder}: the state's folder cannot be written by offcutd (uid {euid}; the folder "
+            f"is mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}); make it writable "
+            f"(chown {euid} {folder}; chmod 700 {folder}), remount it read-write, or run "
+            f"offcutd as its owner (docs/operations.md, \"Read-only or full storage\")")
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            fd = os.open(p, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        except (FileNotFoundError, IsADirectoryError):
+            continue  # missing: created later; a folder: inspect_file names it
+        except OSError as exc:
+            try:
+                st = p.stat()
+                how = f"mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}"
+            except OSError:
+                how = "not readable either"
+            fix = ("remount it read-write or move the state" if exc.errno == errno.EROFS else
+                   f"make it writable (chown {euid} {p}; chmod 600 {p}) or run offcutd as its "
+                   f"owner")
+            raise StateNotWritable(
+                f"{p}: the state cannot be written by offcutd (uid {euid}: "
+                f"{exc.strerror}; {how}); {fix} (docs/operations.md, \"Read-only or full "
+                f"storage\")") from None
+        os.close(fd)
+
+
+def bad_zeus_rows(db: sqlite3.Connection, limit: int = 20
+                  ) -> list[tuple[str, str, int, str]]:
+    """Up to ``limit`` damaged ``zeus_state`` rows as ``(kind, job id, batch size, why)``:
+    a summary that is not a JSON object (the daemon's start refuses them:
+    :meth:`Store.zeus_load`; shared with ``offcutd check``)."""
+    bad = []
+    for kind, job_id, size, text in db.execute(
+            "SELECT kind, job_id, batch_size, state FROM zeus_state"):
+        try:
+            ok = isinstance(json.loads(text), dict)
+            why = "not a JSON object"
+        except (ValueError, TypeError) as exc:
+            ok, why = False, f"not JSON: {exc}"
+        if not ok:
+            bad.append((str(kind)[:40], str(job_id)[:80], size, why))
+            if len(bad) >= limit:
+                break
+    return bad
+
+
 def create_private(path: Path) -> None:
     """Create ``path`` empty with mode 0600 when missing (SQLite then creates the ``-wal``
     and ``-shm`` files with the same mode)."""
@@ -293,7 +368,8 @@ class Store:
     Raises:
         StoreError: the file is empty (without ``init``), not a SQLite database, another
             application's, of a newer format, of an older one without an upgrade, or fails
-            ``quick_check`` (docs/operations.md).
+            ``quick_check`` (docs/operations.md); :class:`StateNotWritable` when this
+            process cannot write the file, its ``-wal``/``-shm`` or its folder.
     """
 
     def __init__(self, path: str | Path, snapshot_every: int = 1000, durability: str = "full",
@@ -319,10 +395,15 @@ class Store:
         #: the read-only connection of :meth:`_read` (opened at first use) and its lock
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
+        #: damaged archive rows skipped by reads so far (:meth:`_archived`), and the ids of
+        #: those already logged (at most MAX_BAD_ARCHIVE_ROWS)
+        self.bad_archive_rows_skipped = 0
+        self._bad_archive_ids: set[str] = set()
         if durability not in ("full", "normal"):
             raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
         make_private_parents(str(self.path))  # missing folders 0700 (docs/operations.md)
         new = inspect_file(self.path, init=init)
+        check_writable(self.path)  # SQLite would open it read-only and fail every write
         if new:
             create_private(self.path)
         try:
@@ -438,6 +519,10 @@ class Store:
             raise StoreError(f"{self.path}: every snapshot is corrupt (journal rows "
                              f"{', '.join(map(str, self.bad_snapshots))}) and the journal does not "
                              f"start at row 1; restore a backup (docs/operations.md)")
+        if self.db.execute("SELECT COUNT(*) FROM journal WHERE id > ?", (after,)
+                           ).fetchone()[0] != max(0, self.last_journal_id() - after):
+            raise StoreError(f"{self.path}: journal rows after row {after} (the snapshot "
+                             f"taken) have gaps; restore a backup (docs/operations.md)")
 
         def rows() -> Iterator[tuple[dict, list[dict]]]:
             cur = self.db.execute("SELECT event, solves FROM journal WHERE id > ? ORDER BY id", (after,))
@@ -620,7 +705,7 @@ class Store:
         """An archived task's :meth:`Task.to_dict` form, or None."""
         row = self.db.execute("SELECT task FROM task_archive WHERE task_id = ?",
                               (task_id,)).fetchone()
-        return json.loads(row[0]) if row else None
+        return self._archived(task_id, row[0]) if row else None
 
     def archived_tasks(self, states: Iterable[str] = (), owner: str = "", *,
                        after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
@@ -628,7 +713,7 @@ class Store:
         of ``owner`` (empty: every owner) whose submit number is above ``after``, at most
         ``limit`` (None: all); committed rows, read without the writer's connection
         (:meth:`_read`), so callers need not hold the engine's lock."""
-        sql, args = "SELECT task FROM task_archive WHERE number > ?", [int(after)]
+        sql, args = "SELECT task_id, task FROM task_archive WHERE number > ?", [int(after)]
         states = list(states)
         if states:
             sql += f" AND state IN ({','.join('?' * len(states))})"
@@ -640,7 +725,32 @@ class Store:
         if limit is not None:
             sql += " LIMIT ?"
             args.append(int(limit))
-        return [json.loads(r[0]) for r in self._read(sql, args)]
+        return [t for t in (self._archived(task_id, text) for task_id, text in
+                            self._read(sql, args)) if t is not None]
+
+    def _archived(self, task_id: str, text: Any) -> dict[str, Any] | None:
+        """An archive row's task, or None for a damaged row (JSON that does not parse or is
+        not a task's object): skipped, so one bad row never fails every listing; logged once
+        per row (the first :data:`MAX_BAD_ARCHIVE_ROWS` remembered) and counted in
+        :attr:`bad_archive_rows_skipped`."""
+        try:
+            task = json.loads(text)
+            if isinstance(task, dict) and task.get("task_id") == task_id:
+                return task
+            why = "not this task's record"
+        except (ValueError, TypeError) as exc:
+            why = f"not JSON: {exc}"
+        with self._reader_lock:
+            self.bad_archive_rows_skipped += 1
+            new = (task_id not in self._bad_archive_ids
+                   and len(self._bad_archive_ids) < MAX_BAD_ARCHIVE_ROWS)
+            if new:
+                self._bad_archive_ids.add(task_id)
+        if new:
+            log.error("state %s: archived task %r is damaged (%s); skipped in listings "
+                      "(run offcutd check; restore a backup to get it back)",
+                      self.path, str(task_id)[:80], why)
+        return None
 
     def archived_counts(self) -> dict[str, int]:
         """Archived tasks per state value."""
@@ -754,6 +864,11 @@ class Store:
         """Every stored optimizer object's summary as ``(kind, job_id, batch_size, state)``
         (a job's trials and observed runs: :meth:`zeus_trial_records`,
         :meth:`zeus_observation_rows`)."""
+        bad = bad_zeus_rows(self.db, limit=1)
+        if bad:
+            kind, job_id, size, why = bad[0]
+            raise StoreError(f"{self.path}: zeus_state row ({kind}, {job_id}, {size}) is "
+                             f"damaged ({why}); restore a backup (docs/operations.md)")
         return [(kind, job_id, bs, json.loads(state)) for kind, job_id, bs, state in
                 self.db.execute("SELECT kind, job_id, batch_size, state FROM zeus_state")]
 

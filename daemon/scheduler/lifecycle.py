@@ -21,6 +21,7 @@ class TaskLifecycle:
         self.tasks[task.task_id] = task
         self.active[task.task_id] = task
         self.active_owners[task.owner] += 1
+        self._retain(task)
         if event.spec.reports:
             task.learner = TaskLearner()
         out.task_id = task.task_id

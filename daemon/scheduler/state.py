@@ -17,6 +17,32 @@ from offcut.daemon.scheduler.outcome import Outcome
 #: how long a finished task stays in the scheduler's state by default [s]: a day
 DEFAULT_FINISHED_TASK_RETENTION_S = 86400.0
 
+#: bytes counted for a task besides its spec's strings and numbers (:func:`retained_bytes`):
+#: the task's own fields, its learner and ledger, the containers that index it
+TASK_OVERHEAD_BYTES = 2048
+#: bytes counted per number of a spec's lists (a float in memory, about 20 characters of JSON)
+NUMBER_BYTES = 24
+#: bytes counted per string of a spec (an object header, a JSON quote pair and comma)
+STRING_OVERHEAD_BYTES = 56
+
+
+def retained_bytes(task: Task) -> int:
+    """What keeping ``task`` costs [bytes], an estimate of its size in memory and in each
+    stored copy (snapshot, archive row, journal reply): :data:`TASK_OVERHEAD_BYTES`, plus its
+    spec's strings (UTF-8 bytes of the name, every command argument, the Zeus job id and the
+    constraint features, each with :data:`STRING_OVERHEAD_BYTES`) and :data:`NUMBER_BYTES`
+    per number of its curve (``node_counts``, ``throughputs``, ``objective_values``,
+    ``power_w``). The same task always gives the same figure (it is added at submit and
+    taken off when the task leaves the state). docs/security.md, "Round two: what one user
+    makes the daemon keep"."""
+    spec = task.spec
+    strings = (spec.name, task.owner, task.request_id, spec.zeus_job_id, *spec.command,
+               *spec.constraint)
+    size = sum(len(x.encode("utf-8", "surrogatepass")) + STRING_OVERHEAD_BYTES for x in strings)
+    numbers = (len(spec.node_counts) + len(spec.throughputs) + len(spec.objective_values)
+               + len(spec.power_w))
+    return TASK_OVERHEAD_BYTES + size + NUMBER_BYTES * numbers
+
 
 class SchedulerState:
     """Cluster state: idle pool, tasks, placements, accounting (owned here; the
@@ -64,6 +90,11 @@ class SchedulerState:
         self.tasks: dict[str, Task] = {}        # submit order
         self.active: dict[str, Task] = {}       # unfinished tasks, submit order
         self.active_owners: Counter[str] = Counter()  # owner -> its tasks in ``active``
+        #: owner -> (its tasks in ``tasks``: unfinished, and finished ones not yet retired;
+        #: their :func:`retained_bytes` together): what the per-owner caps
+        #: ``max_retained_tasks_per_owner`` / ``max_retained_task_bytes_per_owner`` bound
+        #: (checked by the engine at a capped submit); an owner with none has no entry
+        self.retained_owners: dict[str, tuple[int, int]] = {}
         #: (finish time [s], task id) of the finished tasks still in ``tasks``, oldest first
         self.finished: deque[tuple[float, str]] = deque()
         #: ids of the tasks that may have changed, and of those retired, since the last
@@ -94,7 +125,21 @@ class SchedulerState:
             _, task_id = self.finished.popleft()
             task = self.tasks.pop(task_id, None)
             if task is not None:
+                self._release(task)
                 out.retired.append(task)
+
+    def _retain(self, task: Task) -> None:
+        """Count ``task`` (now in ``tasks``) in its owner's :attr:`retained_owners`."""
+        n, size = self.retained_owners.get(task.owner, (0, 0))
+        self.retained_owners[task.owner] = (n + 1, size + retained_bytes(task))
+
+    def _release(self, task: Task) -> None:
+        """Take ``task`` (gone from ``tasks``) off its owner's :attr:`retained_owners`."""
+        n, size = self.retained_owners.get(task.owner, (1, 0))
+        if n <= 1:
+            self.retained_owners.pop(task.owner, None)
+        else:
+            self.retained_owners[task.owner] = (n - 1, max(0, size - retained_bytes(task)))
 
     def _mark_changed(self, event: Any, out: Outcome, touched: set[str]) -> None:
         """Record which tasks ``event`` may have changed: those admitted before or after it
@@ -188,6 +233,8 @@ class SchedulerState:
         core.tasks = {t["task_id"]: Task.from_dict(t) for t in d["tasks"]}
         core.active = {k: t for k, t in core.tasks.items() if not t.state.finished}
         core.active_owners = Counter(t.owner for t in core.active.values())
+        for task in core.tasks.values():
+            core._retain(task)
         core.finished = deque(sorted((t.finish_time or 0.0, k) for k, t in core.tasks.items()
                                      if t.state.finished))
         core.holder = {n: t.task_id for t in core.tasks.values() for n in t.nodes}
