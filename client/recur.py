@@ -1,5 +1,5 @@
 """The recurring-job driver (Zeus's ``ZeusMaster``, ``zeus/run/master.py`` of Zeus's earlier
-releases, not in zeus 0.16; docs/architecture.md §5): runs a training command once per
+releases, not in zeus 0.16; docs/architecture.md, "Zeus optimizers hosted in the daemon"): runs a training command once per
 recurrence with the batch size the daemon's batch-size optimizer predicts, retrying a
 recurrence until a run reaches the target metric.
 

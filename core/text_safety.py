@@ -20,7 +20,7 @@ messages that quote them) reaches an admin's terminal and the CSV files of repla
   more, so :func:`csv_uncell` restores every cell exactly (the replay's own ``tasks.csv``
   and ``nodes.csv`` round-trip).
 
-Imports only the standard library (the shared core: docs/architecture.md §1).
+Imports only the standard library (the shared core: docs/architecture.md, "Parts and data flow").
 """
 
 from __future__ import annotations

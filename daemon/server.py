@@ -38,7 +38,7 @@ from offcut.daemon.service import NodeEventsService, StatusService, TasksService
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.state_lock import StateLock, check_state_dir
 from offcut.daemon.storage_errors import StateFull, StateReadOnly
-from offcut.daemon.store import Store, StoreError, check_writable
+from offcut.daemon.store import Store, StoreError
 from offcut.daemon.streams import StreamSlots
 from offcut.daemon.workers import NODE_EVENT_WORKERS, ReservedLaneInterceptor, RpcWorkers
 from offcut.daemon.zeus.registry import ZeusRegistry
@@ -183,7 +183,6 @@ class OffcutServer:
         # then the state: a second daemon or a damaged file refuses the start at once
         make_private_parents(str(config.state))
         check_state_dir(config.state)
-        check_writable(config.state)  # a read-only state: one line with the fix, not a traceback
         #: the exclusive lock on the state (held until :meth:`stop`)
         self.state_lock = StateLock(config.state)
         # a failure before the registry is up releases what was taken (lock, files, solver)

@@ -75,15 +75,25 @@ class GpuBackend(Protocol):
     """The operations the power helper needs, per GPU index ``i`` (0..count()-1). Units: mW,
     mJ. ``by``: who asked, recorded by the stand-in and logged."""
 
-    def count(self) -> int: ...
-    def info(self, i: int) -> GpuInfo: ...
-    def constraints(self, i: int) -> tuple[int, int]: ...
-    def default_limit(self, i: int) -> int: ...
-    def get_limit(self, i: int) -> int: ...
-    def set_limit(self, i: int, power_limit_mw: int, by: str = "") -> None: ...
-    def energy_mj(self, i: int) -> int: ...
-    def power_mw(self, i: int) -> int: ...
-    def close(self) -> None: ...
+    def count(self) -> int:
+        """The node's GPUs (indices 0..count()-1, NVML's order)."""
+    def info(self, i: int) -> GpuInfo:
+        """GPU ``i``'s name and PCI address (``/discover``)."""
+    def constraints(self, i: int) -> tuple[int, int]:
+        """GPU ``i``'s (min, max) power limit [mW]."""
+    def default_limit(self, i: int) -> int:
+        """GPU ``i``'s default power limit [mW] (what the epilog restores)."""
+    def get_limit(self, i: int) -> int:
+        """GPU ``i``'s power limit now [mW]."""
+    def set_limit(self, i: int, power_limit_mw: int, by: str = "") -> None:
+        """Set GPU ``i``'s power limit [mW]; raises :class:`GpuError` (its ``status``: the
+        HTTP answer)."""
+    def energy_mj(self, i: int) -> int:
+        """GPU ``i``'s cumulative energy counter [mJ]."""
+    def power_mw(self, i: int) -> int:
+        """GPU ``i``'s power draw now [mW]."""
+    def close(self) -> None:
+        """Release the backend (NVML's shutdown)."""
 
 
 def open_backend(spec: str) -> GpuBackend:

@@ -68,6 +68,7 @@ daemon are logged once per kind and retried on the next pass.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -233,10 +234,15 @@ def supervisor_python(cfg: SlurmConfig) -> str:
     owners): ``[slurm] node_python`` when set; else the launcher's own interpreter when every
     user may run it; else :data:`SYSTEM_PYTHON` when it exists (a launcher in a virtual
     environment whose base interpreter lives in a private folder, e.g. root's home)."""
+    return cfg.node_python or _default_supervisor_python()
+
+
+@functools.lru_cache(maxsize=1)
+def _default_supervisor_python() -> str:
+    """:func:`supervisor_python` without ``node_python``, found once (every job's batch script
+    asks: the folders above the interpreter are not walked again for each)."""
     import stat
 
-    if cfg.node_python:
-        return cfg.node_python
     if _everyone_may(sys.executable, stat.S_IXOTH) or not os.access(SYSTEM_PYTHON, os.X_OK):
         return sys.executable
     return SYSTEM_PYTHON

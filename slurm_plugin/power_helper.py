@@ -387,6 +387,7 @@ class PowerHelper:
 
     # -- the routes
     def discover(self) -> dict:
+        """``GET /discover``: every GPU's id, name, PCI address (anyone; built once)."""
         if self._discovery is None:
             gpus = []
             for i in range(self.backend.count()):
@@ -403,10 +404,13 @@ class PowerHelper:
         return self.authorise(caller, ids)[1]
 
     def get_power_limit(self, caller: Caller, q: dict[str, str]) -> dict:
+        """``GET /gpu/get_power_limit``: the caller's GPUs' limits [mW]; HelperError 400/403."""
         return {str(i): {"power_limit_mw": self.backend.get_limit(i)}
                 for i in self._read_ids(caller, q)}
 
     def get_power_limit_constraints(self, caller: Caller, q: dict[str, str]) -> dict:
+        """``GET /gpu/get_power_limit_constraints``: (min, max) limits [mW] of the caller's
+        GPUs; HelperError 400/403."""
         out = {}
         for i in self._read_ids(caller, q):
             lo, hi = self.backend.constraints(i)
@@ -414,10 +418,14 @@ class PowerHelper:
         return out
 
     def get_cumulative_energy(self, caller: Caller, q: dict[str, str]) -> dict:
+        """``GET /gpu/get_cumulative_energy``: energy counters [mJ] of the caller's GPUs;
+        HelperError 400/403."""
         return {str(i): {"energy_mj": self.backend.energy_mj(i)}
                 for i in self._read_ids(caller, q)}
 
     def get_power(self, caller: Caller, q: dict[str, str]) -> dict:
+        """``GET /gpu/get_power``: power draw [mW] of the caller's GPUs, stamped [ms since the
+        epoch]; HelperError 400/403."""
         ids = self._read_ids(caller, q)
         return {"timestamp_ms": time.time_ns() // 1_000_000,
                 "power_mw": {str(i): self.backend.power_mw(i) for i in ids}}
@@ -454,6 +462,7 @@ class PowerHelper:
                  job_id)
 
     def whoami(self, caller: Caller, q: dict[str, str]) -> dict:
+        """``GET /offcut/whoami``: the caller's pid, uid, job and the GPU ids it may use."""
         _only(q, set())
         job_id, allowed, why = self.caller_gpus(caller)
         ids = list(range(self.backend.count())) if allowed is None else sorted(allowed)

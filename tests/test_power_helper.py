@@ -30,6 +30,7 @@ import pytest
 from offcut.slurm_plugin.gpu_backends import StandInBackend, open_backend, write_stand_in
 from offcut.slurm_plugin.install import (PowerEpilogConfig, power_epilog_conf_line,
                                          write_power_epilog)
+from offcut.slurm_plugin.launcher import _everyone_may
 from offcut.slurm_plugin.job_gpus import (JobDirectory, JobGpus, job_by_cgroup, job_by_stepd,
                                           parse_gres_gpus, parse_index_list, parse_show_job)
 from offcut.slurm_plugin.power_helper import (PowerHelper, PowerHelperServer, PowerRecords,
@@ -248,9 +249,8 @@ def python_for_users(code: str) -> list[str]:
     """argv running Python ``code`` with this environment's packages, runnable by any user:
     this interpreter when every folder above it is o+x, else the system's of the same version
     with this environment's site-packages added (this one may live in root's 0700 home)."""
-    def reachable(path: str) -> bool:
-        real = Path(os.path.realpath(path))
-        return all(os.stat(x).st_mode & stat.S_IXOTH for x in [real, *real.parents])
+    def reachable(path: str) -> bool:  # the launcher's own rule for the jobs' supervisor
+        return _everyone_may(path, stat.S_IXOTH)
 
     if reachable(sys.executable):
         return [sys.executable, "-c", code]

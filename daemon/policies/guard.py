@@ -1,4 +1,4 @@
-"""The guard around third-party allocation policies (docs/architecture.md §4, "Allocation
+"""The guard around third-party allocation policies (docs/architecture.md, "Allocation
 policies"; docs/security.md, "Round two: allocation policy plug-ins").
 
 A policy is code from another package, called at every re-allocation while the engine holds
