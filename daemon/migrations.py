@@ -16,6 +16,12 @@ Format 3 (docs/architecture.md §6, "Zeus rows") stores a Zeus job as rows: form
 ``zeus_trials`` row per trial and one ``zeus_observations`` row per observed run, and stamps
 stored Zeus answers with ``zeus_requests.created_at`` (the upgrade stamps the old ones with
 the upgrade's time, so they get the whole retention window).
+
+Format 4 (docs/architecture.md §6) adds ``journal.sha256``, the checksum of each journal row
+(:func:`offcut.daemon.store.journal_checksum`), written with the row. The upgrade only adds the
+column: the rows already there keep NULL (written before checksums; loaded as before, only
+checked to be JSON). Computing their sums now would vouch for rows nobody checked, and rewrite
+a week of journal.
 """
 
 from __future__ import annotations
@@ -116,5 +122,13 @@ def upgrade_2_to_3(db: sqlite3.Connection, now: float | None = None) -> None:
                                            enumerate(observations)])
 
 
+def upgrade_3_to_4(db: sqlite3.Connection) -> None:
+    """Add ``journal.sha256`` (module docstring, format 4; NULL for the rows already there;
+    inside the caller's transaction, no row rewritten)."""
+    columns = [row[1] for row in db.execute("PRAGMA table_info(journal)")]
+    if "sha256" not in columns:
+        db.execute("ALTER TABLE journal ADD COLUMN sha256 TEXT")
+
+
 #: the upgrades offcutd applies when it opens an older state file (``Store(upgrades=...)``)
-UPGRADES = {1: upgrade_1_to_2, 2: upgrade_2_to_3}
+UPGRADES = {1: upgrade_1_to_2, 2: upgrade_2_to_3, 3: upgrade_3_to_4}

@@ -15,7 +15,7 @@ from pathlib import Path
 from offcut.daemon import snapshot_prune
 from offcut.daemon.state_lock import StateOwnershipError, check_state_dir, lock_path, read_mark
 from offcut.daemon.store import (SCHEMA_VERSION, StoreError, bad_zeus_rows, check_identity,
-                                 check_writable, inspect_file, snapshots)
+                                 check_writable, damaged_journal_rows, inspect_file, snapshots)
 
 
 class BackupError(RuntimeError):
@@ -127,6 +127,23 @@ def check_state(state: str | Path) -> tuple[list[str], bool]:
             fail(f"journal rows after row {base} (the snapshot the daemon starts from) have "
                  f"gaps: {needed} of {last - base} present; offcutd refuses to re-apply them: "
                  f"restore a backup")
+        # each row the daemon re-applies is checked as its start checks it (sha256, JSON)
+        bad, count = damaged_journal_rows(db, after=base)
+        for row_id, why in bad:
+            fail(f"journal row {row_id} is damaged ({why}); offcutd refuses to re-apply it "
+                 f"(it re-applies the rows after row {base}): restore a backup")
+        if count > len(bad):
+            fail(f"{count - len(bad)} more damaged journal rows after row {base}")
+        if not count:
+            out.append(f"ok: journal rows after row {base} (re-applied at start) check out")
+        # older rows are not re-applied, but answer repeated requests and offcut history
+        older, count = damaged_journal_rows(db, after=0, upto=base, limit=5, parse=False)
+        if count:
+            out.append(f"note: {count} journal rows up to row {base} are damaged (their sha256 "
+                       f"does not match: rows {', '.join(str(i) for i, _ in older)}"
+                       f"{', ...' if count > len(older) else ''}); offcutd does not re-apply "
+                       f"them but answers repeated requests and offcut history from them: "
+                       f"restore a backup to get them back")
         for kind, job_id, size, why in bad_zeus_rows(db):
             fail(f"zeus_state row ({kind}, {job_id}, {size}) is damaged ({why}); offcutd "
                  f"refuses to start on it: restore a backup")

@@ -4,7 +4,9 @@
 Every applied event is one row of ``journal`` holding the event, the allocation answers used
 (so a restart re-applies it without re-solving) and the stored reply
 (:meth:`offcut.daemon.replies.Reply.to_record`, so a repeated ``(source, seq)`` or request id
-gets the same answer). All of it is the application's own JSON, never a wire message. A row and, when due, a
+gets the same answer). All of it is the application's own JSON, never a wire message. Each row
+carries the sha256 of its id and content (:func:`journal_checksum`), checked before it is
+re-applied. A row and, when due, a
 snapshot of the whole core are written in one transaction before the daemon replies. WAL
 mode; ``durability="full"`` (default) fsyncs every commit, so a committed reply survives
 ``kill -9`` and power loss; ``"normal"`` survives ``kill -9`` only.
@@ -43,9 +45,11 @@ ARCHIVE_DELETES_PER_APPEND = 16
 #: ``journal.response`` and ``zeus_requests.response``; 2 stores the application's JSON
 #: (docs/architecture.md §6); 3 stores a Zeus job's trials and observed runs as rows
 #: (``zeus_trials``, ``zeus_observations``) beside its small summary in ``zeus_state``, and
-#: when each Zeus answer was stored (``zeus_requests.created_at``). Older files are upgraded
-#: in place when opened with the upgrades of :mod:`offcut.daemon.migrations`, after a backup.
-SCHEMA_VERSION = 3
+#: when each Zeus answer was stored (``zeus_requests.created_at``); 4 stores each journal row's
+#: sha256 (``journal.sha256``: :func:`journal_checksum`; NULL in rows written before). Older
+#: files are upgraded in place when opened with the upgrades of :mod:`offcut.daemon.migrations`,
+#: after a backup.
+SCHEMA_VERSION = 4
 
 #: size the WAL file is truncated to after a checkpoint [bytes]
 WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
@@ -79,7 +83,8 @@ CREATE TABLE IF NOT EXISTS journal (
     request_id TEXT,
     event TEXT NOT NULL,
     solves TEXT NOT NULL,
-    response BLOB NOT NULL
+    response BLOB NOT NULL,
+    sha256 TEXT
 );
 CREATE UNIQUE INDEX IF NOT EXISTS journal_source_seq ON journal(source, seq) WHERE source IS NOT NULL;
 CREATE UNIQUE INDEX IF NOT EXISTS journal_request ON journal(request_id) WHERE request_id IS NOT NULL;
@@ -161,6 +166,94 @@ class StoreError(RuntimeError):
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+#: the columns of a journal row that :func:`journal_checksum` covers, in its order, then the
+#: stored sha256 (the select of every reader that checks rows)
+JOURNAL_ROW_COLUMNS = "id, kind, source, seq, request_id, event, solves, response, sha256"
+
+_JOURNAL_SUM_TAG = b"offcut journal row 1\n"
+
+
+def journal_checksum(row_id: int, kind: str, source: str | None, seq: int | None,
+                     request_id: str | None, event: str, solves: str,
+                     response: bytes | str) -> str:
+    """The sha256 (hex) stored with a journal row (``journal.sha256``, format 4): over the
+    row's id and every content column, each as its UTF-8 bytes (``response`` as stored) with
+    its length in front, NULL as ``-`` (so no two rows' columns run together into one text).
+    About 2 µs for a row of a few hundred bytes; written in the row's own transaction."""
+    parts = [_JOURNAL_SUM_TAG]
+    for value in (row_id, kind, source, seq, request_id, event, solves, response):
+        if value is None:
+            parts.append(b"-")
+            continue
+        raw = (bytes(value) if isinstance(value, (bytes, bytearray, memoryview))
+               else str(value).encode())
+        parts.append(b"%d:" % len(raw))
+        parts.append(raw)
+    return hashlib.sha256(b"".join(parts)).hexdigest()
+
+
+def journal_row_problem(row: tuple) -> str:
+    """Why a journal row (the columns of :data:`JOURNAL_ROW_COLUMNS`, ``sha256`` NULL for rows
+    written before format 4) cannot be re-applied: its sha256 does not match its content
+    (edited or corrupted after it was written), or its event or solves are not JSON; "" for a
+    good row. Shared by the daemon's start (:meth:`Store.load`) and ``offcutd check``."""
+    *content, digest = row
+    if digest is not None and journal_checksum(*content) != digest:
+        return "its sha256 does not match its content: edited or corrupted after it was written"
+    for name, text in (("event", content[5]), ("solves", content[6])):
+        try:
+            json.loads(text)
+        except (ValueError, TypeError):
+            return f"its {name} is not JSON"
+    return ""
+
+
+def journal_row_refusal(path: Path | str, row_id: int, why: str) -> str:
+    """The one line of a start refused for a damaged journal row, with the recovery step."""
+    return (f"{path}: journal row {row_id} is damaged ({why}); offcutd refuses to re-apply "
+            f"it: restore a backup (offcutd check names every such row; docs/operations.md, "
+            f"\"Start-up checks and refusals\")")
+
+
+def has_journal_checksums(db: sqlite3.Connection) -> bool:
+    """Whether the file's ``journal`` has the ``sha256`` column (format 4 and later; an older
+    file opened read-only by ``offcutd check`` has not)."""
+    return any(r[1] == "sha256" for r in db.execute("PRAGMA table_info(journal)"))
+
+
+def damaged_journal_rows(db: sqlite3.Connection, after: int = 0, upto: int | None = None,
+                         limit: int = 20, *, parse: bool = True, chunk_rows: int = 500
+                         ) -> tuple[list[tuple[int, str]], int]:
+    """The damaged journal rows with ``after < id <= upto`` (``upto`` None: to the end), read
+    ``chunk_rows`` at a time: ``([(id, why), ...] (the first ``limit``), how many in all)``.
+    ``parse``: also check that event and solves are JSON (:func:`journal_row_problem`; without
+    it only the sha256 is compared). For ``offcutd check``."""
+    columns = JOURNAL_ROW_COLUMNS if has_journal_checksums(db) else \
+        JOURNAL_ROW_COLUMNS.replace("sha256", "NULL")
+    bad: list[tuple[int, str]] = []
+    count = 0
+    end = upto if upto is not None else db.execute(
+        "SELECT COALESCE(MAX(id), 0) FROM journal").fetchone()[0]
+    while after < end:
+        rows = db.execute(f"SELECT {columns} FROM journal WHERE id > ? AND id <= ? ORDER BY id "
+                          f"LIMIT ?", (after, end, max(1, int(chunk_rows)))).fetchall()
+        if not rows:
+            break
+        for row in rows:
+            if parse:
+                why = journal_row_problem(row)
+            else:
+                why = ("its sha256 does not match its content: edited or corrupted after it "
+                       "was written" if row[-1] is not None and
+                       journal_checksum(*row[:-1]) != row[-1] else "")
+            if why:
+                count += 1
+                if len(bad) < limit:
+                    bad.append((row[0], why))
+        after = rows[-1][0]
+    return bad, count
 
 
 def _tasks_at(db: sqlite3.Connection, journal_id: int) -> list[dict[str, Any]]:
@@ -498,10 +591,14 @@ class Store:
         A snapshot whose sha256 does not match (or whose JSON does not parse) is skipped with
         a warning naming it (listed in :attr:`bad_snapshots`) and the next older one is used
         with the journal after it; with none good, the journal is replayed from its start.
+        Each row is checked as it is read (:func:`journal_row_problem`: its sha256, NULL in
+        rows written before format 4, and its JSON): a damaged row is never re-applied.
 
         Raises:
             StoreError: no good snapshot and the journal does not start at row 1 (rows a
-                replay needs are missing).
+                replay needs are missing), or gaps after the snapshot taken; while iterating
+                the rows, a damaged row (:func:`journal_row_refusal`: one line naming the
+                row and the recovery step).
         """
         state, after = None, 0
         self.bad_snapshots = []
@@ -525,9 +622,13 @@ class Store:
                              f"taken) have gaps; restore a backup (docs/operations.md)")
 
         def rows() -> Iterator[tuple[dict, list[dict]]]:
-            cur = self.db.execute("SELECT event, solves FROM journal WHERE id > ? ORDER BY id", (after,))
-            for event, solves in cur:
-                yield json.loads(event), json.loads(solves)
+            cur = self.db.execute(f"SELECT {JOURNAL_ROW_COLUMNS} FROM journal WHERE id > ? "
+                                  f"ORDER BY id", (after,))
+            for row in cur:
+                why = journal_row_problem(row)
+                if why:
+                    raise StoreError(journal_row_refusal(self.path, row[0], why))
+                yield json.loads(row[5]), json.loads(row[6])
 
         return state, rows()
 
@@ -647,11 +748,15 @@ class Store:
             self._archive(archive)
             if pruning:
                 gone = self._prune_archive(self._archive_horizon, ARCHIVE_DELETES_PER_APPEND)
+            # the id SQLite would pick (the largest + 1), taken here for the row's sha256
+            row_id = self.db.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM journal").fetchone()[0]
+            content = (row_id, kind, source, seq, request_id or None,
+                       json.dumps(event, separators=(",", ":")),
+                       json.dumps(solves, separators=(",", ":")), response)
             cur = self.db.execute(
-                "INSERT INTO journal (kind, source, seq, request_id, event, solves, response) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (kind, source, seq, request_id or None, json.dumps(event, separators=(",", ":")),
-                 json.dumps(solves, separators=(",", ":")), response))
+                "INSERT INTO journal (id, kind, source, seq, request_id, event, solves, "
+                "response, sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*content, journal_checksum(*content)))
             if state is not None:
                 self._put_snapshot(cur.lastrowid, state)
             elif self._journal_horizon:  # rows past the retention, a few per event

@@ -301,7 +301,7 @@ def test_the_file_is_upgraded_in_place_after_a_copy(daemons):
     state = Path(server.config.state)
     with sqlite3.connect(state) as db:
         assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (
-            str(SCHEMA_VERSION),) == ("3",)
+            str(SCHEMA_VERSION),) == ("4",)
         replies = [json.loads(r) for (r,) in db.execute("SELECT response FROM journal")]
         answers = [json.loads(r) for (r,) in db.execute("SELECT response FROM zeus_requests")]
         jobs = [json.loads(r) for (r,) in db.execute(
