@@ -32,6 +32,7 @@ Tokens never appear in logs or error messages. The health service stays open.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import hashlib
@@ -324,15 +325,53 @@ class Authenticator:
         return who
 
 
+#: calls held for their refusal delay at once per socket, at most; past it, refusals are
+#: answered at once. A held call keeps its gRPC call state (measured: about 40 KiB each, RSS
+#: +75 MiB for 1,800 held), so this bounds that memory to about 40 MiB
+MAX_DELAYED_REFUSALS = 1024
+
+
+class RefusalDelay:
+    """Holds the UNAUTHENTICATED answers of calls that prove nobody for ``delay_s`` [s], at
+    most ``max_waiting`` at once (then at once), on the event loop (no thread held): PAM's
+    ``pam_faildelay``, so that a sender of junk credentials, whose calls must each be judged
+    (a MUNGE credential by munged) before they can be refused, gets at most its calls in
+    flight answered per delay instead of as many as the daemon can refuse (docs/security.md,
+    "Round two: junk credentials"; ``python benchmarks/munge_junk.py`` measures it).
+
+    Args:
+        delay_s: the delay [s] (0: none; the ``refusal_delay_s`` setting).
+        max_waiting: answers held at once, at most.
+    """
+
+    def __init__(self, delay_s: float, max_waiting: int = MAX_DELAYED_REFUSALS):
+        self.delay_s = delay_s
+        self.max_waiting = max_waiting
+        #: answers held now (only the loop's thread changes it)
+        self.waiting = 0
+
+    async def hold(self) -> None:
+        """Wait the delay, unless ``max_waiting`` answers are held already."""
+        if self.delay_s <= 0 or self.waiting >= self.max_waiting:
+            return
+        self.waiting += 1
+        try:
+            await asyncio.sleep(self.delay_s)
+        finally:
+            self.waiting -= 1
+
+
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Refuses calls without a valid token (UNAUTHENTICATED) and methods the caller's role is
     not listed for in :data:`METHOD_ROLES` (PERMISSION_DENIED) before any handler runs, and
     before the request is read (:func:`offcut.daemon.handlers.refusal`: an unauthenticated
     caller cannot make the daemon receive its message). Object-level rules (own tasks) are
-    checked by the services with :meth:`Authenticator.of`."""
+    checked by the services with :meth:`Authenticator.of`. An UNAUTHENTICATED answer waits
+    ``delay`` (:class:`RefusalDelay`; None: none)."""
 
-    def __init__(self, auth: Authenticator):
+    def __init__(self, auth: Authenticator, delay: RefusalDelay | None = None):
         self.auth = auth
+        self.delay = delay or RefusalDelay(0.0)
 
     async def intercept_service(self, continuation, handler_call_details):
         """Pass the call on (its caller resolved for :meth:`Authenticator.of`), or answer it
@@ -345,8 +384,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             who = await self.auth.principal_async(handler_call_details.invocation_metadata,
                                                   method)
         except Unauthenticated as exc:
+            await self.delay.hold()
             return refusal(handler, grpc.StatusCode.UNAUTHENTICATED, str(exc))
         if who is None:
+            await self.delay.hold()
             return refusal(handler, grpc.StatusCode.UNAUTHENTICATED, self.auth.wanted)
         if not who.may_call(method):
             allowed = [r for r in ROLES if r != ADMIN and r in METHOD_ROLES.get(method, ())]

@@ -426,6 +426,13 @@ class DaemonConfig(BaseModel):
     max_progress_reports: int = Field(10_000, ge=1, description=(
         "most reports in one ReportProgress request; more is INVALID_ARGUMENT"))
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+    node_listen: str | None = Field(
+        None, examples=["unix:///run/offcut/node.sock"], description=(
+            "a second unix socket for Slurm's node events only (NodeEvents: the prolog/epilog "
+            "hooks and the watcher), mode 0600 (the daemon's user, SlurmUser, and root), served "
+            "on an event loop and MUNGE decoding threads of its own, so that no user's calls on "
+            "listen can delay a node event (docs/security.md, \"Round two: the node side\"); "
+            "unset = node events share listen"))
     metrics_listen: str | None = Field(
         None, examples=["127.0.0.1:9464"],
         description="HOST:PORT of the Prometheus /metrics endpoint (HTTP, no "
@@ -441,6 +448,12 @@ class DaemonConfig(BaseModel):
         "too, for remote clients and service roles (docs/security.md)"))
     munge_socket: str | None = Field(None, examples=["/run/munge/munge.socket.2"], description=(
         "munged's socket on the daemon's host; unset = /run/munge/munge.socket.2"))
+    refusal_delay_s: float = Field(1.0, ge=0.0, le=10.0, description=(
+        "how long a call that proves nobody (no, an unknown or a refused token or MUNGE "
+        "credential) waits for its UNAUTHENTICATED answer, s (0 = at once; as PAM's "
+        "pam_faildelay): a sender of junk credentials gets at most its calls in flight "
+        "answered per delay; at most 1024 calls are held at once per socket, more are "
+        "answered at once (docs/security.md, \"Round two: junk credentials\")"))
     slurm_user: str = Field("slurm", min_length=1, max_length=200, description=(
         "Slurm's SlurmUser (slurm.conf): its MUNGE credentials get the slurm role (the "
         "prolog/epilog hooks, the watcher and the launcher); root's get admin"))
@@ -494,10 +507,25 @@ class DaemonConfig(BaseModel):
         """A bare socket path means that unix socket (``unix://`` + absolute path)."""
         return normalize_address(value)
 
+    @field_validator("node_listen")
+    @classmethod
+    def _node_listen_path(cls, value: str | None) -> str | None:
+        """A unix socket only (its file mode is what keeps users off it)."""
+        if value is None:
+            return None
+        value = normalize_address(value)
+        if not value.startswith("unix:"):
+            raise ValueError(f"node_listen {value} must be a unix socket (unix:///path.sock): "
+                             "its mode 0600 is what keeps every other user off it")
+        return value
+
     @model_validator(mode="after")
     def _check_transport(self) -> "DaemonConfig":
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key go together (give both or neither)")
+        if self.node_listen is not None and self.node_listen == self.listen:
+            raise ValueError(f"node_listen {self.node_listen} is listen's socket; give it a path "
+                             "of its own (or leave it unset)")
         if self.listen.startswith("unix:"):
             if self.tls_cert is not None:
                 raise ValueError("tls_cert/tls_key are for TCP; a unix socket is protected by its "

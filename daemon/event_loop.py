@@ -93,15 +93,18 @@ class EventLoopThread:
         self.loop.call_soon_threadsafe(callback, *args)
 
 
-_shared: EventLoopThread | None = None
+#: the loop of the node side's server (``node_listen``): Slurm's node events on a loop of their
+#: own, never behind the calls on ``listen`` (docs/security.md, "Round two: the node side")
+NODE_LOOP = "offcut-node-loop"
+
+_shared: dict[str, EventLoopThread] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_loop() -> EventLoopThread:
-    """The process's gRPC event loop (started at the first call, lives as long as the
-    process)."""
-    global _shared
+def shared_loop(name: str = "offcut-grpc-loop") -> EventLoopThread:
+    """The process's gRPC event loop called ``name`` (started at the first call, lives as long
+    as the process): the default serves ``listen``, :data:`NODE_LOOP` the node side."""
     with _shared_lock:
-        if _shared is None:
-            _shared = EventLoopThread()
-        return _shared
+        if name not in _shared:
+            _shared[name] = EventLoopThread(name)
+        return _shared[name]

@@ -21,8 +21,8 @@ from grpc_reflection.v1alpha import reflection
 
 from offcut import munge
 from offcut.addresses import make_private_parents
-from offcut.daemon.auth import (AuthInterceptor, Authenticator, TokensFileError, check_private,
-                                load_tokens)
+from offcut.daemon.auth import (AuthInterceptor, Authenticator, RefusalDelay, TokensFileError,
+                                check_private, load_tokens)
 from offcut.daemon.config import RPC_WORKERS, DaemonConfig, split_host_port
 from offcut.daemon.engine import Engine
 from offcut.daemon.event_loop import shared_loop
@@ -31,6 +31,7 @@ from offcut.daemon.health import BoundedHealthServicer, HealthStatus
 from offcut.daemon.metrics import DaemonMetrics, MetricsEndpoint
 from offcut.daemon.migrations import UPGRADES
 from offcut.daemon.munge_auth import MungeIdentity
+from offcut.daemon.node_side import NodeSideServer
 from offcut.daemon.request_guard import (NODE_EVENT_METHODS, SMALL_REQUEST_BYTES,
                                          RequestGuardInterceptor, request_limits,
                                          transport_limit)
@@ -210,10 +211,14 @@ class OffcutServer:
         #: still this daemon's (:mod:`offcut.unix_socket`)
         self.socket_path: Path | None = None
         self._socket_claim: SocketPathClaim | None = None
+        #: the node side's own server on ``config.node_listen`` (None without it)
+        self.node_side: NodeSideServer | None = None
         try:
             self._loop.run(self._build(credentials))
             if self._socket_claim is not None:
                 self._socket_claim.publish(self.socket_mode)
+            if config.node_listen is not None:
+                self.node_side = self._build_node_side(config.node_listen)
         except (RuntimeError, OSError) as exc:
             self.engine.close()
             self.zeus_store.close()
@@ -221,6 +226,8 @@ class OffcutServer:
             if self._socket_claim is not None:  # (removes the bound name, drops the lock)
                 self._socket_claim.release()
             self.state_lock.release()
+            if str(exc).startswith("cannot listen on node_listen"):
+                raise
             raise RuntimeError(f"cannot listen on {config.listen}: {exc}") from exc
 
     @property
@@ -238,7 +245,8 @@ class OffcutServer:
             migration_thread_pool=self.workers,  # runs the plain (unary) handlers
             # metrics outermost, so that refused calls are counted with their code; the guard
             # (sizes, undecodable requests) and the node events' reserved threads last
-            interceptors=[self.metrics.interceptor, AuthInterceptor(self.auth),
+            interceptors=[self.metrics.interceptor,
+                          AuthInterceptor(self.auth, RefusalDelay(config.refusal_delay_s)),
                           RequestGuardInterceptor(self.request_limits),
                           ReservedLaneInterceptor(NODE_EVENT_METHODS)],
             options=[("grpc.max_receive_message_length", limit),
@@ -249,7 +257,7 @@ class OffcutServer:
                      ("grpc.server.max_pending_requests", max(1000, config.max_streams)),
                      ("grpc.server.max_pending_requests_hard_limit",
                       2 * max(1000, config.max_streams))])
-        times = EventTimes(config.clock, auth_enabled=self.auth.enabled)
+        self._times = times = EventTimes(config.clock, auth_enabled=self.auth.enabled)
         nodes_pb2_grpc.add_NodeEventsServicer_to_server(
             NodeEventsService(self.engine, self.auth, times, self.streams,
                               self.workers.reserved), self.server)
@@ -278,6 +286,27 @@ class OffcutServer:
         else:
             self.port = self.server.add_insecure_port(bind)
         self.address = address
+
+    def _server_options(self) -> list[tuple[str, int]]:
+        """The node side's gRPC options: ``listen``'s message size limits."""
+        return [("grpc.max_receive_message_length", transport_limit(self.config)),
+                ("grpc.max_send_message_length", self.config.max_message_mb * 1024 * 1024)]
+
+    def _build_node_side(self, address: str) -> NodeSideServer:
+        """The node side's server on ``address`` (:mod:`offcut.daemon.node_side`): the same
+        engine, tokens and event times, MUNGE decoding threads of its own. Raises
+        RuntimeError when it cannot listen."""
+        auth = Authenticator(self.auth.tokens, _munge_identity(self.config))
+        service = NodeEventsService(self.engine, auth, self._times, self.streams,
+                                    self.workers.reserved)
+        try:
+            return NodeSideServer(address, service, auth, [self.metrics.interceptor],
+                                  RefusalDelay(self.config.refusal_delay_s),
+                                  self.request_limits, self._server_options(), self.workers)
+        except RuntimeError:
+            if auth.munge is not None:
+                auth.munge.close()
+            raise
 
     def request_limit(self, method: str) -> int:
         """The request size limit [bytes] of the full method name ``method``."""
@@ -371,6 +400,9 @@ class OffcutServer:
             self.metrics_port = self.metrics_endpoint.port
             log.info("Prometheus metrics on %s", self.metrics_endpoint.url)
         self._loop.run(self.server.start())
+        if self.node_side is not None:
+            self.node_side.start()
+            log.info("node events also on %s (mode 0600)", self.node_side.address)
         if self.socket_path is not None:
             if self.auth.munge is not None and not _reachable_by_others(self.socket_path):
                 log.warning("munge is on, but other users cannot reach %s (a folder above it "
@@ -399,6 +431,8 @@ class OffcutServer:
         if self._stopped:
             return
         self._stopped = True
+        if self.node_side is not None:
+            self.node_side.stop(grace_s)
         self._loop.run(self._stop(grace_s))
         self.workers.shutdown(wait=False)
         if self.auth.munge is not None:
