@@ -338,13 +338,15 @@ class Client:
     def report_task_run(self, task_id: str, state: str, *, node: str = "", job_id: str = "",
                         exit_code: int = 0, message: str = "",
                         time: float | datetime | None = None, request_id: str = "",
-                        generation: int | None = None) -> tasks_pb2.ReportTaskRunResponse:
+                        generation: int | None = None,
+                        stop_ignored: bool = False) -> tasks_pb2.ReportTaskRunResponse:
         """Report what happened to a run of a task (launchers): ``state`` is ``started``,
         ``preempted``, ``finished`` (completes the task), ``interrupted`` (checkpointed, exit
         75) or ``failed``. ``generation`` is the run's generation (docs/execution.md): with it,
         ``failed``/``interrupted`` of the current generation restart the task as a new one
         (``failed`` fails it after ``max_failed_generations`` in a row) and reports of
         earlier generations are only recorded; without it, ``failed`` fails the task.
+        ``stop_ignored``: the run was killed after the grace time (a warning on the task).
         ``request_id`` makes a retry return the stored reply. Raises NotFound (unknown task),
         FailedPrecondition (task already finished, or a generation it never had),
         InvalidArgument."""
@@ -352,7 +354,8 @@ class Client:
             raise InvalidArgument(f"{state!r} is not one of {', '.join(_RUN_STATES)}", "state")
         req = tasks_pb2.TaskRunReport(task_id=task_id, state=_RUN_STATES[state], node=node,
                                       job_id=job_id, exit_code=exit_code, message=message,
-                                      request_id=request_id, generation=generation)
+                                      request_id=request_id, generation=generation,
+                                      stop_ignored=stop_ignored)
         if time is not None:
             req.time.CopyFrom(to_timestamp(time))
         return self.tasks.ReportTaskRun(req, timeout=self.timeout_s)

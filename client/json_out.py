@@ -13,8 +13,9 @@ Rules, the same for tasks, placement updates and the status:
   character of a string is a ``\\uXXXX`` escape, so a task name or command holding an escape
   sequence reaches a terminal as inert text and a JSON reader gets it back exactly.
 
-A command may add derived fields beside the message's (``offcut queue``: ``progress_pct`` and
-``eta_s``; ``offcut status``: ``event_lag_s``), named in its ``--help``.
+A command may add derived fields beside the message's (``offcut queue``: ``progress_pct``,
+``progress_source``, ``progress_report_time`` and ``eta_s``; ``offcut status``:
+``event_lag_s``), named in its ``--help``.
 """
 
 from __future__ import annotations

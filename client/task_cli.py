@@ -13,6 +13,7 @@ import getpass
 import re
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Optional
 
@@ -45,7 +46,7 @@ FORMAT_FIELDS = {
     "D": ("NODES", lambda t: str(len(t.nodes))),
     "N": ("NODELIST", lambda t: hostlist.collect_hostlist(list(t.nodes)) if t.nodes else ""),
     "R": ("NODELIST(REASON)", lambda t: task_reason(t)),
-    "P": ("PROGRESS", lambda t: f"{progress_pct(t):.1f}%"),
+    "P": ("PROGRESS", lambda t: progress_cell(t)),
     "e": ("ETA", lambda t: format_duration(eta_seconds(t))),
     "G": ("GENERATION", lambda t: str(t.generation)),
 }
@@ -84,19 +85,122 @@ def _ts(ts) -> str:
 
 
 def eta_seconds(task: tasks_pb2.Task) -> float | None:
-    """Seconds to completion at the task's current rate (None when it earns nothing now)."""
+    """Seconds to completion at the task's current rate (None when it earns nothing now, or
+    when it reports its progress and has not reported yet: its rate is then only the prior)."""
     remaining = task.spec.total_work_samples - task.work_done_samples
     if task.state != tasks_pb2.TASK_STATE_RUNNING or task.rate_samples_per_s <= 0:
+        return None
+    if reports_progress(task) and not task.model.has_report:
         return None
     return max(remaining, 0.0) / task.rate_samples_per_s
 
 
 def progress_pct(task: tasks_pb2.Task) -> float:
-    """Work done in % of the task's total work, within [0, 100] (the progress model subtracts
-    rescale and preemption costs, so a task that lost more than it earned has negative work
-    done; ``work_done_samples`` keeps the signed figure)."""
+    """The daemon's modelled work done in % of the task's total work, within [0, 100] (the
+    progress model subtracts rescale and preemption costs, so a task that lost more than it
+    earned has negative work done; ``work_done_samples`` keeps the signed figure). What the
+    CLI shows is :func:`shown_progress`: this figure only for tasks that do not report."""
     total = task.spec.total_work_samples
     return 100.0 * min(max(task.work_done_samples / total, 0.0), 1.0) if total > 0 else 0.0
+
+
+def reports_progress(task: tasks_pb2.Task) -> bool:
+    """True when the task's progress comes from its own reports (``Tasks.ReportProgress``):
+    submitted with ``reports_progress``, or without a curve (learned), as the daemon decides
+    (``TaskSpec.reports`` of offcut.core.taskspec)."""
+    s = task.spec
+    return s.reports_progress or (not s.node_counts and not s.throughputs)
+
+
+#: :attr:`Progress.source` values: the task's last progress report; the daemon's model (a task
+#: that does not report: replays, tasks with a curve); nothing to show (a reporting task that
+#: has not reported yet)
+MEASURED, ESTIMATE, NO_REPORT = "measured", "estimate", "none"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A task's progress as the CLI shows it (docs/execution.md, "Progress": reports complete a
+    reporting task; the model only estimates between them).
+
+    Attributes:
+        source: :data:`MEASURED` (``LearnedModel.last_samples_done`` of the last accepted
+            report), :data:`ESTIMATE` (``Task.work_done_samples``, modelled: the task does not
+            report) or :data:`NO_REPORT` (it reports and has not yet: no figure).
+        pct: samples in % of ``total_work_samples``, within [0, 100]; None for NO_REPORT.
+        samples: the figure behind ``pct`` [samples] (signed for an estimate); None for
+            NO_REPORT.
+        report_time: when the last report was measured [s since the epoch]; None unless
+            MEASURED.
+    """
+
+    source: str
+    pct: float | None
+    samples: float | None
+    report_time: float | None
+
+    def age_s(self, now: float) -> float | None:
+        """Seconds from the report to ``now`` [s since the epoch], at least 0 (a report
+        stamped ahead of this clock is 0 s old); None unless MEASURED."""
+        return None if self.report_time is None else max(now - self.report_time, 0.0)
+
+
+def shown_progress(task: tasks_pb2.Task) -> Progress:
+    """The progress ``offcut show`` and ``queue`` print for ``task``: a reporting task's last
+    reported figure (or none before its first report); a task that does not report, the
+    daemon's modelled figure, an estimate. Never raises (a total of 0 is 0 %)."""
+    total = task.spec.total_work_samples
+
+    def pct(samples: float) -> float:
+        return 100.0 * min(max(samples / total, 0.0), 1.0) if total > 0 else 0.0
+
+    if not reports_progress(task):
+        return Progress(ESTIMATE, pct(task.work_done_samples), task.work_done_samples, None)
+    m = task.model
+    if not (task.HasField("model") and m.has_report):
+        return Progress(NO_REPORT, None, None, None)
+    at = m.last_report_time.seconds + m.last_report_time.nanos / 1e9
+    return Progress(MEASURED, pct(m.last_samples_done), m.last_samples_done, at)
+
+
+def format_age(seconds: float) -> str:
+    """An age in words, as the CLI prints it: ``12 s``, ``4 min``, ``3 h``, ``2 d`` (whole
+    units, rounded down; ``seconds`` [s] >= 0)."""
+    s = int(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= size:
+            return f"{s // size} {unit}"
+    return f"{s} s"
+
+
+def progress_cell(task: tasks_pb2.Task, now: float | None = None) -> str:
+    """``offcut queue``'s PROGRESS: ``3.6% (2 min ago)`` (reported), ``~11.2% (est.)``
+    (modelled), ``- (no report)``. ``now`` [s since the epoch] defaults to this clock."""
+    p = shown_progress(task)
+    if p.source == NO_REPORT:
+        return "- (no report)"
+    if p.source == ESTIMATE:
+        return f"~{p.pct:.1f}% (est.)"
+    now = time.time() if now is None else now
+    return f"{p.pct:.1f}% ({format_age(p.age_s(now))} ago)"
+
+
+def progress_text(task: tasks_pb2.Task, now: float | None = None) -> str:
+    """``offcut show``'s Progress line: the reported figure, its samples and when (``3.60%
+    (36000 of 1e+06 samples, reported 2 min ago at 2026-...Z)``), the modelled figure marked
+    as an estimate, or that the task has not reported yet. ``now`` [s since the epoch]
+    defaults to this clock."""
+    p = shown_progress(task)
+    total = task.spec.total_work_samples
+    if p.source == NO_REPORT:
+        return (f"- (no report yet; the task reports its progress, {total:.6g} samples in "
+                "all)")
+    if p.source == ESTIMATE:
+        return (f"~{p.pct:.2f}% (estimate: {p.samples:.6g} of {total:.6g} samples modelled; "
+                "the task does not report its progress)")
+    now = time.time() if now is None else now
+    return (f"{p.pct:.2f}% ({p.samples:.6g} of {total:.6g} samples, reported "
+            f"{format_age(p.age_s(now))} ago at {_ts(task.model.last_report_time)})")
 
 
 def energy_figures(task: tasks_pb2.Task) -> tuple[float, float, str]:
@@ -172,12 +276,21 @@ class TaskEnergyRows:
 
 def task_json(task: tasks_pb2.Task) -> dict:
     """A task as ``offcut queue --json`` and ``offcut show --json`` print it: the ``Task``
-    message in the one JSON form (:mod:`offcut.client.json_out`) plus ``progress_pct`` (% of
-    its work done, 0-100) and ``eta_s`` (s to completion at its current rate; null when it
-    earns nothing now)."""
+    message in the one JSON form (:mod:`offcut.client.json_out`) plus the progress as shown
+    (:func:`shown_progress`): ``progress_pct`` (% of its work done, 0-100; null when a
+    reporting task has not reported yet), ``progress_source`` (``measured``: its last report;
+    ``estimate``: the daemon's model, the task does not report; ``none``: no report yet),
+    ``progress_report_time`` (RFC 3339 UTC of that report; null unless measured), and
+    ``eta_s`` (s to completion at its current rate; null when it earns nothing now or has not
+    reported yet)."""
     from offcut.client.json_out import to_json
 
-    return {**to_json(task), "progress_pct": round(progress_pct(task), 2),
+    p = shown_progress(task)
+    return {**to_json(task),
+            "progress_pct": None if p.pct is None else round(p.pct, 2),
+            "progress_source": p.source,
+            "progress_report_time": (task.model.last_report_time.ToJsonString()
+                                     if p.source == MEASURED else None),
             "eta_s": eta_seconds(task)}
 
 
@@ -194,8 +307,27 @@ def task_reason(task: tasks_pb2.Task) -> str:
     if state in ("admitted", "running"):
         return "(Resources)"
     if state == "failed" and task.failure_reason:
-        return f"({task.failure_reason[:60]})"
+        return f"({clip_words(task.failure_reason, REASON_WIDTH)})"
     return "(None)"
+
+
+#: most characters of a failure reason in ``offcut queue``'s ``%R`` (``offcut show`` prints
+#: it whole)
+REASON_WIDTH = 60
+
+
+def clip_words(text: str, limit: int) -> str:
+    """``text`` on one line in at most ``limit`` characters (>= 2): whitespace runs become one
+    space; a longer text is cut at the last word boundary that fits and ends in ``...``
+    (three ASCII dots, as every terminal shows them); a first word longer than the limit is
+    cut inside it."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    room = limit - 3
+    cut = text.rfind(" ", 0, room + 1)
+    head = text[:cut] if cut > 0 else text[:room]
+    return head.rstrip(" ,;:.-") + "..."
 
 
 def parse_format(fmt: str) -> list[tuple[str, str, int | None, bool]]:
@@ -369,7 +501,7 @@ def queue(
     all_states: bool = typer.Option(False, "--all", help="every state, finished tasks included"),
     user: Optional[str] = typer.Option(None, "--user", "-u", help="only this owner's tasks"),
     me: bool = typer.Option(False, "--me", help="only my tasks"),
-    fmt: Optional[str] = typer.Option(None, "--format", "-o", help="the columns, as squeue -o: %[.][size]LETTER fields: %i task id, %j name, %u owner, %T state, %t state code, %D nodes, %N node list, %R node list or (reason), %P progress, %e ETA, %G generation [default: \"%i  %j  %u  %T  %D  %R  %P  %e\"]"),
+    fmt: Optional[str] = typer.Option(None, "--format", "-o", help="the columns, as squeue -o: %[.][size]LETTER fields: %i task id, %j name, %u owner, %T state, %t state code, %D nodes, %N node list, %R node list or (reason), %P progress (reported, and how long ago; ~ an estimate for a task that does not report; - before its first report), %e ETA, %G generation [default: \"%i  %j  %u  %T  %D  %R  %P  %e\"]"),
     noheader: bool = typer.Option(False, "--noheader", "-h", help="no header line (as squeue -h)"),
     as_json: bool = typer.Option(False, "--json", help="print a JSON list of the tasks (each as offcut show --json prints it; README, \"JSON output\")"),
     *, settings: ClientSettings,
@@ -403,7 +535,7 @@ def queue(
 
 def show(
     task_id: str = typer.Argument(..., help="task id (from submit or queue)"),
-    as_json: bool = typer.Option(False, "--json", help="print the task as JSON: the Task message's fields (null when unset, lower-case states) plus progress_pct and eta_s (README, \"JSON output\")"),
+    as_json: bool = typer.Option(False, "--json", help="print the task as JSON: the Task message's fields (null when unset, lower-case states) plus progress_pct, progress_source (measured: the last report; estimate: modelled, the task does not report; none: no report yet), progress_report_time and eta_s (README, \"JSON output\")"),
     *, settings: ClientSettings,
 ) -> None:
     """Show one task in full, like scontrol show job, and why it holds what it holds (the
@@ -431,13 +563,18 @@ def show(
         ("TresPerNode", f"gres:gpu:{s.gpus_per_node}" if s.gpus_per_node else "(null)"),
         ("Features", "&".join(s.constraint) or "(null)"),
         ("NtasksPerNode", str(s.procs_per_node or s.gpus_per_node or 1)),
-        ("Progress", f"{progress_pct(task):.2f}% ({task.work_done_samples:.6g} of "
-                     f"{s.total_work_samples:.6g} samples)"),
+        ("Progress", progress_text(task)),
         ("Rate", f"{task.rate_samples_per_s:.6g} samples/s"),
         ("ETA", format_duration(eta_seconds(task))),
         ("Rescales", task.rescales), ("Preemptions", task.preemptions),
         ("Launches", task.launches), ("LastRun", task.last_run or "-"),
         ("Generation", task.generation), ("FailedRuns", task.failed_runs),
+        ("FailedInARow", f"{task.failures_without_progress} (without progress; the task "
+                         "fails at max_failed_generations)"),
+        ("SamplesRedone", f"{task.samples_redone:.6g}"),
+        ("Finishing", f"since {_ts(task.work_reached_time)} (the work is reached; COMPLETED "
+                      "when its processes exit 0)" if task.HasField("work_reached_time")
+         else "-"),
         ("Reason", task.failure_reason or "-"),
         ("RescaleUp", f"{s.rescale_up_s:g} s"), ("RescaleDown", f"{s.rescale_down_s:g} s"),
         ("Scalability", " ".join(f"{n}:{p:g}" for n, p in zip(s.node_counts, s.throughputs))
@@ -465,6 +602,9 @@ def show(
     # character reaches the terminal (docs/security.md)
     for key, value in fields:
         typer.echo(f"{key:12s} {terminal_safe(value)}")
+    for w in task.warnings:  # docs/execution.md, "Wasted work"
+        text = f"{w.kind} (generation {w.generation}, {_ts(w.time)}): {w.message}"
+        typer.echo(f"{'Warning':12s} {terminal_safe(text)}")
     for i, line in enumerate(explain(task, status)):
         typer.echo(f"{'Why' if i == 0 else '':12s} {terminal_safe(line)}")
 
@@ -566,4 +706,6 @@ def register(app: typer.Typer) -> None:
 
 
 __all__ = ["register", "task_json", "format_duration", "eta_seconds", "progress_pct",
+           "reports_progress", "shown_progress", "Progress", "progress_cell", "progress_text",
+           "clip_words",
            "format_update", "state_name", "change_name"]

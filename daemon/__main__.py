@@ -59,6 +59,7 @@ def serve(
     solver_cooldown_s: Optional[float] = typer.Option(None, "--solver-cooldown", help=flag_help("solver_cooldown_s")),
     tfwd_s: Optional[float] = typer.Option(None, "--tfwd", help=flag_help("tfwd_s")),
     max_running_tasks: Optional[int] = typer.Option(None, "--max-running-tasks", help=flag_help("max_running_tasks")),
+    final_grace_s: Optional[float] = typer.Option(None, "--final-grace", help=flag_help("final_grace_s")),
     max_failed_generations: Optional[int] = typer.Option(None, "--max-failed-generations", help=flag_help("max_failed_generations")),
     finished_task_retention_s: Optional[float] = typer.Option(None, "--finished-task-retention-s", help=flag_help("finished_task_retention_s")),
     task_archive_retention_s: Optional[float] = typer.Option(None, "--task-archive-retention-s", help=flag_help("task_archive_retention_s")),
@@ -138,6 +139,9 @@ def serve(
     from offcut.daemon.store import StoreError
     from offcut.errors import OffcutError
 
+    from offcut.daemon.memory import fix_mmap_threshold
+
+    fix_mmap_threshold()  # large requests' buffers go back to the system (daemon/memory.py)
     try:
         server = OffcutServer(cfg, init=init)
     except (StoreError, RuntimeError, OSError, OffcutError) as exc:  # one line, no traceback

@@ -153,9 +153,10 @@ class SlurmConfig(BaseModel):
             "only, and the job inherits them), besides the OFFCUT_*, MASTER_*, RANK ... of "
             "docs/execution.md; an allow-list, so no secret of the launcher (OFFCUT_TOKEN, "
             "OFFCUT_TOKEN_FILE, credentials) reaches user code: those names are refused"))
-    output: str = Field("offcut-%x-%j.out", description=(
-        "sbatch --output of the jobs (Slurm patterns: %u user, %x job name, %j job id); "
-        "relative to the jobs' working folder; written by the job's owner (mode 0600)"))
+    output: str = Field("%x-%j.out", description=(
+        "sbatch --output of the jobs (Slurm patterns: %u user, %x job name: "
+        "job_name_prefix-TASK.GENERATION-NODE, %j job id); relative to the jobs' working folder; "
+        "written by the job's owner (mode 0600)"))
     workdir: str | None = Field(None, examples=["/scratch/%u/offcut"], description=(
         "sbatch --chdir of the jobs (%u: the owner's user name), a folder the owner can "
         "write; unset = the owner's home (with run_as_owner = false: the launcher's folder)"))
@@ -300,9 +301,15 @@ class DaemonConfig(BaseModel):
     max_running_tasks: int = Field(10, ge=1, le=100000,
                                    description="maxJ: tasks admitted at once, in submit order")
     max_failed_generations: int = Field(3, ge=1, le=1000, description=(
-        "a task fails when this many runs of its current generation fail in a row (each "
-        "failure restarts it on the same nodes as a new generation; a checkpointed exit or a "
-        "progress report resets the count); docs/execution.md"))
+        "a task fails when this many of its runs fail in a row without progress beyond the "
+        "previous failure's reported samples (each failure restarts it on the same nodes as a "
+        "new generation; every failed run counts in FailedRuns); docs/execution.md, \"Wasted "
+        "work\""))
+    final_grace_s: float = Field(600.0, ge=0, le=7 * 86400, description=(
+        "how long a task run by the launcher keeps its nodes after a progress report reached "
+        "its work, for its processes to finish (a final evaluation) and exit 0, s: it is "
+        "COMPLETED when they exit 0, or after this long (then stopped, with a warning); 0 = "
+        "COMPLETED at the report, its processes stopped; docs/execution.md, \"Completion\""))
     finished_task_retention_s: float = Field(86400.0, ge=60, le=10 * 365 * 86400, description=(
         "a finished task leaves the daemon's memory and snapshots this long after it "
         "finished, s; it stays readable (offcut show, ListTasks) from the state file's "

@@ -105,6 +105,8 @@ class Engine:
             (memory, snapshots) after it finished [s]; then it is kept in the state file's
             archive and still answered by :meth:`task` and :meth:`tasks` (None: keep the
             stored setting).
+        final_grace_s: a launched task's time to exit 0 after a report reached its work [s]
+            (docs/execution.md, "Completion"; None: keep the stored setting).
         task_archive_retention_s: how long an archived task is kept after it finished [s]
             (pruned at each snapshot; inf: for ever).
         max_active_tasks_per_owner: the most unfinished (queued, admitted, running) tasks of
@@ -129,6 +131,7 @@ class Engine:
                  limits: Limits | None = None, objective: ObjectiveSettings | None = None,
                  max_failed_generations: int | None = None,
                  finished_task_retention_s: float | None = None,
+                 final_grace_s: float | None = None,
                  task_archive_retention_s: float = float("inf"),
                  journal_retention_s: float = float("inf"),
                  max_active_tasks_per_owner: int | None = None,
@@ -175,7 +178,7 @@ class Engine:
         self._apply_settings(tfwd_s=float(tfwd_s), max_running_tasks=int(max_running_tasks),
                              max_failed_generations=max_failed_generations,
                              finished_task_retention_s=finished_task_retention_s,
-                             objective=objective)
+                             final_grace_s=final_grace_s, objective=objective)
 
     def _apply_settings(self, **settings) -> None:
         """Put the configured scheduler settings on top of the stored state (a None value keeps the

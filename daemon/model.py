@@ -149,13 +149,23 @@ class Task:
     energy_j: float = 0.0    # energy of its nodes so far [J] (reported, or modelled between reports)
     power: float = 0.0       # modelled draw [W] at its current node count
     generation: int = 0      # docs/execution.md: + 1 at every change of its node set and restart
-    failed_runs: int = 0     # failed runs of its current generations in a row
+    failed_runs: int = 0     # every failed run of its current generations so far
     failure_reason: str = ""  # the last failure that restarted or failed it, in words
     node_seconds: float = 0.0  # nodes held x seconds so far [node-s] (fair_share's usage)
     learner: Any = field(default=None, repr=False)  # offcut.daemon.learning.TaskLearner
     #: what its processes measured (offcut.daemon.scheduler.energy.EnergyLedger; None: nothing
     #: yet); docs/execution.md, "Energy"
     energy: Any = field(default=None, repr=False)
+    # wasted work (docs/execution.md, "Wasted work"; daemon/scheduler/waste.py)
+    samples_redone: float = 0.0       # [samples] trained again: restarts below the latest report
+    reported_high: float = 0.0        # [samples] the most any report said (a high-water mark)
+    report_generation: int = 0        # the generation of the last accepted report
+    failures_without_progress: int = 0  # failed runs in a row with no progress beyond ...
+    failure_progress: float = -1.0    # ... the reported samples at the previous failure
+    warnings: list[dict[str, Any]] = field(default_factory=list)  # TaskWarning dicts, oldest first
+    #: when a report reached the total work while launched processes still ran (docs/execution.md,
+    #: "Completion"): COMPLETED when they exit 0, or ``final_grace_s`` later
+    work_reached_time: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form for snapshots."""
@@ -163,6 +173,7 @@ class Task:
         # the one mutable field, ``nodes``, is copied
         d = {f.name: getattr(self, f.name) for f in _TASK_FIELDS}
         d["nodes"] = list(self.nodes)
+        d["warnings"] = [dict(w) for w in self.warnings]
         d["spec"] = self.spec.to_dict()
         d["state"] = self.state.value
         d["learner"] = self.learner.to_dict() if self.learner is not None else None
@@ -278,6 +289,7 @@ class TaskRunEvent:
     request_id: str = ""
     generation: int | None = None
     sent_time: float | None = None
+    stop_ignored: bool = False  # killed after the grace time: it ignored the stop signal
 
     def describe(self) -> str:
         """The report in words (``Task.last_run``)."""

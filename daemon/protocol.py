@@ -182,7 +182,8 @@ def task_run_from_pb(req: tasks_pb2.TaskRunReport, now: float) -> TaskRunEvent:
     return TaskRunEvent(time=now if sent is None else sent, task_id=req.task_id,
                         state=RUN_STATE_FROM_PB[req.state], node=req.node, job_id=req.job_id,
                         exit_code=req.exit_code, message=req.message,
-                        request_id=req.request_id, generation=generation, sent_time=sent)
+                        request_id=req.request_id, generation=generation, sent_time=sent,
+                        stop_ignored=req.stop_ignored)
 
 
 def progress_from_pb(req: tasks_pb2.ReportProgressRequest, now: float) -> ProgressEvent:
@@ -286,8 +287,8 @@ def model_from_pb(msg: tasks_pb2.LearnedModel) -> ModelView:
 
 
 def task_to_pb(task: TaskView) -> tasks_pb2.Task:
-    """The protocol form of a task view."""
-    return tasks_pb2.Task(
+    """The protocol form of a task view (``work_reached_time`` present only when set)."""
+    msg = tasks_pb2.Task(
         energy_j=task.energy_j, power_w=task.power_w, model=model_to_pb(task.model),
         task_id=task.task_id, spec=spec_to_pb(task.spec), owner=task.owner,
         state=STATE_TO_PB[task.state], submit_time=time_to_pb(task.submit_time),
@@ -296,7 +297,15 @@ def task_to_pb(task: TaskView) -> tasks_pb2.Task:
         rate_samples_per_s=task.rate_samples_per_s, rescales=task.rescales,
         preemptions=task.preemptions, launches=task.launches, last_run=task.last_run,
         generation=task.generation, failed_runs=task.failed_runs,
-        failure_reason=task.failure_reason, energy=energy_to_pb(task.energy))
+        failure_reason=task.failure_reason, energy=energy_to_pb(task.energy),
+        samples_redone=task.samples_redone,
+        failures_without_progress=task.failures_without_progress,
+        warnings=[tasks_pb2.TaskWarning(kind=w["kind"], message=w["message"],
+                                        time=time_to_pb(w["time"]), generation=w["generation"])
+                  for w in task.warnings])
+    if task.work_reached_time is not None:
+        msg.work_reached_time.CopyFrom(time_to_pb(task.work_reached_time))
+    return msg
 
 
 def task_from_pb(msg: tasks_pb2.Task) -> TaskView:
@@ -310,7 +319,13 @@ def task_from_pb(msg: tasks_pb2.Task) -> TaskView:
         preemptions=msg.preemptions, launches=msg.launches, last_run=msg.last_run,
         generation=msg.generation, failed_runs=msg.failed_runs,
         failure_reason=msg.failure_reason, energy_j=msg.energy_j, power_w=msg.power_w,
-        model=model_from_pb(msg.model) if msg.HasField("model") else None)
+        model=model_from_pb(msg.model) if msg.HasField("model") else None,
+        samples_redone=msg.samples_redone,
+        failures_without_progress=msg.failures_without_progress,
+        warnings=[{"kind": w.kind, "message": w.message, "time": _stored_time(w.time),
+                   "generation": w.generation} for w in msg.warnings],
+        work_reached_time=(_stored_time(msg.work_reached_time)
+                           if msg.HasField("work_reached_time") else None))
 
 
 def decision_to_pb(d: Decision, duplicate: bool = False) -> decision_pb2.Decision:

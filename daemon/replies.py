@@ -140,6 +140,12 @@ class TaskView:
     power_w: float
     model: ModelView | None = None
     energy: EnergyView | None = None
+    # wasted work and the final phase (docs/execution.md, "Wasted work", "Completion");
+    # absent in answers stored by releases before them
+    samples_redone: float = 0.0
+    failures_without_progress: int = 0
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+    work_reached_time: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form."""
@@ -195,7 +201,10 @@ def task_view(task: Task, scheduler: "Scheduler") -> TaskView:
         rescales=task.rescales, preemptions=task.preemptions, launches=task.launches,
         last_run=task.last_run, generation=task.generation, failed_runs=task.failed_runs,
         failure_reason=task.failure_reason, energy_j=task.energy_j, power_w=task.power,
-        model=model_view(task, scheduler), energy=energy_view(task))
+        model=model_view(task, scheduler), energy=energy_view(task),
+        samples_redone=task.samples_redone,
+        failures_without_progress=task.failures_without_progress,
+        warnings=[dict(w) for w in task.warnings], work_reached_time=task.work_reached_time)
 
 
 @dataclass

@@ -364,6 +364,7 @@ class OffcutServer:
                              objective=config.objective_settings(),
                              max_failed_generations=config.max_failed_generations,
                              finished_task_retention_s=config.finished_task_retention_s,
+                             final_grace_s=config.final_grace_s,
                              task_archive_retention_s=config.task_archive_retention_s,
                              journal_retention_s=config.journal_retention_s,
                              max_active_tasks_per_owner=config.max_active_tasks_per_owner,

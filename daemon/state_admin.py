@@ -41,12 +41,42 @@ def _holder(state: Path) -> int | None:
     return None
 
 
+def _check_new_state(state: Path) -> tuple[list[str], bool]:
+    """:func:`check_state` of a path with no file: ``offcutd`` creates a new, empty state
+    there at its start (docs/operations.md, "Start-up checks and refusals"), so it is fine
+    when the start's folder checks pass: the folder private and writable, or, when missing,
+    its nearest existing ancestor writable (the start creates each missing level 0700)."""
+    out = [f"note: {state}: no such file; offcutd creates a new, empty state there at its "
+           "first start"]
+    folder = state.absolute().parent
+    if folder.is_dir():
+        try:
+            check_state_dir(state)
+            out.append(f"ok: folder {folder} is private to its owner")
+            check_writable(state)
+            out.append(f"ok: writable by uid {os.geteuid()}")
+        except (StateOwnershipError, StoreError) as exc:
+            return out + [f"FAIL: {exc}"], False
+        return out, True
+    above = folder
+    while not above.exists():
+        above = above.parent
+    if not (above.is_dir() and os.access(above, os.W_OK | os.X_OK, effective_ids=True)):
+        return out + [f"FAIL: {folder} does not exist and {above} cannot be written by uid "
+                      f"{os.geteuid()}: create {folder} (mode 0700, owned by offcutd's "
+                      "user)"], False
+    out.append(f"ok: {folder} does not exist; offcutd creates it (mode 0700, each missing "
+               "level)")
+    return out, True
+
+
 def check_state(state: str | Path) -> tuple[list[str], bool]:
     """Every start-up check of ``offcutd`` on ``state``, read-only.
 
     Returns:
         ``(findings, ok)``: one line per check (``ok: ...``, ``FAIL: ...``, ``note: ...``),
-        and whether ``offcutd`` would start on the file.
+        and whether ``offcutd`` would start on the file. A missing file is a ``note`` (the
+        start creates a new state there), ok when its folder passes the start's checks.
     """
     state = Path(state)
     out: list[str] = []
@@ -58,8 +88,7 @@ def check_state(state: str | Path) -> tuple[list[str], bool]:
         out.append(f"FAIL: {msg}")
 
     if not state.exists():
-        fail(f"{state}: no such file (offcutd would create a new, empty state there)")
-        return out, ok
+        return _check_new_state(state)
     try:
         check_state_dir(state)
         out.append(f"ok: folder {state.absolute().parent} is private to its owner")

@@ -199,6 +199,7 @@ class Generation:
     gpus_per_node: int = 0    # the task's spec.gpus_per_node: the jobs' --gres=gpu:N
     constraint: tuple[str, ...] = ()  # the task's spec.constraint: the jobs' --constraint
     procs_per_node: int = 1   # processes on each node (TaskSpec.local_world_size)
+    total_work: float = 0.0   # the task's total_work_samples: the jobs' OFFCUT_TOTAL_WORK
 
 
 def _older_than_task(job: JobInfo, gen: Generation | None) -> bool:
@@ -282,6 +283,7 @@ def batch_script(cfg: SlurmConfig, gen: Generation, node: str, *, address: str,
            "OFFCUT_NODE": node, "OFFCUT_NODE_RANK": str(node_rank), "OFFCUT_NODELIST": nodelist,
            "OFFCUT_NUM_NODES": str(nodes), "OFFCUT_CHECKPOINT_DIR": ckpt,
            "OFFCUT_STOP_SIGNAL": cfg.signal, "OFFCUT_PEER_TIMEOUT_S": f"{cfg.peer_timeout_s:g}",
+           "OFFCUT_TOTAL_WORK": f"{gen.total_work:.17g}",
            "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
            "LOCAL_WORLD_SIZE": str(procs)}
     if gen.zeus_job_id:
@@ -348,8 +350,10 @@ def run_state(job: JobInfo, *, cancelled_by_us: bool = False,
               signalled_by_us: bool = False) -> str | None:
     """The run state to report for a job (None: nothing to report yet / at all).
 
-    An ended job: ``finished`` (COMPLETED: exit 0); None (cancelled by this launcher);
-    ``interrupted`` (exit 75, or killed by a signal after this launcher's stop signal);
+    An ended job: ``finished`` (COMPLETED: exit 0); None (cancelled by this launcher without
+    a stop signal first: it never ran, or was given back); ``interrupted`` (exit 75, killed
+    by a signal after this launcher's stop signal, or cancelled by it after the signal's
+    grace: it ignored the signal);
     ``preempted`` (PREEMPTED, ended while Slurm was preempting it, or CANCELLED by someone
     else); ``failed`` (any other end: a non-zero exit other than 75, also after this
     launcher's stop signal, where it is the run's own status: a rank that crashed while its
@@ -361,7 +365,7 @@ def run_state(job: JobInfo, *, cancelled_by_us: bool = False,
         if "COMPLETED" in s:
             return "finished"
         if "CANCELLED" in s and cancelled_by_us:
-            return None
+            return "interrupted" if signalled_by_us else None
         if job.exit_code == EXIT_RESTART and not job.signal:
             return "interrupted"
         if signalled_by_us and (job.signal or not job.exit_code):
@@ -539,7 +543,8 @@ class Launcher:
                                       t.spec.zeus_job_id,
                                       t.submit_time.seconds + t.submit_time.nanos / 1e9,
                                       t.owner, t.spec.gpus_per_node, tuple(t.spec.constraint),
-                                      t.spec.procs_per_node or t.spec.gpus_per_node or 1)
+                                      t.spec.procs_per_node or t.spec.gpus_per_node or 1,
+                                      t.spec.total_work_samples)
                 for t in self.client.list_tasks(states=[tasks_pb2.TASK_STATE_RUNNING])}
 
     def node_addresses(self) -> dict[str, str]:
@@ -554,19 +559,29 @@ class Launcher:
         if key in self.reported:
             return False
         text = ""
+        by_slurm = job.being_preempted or "PREEMPTED" in job.states
+        # killed after the grace time: this launcher cancelled it after its stop signal, or
+        # Slurm's preemption ended it by a signal (it did not exit 75 within GraceTime)
+        ignored = (state == "interrupted" and job.job_id in self.signalled
+                   and job.job_id in self.cancelled) or (
+            state == "preempted" and by_slurm and bool(job.signal))
         if state == "preempted":
-            text = ("preempted by Slurm" if job.being_preempted or "PREEMPTED" in job.states
-                    else "cancelled outside Offcut")
+            text = "preempted by Slurm" if by_slurm else "cancelled outside Offcut"
         elif state == "interrupted":
             text = ("stopped for a new generation" if job.job_id in self.signalled
                     else "checkpointed, restart requested")
+        if ignored:
+            text += ("; it ignored the stop signal: cancelled after rescale_grace_s"
+                     if state == "interrupted" else
+                     "; it ignored the stop signal: killed when the preemption's GraceTime ended")
         if job.signal and state in ("failed", "interrupted"):
             text = (text + f"; killed by signal {job.signal}").lstrip("; ")
         try:
             reply = self.client.report_task_run(
                 name.task_id, state, node=name.node, job_id=job.job_id,
                 exit_code=job.exit_code, message=text, time=self.clock(),
-                request_id=f"{job.job_id}:{state}", generation=name.generation or None)
+                request_id=f"{job.job_id}:{state}", generation=name.generation or None,
+                stop_ignored=ignored)
             new = not reply.decision.duplicate  # known before a launcher restart
         except (NotFound, FailedPrecondition) as exc:  # the task is gone or already finished,
             # or the job is not the task's (a generation it never had): nothing happened, so
@@ -664,6 +679,12 @@ class Launcher:
                 sorted(missing), min(g.submit_time for g in missing.values()) - CLOCK_SLACK_S))
             self._ok("sacct")
         except SlurmError as exc:
+            if "disabled" in str(exc) and "sacct" not in self._errors:  # no slurmdbd: a choice
+                log.warning("Slurm's accounting is off (%s); jobs that ended while the "
+                            "launcher was down and that squeue no longer shows cannot be told "
+                            "from jobs never submitted (docs/deployment.md, \"Accounting\")",
+                            exc)
+                self._errors.add("sacct")
             self._error("sacct", f"Slurm's accounting cannot be read ({exc}); jobs that ended "
                                  "while the launcher was down and that squeue no longer shows "
                                  "cannot be told from jobs never submitted")

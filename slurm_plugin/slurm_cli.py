@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from offcut.slurm_plugin.slurm_json import SlurmCommandError, SlurmDataError
+
+#: scancel's words for a job that has ended already (Slurm 22.05-24.x)
+_ENDED_JOB_ERRORS = ("already completing or completed", "Invalid job id specified")
 from offcut.slurm_values import slurm_time_arg
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -177,11 +180,21 @@ class SlurmCLI:
 
     def cancel(self, job_ids: Sequence[str], *, signal: str | None = None,
                options: Sequence[str] = ()) -> None:
-        """``scancel [--signal=S] OPTIONS JOB...`` (nothing to do for no job)."""
+        """``scancel [--signal=S] OPTIONS JOB...`` (nothing to do for no job). A job that has
+        already ended (scancel: "already completing or completed", "Invalid job id") is no
+        error: what was asked is done.
+
+        Raises:
+            SlurmCommandError: scancel failed otherwise.
+        """
         if not job_ids:
             return
         argv = [self.scancel, *([f"--signal={signal}"] if signal else []), *options, *map(str, job_ids)]
-        self.run(argv)
+        try:
+            self.run(argv)
+        except SlurmCommandError as exc:
+            if not any(gone in str(exc) for gone in _ENDED_JOB_ERRORS):
+                raise
 
     def update(self, entity: str, name: str, **settings: str) -> None:
         """``scontrol update ENTITY=NAME KEY=VALUE ...`` (e.g. ``update("NodeName", "n4",

@@ -346,3 +346,113 @@ def test_every_json_output_has_one_form(daemon):
     status = json.loads(run("status", "--json", "--address", addr).stdout)
     assert status["revision"] == c.status().revision and isinstance(status["last_seq"]["test"], int)
     assert status["last_decision"]["placements"][0]["change"] == "start"
+
+
+# ------------------------------------------------------------------ progress as shown
+def _progress_line(shown: str) -> str:
+    return next(ln for ln in shown.splitlines() if ln.startswith("Progress "))
+
+
+def test_progress_shown_is_the_last_report_and_its_age(daemon):
+    """``offcut show``/``queue`` (issue 38, "measured, not modelled"): a reporting task that
+    never reported shows no percentage, whatever the daemon models for it; after a report,
+    the reported figure and when it was reported (not the model's extrapolation); a task that
+    does not report shows the model's figure marked as an estimate. ``--json`` says which."""
+    import re
+
+    srv, c = daemon
+    addr = srv.address
+    c.report_nodes(time.time(), "test", 1, idle=["n1", "n2", "n3"])
+    res = run("submit", "-J", "learn", "-N", "1-2", "--work", "1e6", "--parsable",
+              "--address", addr)
+    assert res.exit_code == 0, res.output
+    tid = res.stdout.strip()
+    est = c.submit(make_spec("curve", max_nodes=1, work=100.0)).task.task_id
+    # the daemon models progress for the learned task from its prior rate meanwhile
+    deadline = time.monotonic() + 30
+    while c.get_task(tid).work_done_samples <= 0:
+        assert time.monotonic() < deadline, "the model never moved"
+        time.sleep(0.05)
+
+    line = _progress_line(run("show", tid, "--address", addr).stdout)
+    assert "%" not in line and "no report yet" in line, line
+    row = next(r for r in run("queue", "--address", addr).stdout.splitlines()
+               if r.startswith(tid))
+    assert "%" not in row and "- (no report)" in row, row
+    doc = json.loads(run("show", tid, "--json", "--address", addr).stdout)
+    assert doc["progress_pct"] is None and doc["progress_source"] == "none"
+    assert doc["progress_report_time"] is None and doc["eta_s"] is None
+
+    # a report: 36,000 of 1e6 samples = 3.6 %, stamped 0.5 s ago
+    at = time.time() - 0.5
+    nodes = len(c.get_task(tid).nodes)
+    c.report_progress([{"task_id": tid, "time": at, "samples_done": 36_000, "nodes": nodes}])
+    before = time.time()
+    shown = run("show", tid, "--address", addr).stdout
+    after = time.time()
+    line = _progress_line(shown)
+    m = re.fullmatch(r"Progress +3\.60% \(36000 of 1e\+06 samples, reported (\d+) s ago at "
+                     r"(\S+Z)\)", line)
+    assert m, line
+    assert int(before - at) - 1 <= int(m[1]) <= after - at + 1
+    task = c.get_task(tid)
+    assert m[2] == task.model.last_report_time.ToJsonString()
+    assert task.model.last_samples_done == 36_000
+    row = next(r for r in run("queue", "--address", addr).stdout.splitlines()
+               if r.startswith(tid))
+    assert re.search(r" 3\.6% \(\d+ s ago\) ", row), row
+    doc = json.loads(run("show", tid, "--json", "--address", addr).stdout)
+    assert doc["progress_pct"] == 3.6 and doc["progress_source"] == "measured"
+    assert doc["progress_report_time"] == doc["model"]["last_report_time"]
+    # the age in words, from the same task at later clocks
+    from offcut.client.task_cli import progress_cell, progress_text
+
+    t = task.model.last_report_time.seconds + task.model.last_report_time.nanos / 1e9
+    assert "reported 2 min ago" in progress_text(task, now=t + 150)
+    assert progress_cell(task, now=t + 3 * 3600 + 5) == "3.6% (3 h ago)"
+    assert progress_cell(task, now=t - 10) == "3.6% (0 s ago)"  # a clock behind the report
+
+    # a task with a curve does not report: its modelled figure, marked as an estimate
+    shown_est = c.get_task(est)
+    line = _progress_line(run("show", est, "--address", addr).stdout)
+    assert re.fullmatch(r"Progress +~\d+\.\d\d% \(estimate: .* of 100 samples modelled; the "
+                        r"task does not report its progress\)", line), line
+    row = next(r for r in run("queue", "--address", addr).stdout.splitlines()
+               if r.startswith(est))
+    assert re.search(r" ~\d+\.\d% \(est\.\) ", row), row
+    doc = json.loads(run("show", est, "--json", "--address", addr).stdout)
+    assert doc["progress_source"] == "estimate" and doc["progress_report_time"] is None
+    assert doc["progress_pct"] >= round(100 * shown_est.work_done_samples / 100.0, 2)
+
+
+def test_queue_cuts_a_long_reason_at_a_word(daemon):
+    """``offcut queue``'s ``%R`` of a failed task: a long failure reason is cut at a word
+    boundary and ends in ``...`` (not mid-word); ``offcut show`` prints it whole."""
+    import re
+
+    width = 60  # offcut.client.task_cli.REASON_WIDTH
+    srv, c = daemon
+    c.report_nodes(time.time(), "test", 1, idle=["n1"])
+    tid = c.submit(make_spec("long", max_nodes=1)).task.task_id
+    words = ("Traceback: RuntimeError: CUDA out of memory while allocating the optimizer "
+             "state of the transformer blocks on rank three")
+    c.report_task_run(tid, "failed", node="n1", job_id="7", exit_code=1, message=words)
+    reason = c.get_task(tid).failure_reason
+    assert len(reason) > width and words in reason
+    row = run("queue", "--all", "-o", "%i|%R", "-h", "--address", srv.address).stdout.strip()
+    shown_reason = row.split("|", 1)[1]
+    assert shown_reason.startswith("(") and shown_reason.endswith("...)"), row
+    kept = shown_reason[1:-4]
+    assert len(kept) + 3 <= width
+    # cut at a word boundary (punctuation before it dropped), never inside a word
+    assert reason.startswith(kept) and re.match(r"[,;:.\-]* ", reason[len(kept):]), (kept, reason)
+    assert f"Reason       {reason}" in run("show", tid, "--address", srv.address).stdout
+    # the rule itself: short text whole, whitespace folded, a single long word cut inside
+    from offcut.client.task_cli import REASON_WIDTH, clip_words
+
+    assert REASON_WIDTH == width
+    assert clip_words("exit code 1", 60) == "exit code 1"
+    assert clip_words("a  b\n c", 60) == "a b c"
+    assert clip_words("alpha beta gamma", 12) == "alpha..."
+    assert clip_words("alpha: beta gamma", 13) == "alpha..."
+    assert clip_words("x" * 20, 10) == "x" * 7 + "..."

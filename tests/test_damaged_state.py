@@ -178,3 +178,43 @@ def test_a_storage_failure_reaches_the_client_as_unavailable_with_its_reason(tmp
     assert "stopped without the final snapshot" in caplog.text
     with Running(cfg) as again:  # the lock was released, the file closed
         assert again.status().revision == 1  # the submission; nothing else was acknowledged
+
+
+def test_check_of_a_state_not_yet_created_passes_as_the_start_does(tmp_path):
+    """``offcutd check`` on a path with no file (issue 38; docs/operations.md, "`offcutd
+    check`"): the start creates a new state there, so check notes it and exits 0 when the
+    folder passes the start's checks (also a folder still to be created), and FAILs, exit 1,
+    where the start refuses (a folder writable by others)."""
+    cfg = _config(tmp_path / "a")
+    check = _offcutd("check", "--state", cfg.state)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"note: {cfg.state}: no such file; offcutd creates a new, empty state" in check.stdout
+    assert "FAIL" not in check.stdout and not Path(cfg.state).exists()  # read-only: nothing made
+    with Running(cfg) as c:  # and the start does create it
+        assert c.status().revision == 0
+    assert Path(cfg.state).is_file()
+
+    # a folder that does not exist yet: the start creates it, 0700
+    deep = tmp_path / "b" / "c" / "state.sqlite"
+    check = _offcutd("check", "--state", str(deep))
+    assert check.returncode == 0, check.stdout
+    assert f"ok: {deep.parent} does not exist; offcutd creates it" in check.stdout
+    assert not (tmp_path / "b").exists()
+    cfg_deep = DaemonConfig(listen=f"unix://{tmp_path}/d.sock", state=str(deep), solver="dp",
+                            clock="live")
+    with Running(cfg_deep):
+        pass
+    assert deep.is_file() and (deep.parent.stat().st_mode & 0o777) == 0o700
+
+    # a folder writable by others: the start refuses, so does check
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    state = shared / "state.sqlite"
+    check = _offcutd("check", "--state", str(state))
+    assert check.returncode == 1, check.stdout
+    assert "FAIL: state folder" in check.stdout and "writable by group or others" in check.stdout
+    start = _offcutd("--state", str(state), "--listen", f"unix://{tmp_path}/e.sock",
+                     "--solver", "dp")
+    assert start.returncode == 1 and "writable by group or others" in start.stderr, start.stderr
+    assert not state.exists()

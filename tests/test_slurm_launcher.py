@@ -88,7 +88,8 @@ def test_batch_script_quotes_and_exports(tmp_path):
     cfg = SlurmConfig(command_template="srun --ntasks=1 {command} --rank {rank} --of {num_nodes} "
                                        "--gen {generation} --at {master_addr}:{master_port}",
                       checkpoint_root=str(tmp_path / "ckpt"), master_ports="30000-30009")
-    gen = Generation("t000002", "it's", 7, ("n1", "n3"), ("python", "-c", "print('a b')"), "zj")
+    gen = Generation("t000002", "it's", 7, ("n1", "n3"), ("python", "-c", "print('a b')"), "zj",
+                     total_work=1.5e6)
     script = batch_script(cfg, gen, "n3", address="unix:///run/o.sock", master_addr="10.0.0.1")
     env = _env(script)
     port = master_port(cfg, "t000002", 7)
@@ -98,7 +99,7 @@ def test_batch_script_quotes_and_exports(tmp_path):
         "OFFCUT_NODE_RANK": "1", "OFFCUT_NODELIST": "n[1,3]", "OFFCUT_NUM_NODES": "2",
         "OFFCUT_ADDRESS": "unix:///run/o.sock", "OFFCUT_GENERATION": "7",
         "OFFCUT_CHECKPOINT_DIR": str(tmp_path / "ckpt" / "t000002"), "OFFCUT_STOP_SIGNAL": "USR1",
-        "OFFCUT_PEER_TIMEOUT_S": "60",
+        "OFFCUT_PEER_TIMEOUT_S": "60", "OFFCUT_TOTAL_WORK": "1500000",
         "OFFCUT_ZEUS_JOB_ID": "zj", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": str(port),
         "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}
     # the batch shell execs the per-node supervisor, which runs the filled template once
@@ -184,7 +185,8 @@ def test_checkpoint_dir_is_taken_from_workdir_when_relative(tmp_path):
     ({"FAILED"}, 0, 9, False, False, False, "failed"),
     ({"OUT_OF_MEMORY"}, 0, 0, False, False, False, "failed"),
     ({"PREEMPTED"}, 0, 0, False, False, False, "preempted"),
-    ({"CANCELLED"}, 0, 15, False, True, True, None),
+    ({"CANCELLED"}, 0, 15, False, True, False, None),           # cancelled before it ran
+    ({"CANCELLED"}, 0, 15, False, True, True, "interrupted"),   # ignored our stop signal
     ({"CANCELLED"}, 0, 15, False, False, False, "preempted"),
 ])
 def test_run_state_of_slurm_states(states, code, sig, preempting, ours, signalled, expected):
@@ -465,7 +467,9 @@ def test_without_accounting_a_restarted_launcher_submits_as_before(placed, caplo
     assert sorted(n for _, n, _ in r.submitted) == ALL
     second.reconcile()
     assert len(slurm.sacct_calls) == asked + 1  # asked once per generation, not every pass
-    assert caplog.text.count("Slurm's accounting cannot be read") == 2  # once per launcher
+    # once per launcher, a warning (no slurmdbd is a site's choice, not an error)
+    assert caplog.text.count("Slurm's accounting is off") == 2
+    assert "ERROR" not in caplog.text
 
 
 def test_failed_runs_restart_the_generation_then_fail_the_task(placed):
@@ -485,7 +489,7 @@ def test_failed_runs_restart_the_generation_then_fail_the_task(placed):
             assert task.state == tasks_pb2.TASK_STATE_RUNNING and task.generation == attempt + 1
             assert sorted(n for _, n, _ in r.submitted) == ALL
     assert task.state == tasks_pb2.TASK_STATE_FAILED
-    assert task.failure_reason.startswith("3 generations in a row failed")
+    assert task.failure_reason.startswith("3 runs in a row failed without progress")
     assert not launcher.reconcile().submitted and not slurm.active()
 
 

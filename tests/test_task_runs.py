@@ -180,17 +180,22 @@ def test_repeated_failures_of_the_current_generation_fail_the_task_with_the_reas
                               generation=gen, message="ImportError", time=T0 + 2)
         assert r.task.state == tasks_pb2.TASK_STATE_RUNNING
         assert r.task.generation == gen + 1 and r.task.failed_runs == gen
+        assert r.task.failures_without_progress == gen
         assert "failed in generation" in r.task.failure_reason
-    # a checkpointed exit in between resets the count
+    assert [w.kind for w in r.task.warnings] == ["crash-loop"]  # from the second in a row
+    assert "2 runs in a row failed without progress" in r.task.warnings[0].message
+    # a checkpointed exit in between neither resets nor adds: it made no progress either
     c.report_task_run(tid, "interrupted", node="n1", job_id="k", exit_code=75, generation=3,
                       time=T0 + 2)
-    assert c.get_task(tid).failed_runs == 0 and c.get_task(tid).generation == 4
-    for gen in (4, 5, 6):
-        r = c.report_task_run(tid, "failed", node="n2", job_id=f"j{gen}", exit_code=2,
-                              generation=gen, message="bug", time=T0 + 3)
+    t = c.get_task(tid)
+    assert (t.failed_runs, t.failures_without_progress, t.generation) == (2, 2, 4)
+    r = c.report_task_run(tid, "failed", node="n2", job_id="j4", exit_code=2, generation=4,
+                          message="bug", time=T0 + 3)
     assert r.task.state == tasks_pb2.TASK_STATE_FAILED and not r.task.nodes
-    assert r.task.failure_reason.startswith("3 generations in a row failed; the last: failed "
-                                            "in generation 6 on n2 (job j6) exit code 2 - bug")
+    assert r.task.failed_runs == 3
+    assert r.task.failure_reason.startswith(
+        "3 runs in a row failed without progress beyond 0 reported samples (3 failed runs in "
+        "all); the last: failed in generation 4 on n2 (job j4) exit code 2 - bug")
     assert {p.task_id: p.change for p in r.decision.placements}[tid] == \
         decision_pb2.PLACEMENT_CHANGE_FAILED
     assert c.status().nodes_in_use == 0
@@ -203,13 +208,29 @@ def test_max_failed_generations_is_configurable(daemons):
     assert r.task.state == tasks_pb2.TASK_STATE_FAILED
 
 
-def test_a_progress_report_resets_the_failure_count(daemon):
+def test_failures_count_in_a_row_only_without_progress_and_every_one_counts(daemon):
+    """A crash loop fails the task even when each run reports progress before it crashes at
+    the same point (issue 38: 26 crashes then COMPLETED with FailedRuns 0); a failure after
+    progress beyond the previous failure's starts a new count."""
     _, c = daemon
     tid = _one_task(c, reports_progress=True)
     c.report_task_run(tid, "failed", node="n1", exit_code=1, generation=1, time=T0 + 2)
-    assert c.get_task(tid).failed_runs == 1
+    assert (c.get_task(tid).failed_runs, c.get_task(tid).failures_without_progress) == (1, 1)
     c.report_progress([{"task_id": tid, "time": T0 + 3, "samples_done": 10.0, "nodes": 2}])
-    assert c.get_task(tid).failed_runs == 0
+    t = c.get_task(tid)
+    assert (t.failed_runs, t.failures_without_progress) == (1, 1)  # a report resets nothing
+    c.report_task_run(tid, "failed", node="n1", exit_code=1, generation=2, time=T0 + 4)
+    t = c.get_task(tid)  # progress since the last failure: a new count
+    assert (t.failed_runs, t.failures_without_progress) == (2, 1) and not t.warnings
+    # the same point again and again: each generation reports 10 samples and crashes
+    for gen, at in ((3, 5), (4, 7)):
+        c.report_progress([{"task_id": tid, "time": T0 + at, "samples_done": 10.0,
+                            "nodes": 2}])
+        r = c.report_task_run(tid, "failed", node="n1", exit_code=1, generation=gen,
+                              time=T0 + at + 1)
+    assert r.task.state == tasks_pb2.TASK_STATE_FAILED
+    assert (r.task.failed_runs, r.task.failures_without_progress) == (4, 3)
+    assert "beyond 10 reported samples (4 failed runs in all)" in r.task.failure_reason
 
 
 @pytest.mark.parametrize("generation", [0, 2, 2**40])

@@ -174,6 +174,16 @@ class ElasticRun:
             or wrote (0 before any).
         stop_requested: True once this process got the stop signal (or SIGTERM).
         checkpoint_due: the agreed time-based decision of the last :meth:`should_stop`.
+        on_restart: the callable (no arguments; its return value is ignored) run once
+            before an exit 75, or None (the default): the constructor's ``on_restart``,
+            replaceable at any time before the exit (e.g. once the Zeus trial exists). Run
+            by :meth:`exit_restart` (so by :meth:`step` on a stop), by the context manager on
+            a lost peer, and by the heartbeat's thread when a peer goes silent; never twice,
+            never before an exit 0 or 1. An exception it raises is logged with the rank and
+            swallowed (the exit stays 75); it should return within seconds: the grace after
+            the stop signal bounds the whole exit (docs/execution.md, "Signals and exit
+            codes": ``[slurm] rescale_grace_s`` on a rescale, the partition's ``GraceTime``
+            on a preemption).
 
     Not thread-safe; create, start and use it in the main thread (signal handlers are
     installed there).
@@ -218,12 +228,21 @@ class ElasticRun:
     # ------------------------------------------------------------------ properties
     @property
     def rank(self) -> int:
-        """This process's rank in the generation."""
+        """This process's rank in the generation: an int in ``0 .. world_size - 1``
+        (``RANK``, checked by :meth:`ElasticEnv.from_env`, which raises ValueError otherwise).
+        Fixed for the process's life; the next generation may give the same node another
+        rank. Rank 0 (:attr:`is_main`) hosts the rendezvous, writes the checkpoints and sends
+        the progress reports. Readable before :meth:`start`."""
         return self.env.rank
 
     @property
     def world_size(self) -> int:
-        """The generation's process count."""
+        """The generation's process count, an int >= 1 (``WORLD_SIZE``): its node count
+        (``OFFCUT_NUM_NODES``) times the processes per node (``LOCAL_WORLD_SIZE``). Fixed for
+        the generation: a grow or shrink starts a new generation with a new world size, so
+        a script derives its per-rank batch and data shard from it after each
+        :meth:`load_checkpoint` (the sample count, not the step, is what carries over).
+        Readable before :meth:`start`."""
         return self.env.world_size
 
     @property
@@ -377,10 +396,21 @@ class ElasticRun:
 
     # ------------------------------------------------------------------ the step
     def should_stop(self) -> bool:
-        """Whether any rank got the stop signal: one ``all_reduce`` (MAX) of the local flags,
-        so call it on every rank at the same step. Also agrees :attr:`checkpoint_due` (rank
-        0's clock against ``checkpoint_every_s``). Raises the collective's error when a peer
-        vanished (the context manager turns it into exit 75)."""
+        """Whether any rank got the stop signal (``OFFCUT_STOP_SIGNAL`` or SIGTERM): one
+        ``all_reduce`` (MAX) of a 2-element tensor of the local flags, so every rank must call
+        it at the same step (a rank that skips it leaves the others waiting up to
+        :attr:`timeout_s`). The answer is the same bool on every rank. Also agrees
+        :attr:`checkpoint_due` (rank 0's clock against ``checkpoint_every_s``). It does not
+        checkpoint or exit: :meth:`step` does both; a loop that calls this directly must
+        :meth:`save_checkpoint` and :meth:`exit_restart` itself when it returns True, within
+        the grace after the signal (docs/execution.md, "Signals and exit codes"), else the
+        job is killed and the work since the last checkpoint is lost.
+
+        Raises:
+            RuntimeError: before :meth:`start` or after :meth:`close`.
+            The collective's error (``RuntimeError`` / ``DistBackendError``) when a peer
+            vanished or :attr:`timeout_s` passed; the context manager turns it into exit 75.
+        """
         self._require_started()
         stop, self.checkpoint_due = self._stop.agree(
             self._group, self._checkpoints.due(self.checkpoint_every_s))
@@ -427,9 +457,16 @@ class ElasticRun:
         self._progress.close()
 
     def exit_restart(self) -> NoReturn:
-        """End this process with exit 75 (checkpointed, or nothing to save: restart me):
-        :attr:`on_restart`, :meth:`close`, then exit as ``hard_exit`` says. Write the
-        checkpoint first (:meth:`step` does both)."""
+        """End this process with exit 75 (:data:`EXIT_RESTART`: checkpointed, or nothing to
+        save; restart me from the latest checkpoint): :attr:`on_restart` (once), :meth:`close`,
+        then exit as ``hard_exit`` says. Never returns: with ``hard_exit`` (the default) the
+        process ends in ``os._exit(75)`` after the ``atexit`` handlers, skipping ``with``
+        blocks and ``finally`` clauses; with ``hard_exit=False`` it raises
+        ``SystemExit(75)``. Write the checkpoint first (:meth:`step` does both): the next
+        generation resumes from the latest complete one, and the samples after it are
+        trained again. Every rank of a stopped generation should exit 75, as :meth:`step`
+        makes them. Exit 75 is not a failure of the run (docs/execution.md, "Signals and exit
+        codes")."""
         hook, self._on_restart_done = (None if self._on_restart_done else self.on_restart), True
         call_restart_hook(hook, self.rank)  # once
         self.close()

@@ -9,8 +9,10 @@ one reported:
 1. :func:`parse_report`: each value on its own (``InvalidArgument``: not a number, not finite,
    out of range, ``nodes`` not an integer);
 2. :func:`check_history`: the values against the task's history (``FailedPrecondition``: a
-   cumulative figure went backwards, or ``nodes`` is not a count the task held since its last
-   report).
+   cumulative figure went backwards while the same processes ran, or ``nodes`` is not a count
+   the task held since its last report). Across a restart (the processes stopped since the
+   last report) ``samples_done`` and ``energy_j`` may be lower: the new generation resumed
+   from an older checkpoint, or from none (docs/execution.md, "Wasted work").
 
 Both raise before anything changes; the error's ``field`` is the caller's prefix plus the
 report's field name.
@@ -36,6 +38,8 @@ class ReportHistory(Protocol):
     last: tuple[float, float] | None
     #: the highest energy [J] reported so far, or None
     max_energy_j: float | None
+    #: when the processes stopped since the last report [s], or None (the same ones run)
+    paused: float | None
 
     def held(self) -> list[int]:
         """The node counts the task held since its last report, sorted."""
@@ -86,20 +90,22 @@ def parse_report(report: ProgressReport, p: str) -> Figures:
 
 
 def check_history(figures: Figures, history: ReportHistory, p: str) -> None:
-    """Check parsed ``figures`` against ``history``: time, samples and energy may not go down,
-    ``nodes`` must be among :meth:`ReportHistory.held`. Raises :class:`FailedPrecondition`
-    (field ``p`` + name)."""
+    """Check parsed ``figures`` against ``history``: time may not go back; samples and energy
+    may not go down unless the processes restarted since the last report
+    (``history.paused``); ``nodes`` must be among :meth:`ReportHistory.held`. Raises
+    :class:`FailedPrecondition` (field ``p`` + name)."""
     t, s, n, e = figures
+    restarted = history.paused is not None and history.paused < t
     if history.last is not None:
         t0, s0 = history.last
         if t < t0:
             raise FailedPrecondition(f"went back from {fmt_number(t0)} (the last report's) to "
                                      f"{fmt_number(t)}", p + "time")
-        if s < s0:
+        if s < s0 and not restarted:
             raise FailedPrecondition(f"went down from {fmt_number(s0)} to {fmt_number(s)}",
                                      p + "samples_done")
     max_e = history.max_energy_j
-    if e is not None and max_e is not None and e < max_e:
+    if e is not None and max_e is not None and e < max_e and not restarted:
         raise FailedPrecondition(f"went down from {fmt_number(max_e)} to {fmt_number(e)}",
                                  p + "energy_j")
     held = history.held()

@@ -179,7 +179,9 @@ class TaskLearner:
         t, s, n, e = check_report(report, self._timeline)
         iv = self._timeline.interval(t, s, n, e)
         gained = changed = False
-        if iv.clean:
+        if iv.s0 is not None and iv.s < iv.s0:
+            pass  # a restart below the last report (checks): no rate nor rescale cost in it
+        elif iv.clean:
             gained, changed = self._stats.add_clean(n, iv.dt, iv.ds, iv.energy_delta())
         elif self._rescales.record(iv):
             changed = self._rescales.resolve(self._stats)

@@ -213,17 +213,23 @@ class Allocation:
         constrained first) the policy's counts on the group's nodes that no earlier group took;
         a group may take nodes that tasks of later groups hold (they shrink), never the
         other way round. With one group (no node kinds) this is the single BFTrainer problem
-        over the whole pool (docs/architecture.md §4)."""
+        over the whole pool (docs/architecture.md §4). A task in its final phase (its work
+        reached while its processes finish: docs/execution.md, "Completion") keeps its nodes
+        as they are: it is left out, and its nodes with it."""
         tasks = self.admitted()
         for task in tasks:
             if task.state is TaskState.QUEUED:
                 task.state = TaskState.ADMITTED
                 task.admit_time = t
+        finishing = {n for task in tasks if task.work_reached_time is not None
+                     for n in task.nodes}
+        if finishing:
+            tasks = [task for task in tasks if task.work_reached_time is None or not task.nodes]
         if not tasks:
             return
         before = {task.task_id: len(task.nodes) for task in tasks}
         groups = self.node_groups(tasks)
-        taken: set[str] = set()  # nodes of the groups placed so far
+        taken: set[str] = set(finishing)  # nodes of the groups placed so far
         for i, (nodes, group) in enumerate(groups):
             avail = [n for n in nodes if n not in taken] if taken else nodes
             later = {task.task_id for _, g in groups[i + 1:] for task in g}

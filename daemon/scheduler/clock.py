@@ -7,30 +7,47 @@ import math
 
 from offcut.daemon.model import TaskState
 from offcut.daemon.scheduler.outcome import Allocate, Outcome
+from offcut.daemon.scheduler.waste import FINAL_GRACE, note_warning
 
 
 class ProgressClock:
     """Moves the event clock forward, accruing progress and completing tasks on the way."""
 
     def _advance(self, t: float, out: Outcome, allocate: Allocate) -> None:
-        """Accrue progress up to ``t``, completing tasks (and re-allocating) on the way."""
+        """Accrue progress up to ``t``, completing tasks (and re-allocating) on the way: a
+        modelled task when its work is done, a task in its final phase ``final_grace_s`` after
+        its work was reached (stopped, with a ``final-grace`` warning; docs/execution.md,
+        "Completion")."""
         if self.clock is None:
             self.clock = t
             return
         while True:
             soonest, soonest_task = math.inf, None
             for task in self.admitted():  # only admitted tasks can hold nodes
-                if task.rate > 0 and task.state is TaskState.RUNNING and task.learner is None:
+                if task.work_reached_time is not None:
+                    at = task.work_reached_time + self.final_grace_s
+                elif task.rate > 0 and task.state is TaskState.RUNNING and task.learner is None:
                     left = task.spec.total_work_samples - task.work_done
                     at = self.clock + max(left, 0.0) / task.rate
-                    if at < soonest:
-                        soonest, soonest_task = at, task
+                else:
+                    continue
+                if at < soonest:
+                    soonest, soonest_task = at, task
             if soonest_task is None or soonest > t:
                 break
             self._accrue(soonest - self.clock, out)
-            self.clock = soonest
+            self.clock = max(self.clock, soonest)
             for task in self.admitted():
-                if task.state is TaskState.RUNNING and task.learner is None and (
+                if task.work_reached_time is not None:
+                    if task.work_reached_time + self.final_grace_s <= self.clock:
+                        note_warning(task, FINAL_GRACE, (
+                            f"its processes still ran {self.final_grace_s:g} s (final_grace_s) "
+                            f"after a report reached the work: COMPLETED, its processes "
+                            f"stopped (a final evaluation longer than that needs a larger "
+                            f"final_grace_s)"), self.clock)
+                        self._finish(task, TaskState.COMPLETED, self.clock, out)
+                        out.completed_task_ids.append(task.task_id)
+                elif task.state is TaskState.RUNNING and task.learner is None and (
                         task is soonest_task or
                         task.work_done >= task.spec.total_work_samples * (1 - 1e-12)):
                     out.progress_samples += task.spec.total_work_samples - task.work_done

@@ -8,6 +8,7 @@ from offcut.daemon.learning import TaskLearner
 from offcut.daemon.model import CancelEvent, SubmitEvent, Task, TaskRunEvent, TaskState
 from offcut.daemon.scheduler.energy import ledger_of
 from offcut.daemon.scheduler.outcome import Outcome, PlacementChange
+from offcut.daemon.scheduler.waste import STOP_IGNORED, note_failure, note_warning
 
 
 class TaskLifecycle:
@@ -46,15 +47,24 @@ class TaskLifecycle:
         """Record a run report (docs/execution.md). ``finished`` completes the task (its
         program says the work is done: the model's progress is replaced by ``total_work``).
         With a generation, ``failed`` / ``interrupted`` of the current generation restart the
-        task on its nodes as a new generation (a ``restart`` placement change), ``failed``
-        fails it when it is the ``max_failed_generations``-th in a row; reports of earlier
-        generations are only recorded. Without one, ``failed`` fails the task at once.
-        Returns whether the allocation must be re-solved."""
+        task on its nodes as a new generation (a ``restart`` placement change); every
+        ``failed`` counts in ``failed_runs``, and the task fails when
+        ``max_failed_generations`` of them in a row made no progress beyond the previous
+        failure's (:func:`~offcut.daemon.scheduler.waste.note_failure`); reports of earlier
+        generations are only recorded. A run that ignored the stop signal (``stop_ignored``,
+        any generation) is noted as a ``stop-ignored`` warning. Without a generation,
+        ``failed`` fails the task at once. Returns whether the allocation must be
+        re-solved."""
         task.last_run = event.describe()
         if event.state == "started":
             task.launches += 1
         if task.state.finished:  # it may have completed on the way to ``t``
             return False
+        if event.stop_ignored:
+            note_warning(task, STOP_IGNORED,
+                         f"its processes ignored the stop signal and were killed after the "
+                         f"grace time ({task.last_run}): save a checkpoint and exit 75 when "
+                         f"OFFCUT_STOP_SIGNAL arrives (docs/execution.md)", t)
         if event.state == "finished":
             gained = task.spec.total_work_samples - task.work_done
             task.work_done = task.spec.total_work_samples
@@ -75,14 +85,14 @@ class TaskLifecycle:
             task.learner.on_pause(t)  # the current generation's processes stopped
         if event.state == "preempted":
             return False  # the node event that takes the node decides
-        if event.state == "interrupted":
-            task.failed_runs = 0
-        else:
-            task.failed_runs += 1
+        if event.state == "failed":
             task.failure_reason = task.last_run
-            if task.failed_runs >= self.max_failed_generations:
-                task.failure_reason = (f"{task.failed_runs} generations in a row failed; the "
-                                       f"last: {task.last_run}")
+            in_a_row = note_failure(task, t, self.max_failed_generations)
+            if in_a_row >= self.max_failed_generations:
+                task.failure_reason = (
+                    f"{in_a_row} runs in a row failed without progress beyond "
+                    f"{task.failure_progress:,.0f} reported samples ({task.failed_runs} failed "
+                    f"runs in all); the last: {task.last_run}")
                 self._finish(task, TaskState.FAILED, t, out)
                 return True
         if task.nodes:
@@ -131,6 +141,7 @@ class TaskLifecycle:
         finish starts a new generation (docs/execution.md)."""
         if not task.state.finished:
             task.generation += 1
+            task.work_reached_time = None  # a new generation finishes again (its own report)
             ledger_of(task).start_generation(task.generation,
                                              len(task.nodes) * task.spec.local_world_size)
         return PlacementChange(task.task_id, task.spec.name, change, list(task.nodes), before,

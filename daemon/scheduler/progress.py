@@ -1,10 +1,12 @@
 """Progress reports of running tasks (issue "Learn scalability online"): each replaces the
-task's progress and energy and feeds its learner; one reaching the total work completes it."""
+task's progress and energy and feeds its learner; one reaching the total work completes it,
+or, for a task a launcher runs, starts its final phase (docs/execution.md, "Completion")."""
 
 from __future__ import annotations
 
 from offcut.daemon.model import ProgressEvent, TaskState
 from offcut.daemon.scheduler.outcome import Outcome
+from offcut.daemon.scheduler.waste import note_report
 
 
 class ProgressReports:
@@ -12,15 +14,18 @@ class ProgressReports:
 
     def _apply_progress(self, event: ProgressEvent, t: float, out: Outcome) -> bool:
         """Apply validated reports: each feeds the task's learner and replaces its progress
-        (and energy, when reported); a report reaching ``total_work`` completes the task.
-        Returns whether the allocation must be re-solved (a completion, or a learner that
-        measured a node count for the first time)."""
+        (and energy, when reported), and counts samples trained again after a restart
+        (:func:`~offcut.daemon.scheduler.waste.note_report`). A report reaching
+        ``total_work`` completes the task, unless a launcher runs it (a run was reported
+        started) and ``final_grace_s`` > 0: then the task keeps its nodes until its processes
+        exit 0 (the launcher's ``finished``), at most ``final_grace_s`` (docs/execution.md,
+        "Completion"). Returns whether the allocation must be re-solved (a completion, a
+        final phase begun, or a learner that measured a node count for the first time)."""
         changed = False
         for r in event.reports:
             task = self.tasks[r.task_id]
             if task.state.finished:
                 continue
-            task.failed_runs = 0  # it runs: failures so far were not in a row
             version = task.learner.version
             if task.learner.observe(r.report):
                 changed = True
@@ -28,6 +33,7 @@ class ProgressReports:
                 self._learn_version += 1  # the population prior may have moved
             total = task.spec.total_work_samples
             report = r.report
+            note_report(task, report.samples_done, t)
             delta = min(report.samples_done, total) - task.work_done
             task.work_done += delta
             out.progress_samples += delta
@@ -35,7 +41,12 @@ class ProgressReports:
             if report.energy_j is not None:
                 self.task_energy_j += report.energy_j - task.energy_j
                 task.energy_j = float(report.energy_j)
-            if report.samples_done >= total:
+            if report.samples_done >= total and task.launches and self.final_grace_s > 0 \
+                    and task.nodes:
+                if task.work_reached_time is None:  # its processes finish (an evaluation)
+                    task.work_reached_time = t
+                    changed = True
+            elif report.samples_done >= total:
                 self._finish(task, TaskState.COMPLETED, t, out)
                 out.completed_task_ids.append(task.task_id)
                 changed = True

@@ -62,18 +62,24 @@ class SchedulerState:
         finished_task_retention_s: a finished task leaves the state (memory and snapshots)
             this long [s of event clock] after it finished; the engine keeps it in the state
             file's archive, where it stays readable (docs/operations.md, "Retention"; persisted).
+        final_grace_s: how long a launched task whose report reached its work keeps its nodes
+            for its processes to exit 0 [s of event clock] (docs/execution.md, "Completion";
+            0: completed at the report; persisted).
     """
 
     def __init__(self, tfwd_s: float = 10.0, max_running_tasks: int = 10,
                  limits: Limits | None = None, objective: ObjectiveSettings | None = None,
                  max_failed_generations: int = 3,
-                 finished_task_retention_s: float = DEFAULT_FINISHED_TASK_RETENTION_S):
+                 finished_task_retention_s: float = DEFAULT_FINISHED_TASK_RETENTION_S,
+                 final_grace_s: float = 0.0):
         self.tfwd_s = float(tfwd_s)
         self.max_running_tasks = int(max_running_tasks)
         #: failed runs of a task's current generations in a row that fail it (docs/execution.md)
         self.max_failed_generations = int(max_failed_generations)
         #: how long a finished task stays in the state after it finished [s]
         self.finished_task_retention_s = float(finished_task_retention_s)
+        #: a launched task's time to exit 0 after its report reached the work [s]
+        self.final_grace_s = float(final_grace_s)
         self.limits = limits
         self.objective = objective if objective is not None else ObjectiveSettings()
         self.task_energy_j = 0.0
@@ -212,6 +218,7 @@ class SchedulerState:
             "objective": asdict(self.objective), "task_energy_j": self.task_energy_j,
             "max_failed_generations": self.max_failed_generations,
             "finished_task_retention_s": self.finished_task_retention_s,
+            "final_grace_s": self.final_grace_s,
         }
         if with_tasks:
             d["tasks"] = [t.to_dict() for t in self.tasks.values()]
@@ -224,7 +231,9 @@ class SchedulerState:
                    objective=ObjectiveSettings(**d["objective"]) if "objective" in d else None,
                    max_failed_generations=d.get("max_failed_generations", 3),
                    # snapshots of earlier releases kept every finished task
-                   finished_task_retention_s=d.get("finished_task_retention_s", float("inf")))
+                   finished_task_retention_s=d.get("finished_task_retention_s", float("inf")),
+                   # snapshots of earlier releases completed a task at its report
+                   final_grace_s=d.get("final_grace_s", 0.0))
         core.task_energy_j = d.get("task_energy_j", 0.0)
         core.clock, core.revision = d["clock"], d["revision"]
         core.node_clock = d.get("node_clock")  # absent in snapshots of earlier releases
