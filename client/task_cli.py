@@ -609,6 +609,21 @@ def show(
         typer.echo(f"{'Why' if i == 0 else '':12s} {terminal_safe(line)}")
 
 
+def cancel_text(reply: tasks_pb2.CancelTaskResponse) -> str:
+    """What ``offcut cancel`` says of one cancelled task: a task that held nodes is CANCELLED
+    at once (its nodes re-allocated), but its jobs still end: each gets the stop signal to
+    checkpoint and exit, and the launcher cancels it after ``rescale_grace_s`` at most (docs/
+    execution.md, "Signals and exit codes")."""
+    task_id = terminal_safe(reply.task.task_id)
+    held = [p.previous_node_count for p in reply.decision.placements
+            if p.task_id == reply.task.task_id]
+    if held and held[0] > 0:
+        return (f"Cancelled task {task_id}; its jobs on {held[0]} node(s) are ending: the "
+                "launcher sends each the stop signal to checkpoint and exit, and cancels it "
+                "after rescale_grace_s at most (squeue shows them until then)")
+    return f"Cancelled task {task_id}"
+
+
 def cancel(
     task_ids: List[str] = typer.Argument(..., help="task ids"),
     *, settings: ClientSettings,
@@ -635,7 +650,7 @@ def cancel(
                     typer.echo(f"offcut: {terminal_safe(f'{task_id}: {exc}')}", err=True)
                     failed += 1
                     continue
-                typer.echo(f"Cancelled task {terminal_safe(reply.task.task_id)}")
+                typer.echo(cancel_text(reply))
     except OffcutError as exc:
         _fail(str(exc))
     if failed:

@@ -261,8 +261,11 @@ def test_researcher_session(daemons, curve):
     assert f"Nodes        {held[ids[0]]} of 1-4" in shown
     one_line_error(run("show", "t-nope", "--address", addr), 1, "t-nope")
 
+    ran_on = len(client.get_task(ids[1]).nodes)
     res = run("cancel", ids[1], "--address", addr)
     assert res.exit_code == 0 and f"Cancelled task {ids[1]}" in res.stdout
+    # (issue 38) a task that held nodes is said to be ending, not gone
+    assert ran_on > 0 and f"its jobs on {ran_on} node(s) are ending" in res.stdout
     assert client.get_task(ids[1]).state == 5  # TASK_STATE_CANCELLED
     assert len(client.get_task(ids[0]).nodes) == 4  # its nodes went to the other task
     res = run("cancel", ids[1], "t-nope", "--address", addr)

@@ -536,3 +536,29 @@ def test_a_pause_before_the_change_starts_the_loss_and_is_never_a_clean_interval
     state = learner.to_dict()
     learner.on_pause(T0 + 181)
     assert TaskLearner.from_dict(learner.to_dict()).to_dict() == learner.to_dict() != state
+
+
+def test_measured_rescale_costs_are_used_for_a_task_with_a_curve_too():
+    """Issue 38: a task that declares its curve and reports its progress gets its measured
+    Tcup/Tcdw in the allocation (measured beats declared), the spec's until one is measured."""
+    from offcut.daemon.model import Task
+    from offcut.daemon.scheduler import Scheduler
+    from offcut.taskspec import TaskSpec
+
+    sim = Sim(amdahl(100.0, 0.05), up_s=30.0, down_s=10.0, noise=0.01, seed=11)
+    spec = TaskSpec(name="curve", min_nodes=1, max_nodes=16, node_counts=[0, 16],
+                    throughputs=[0.0, 1000.0], rescale_up_s=99.0, rescale_down_s=77.0,
+                    total_work_samples=1e9, reports_progress=True)
+    assert not spec.learned and spec.reports
+    task = Task("t000001", spec, "alice", submit_time=T0, learner=sim.learner)
+    scheduler = Scheduler()
+    assert scheduler.rescale_costs(task) == (99.0, 77.0)  # nothing measured yet: the spec's
+    sim.alloc(4)
+    sim.report(30.0)
+    sim.report(120.0)
+    for _ in range(2):
+        for n, kind in [(8, "grow"), (16, "grow"), (8, "shrink"), (4, "shrink")]:
+            sim.rescale(n, 25.0, 150.0, kind)
+            sim.report(120.0)
+    up, down = scheduler.rescale_costs(task)
+    assert up == pytest.approx(30.0, rel=0.2) and down == pytest.approx(10.0, rel=0.3)

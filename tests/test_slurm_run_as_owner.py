@@ -305,7 +305,7 @@ def test_a_task_runs_as_its_owner_on_real_slurm(slurm, cluster_daemon, local_use
     # the owner's own token is there for the training side (OFFCUT_TOKEN_FILE of theirs)
     assert (out / "own-token").read_text() == "owner-token\n"
     # the output file and the checkpoint folder are the owner's, private
-    (log,) = home.glob(f"offcut-offcut-{mine}.*.out")
+    (log,) = home.glob(f"offcut-{mine}.*.out")  # output = "%x-%j.out": no doubled prefix
     (ckpt,) = (home / "offcut-checkpoints").glob(f"{mine}-*")
     for path, mode in ((log, 0o600), (ckpt, 0o700)):
         st = path.stat()

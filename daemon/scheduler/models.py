@@ -35,10 +35,11 @@ class TaskModels:
         return n * self.objective.node_power_w
 
     def rescale_costs(self, task: Task) -> tuple[float, float]:
-        """(Tcup, Tcdw) [s] of ``task``: measured by its learner for a learned task (the
-        spec's values are the prior), else the spec's."""
+        """(Tcup, Tcdw) [s] of ``task``: measured by its learner for a task that reports its
+        progress, with or without a curve (the spec's values are the prior until a rescale is
+        measured: measured beats declared), else the spec's."""
         spec = task.spec
-        if spec.learned:
+        if task.learner is not None:
             return (task.learner.rescale_up_s(spec.rescale_up_s),
                     task.learner.rescale_down_s(spec.rescale_down_s))
         return spec.rescale_up_s, spec.rescale_down_s
