@@ -659,8 +659,8 @@ def cancel(
 
 def format_update(update: tasks_pb2.PlacementUpdate) -> list[str]:
     """One line per placement change of an update (``generation N`` once the task has one:
-    docs/execution.md), :func:`~offcut.text_safety.terminal_safe` (task names and causes
-    escaped)."""
+    docs/execution.md), then one per warning noted (docs/execution.md, "Wasted work"), each
+    :func:`~offcut.text_safety.terminal_safe` (task names, causes and texts escaped)."""
     lines = []
     for p in update.placements:
         nodes = hostlist.collect_hostlist(list(p.nodes)) if p.nodes else "-"
@@ -669,6 +669,10 @@ def format_update(update: tasks_pb2.PlacementUpdate) -> list[str]:
             f"{_ts(p.time)}  rev {update.revision:<6d} {update.cause:10s} {p.task_id}  "
             f"{p.task_name}  {change_name(p.change)} {p.previous_node_count}->"
             f"{len(p.nodes)}  {nodes}{gen}"))
+    for w in update.warnings:
+        lines.append(terminal_safe(
+            f"{_ts(w.time)}  rev {update.revision:<6d} {update.cause:10s} {w.task_id}  "
+            f"WARNING {w.kind} (generation {w.generation}): {w.message}"))
     return lines
 
 

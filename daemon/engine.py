@@ -291,11 +291,15 @@ class Engine:
             if out.solves:
                 self.decision_times.record((time.perf_counter() - started) * 1000.0)
             self.last_decision = reply.decision
-            if out.placements:
+            if out.placements or out.warnings:
+                tasks = self.scheduler.tasks
+                owners = self._owners(reply.decision.placements)
+                owners.update((tid, tasks[tid].owner) for tid, _ in out.warnings
+                              if tid in tasks)
                 self._publish(PlacementUpdate(
                     revision=out.revision, time=out.time, cause=out.cause,
-                    placements=reply.decision.placements,
-                    owners=self._owners(reply.decision.placements)))
+                    placements=reply.decision.placements, owners=owners,
+                    warnings=list(out.warnings)))
             return reply
 
     def _check_owner_cap(self, event: SubmitEvent) -> None:
@@ -564,8 +568,10 @@ class Engine:
         mine = []
         for update in new:
             placements = [p for p in update.placements if p.task_id == task_id]
-            if placements:
-                mine.append(dataclasses.replace(update, placements=placements))
+            warnings = [w for w in update.warnings if w[0] == task_id]
+            if placements or warnings:
+                mine.append(dataclasses.replace(update, placements=placements,
+                                                warnings=warnings))
         return mine
 
     def close(self) -> None:

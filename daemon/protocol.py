@@ -300,9 +300,7 @@ def task_to_pb(task: TaskView) -> tasks_pb2.Task:
         failure_reason=task.failure_reason, energy=energy_to_pb(task.energy),
         samples_redone=task.samples_redone,
         failures_without_progress=task.failures_without_progress,
-        warnings=[tasks_pb2.TaskWarning(kind=w["kind"], message=w["message"],
-                                        time=time_to_pb(w["time"]), generation=w["generation"])
-                  for w in task.warnings])
+        warnings=[warning_to_pb(task.task_id, w) for w in task.warnings])
     if task.work_reached_time is not None:
         msg.work_reached_time.CopyFrom(time_to_pb(task.work_reached_time))
     return msg
@@ -375,10 +373,17 @@ def placement_from_pb(msg: decision_pb2.Placement) -> PlacementChange:
         generation=msg.generation)
 
 
+def warning_to_pb(task_id: str, w: dict) -> tasks_pb2.TaskWarning:
+    """The protocol form of one ``Task.warnings`` entry of task ``task_id``."""
+    return tasks_pb2.TaskWarning(kind=w["kind"], message=w["message"], time=time_to_pb(w["time"]),
+                                 generation=w["generation"], task_id=task_id)
+
+
 def update_to_pb(u: PlacementUpdate) -> tasks_pb2.PlacementUpdate:
-    """The protocol form of one revision's placement changes."""
+    """The protocol form of one revision's placement changes and warnings."""
     return tasks_pb2.PlacementUpdate(revision=u.revision, time=time_to_pb(u.time), cause=u.cause,
-                                     placements=[placement_to_pb(p) for p in u.placements])
+                                     placements=[placement_to_pb(p) for p in u.placements],
+                                     warnings=[warning_to_pb(t, w) for t, w in u.warnings])
 
 
 def solver_statistics_to_pb(s: SolverStatistics) -> status_pb2.SolverStatistics:

@@ -339,6 +339,8 @@ class PlacementUpdate:
     cause: str
     placements: list[PlacementChange]
     owners: dict[str, str] = field(default_factory=dict)
+    #: warnings noted at this revision: (task id, ``Task.warnings`` entry)
+    warnings: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
 @dataclass

@@ -432,9 +432,11 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
                     if not who.sees_all_tasks:
                         mine = [p for p in update.placements
                                 if update.owners.get(p.task_id) == who.user]
-                        if not mine:
+                        noted = [w for w in update.warnings
+                                 if update.owners.get(w[0]) == who.user]
+                        if not (mine or noted):
                             continue
-                        update = dataclasses.replace(update, placements=mine)
+                        update = dataclasses.replace(update, placements=mine, warnings=noted)
                     await context.write(protocol.update_to_pb(update))
                 await sub.event.wait()
         finally:  # also when cancelled (the client went away): the slot comes back at once

@@ -159,9 +159,10 @@ class PlacementFeed:
         self._seen = updates[-1].revision
         woken: set[Subscription] = set(self._all)
         for update in updates:
-            for placement in update.placements:
-                woken.update(self._by_task.get(placement.task_id, ()))
-                woken.update(self._by_user.get(update.owners.get(placement.task_id, ""), ()))
+            for task_id in [p.task_id for p in update.placements] + [w[0] for w in
+                                                                      update.warnings]:
+                woken.update(self._by_task.get(task_id, ()))
+                woken.update(self._by_user.get(update.owners.get(task_id, ""), ()))
         for sub in woken:
             sub.event.set()
 

@@ -144,3 +144,25 @@ def test_offcut_show_names_the_wasted_work_and_the_warnings(daemons):
     warnings = [ln for ln in out.splitlines() if ln.startswith("Warning")]
     assert [w.split()[1] for w in warnings] == ["stop-ignored", "no-checkpoint"]
     assert "(generation 2," in warnings[1] and "300 samples or more" in warnings[1]
+
+
+def test_offcut_watch_shows_a_warning_as_it_is_noted(daemons):
+    """The warning reaches ``WatchPlacements`` (and ``offcut watch``) at the revision that
+    noted it, also for a watch of that task only, even with no placement change."""
+    from offcut.client.task_cli import format_update
+
+    srv, c = daemons.start("a")
+    tid = launched_task(c, work=1000.0)
+    report(c, tid, 10, 400.0)
+    c.report_task_run(tid, "interrupted", node="n1", job_id="1", exit_code=75, generation=1,
+                      time=T0 + 20)
+    before = c.status().revision
+    report(c, tid, 30, 50.0)  # noted now: no placement changes with it
+    for watched in ("", tid):
+        stream = c.watch(task_id=watched, after_revision=before, timeout_s=5)
+        update = next(iter(stream))
+        stream.cancel()
+        assert not update.placements and [w.kind for w in update.warnings] == ["no-checkpoint"]
+        assert update.warnings[0].task_id == tid
+        (line,) = format_update(update)
+        assert f"{tid}  WARNING no-checkpoint (generation 2)" in line

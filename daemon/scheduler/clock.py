@@ -44,7 +44,7 @@ class ProgressClock:
                             f"its processes still ran {self.final_grace_s:g} s (final_grace_s) "
                             f"after a report reached the work: COMPLETED, its processes "
                             f"stopped (a final evaluation longer than that needs a larger "
-                            f"final_grace_s)"), self.clock)
+                            f"final_grace_s)"), self.clock, out)
                         self._finish(task, TaskState.COMPLETED, self.clock, out)
                         out.completed_task_ids.append(task.task_id)
                 elif task.state is TaskState.RUNNING and task.learner is None and (

@@ -64,7 +64,7 @@ class TaskLifecycle:
             note_warning(task, STOP_IGNORED,
                          f"its processes ignored the stop signal and were killed after the "
                          f"grace time ({task.last_run}): save a checkpoint and exit 75 when "
-                         f"OFFCUT_STOP_SIGNAL arrives (docs/execution.md)", t)
+                         f"OFFCUT_STOP_SIGNAL arrives (docs/execution.md)", t, out)
         if event.state == "finished":
             gained = task.spec.total_work_samples - task.work_done
             task.work_done = task.spec.total_work_samples
@@ -87,7 +87,7 @@ class TaskLifecycle:
             return False  # the node event that takes the node decides
         if event.state == "failed":
             task.failure_reason = task.last_run
-            in_a_row = note_failure(task, t, self.max_failed_generations)
+            in_a_row = note_failure(task, t, self.max_failed_generations, out)
             if in_a_row >= self.max_failed_generations:
                 task.failure_reason = (
                     f"{in_a_row} runs in a row failed without progress beyond "

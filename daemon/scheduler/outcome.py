@@ -69,6 +69,8 @@ class Outcome:
     policy_answers: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     ignored_nodes: list[str] = field(default_factory=list)
     completed_task_ids: list[str] = field(default_factory=list)
+    #: warnings noted by the event: (task id, its ``Task.warnings`` entry)
+    warnings: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     task_id: str | None = None
     #: finished tasks the event took out of the state (retention), for the state file's archive
     retired: list[Any] = field(default_factory=list)

@@ -33,7 +33,7 @@ class ProgressReports:
                 self._learn_version += 1  # the population prior may have moved
             total = task.spec.total_work_samples
             report = r.report
-            note_report(task, report.samples_done, t)
+            note_report(task, report.samples_done, t, out)
             delta = min(report.samples_done, total) - task.work_done
             task.work_done += delta
             out.progress_samples += delta
