@@ -51,7 +51,9 @@ Slurm call repairs itself on the next pass:
   with its generation, idempotent by request id ``JOBID:STATE`` across restarts): exit 0 ->
   ``finished`` (the task's work is done); exit 75, or ended after this launcher's stop signal
   -> ``interrupted``; preempted by Slurm, or cancelled by someone else -> ``preempted``;
-  anything else -> ``failed``. The daemon restarts the current generation after an
+  anything else -> ``failed``, with the last lines of the failed process's stderr (the
+  supervisor's note in the checkpoint folder, read as the job's user:
+  :mod:`offcut.slurm_plugin.job_failure`). The daemon restarts the current generation after an
   interruption or a failure (docs/execution.md) and fails the task after
   ``max_failed_generations`` failures in a row; a run of a replaced generation is never a
   task failure.
@@ -85,7 +87,7 @@ import hostlist
 
 from offcut.daemon.config import SlurmConfig
 from offcut.errors import FailedPrecondition, NotFound, OffcutError
-from offcut.slurm_plugin import node_run
+from offcut.slurm_plugin import job_failure, node_run
 from offcut.slurm_plugin.launcher_key import LauncherKey
 from offcut.slurm_plugin.owners import (JOB_UMASK, Account, OwnerAccounts, OwnerRefused,
                                         RunAsPolicy, user_name)
@@ -576,6 +578,10 @@ class Launcher:
                      "; it ignored the stop signal: killed when the preemption's GraceTime ended")
         if job.signal and state in ("failed", "interrupted"):
             text = (text + f"; killed by signal {job.signal}").lstrip("; ")
+        if state == "failed":
+            tail = self._stderr_tail(name, job)
+            if tail:
+                text = (text + f"; last lines of its stderr: {tail}").lstrip("; ")
         try:
             reply = self.client.report_task_run(
                 name.task_id, state, node=name.node, job_id=job.job_id,
@@ -595,6 +601,21 @@ class Launcher:
         log.info("task %s generation %d: job %s on %s %s", name.task_id, name.generation,
                  job.job_id, name.node, state)
         return True
+
+    def _stderr_tail(self, name: JobName, job: JobInfo) -> str:
+        """The last lines of stderr of ``job``'s failed process, from the failure note in the
+        task's checkpoint folder, read with the rights of the user Slurm says the job ran as
+        (:func:`offcut.slurm_plugin.job_failure.stderr_tail`; never as root for an owner's
+        job); "" when there is none, or that user is not one the launcher runs jobs as."""
+        if job.uid is None:
+            return ""
+        try:
+            account = self.accounts.account(user_name(job.uid))
+            folder = checkpoint_dir(self.cfg, name.task_id, account, self.key)
+        except (OwnerRefused, OSError) as exc:
+            log.debug("no stderr lines for job %s: %s", job.job_id, exc)
+            return ""
+        return job_failure.stderr_tail(folder, job.job_id, account)
 
     # ------------------------------------------------------------------ one pass
     def reconcile(self) -> PassResult:
@@ -740,6 +761,16 @@ class Launcher:
         for group, runs in ended.items():
             if group in live:
                 continue
+            # the nodes Slurm is taking first: the daemon's restart of this generation must
+            # not place the next one on them (a generation this launcher would hold, never
+            # submitted, until the preempting job's PrologSlurmctld reports them; issue 38).
+            # Idempotent with that prolog's report; the preempting job's epilog (or the
+            # watcher) gives them back.
+            taken = sorted({name.node for name, job, state in runs
+                            if (job.being_preempted or "PREEMPTED" in job.states)
+                            and (job.job_id, state) not in self.reported})
+            if taken:
+                self._report_taken(taken)
             for name, job, state in sorted(runs, key=lambda r: _REPORT_ORDER[r[2]]):
                 if self._report(name, job, state, result) and (
                         state == "preempted" or job.being_preempted):
@@ -767,14 +798,20 @@ class Launcher:
                     and self.clock() - job.submit_time > limit
                     and job.job_id not in self.cancelled)
 
+    def _report_taken(self, nodes: list[str]) -> None:
+        """Report ``nodes`` taken back to the daemon (``ReportNodes`` preempted, source
+        ``slurm-launcher``, a fresh monotone seq). Raises what ``report_nodes`` raises (the
+        pass is retried)."""
+        now_ns = time.time_ns()
+        self._node_seq = max(now_ns, self._node_seq + 1)
+        self.client.report_nodes(now_ns / 1e9, "slurm-launcher", self._node_seq,
+                                 preempted=nodes)
+
     def _give_back(self, job_id: str, name: JobName, job: JobInfo, result: PassResult) -> None:
         """Report ``name.node`` taken back to the daemon (source ``slurm-launcher``), then
         cancel the pending job. The report comes first: if it fails, the job stays and the
         next pass tries again, so a task never waits on a node the daemon still counts."""
-        now_ns = time.time_ns()
-        self._node_seq = max(now_ns, self._node_seq + 1)
-        self.client.report_nodes(now_ns / 1e9, "slurm-launcher", self._node_seq,
-                                 preempted=[name.node])
+        self._report_taken([name.node])
         self.cli.cancel([job_id])
         self.cancelled.add(job_id)
         result.given_back.append((name.task_id, name.node, job_id))

@@ -25,7 +25,14 @@ its workers but keeping the execution protocol's exit codes:
   process and exits **75** when any exited 75 (checkpointed, or saw a peer vanish), **0** when
   all exited 0;
 - its processes die with it (``PR_SET_PDEATHSIG``), so a supervisor killed by Slurm at the end
-  of the job's grace time leaves nothing running.
+  of the job's grace time leaves nothing running;
+- each process's stderr comes through a pipe: a thread per process relays every byte to this
+  process's stderr as it arrives (so the job's output file still has everything, in order per
+  process) and keeps its last :data:`TAIL_LINES` lines (each cut to :data:`TAIL_LINE_CHARS`
+  characters; a carriage return ends a line too). When a process fails, the run's first
+  failure is written to ``--checkpoint-dir``/:data:`FAILURE_FILE` (:func:`write_failure_note`):
+  ``job JOBID local rank K exit CODE`` and those lines, which the launcher adds to the run's
+  failure report (:mod:`offcut.slurm_plugin.job_failure`; docs/execution.md, "Wasted work").
 
 Why not torchrun or ``srun``: measured with torch 2.13, ``torchrun --signals-to-handle
 SIGUSR1`` forwards the signal but exits 1 when its workers exit 75 (and when all exit 75 with
@@ -46,7 +53,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from typing import Mapping, Sequence
 
 #: exit status of a process that checkpointed (or lost a peer): restart me (docs/execution.md)
@@ -58,7 +67,22 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: largest --procs (offcut.taskspec.MAX_PROCS_PER_NODE)
 MAX_PROCS = 64
 
+#: lines of a process's stderr kept for the failure note, and characters kept of each line
+TAIL_LINES = 20
+TAIL_LINE_CHARS = 300
+#: the failure note in the task's checkpoint folder: one per folder, the latest failure's
+FAILURE_FILE = "offcut-last-failure.txt"
+#: largest failure note [bytes] (the oldest kept lines are dropped to fit)
+MAX_NOTE_BYTES = 8192
+#: seconds a failed process's relay may take to reach the end of its stderr before the note
+#: is written (a child of the process may still hold the pipe open), and to drain the others'
+#: at the end of the run
+DRAIN_S = 2.0
+
 _PR_SET_PDEATHSIG = 1
+#: bytes of an unfinished line kept (a longer line is cut to :data:`TAIL_LINE_CHARS` anyway)
+_LINE_BYTES = 4 * TAIL_LINE_CHARS
+_READ_BYTES = 65536
 
 
 def process_environment(base: Mapping[str, str], *, local_rank: int, procs: int, node_rank: int,
@@ -103,6 +127,113 @@ def _die_with_parent() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
+class StderrTail:
+    """Relays one process's stderr (the read end of its pipe, ``fd``, closed at its end) to
+    ``out_fd`` unchanged, chunk by chunk as it arrives, under ``lock`` (one writer at a time),
+    in a thread of its own; keeps the last :data:`TAIL_LINES` lines, each cut to
+    :data:`TAIL_LINE_CHARS` characters (bounded however long a line or the output is: a line
+    longer than that is kept by its start). A line ends at ``\\n`` or ``\\r`` (a progress
+    bar's updates are lines); empty lines are not kept. A failed write to ``out_fd`` drops
+    the chunk and the relay goes on (the process never blocks on a full pipe)."""
+
+    def __init__(self, fd: int, out_fd: int, lock: threading.Lock):
+        self.fd, self.out_fd, self.lock = fd, out_fd, lock
+        self.lines: deque[str] = deque(maxlen=TAIL_LINES)
+        self._partial = bytearray()
+        self._thread = threading.Thread(target=self._relay, name=f"stderr-{fd}", daemon=True)
+
+    def start(self) -> None:
+        """Start relaying."""
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` [s] for the end of the stream; True when it ended."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def _relay(self) -> None:
+        try:
+            while True:
+                try:
+                    data = os.read(self.fd, _READ_BYTES)
+                except OSError:
+                    break
+                if not data:
+                    break
+                with self.lock:
+                    view = memoryview(data)
+                    try:
+                        while view:
+                            view = view[os.write(self.out_fd, view):]
+                    except OSError:
+                        pass
+                self.feed(data)
+        finally:
+            self._end_line()
+            os.close(self.fd)
+
+    def feed(self, data: bytes) -> None:
+        """Take ``data`` (the next bytes of the stream) into the kept lines."""
+        parts = data.replace(b"\r", b"\n").split(b"\n")
+        for part in parts[:-1]:
+            self._add(part)
+            self._end_line()
+        self._add(parts[-1])
+
+    def _add(self, part: bytes) -> None:
+        room = _LINE_BYTES - len(self._partial)
+        if room > 0:
+            self._partial += part[:room]
+
+    def _end_line(self) -> None:
+        line = bytes(self._partial).decode("utf-8", "replace").strip()
+        self._partial.clear()
+        if line:
+            self.lines.append(line[:TAIL_LINE_CHARS])
+
+
+def failure_note(job_id: str, local_rank: int, returncode: int, lines: Sequence[str]) -> bytes:
+    """The failure note (UTF-8): ``job JOB_ID local rank K exit CODE`` (the exit status as a
+    shell reports it: 128 + S for signal S), then ``lines``, one a line, the oldest dropped
+    until it fits :data:`MAX_NOTE_BYTES`."""
+    head = f"job {job_id} local rank {local_rank} exit {exit_status(returncode)}\n".encode()
+    body = [line.replace("\n", " ").encode("utf-8", "replace") + b"\n" for line in lines]
+    while body and len(head) + sum(map(len, body)) > MAX_NOTE_BYTES:
+        body.pop(0)
+    return head + b"".join(body)
+
+
+def write_failure_note(folder: str, note: bytes) -> None:
+    """Write ``note`` as ``folder``/:data:`FAILURE_FILE`, atomically (a temporary file made
+    with ``O_EXCL | O_NOFOLLOW``, mode 0600, then renamed over the old note), as this
+    process's user.
+
+    Raises:
+        OSError: it cannot be written (the temporary file is removed).
+    """
+    tmp = os.path.join(folder, f".{FAILURE_FILE}.{os.getpid()}.tmp")
+    try:
+        os.unlink(tmp)  # left by an earlier supervisor of the same pid
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        try:
+            view = memoryview(note)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(folder, FAILURE_FILE))
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 class NodeRun:
     """The processes of one node of a generation.
 
@@ -114,11 +245,14 @@ class NodeRun:
         stop_signal: the launcher's stop signal, forwarded like :data:`FORWARDED`.
         environ: the environment every process starts from (default ``os.environ``).
         kill_after_s: seconds between SIGTERM and SIGKILL of the others after a failure [s].
+        failure_dir: the folder of the failure note (:func:`write_failure_note`; None: none
+            is written), normally the task's checkpoint folder.
     """
 
     def __init__(self, line: str, *, procs: int, node_rank: int, num_nodes: int,
                  gpus_per_proc: int = 0, stop_signal: signal.Signals = signal.SIGUSR1,
-                 environ: Mapping[str, str] | None = None, kill_after_s: float = KILL_AFTER_S):
+                 environ: Mapping[str, str] | None = None, kill_after_s: float = KILL_AFTER_S,
+                 failure_dir: str | None = None):
         if not 1 <= procs <= MAX_PROCS:
             raise ValueError(f"--procs must be 1 to {MAX_PROCS}, got {procs}")
         if not 0 <= node_rank < num_nodes:
@@ -128,7 +262,10 @@ class NodeRun:
         self.signals = sorted({int(stop_signal), *(int(s) for s in FORWARDED)})
         self.environ = os.environ if environ is None else environ
         self.kill_after_s = kill_after_s
+        self.failure_dir = failure_dir
         self.children: list[subprocess.Popen] = []
+        self.tails: list[StderrTail] = []  # per process, as self.children
+        self._out_lock = threading.Lock()
         self.ended: list[int] = []  # returncodes in the order the processes ended
 
     def _forward(self, signum, frame) -> None:
@@ -150,7 +287,8 @@ class NodeRun:
 
     def start(self) -> None:
         """Start the processes, with the forwarded signals held until all exist (a signal
-        that came meanwhile reaches every one of them)."""
+        that came meanwhile reaches every one of them), and the relays of their stderr
+        (:class:`StderrTail`, whose threads keep the signals held: they reach this thread)."""
         for s in self.signals:
             signal.signal(s, self._forward)
         signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
@@ -159,9 +297,14 @@ class NodeRun:
                 env = process_environment(self.environ, local_rank=i, procs=self.procs,
                                           node_rank=self.node_rank, num_nodes=self.num_nodes,
                                           gpus_per_proc=self.gpus_per_proc)
-                self.children.append(subprocess.Popen(
-                    ["/bin/bash", "-c", "exec " + self.line], env=env,
-                    preexec_fn=_die_with_parent))
+                child = subprocess.Popen(["/bin/bash", "-c", "exec " + self.line], env=env,
+                                         stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+                self.children.append(child)
+                tail = StderrTail(os.dup(child.stderr.fileno()), sys.stderr.fileno(),
+                                  self._out_lock)
+                child.stderr.close()
+                self.tails.append(tail)
+                tail.start()
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, self.signals)
 
@@ -199,13 +342,36 @@ class NodeRun:
             last = self.ended[-1] if self.ended else 0
             if last not in (0, EXIT_RESTART):
                 i = next(c for c in self.children if c.returncode == last)
-                print(f"offcut node_run: local rank {self.children.index(i)} failed "
-                      f"({_describe(last)}); stopping the other processes",
-                      file=sys.stderr, flush=True)
+                rank = self.children.index(i)
+                with self._out_lock:
+                    print(f"offcut node_run: local rank {rank} failed "
+                          f"({_describe(last)}); stopping the other processes",
+                          file=sys.stderr, flush=True)
+                self._note_failure(rank, last)
                 self._stop_the_rest()
                 break
+        deadline = time.monotonic() + DRAIN_S  # the last lines reach the output file
+        for tail in self.tails:
+            tail.join(max(0.0, deadline - time.monotonic()))
         outcome = run_outcome(self.ended)
         return 0 if outcome is None else outcome
+
+    def _note_failure(self, rank: int, returncode: int) -> None:
+        """Write the failure note of local rank ``rank`` (ended with ``returncode``) when
+        there is a folder for it, after its stderr's end (at most :data:`DRAIN_S`); a write
+        that fails is one line on stderr."""
+        if self.failure_dir is None:
+            return
+        tail = self.tails[rank]
+        tail.join(DRAIN_S)
+        note = failure_note(self.environ.get("SLURM_JOB_ID", "-"), rank, returncode,
+                            list(tail.lines))
+        try:
+            write_failure_note(self.failure_dir, note)
+        except OSError as exc:
+            with self._out_lock:
+                print(f"offcut node_run: cannot write the failure note in "
+                      f"{self.failure_dir}: {exc}", file=sys.stderr, flush=True)
 
 
 def _describe(returncode: int) -> str:
@@ -349,7 +515,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         stop = _parse_signal(args.stop_signal)
         run = NodeRun(" ".join(line), procs=args.procs, node_rank=args.node_rank,
                       num_nodes=args.num_nodes, gpus_per_proc=args.gpus_per_proc,
-                      stop_signal=stop, kill_after_s=args.kill_after_s)
+                      stop_signal=stop, kill_after_s=args.kill_after_s,
+                      failure_dir=args.checkpoint_dir)
     except (ValueError, KeyError) as exc:
         p.error(str(exc))
     run.start()

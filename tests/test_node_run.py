@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from offcut.slurm_plugin.node_run import process_environment, run_outcome
+from offcut.slurm_plugin.node_run import (FAILURE_FILE, MAX_NOTE_BYTES, TAIL_LINE_CHARS,
+                                          TAIL_LINES, StderrTail, failure_note,
+                                          process_environment, run_outcome)
 
 #: a child: writes its pid and environment, then does what MODE says
 CHILD = r'''
@@ -66,6 +68,13 @@ elif mode == "abort1":
         os.kill(os.getpid(), signal.SIGABRT)
     while True:
         time.sleep(0.05)
+elif mode.startswith("noisy"):  # noisyN: 50 numbered lines on stderr, then exit N
+    ready()
+    for i in range(1, 51):
+        print(f"rank {rank} line {i} of 50", file=sys.stderr, flush=True)
+    print("x" * 5000, "\x1b]0;title\x07", file=sys.stderr, flush=True)  # long, with controls
+    print("RuntimeError: boom 42", file=sys.stderr, flush=True)
+    os._exit(int(mode[5:]))
 else:
     ready()
     os._exit(int(mode))
@@ -94,18 +103,20 @@ class Supervised:
     """``python -m offcut.slurm_plugin.node_run`` over CHILD in ``mode``."""
 
     def __init__(self, tmp: Path, mode: str, procs: int = 2, node_rank: int = 1,
-                 num_nodes: int = 3, gpus_per_proc: int = 0, kill_after_s: float = 10.0):
+                 num_nodes: int = 3, gpus_per_proc: int = 0, kill_after_s: float = 10.0,
+                 checkpoint_dir: Path | None = None, job_id: str = "4711"):
         self.dir = tmp
         script = tmp / "child.py"
         script.write_text(CHILD)
         line = f"{sys.executable} {script} {tmp} {mode}"
-        env = {**os.environ, "MASTER_ADDR": "n1"}
+        env = {**os.environ, "MASTER_ADDR": "n1", "SLURM_JOB_ID": job_id}
         self.procs = procs
+        ckpt = ["--checkpoint-dir", str(checkpoint_dir)] if checkpoint_dir else []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "offcut.slurm_plugin.node_run", "--procs", str(procs),
              "--node-rank", str(node_rank), "--num-nodes", str(num_nodes),
              "--gpus-per-proc", str(gpus_per_proc), "--kill-after-s", str(kill_after_s),
-             "--stop-signal", "USR1", "--", line],
+             "--stop-signal", "USR1", *ckpt, "--", line],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def children(self, timeout: float = 60) -> dict[int, dict]:
@@ -207,3 +218,60 @@ def test_bad_arguments_are_refused_with_the_option_named(args, message):
     r = subprocess.run([sys.executable, "-m", "offcut.slurm_plugin.node_run", *args],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and message in r.stderr
+
+
+def test_a_failed_process_leaves_its_last_stderr_lines_in_the_checkpoint_folder(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run = Supervised(tmp_path, "noisy3", procs=1, checkpoint_dir=ckpt, job_id="4711")
+    rc, out = run.end()
+    assert rc == 3, out
+    # the job's output still has every line, in order
+    positions = [out.index(f"rank 0 line {i} of 50\n") for i in range(1, 51)]
+    assert positions == sorted(positions) and "RuntimeError: boom 42" in out
+    assert "x" * 5000 in out and "\x1b]0;title\x07" in out  # relayed unchanged
+    note = ckpt / FAILURE_FILE
+    assert note.stat().st_mode & 0o777 == 0o600
+    lines = note.read_text().splitlines()
+    assert lines[0] == "job 4711 local rank 0 exit 3"
+    # the last 20 lines, the long one cut to 300 characters (controls are kept as written:
+    # the launcher escapes them)
+    assert len(lines) == 1 + TAIL_LINES
+    assert lines[-1] == "RuntimeError: boom 42"
+    assert lines[-2] == "x" * TAIL_LINE_CHARS
+    assert lines[1:-2] == [f"rank 0 line {i} of 50" for i in range(33, 51)]
+    assert not list(ckpt.glob(".*.tmp"))
+
+
+def test_a_process_that_exits_75_leaves_no_failure_note(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run = Supervised(tmp_path, "noisy75", procs=2, checkpoint_dir=ckpt)
+    rc, out = run.end()
+    assert rc == 75, out
+    assert "rank 1 line 50 of 50" in out and "rank 0 line 50 of 50" in out
+    assert ckpt.is_dir() and not (ckpt / FAILURE_FILE).exists()
+
+
+def test_a_command_that_cannot_start_leaves_the_shells_words(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    r = subprocess.run([sys.executable, "-m", "offcut.slurm_plugin.node_run", "--procs", "1",
+                        "--node-rank", "0", "--num-nodes", "1", "--checkpoint-dir", str(ckpt),
+                        "--", "/nonexistent/python3", "train.py"],
+                       env={**os.environ, "SLURM_JOB_ID": "12"}, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 127 and "No such file or directory" in r.stderr
+    lines = (ckpt / FAILURE_FILE).read_text().splitlines()
+    assert lines[0] == "job 12 local rank 0 exit 127"
+    assert "/nonexistent/python3: No such file or directory" in lines[-1]
+
+
+def test_the_kept_lines_are_bounded_and_a_carriage_return_ends_a_line():
+    tail = StderrTail(-1, -1, None)
+    tail.feed(b"10%\r20%\r30%")
+    tail.feed(b"\r\n" + b"y" * 100_000)
+    tail.feed(b"y" * 100_000 + b"\nlast\xff")
+    tail._end_line()
+    assert list(tail.lines) == ["10%", "20%", "30%", "y" * TAIL_LINE_CHARS, "last\ufffd"]
+    tail.feed(b"".join(b"l%d\n" % i for i in range(1000)))
+    assert list(tail.lines) == [f"l{i}" for i in range(980, 1000)]
+    big = failure_note("7", 0, -6, ["\u00e9" * TAIL_LINE_CHARS] * TAIL_LINES)
+    assert big.startswith(b"job 7 local rank 0 exit 134\n") and len(big) <= MAX_NOTE_BYTES

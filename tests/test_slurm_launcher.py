@@ -337,21 +337,22 @@ def test_generations_through_preemption_grow_and_shrink_with_fake_slurm(placed):
         slurm.end(node)
     r = again.reconcile()
     assert {s for _, _, s in r.reported} == {"interrupted"}
-    # the first interruption of generation 1 restarted it (generation 2, same nodes); n3, n4
-    # wait: Slurm is taking them
+    # the launcher told the daemon first that Slurm is taking n3, n4 (issue 38: else the
+    # daemon's restart would place a generation on them that nothing could start): generation
+    # 2 is on n1, n2 at once, submitted in the same pass, and the interruptions of generation 1
+    # restart nothing more
     task = client.get_task(tid)
     assert task.generation == 2 and task.state == tasks_pb2.TASK_STATE_RUNNING
-    assert task.failed_runs == 0
-    r = again.reconcile()
-    assert not r.submitted and r.waiting == [tid]
-    assert sorted(r.held) == [(tid, "n3"), (tid, "n4")]
-    client.report_nodes(time.time(), "test", 2, preempted=["n3", "n4"])  # the prolog
-    r = again.reconcile()
+    assert sorted(task.nodes) == ["n1", "n2"] and task.failed_runs == 0
+    assert "n3" not in idle_set(client) and "n4" not in idle_set(client)
     assert sorted(n for _, n, _ in r.submitted) == ["n1", "n2"] and not r.held
-    assert slurm.generations() == {"n1": 3, "n2": 3}
+    assert not again.reconcile().submitted
+    assert slurm.generations() == {"n1": 2, "n2": 2}
     assert {_env(slurm.scripts[j])["WORLD_SIZE"] for j in slurm.active().values()} == {"2"}
+    client.report_nodes(time.time(), "test", 2, preempted=["n3", "n4"])  # the prolog: no news
+    assert client.get_task(tid).generation == 2
 
-    # the nodes come back (the epilog): generation 4 on four nodes; generation 3 first gets
+    # the nodes come back (the epilog): generation 3 on four nodes; generation 2 first gets
     # the stop signal, and nothing is submitted while it runs
     client.report_nodes(time.time(), "test", 3, idle=["n3", "n4"])
     r = again.reconcile()
@@ -362,9 +363,9 @@ def test_generations_through_preemption_grow_and_shrink_with_fake_slurm(placed):
         slurm.end(node)  # checkpointed: exit 75
     r = again.reconcile()
     assert {s for _, _, s in r.reported} == {"interrupted"}
-    assert client.get_task(tid).generation == 4  # a replaced generation's exit restarts nothing
+    assert client.get_task(tid).generation == 3  # a replaced generation's exit restarts nothing
     assert sorted(n for _, n, _ in r.submitted) == ALL
-    assert slurm.generations() == {n: 4 for n in ALL}
+    assert slurm.generations() == {n: 3 for n in ALL}
 
     # a shrink whose old generation does not stop in time: cancelled after rescale_grace_s
     client.report_nodes(time.time(), "test", 4, preempted=["n1"])

@@ -9,6 +9,9 @@ tests/slurm_cluster.py with the launcher (docs/execution.md, "Completion", "Wast
   warning names it; the task still completes (it made progress each time).
 * A script that ignores the stop signal: killed when the preemption's GraceTime ends, noted as
   a ``stop-ignored`` warning.
+* A wrong interpreter path, and a rank that raises: the task fails after
+  ``max_failed_generations`` runs, and its failure reason carries the last lines of the failed
+  process's stderr ("No such file or directory", the traceback).
 
 Skipped with the reason without Slurm (or root) or torch."""
 
@@ -153,3 +156,60 @@ def test_a_script_that_ignores_the_stop_signal_is_named(slurm, cluster_daemon, t
     warning = next(w for w in client.get_task(tid).warnings if w.kind == "stop-ignored")
     assert "ignored the stop signal" in warning.message and "GraceTime" in warning.message
     client.cancel(tid)
+
+
+#: local rank 1 raises at once (a traceback on its stderr); local rank 0 waits to be stopped
+BOOM = (
+    "import os, time\n"
+    "if os.environ['LOCAL_RANK'] == '1':\n"
+    "    raise RuntimeError('boom 42')\n"
+    "time.sleep(600)\n")
+
+
+def _fails(client, tid: str, slurm, after: int, tmp_path: Path):
+    """Run the launcher until task ``tid`` is FAILED and no job of it runs; its task."""
+    with slurm.launcher(client.address, tmp_path):
+        slurm.wait_for(lambda: client.get_task(tid).state in (
+            tasks_pb2.TASK_STATE_FAILED, tasks_pb2.TASK_STATE_COMPLETED), timeout=300,
+            what="the task to fail")
+        slurm.wait_for(lambda: not running(slurm, tid, after), timeout=60, what="no running job")
+    return client.get_task(tid)
+
+
+def test_a_wrong_interpreter_fails_the_task_naming_the_cause(slurm, cluster_daemon, tmp_path):
+    """Was: FAILED with "exit code 127"; "No such file or directory" was only in the job's
+    output file. Now the failure reason carries the last lines of the process's stderr."""
+    srv, client = cluster_daemon
+    tmp_path.chmod(0o755)
+    client.sync_nodes(time.time(), "slurm-watch", 1, idle=["n1"])
+    after = last_job_id(slurm)
+    spec = make_task_spec("wrong-python", nodes="1", work_samples=1000,
+                          scalability=([1], [100.0]), rescale_up_s=0.0, rescale_down_s=0.0,
+                          command=["/nonexistent/python3", "train.py"])
+    tid = client.submit(spec, owner="test").task.task_id
+    task = _fails(client, tid, slurm, after, tmp_path)
+    assert task.state == tasks_pb2.TASK_STATE_FAILED and task.failed_runs == 3, task
+    reason = task.failure_reason
+    assert "exit code 127" in reason and "last lines of its stderr: " in reason, reason
+    assert "/nonexistent/python3: No such file or directory" in reason, reason
+    assert "No such file or directory" in task.last_run
+
+
+def test_a_crashing_ranks_traceback_is_in_the_failure_reason(slurm, cluster_daemon, tmp_path):
+    """Was: "exit code 1" only; the traceback was in the job's output file. Two processes on
+    the node; local rank 1 raises, its peer is stopped: the reason names the exception."""
+    srv, client = cluster_daemon
+    tmp_path.chmod(0o755)
+    script = _script(tmp_path, "boom.py", BOOM)
+    client.sync_nodes(time.time(), "slurm-watch", 1, idle=["n1"])
+    after = last_job_id(slurm)
+    spec = make_task_spec("boom", nodes="1", work_samples=1000, scalability=([1], [100.0]),
+                          rescale_up_s=0.0, rescale_down_s=0.0, procs_per_node=2,
+                          command=[sys.executable, str(script)])
+    tid = client.submit(spec, owner="test").task.task_id
+    task = _fails(client, tid, slurm, after, tmp_path)
+    assert task.state == tasks_pb2.TASK_STATE_FAILED and task.failed_runs == 3, task
+    for text in (task.last_run, task.failure_reason):
+        assert "exit code 1" in text and "RuntimeError: boom 42" in text, text
+        assert "Traceback (most recent call last):" in text, text
+        assert len(text) < 2500
