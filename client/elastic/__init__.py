@@ -35,9 +35,9 @@ Minimal loop (one process per rank, under ``offcut-slurm launch`` or ``torchrun`
             done += global_batch_size
             run.step(done, lambda: {"model": model.module.state_dict(),
                                     "opt": opt.state_dict()})  # every rank, every step
-        run.save_checkpoint({...}, done)                      # the final one completes the task
-        evaluate_and_print(model)
-    # not reached: the end of the block exits 0
+        run.save_checkpoint({...}, done)                      # the work is reached
+        evaluate_and_print(model)                             # runs to its end: the task is
+    # not reached: the end of the block exits 0             # COMPLETED when every rank exits 0
 
 :meth:`ElasticRun.step` is the one collective per step: on a stop it writes a checkpoint on
 rank 0 and exits 75 on every rank; otherwise it writes one when ``checkpoint_every_s`` or
