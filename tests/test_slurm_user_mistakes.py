@@ -9,6 +9,10 @@ tests/slurm_cluster.py with the launcher (docs/execution.md, "Completion", "Wast
   warning names it; the task still completes (it made progress each time).
 * A script that ignores the stop signal: killed when the preemption's GraceTime ends, noted as
   a ``stop-ignored`` warning.
+* A script that ignores the checkpoint it loaded: ElasticRun refuses its first checkpoint after
+  a restart, the reason says so, and the task fails after three failures without progress
+  (the ``no-checkpoint`` warning for scripts that report without ElasticRun's guard:
+  tests/test_wasted_work.py).
 * A wrong interpreter path, and a rank that raises: the task fails after
   ``max_failed_generations`` runs, and its failure reason carries the last lines of the failed
   process's stderr ("No such file or directory", the traceback).
@@ -213,3 +217,52 @@ def test_a_crashing_ranks_traceback_is_in_the_failure_reason(slurm, cluster_daem
         assert "exit code 1" in text and "RuntimeError: boom 42" in text, text
         assert "Traceback (most recent call last):" in text, text
         assert len(text) < 2500
+
+
+#: a script that never resumes: it checkpoints (ElasticRun does) but ignores what it loaded and
+#: starts from sample 0 in every generation
+NO_RESUME = (
+    "import logging, os, sys, time\n"
+    "logging.basicConfig(level=logging.INFO, stream=sys.stderr,\n"
+    "                    format='rank ' + os.environ['RANK'] + ': %(message)s')\n"
+    "from offcut.client.elastic import ElasticRun\n"
+    "with ElasticRun.from_env(checkpoint_every_steps=5) as run:\n"
+    "    done = 0  # the mistake: run.samples_done (the loaded checkpoint's) is ignored\n"
+    "    while True:\n"
+    "        done += 10\n"
+    "        run.step(done, lambda: {'done': done})\n"
+    "        time.sleep(0.05)\n")
+
+
+def test_a_script_that_does_not_resume_from_its_checkpoint_is_named(torch, slurm,
+                                                                     cluster_daemon, tmp_path):
+    """ElasticRun refuses to write a checkpoint below the latest one, so a script that ignores
+    what it loaded fails at its first checkpoint after a restart: the reason names the mistake
+    (its stderr), the failures make no progress, and the task fails after three of them with
+    a crash-loop warning, instead of training the same samples again and again."""
+    srv, client = cluster_daemon
+    tmp_path.chmod(0o755)
+    script = _script(tmp_path, "no_resume.py", NO_RESUME)
+    client.sync_nodes(time.time(), "slurm-watch", 1, idle=["n1", "n2"])
+    after = last_job_id(slurm)
+    spec = make_task_spec("no-resume", nodes="1-2", work_samples=1e9,
+                          scalability=([1, 2], [100.0, 190.0]), rescale_up_s=0.0,
+                          rescale_down_s=0.0, command=[sys.executable, str(script)],
+                          reports_progress=True)
+    tid = client.submit(spec, owner="test").task.task_id
+
+    def reported() -> float:
+        task = client.get_task(tid)
+        return task.model.last_samples_done if task.model.has_report else 0.0
+
+    with slurm.launcher(client.address, tmp_path):
+        slurm.wait_for(lambda: reported() >= 100, timeout=180, what="reports of generation 1")
+        regular = slurm.sbatch("-N1", "-w", "n1", "--exclusive", wrap="sleep 5")
+        slurm.wait_for(lambda: client.get_task(tid).state == tasks_pb2.TASK_STATE_FAILED,
+                       timeout=300, what="the task to fail")
+        slurm.wait_for(lambda: not running(slurm, tid, after), timeout=60, what="no running job")
+        slurm.wait_state(regular, {"COMPLETED"}, timeout=120)
+    task = client.get_task(tid)
+    assert task.failed_runs == 3 and task.failures_without_progress == 3, task
+    assert "call load_checkpoint() first" in task.failure_reason, task.failure_reason
+    assert "crash-loop" in [w.kind for w in task.warnings]
