@@ -406,10 +406,11 @@ class Engine:
             ms = (held_s + time.perf_counter() - started) * 1e3
             self.snapshot_times.record(ms)
             self.last_snapshot = (ms, out.revision)
-        if out.ignored_nodes:
-            log.warning("event %s/%s: ignored %d node(s) that were not idle or already idle: %s",
-                        out.source, out.seq, len(out.ignored_nodes),
-                        ", ".join(out.ignored_nodes[:10]))
+        if out.ignored_nodes:  # (normal: the launcher, the hooks and the watcher report the
+            # same change; the sender is told in its Decision's ignored_nodes)
+            log.info("event %s/%s: ignored %d node(s) that were not idle or already idle: %s",
+                     out.source, out.seq, len(out.ignored_nodes),
+                     ", ".join(out.ignored_nodes[:10]))
 
     def _apply_retention(self, now: float) -> None:
         """After a snapshot: mark the journal rows older than their retention for deletion
