@@ -592,6 +592,9 @@ def show(
             ("RescaleMeasured", " ".join(
                 f"{k} {getattr(m, f'measured_rescale_{k}_s'):.3g} s" for k in ("up", "down")
                 if m.HasField(f"measured_rescale_{k}_s")) or "-"),
+            ("RescaleLost", f"{m.measured_rescale_lost_s:.3g} s over {m.measured_rescales} "
+                            "measured rescales and preemptions (seconds of progress at the "
+                            "rate before each)" if m.measured_rescales else "- (none measured)"),
         ]
     fields += [
         ("SubmitTime", _ts(task.submit_time)), ("AdmitTime", _ts(task.admit_time)),

@@ -251,7 +251,9 @@ def model_to_pb(model: ModelView | None) -> tasks_pb2.LearnedModel | None:
     msg = tasks_pb2.LearnedModel(
         rescale_up_s=model.rescale_up_s, rescale_down_s=model.rescale_down_s,
         curve_node_counts=model.curve_node_counts, curve_throughputs=model.curve_throughputs,
-        curve_low=model.curve_low, curve_high=model.curve_high)
+        curve_low=model.curve_low, curve_high=model.curve_high,
+        measured_rescale_lost_s=model.measured_rescale_lost_s,
+        measured_rescales=model.measured_rescales)
     if model.measured_rescale_up_s is not None:
         msg.measured_rescale_up_s = model.measured_rescale_up_s
     if model.measured_rescale_down_s is not None:
@@ -283,7 +285,8 @@ def model_from_pb(msg: tasks_pb2.LearnedModel) -> ModelView:
         last_energy_j=msg.last_energy_j if msg.HasField("last_energy_j") else None,
         curve_node_counts=list(msg.curve_node_counts),
         curve_throughputs=list(msg.curve_throughputs), curve_low=list(msg.curve_low),
-        curve_high=list(msg.curve_high))
+        curve_high=list(msg.curve_high), measured_rescale_lost_s=msg.measured_rescale_lost_s,
+        measured_rescales=msg.measured_rescales)
 
 
 def task_to_pb(task: TaskView) -> tasks_pb2.Task:

@@ -61,6 +61,10 @@ class ModelView:
     curve_throughputs: list[float] = field(default_factory=list)
     curve_low: list[float] = field(default_factory=list)
     curve_high: list[float] = field(default_factory=list)
+    #: the time lost to the measured rescales and preemptions [s] and how many (absent in
+    #: answers stored by releases before it)
+    measured_rescale_lost_s: float = 0.0
+    measured_rescales: int = 0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelView":
@@ -180,6 +184,7 @@ def model_view(task: Task, scheduler: "Scheduler") -> ModelView | None:
     last = learner.last_report
     if last is not None:
         view.last_report_time, view.last_samples_done, view.last_energy_j = last
+    view.measured_rescale_lost_s, view.measured_rescales = learner.rescale_loss()
     if task.spec.learned and not task.state.finished:
         ns, ps = scheduler.learned_curve(task)
         view.curve_node_counts = [int(n) for n in ns]

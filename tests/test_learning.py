@@ -266,6 +266,14 @@ def test_rescale_costs_are_recovered():
     assert sim.learner.rescale_down_s(99.0) == pytest.approx(10.0, rel=0.2)
     assert sim.learner.measured_rescale_s() == (sim.learner.rescale_up_s(0.0),
                                                 sim.learner.rescale_down_s(0.0))
+    # the time lost to all of them (issue 38, wasted work): every estimate counted once, and
+    # kept across a snapshot (to_dict / from_dict)
+    lost, valued = sim.learner.rescale_loss()
+    assert valued == 19 and lost == pytest.approx(
+        sum(sim.learner._rescales.up) + sum(sim.learner._rescales.down))
+    assert lost == pytest.approx(10 * 30.0 + 9 * 10.0, rel=0.15)  # 10 grows, 9 shrinks
+    assert TaskLearner.from_dict(json.loads(json.dumps(sim.learner.to_dict()))
+                                 ).rescale_loss() == (lost, valued)
     for n, got in sim.learner.measured().items():
         assert got["rate"] == pytest.approx(true(n), rel=0.03)
 

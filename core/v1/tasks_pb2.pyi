@@ -188,7 +188,7 @@ class TaskEnergy(_message.Message):
     def __init__(self, source: _Optional[str] = ..., joules: _Optional[float] = ..., samples_per_joule: _Optional[float] = ..., generations_reported: _Optional[int] = ..., last_generation: _Optional[int] = ..., last_generation_joules: _Optional[float] = ..., last_generation_ranks: _Optional[int] = ..., last_generation_world_size: _Optional[int] = ...) -> None: ...
 
 class LearnedModel(_message.Message):
-    __slots__ = ("measured", "rescale_up_s", "rescale_down_s", "curve_node_counts", "curve_throughputs", "has_report", "last_report_time", "last_samples_done", "last_energy_j", "curve_low", "curve_high", "measured_rescale_up_s", "measured_rescale_down_s")
+    __slots__ = ("measured", "rescale_up_s", "rescale_down_s", "curve_node_counts", "curve_throughputs", "has_report", "last_report_time", "last_samples_done", "last_energy_j", "curve_low", "curve_high", "measured_rescale_up_s", "measured_rescale_down_s", "measured_rescale_lost_s", "measured_rescales")
     MEASURED_FIELD_NUMBER: _ClassVar[int]
     RESCALE_UP_S_FIELD_NUMBER: _ClassVar[int]
     RESCALE_DOWN_S_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +202,8 @@ class LearnedModel(_message.Message):
     CURVE_HIGH_FIELD_NUMBER: _ClassVar[int]
     MEASURED_RESCALE_UP_S_FIELD_NUMBER: _ClassVar[int]
     MEASURED_RESCALE_DOWN_S_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_RESCALE_LOST_S_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_RESCALES_FIELD_NUMBER: _ClassVar[int]
     measured: _containers.RepeatedCompositeFieldContainer[MeasuredCount]
     rescale_up_s: float
     rescale_down_s: float
@@ -215,7 +217,9 @@ class LearnedModel(_message.Message):
     curve_high: _containers.RepeatedScalarFieldContainer[float]
     measured_rescale_up_s: float
     measured_rescale_down_s: float
-    def __init__(self, measured: _Optional[_Iterable[_Union[MeasuredCount, _Mapping]]] = ..., rescale_up_s: _Optional[float] = ..., rescale_down_s: _Optional[float] = ..., curve_node_counts: _Optional[_Iterable[int]] = ..., curve_throughputs: _Optional[_Iterable[float]] = ..., has_report: _Optional[bool] = ..., last_report_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_samples_done: _Optional[float] = ..., last_energy_j: _Optional[float] = ..., curve_low: _Optional[_Iterable[float]] = ..., curve_high: _Optional[_Iterable[float]] = ..., measured_rescale_up_s: _Optional[float] = ..., measured_rescale_down_s: _Optional[float] = ...) -> None: ...
+    measured_rescale_lost_s: float
+    measured_rescales: int
+    def __init__(self, measured: _Optional[_Iterable[_Union[MeasuredCount, _Mapping]]] = ..., rescale_up_s: _Optional[float] = ..., rescale_down_s: _Optional[float] = ..., curve_node_counts: _Optional[_Iterable[int]] = ..., curve_throughputs: _Optional[_Iterable[float]] = ..., has_report: _Optional[bool] = ..., last_report_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_samples_done: _Optional[float] = ..., last_energy_j: _Optional[float] = ..., curve_low: _Optional[_Iterable[float]] = ..., curve_high: _Optional[_Iterable[float]] = ..., measured_rescale_up_s: _Optional[float] = ..., measured_rescale_down_s: _Optional[float] = ..., measured_rescale_lost_s: _Optional[float] = ..., measured_rescales: _Optional[int] = ...) -> None: ...
 
 class MeasuredCount(_message.Message):
     __slots__ = ("nodes", "samples_per_s", "seconds", "power_w")

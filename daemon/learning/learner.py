@@ -247,6 +247,13 @@ class TaskLearner:
         down = self.measured_rescale_s()[1]
         return prior if down is None else down
 
+    def rescale_loss(self) -> tuple[float, int]:
+        """``(seconds, rescales)``: the time lost to every rescale and preemption measured so
+        far [s of progress at the rate before each; BFTrainer §3's convention] and how many
+        were measured (the others, e.g. those whose rates are not both measured yet, are not
+        counted)."""
+        return self._rescales.lost_s, self._rescales.valued
+
     def measured_rescale_s(self) -> tuple[float | None, float | None]:
         """``(Tcup, Tcdw)`` [s] measured so far (the medians of :meth:`rescale_up_s` /
         :meth:`rescale_down_s`), None for a direction without an estimate yet."""
@@ -274,6 +281,9 @@ class TaskLearner:
             "stats": self._stats.to_list(),
             **self._rescales.to_dict(),
             "paused": self._timeline.paused,
+            # (after paused: came with issue 38's wasted work)
+            "rescale_lost_s": self._rescales.lost_s,
+            "rescales_valued": self._rescales.valued,
         }
 
     @classmethod
@@ -287,6 +297,8 @@ class TaskLearner:
         x._stats = ThroughputStats.from_list(d["stats"])
         x._model = ScalabilityModel(x._stats)
         x._rescales = RescaleCosts.from_dict(d)
+        x._rescales.lost_s = float(d.get("rescale_lost_s", 0.0))  # (absent before issue 38)
+        x._rescales.valued = int(d.get("rescales_valued", 0))
         # (absent in states written before generations)
         x._timeline.paused = opt_float(d.get("paused"))
         return x

@@ -34,13 +34,17 @@ class RescaleCosts:
 
     ``pending``: the waiting intervals as ``{"up": bool, "from": c, "to": n, "t0": s,
     "tr": s, "t1": s, "samples": samples}`` (the persisted form); ``up`` / ``down``: the
-    estimates of Tcup / Tcdw [s], oldest first.
+    estimates of Tcup / Tcdw [s], oldest first; ``lost_s`` / ``valued``: the sum of every
+    estimate ever valued [s] and how many (the task's measured time lost to rescales and
+    preemptions: docs/execution.md, "Wasted work").
     """
 
     def __init__(self) -> None:
         self.pending: list[dict[str, Any]] = []
         self.up: list[float] = []
         self.down: list[float] = []
+        self.lost_s = 0.0
+        self.valued = 0
 
     def record(self, iv: Interval) -> bool:
         """Keep ``iv`` when it is a rescale interval (one grow, shrink or preemption inside,
@@ -81,6 +85,8 @@ class RescaleCosts:
                 continue
             target = self.up if p["up"] else self.down
             target.append(est)
+            self.lost_s += est
+            self.valued += 1
             del target[:-MAX_RESCALE_ESTIMATES]
             added = True
         self.pending = keep
