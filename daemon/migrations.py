@@ -17,7 +17,7 @@ Format 3 (docs/architecture.md §6, "Zeus rows") stores a Zeus job as rows: form
 stored Zeus answers with ``zeus_requests.created_at`` (the upgrade stamps the old ones with
 the upgrade's time, so they get the whole retention window).
 
-Format 4 (docs/architecture.md §6) adds ``journal.sha256``, the checksum of each journal row
+Format 4 (docs/architecture.md, "6. Durability") adds ``journal.sha256``, the checksum of each journal row
 (:func:`offcut.daemon.store.journal_checksum`), written with the row. The upgrade only adds the
 column: the rows already there keep NULL (written before checksums; loaded as before, only
 checked to be JSON). Computing their sums now would vouch for rows nobody checked, and rewrite

@@ -240,7 +240,6 @@ class OffcutServer:
         """The gRPC server with its services, bound to ``config.listen`` (on the event loop,
         which ``grpc.aio`` requires). Raises RuntimeError when the address cannot be bound."""
         config = self.config
-        limit = transport_limit(config)
         self.server = grpc.aio.server(
             migration_thread_pool=self.workers,  # runs the plain (unary) handlers
             # metrics outermost, so that refused calls are counted with their code; the guard
@@ -249,8 +248,7 @@ class OffcutServer:
                           AuthInterceptor(self.auth, RefusalDelay(config.refusal_delay_s)),
                           RequestGuardInterceptor(self.request_limits),
                           ReservedLaneInterceptor(NODE_EVENT_METHODS)],
-            options=[("grpc.max_receive_message_length", limit),
-                     ("grpc.max_send_message_length", config.max_message_mb * 1024 * 1024),
+            options=[*self._server_options(),
                      # calls the loop has not taken yet queue per method; past this many,
                      # gRPC sheds them at random (1,000 by default): let a burst of stream
                      # openings as large as max_streams (clients reconnecting) wait instead
@@ -288,7 +286,7 @@ class OffcutServer:
         self.address = address
 
     def _server_options(self) -> list[tuple[str, int]]:
-        """The node side's gRPC options: ``listen``'s message size limits."""
+        """The message size limits of both servers (``listen`` and the node side) [bytes]."""
         return [("grpc.max_receive_message_length", transport_limit(self.config)),
                 ("grpc.max_send_message_length", self.config.max_message_mb * 1024 * 1024)]
 

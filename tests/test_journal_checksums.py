@@ -1,4 +1,4 @@
-"""Journal rows carry a sha256 (issue 37, finding 8; docs/architecture.md §6, "Durability";
+"""Journal rows carry a sha256 (issue 37, finding 8; docs/architecture.md, "6. Durability";
 docs/operations.md, "Start-up checks and refusals"): a row edited after it was written is never
 re-applied (the daemon's start refuses in one line naming the row, ``offcutd check`` FAILs
 naming it), a state file written before checksums (format 3, or the format-1 fixture of release

@@ -213,7 +213,7 @@ class Allocation:
         constrained first) the policy's counts on the group's nodes that no earlier group took;
         a group may take nodes that tasks of later groups hold (they shrink), never the
         other way round. With one group (no node kinds) this is the single BFTrainer problem
-        over the whole pool (docs/architecture.md §4). A task in its final phase (its work
+        over the whole pool (docs/architecture.md, "4. Allocation"). A task in its final phase (its work
         reached while its processes finish: docs/execution.md, "Completion") keeps its nodes
         as they are: it is left out, and its nodes with it."""
         tasks = self.admitted()
