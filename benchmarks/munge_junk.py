@@ -43,6 +43,7 @@ from offcut import munge
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import _proc_figures  # noqa: E402  (RSS of the daemon)
+from results_log import ResultsLog  # noqa: E402
 from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.v1 import nodes_pb2, nodes_pb2_grpc, tasks_pb2, tasks_pb2_grpc
 
@@ -163,21 +164,6 @@ def figures(lat: list[float]) -> str:
             f"max {a.max():.1f} ms ({len(lat)} events)")
 
 
-def record(lines: list[str]) -> Path:
-    """Append ``lines`` under the command that made them to today's results file
-    (``benchmarks/results/munge_junk-DATE.txt``); its path."""
-    import datetime as dt
-    import shlex
-
-    results = Path(__file__).resolve().parent / "results"
-    results.mkdir(exist_ok=True)
-    path = results / f"munge_junk-{dt.date.today().isoformat()}.txt"
-    with path.open("a") as out:
-        out.write(f"$ python benchmarks/munge_junk.py {shlex.join(sys.argv[1:])}\n"
-                  + "".join(f"{line}\n" for line in lines) + "\n")
-    return path
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command line (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -218,11 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--refusal-delay", str(args.refusal_delay)]
         proc = start_offcutd(cmd, address, folder / "offcutd.log")
         delay = "default" if args.refusal_delay is None else f"{args.refusal_delay:g} s"
-        lines: list[str] = []
-
-        def say(line: str) -> None:
-            print(line, flush=True)
-            lines.append(line)
+        log = ResultsLog("munge_junk")
+        say = log.say
 
         say(f"node events on {'listen (shared with the junk)' if args.shared else 'node_listen'}"
               f", {args.rate:g}/s; {args.junk} junk sender(s) on listen, {args.in_flight} calls "
@@ -254,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             f"p99 < {P99_LIMIT_MS:g} ms")
         say(f"node events failed: {failures}; daemon RSS {rss0:.0f} -> {rss1:.0f} MiB "
             f"(during the junk)")
-        print(f"recorded in {record(lines)}")
+        print(f"recorded in {log.write()}")
         return 1 if failures or p99 >= P99_LIMIT_MS else 0
     finally:
         if proc is not None:

@@ -2,7 +2,7 @@
 
 The premise of Offcut is that the regular workload does not notice it (issue 38, "Regular jobs wait
 for Offcut"). This runs the 4-node test cluster of tests/slurm_cluster.py (needs root and Slurm,
-like the Slurm tests) with the Slurm settings of docs/deployment.md §3 and nothing else that
+like the Slurm tests) with the Slurm settings of docs/deployment.md, "3. slurm.conf", and nothing else that
 concerns scheduling (checked against the document before anything runs), a real daemon, the
 launcher and the PrologSlurmctld/EpilogSlurmctld hooks, and:
 
@@ -36,32 +36,29 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
-import shlex
-import shutil
 import statistics
 import sys
-import tempfile
 import textwrap
 import time
-from datetime import date, datetime
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))       # the test cluster
 sys.path.insert(0, str(REPO / "benchmarks"))  # rescale_cost's log timeline
 
-from slurm_cluster import SlurmCluster, skip_reason  # noqa: E402
-from rescale_cost import timeline  # noqa: E402
+from slurm_cluster import SlurmCluster  # noqa: E402
+from rescale_cost import ClusterUnavailable, bench_cluster, timeline  # noqa: E402
+from results_log import ResultsLog  # noqa: E402
 
-from offcut.client import Client, make_task_spec  # noqa: E402
-from offcut.daemon.config import DaemonConfig, SlurmConfig  # noqa: E402
-from offcut.daemon.server import OffcutServer  # noqa: E402
+from offcut.client import make_task_spec  # noqa: E402
+from offcut.daemon.config import SlurmConfig  # noqa: E402
 from offcut.slurm_plugin.launcher import parse_job_name  # noqa: E402
 
 NODES = ["n1", "n2", "n3", "n4"]
 DEPLOYMENT = REPO / "docs" / "deployment.md"
 #: the global slurm.conf keys that decide when a preempting job starts: slurm.conf must have
-#: exactly the values docs/deployment.md §3 gives (absent there: absent here)
+#: exactly the values docs/deployment.md, "3. slurm.conf", gives (absent there: absent here)
 SCHED_KEYS = ("PreemptType", "PreemptMode", "SlurmctldParameters", "SchedulerParameters")
 GOAL_SLACK_S = 2.0  # issue 38: median extra wait <= checkpoint-and-exit time + 2 s
 
@@ -148,7 +145,7 @@ def check_conf(conf: Path) -> dict[str, str]:
     exactly them; ``SystemExit`` naming the difference otherwise."""
     want, have = docs_slurm_conf(), conf_keys(conf.read_text())
     if want != have:
-        raise SystemExit(f"{conf} differs from {DEPLOYMENT.name} §3 in its scheduling keys: "
+        raise SystemExit(f"{conf} differs from {DEPLOYMENT.name}, '3. slurm.conf', in its scheduling keys: "
                          f"docs {want}, cluster {have}")
     return want
 
@@ -229,18 +226,6 @@ def submitted_generations(cluster: SlurmCluster, task_id: str) -> set[int]:
             if (n := parse_job_name(cfg, j.get("name", ""))) and n.task_id == task_id}
 
 
-def record(lines: list[str]) -> Path:
-    """Append ``lines`` under the command that made them to today's results file
-    (``benchmarks/results/regular_job_delay-DATE.txt``); its path."""
-    results = Path(__file__).resolve().parent / "results"
-    results.mkdir(exist_ok=True)
-    path = results / f"regular_job_delay-{date.today().isoformat()}.txt"
-    with path.open("a") as fh:
-        fh.write(f"$ python benchmarks/regular_job_delay.py {shlex.join(sys.argv[1:])}\n"
-                 + "".join(f"{line}\n" for line in lines) + "\n")
-    return path
-
-
 def _med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -264,125 +249,107 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.jobs < 1 or args.hold_s < 0 or args.job_s < 0:
         ap.error("--jobs must be >= 1, --hold-s and --job-s >= 0")
-    reason = skip_reason()
-    if reason:
-        print(f"cannot run: {reason}", file=sys.stderr)
-        return 1
-    root = Path(tempfile.mkdtemp(prefix="offcut-regular-delay-", dir="/tmp"))
-    root.chmod(0o755)
-    cluster = SlurmCluster(root)
-    srv = None
-    stack = contextlib.ExitStack()
-    lines: list[str] = []
-
-    def say(line: str = "") -> None:
-        print(line, flush=True)
-        lines.append(line)
-
     try:
-        print(f"starting the 4-node test cluster in {root} ...", flush=True)
-        cluster.start()
-        keys = check_conf(cluster.conf)
-        grace = grace_time(cluster.conf)
-        say("slurm.conf scheduling keys (as docs/deployment.md §3): "
-            + ", ".join(f"{k}={v}" for k, v in keys.items())
-            + f"; scavenger GraceTime={grace:g} s")
-        srv = OffcutServer(DaemonConfig(listen=cluster.address, solver="dp",
-                                        state=str(root / "state.sqlite")))
-        srv.start()
-        client = Client(cluster.address, timeout_s=10)
-        client.wait_ready(10)
-        client.sync_nodes(time.time(), "slurm-watch", 1, idle=NODES)
-        out = stack.enter_context(cluster.launcher(cluster.address, root))
+        with contextlib.ExitStack() as stack:
+            cluster, client, root = stack.enter_context(
+                bench_cluster("offcut-regular-delay-", keep=args.keep))
+            return _measure(args, cluster, client, root, stack)
+    except ClusterUnavailable as exc:
+        print(f"cannot run: {exc}", file=sys.stderr)
+        return 1
 
-        # 1. baseline: the same jobs on idle nodes
-        base: list[float] = []
-        for i in range(args.jobs):
-            node = NODES[i % len(NODES)]
-            job, t0, stamp = regular_job(cluster, root, node, 0.5, f"idle{i}")
-            base.append(started(cluster, job, stamp) - t0)
-            cluster.wait_state(job, {"COMPLETED"}, timeout=60)
-            print(f"  baseline {i + 1}/{args.jobs}: job {job} on idle {node} waited "
-                  f"{base[-1]:.2f} s", flush=True)
-        base_med = _med(base)
 
-        # 2. the task, and the same jobs on its nodes
-        script = root / "mlp_task.py"
-        script.write_text(TASK_SCRIPT)
-        work = 100_000_000  # never reached: the task is cancelled at the end
-        spec = make_task_spec("mlp", nodes="1-4", work_samples=work,
-                              scalability=([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0]),
-                              rescale_up_s=0.0, rescale_down_s=0.0,
-                              command=[sys.executable, str(script), str(work)],
-                              reports_progress=True)
-        tid = client.submit(spec, owner="bench").task.task_id
+def _measure(args, cluster, client, root, stack) -> int:
+    """The baseline and the preemptions of :func:`main` on a started cluster; prints the
+    figures and appends them to the results file; the exit status (module docstring)."""
+    log = ResultsLog("regular_job_delay")
+    say = log.say
+    keys = check_conf(cluster.conf)
+    grace = grace_time(cluster.conf)
+    say("slurm.conf scheduling keys (as docs/deployment.md, '3. slurm.conf'): "
+        + ", ".join(f"{k}={v}" for k, v in keys.items())
+        + f"; scavenger GraceTime={grace:g} s")
+    out = stack.enter_context(cluster.launcher(cluster.address, root))
 
-        def trained_on(count: int) -> bool:
-            gens = timeline(out, tid)
-            task = client.get_task(tid)
-            g = gens.get(task.generation)
-            return bool(g and g["first"] and len(task.nodes) == count
-                        and time.time() - g["first"] > args.hold_s)
+    # 1. baseline: the same jobs on idle nodes
+    base: list[float] = []
+    for i in range(args.jobs):
+        node = NODES[i % len(NODES)]
+        job, t0, stamp = regular_job(cluster, root, node, 0.5, f"idle{i}")
+        base.append(started(cluster, job, stamp) - t0)
+        cluster.wait_state(job, {"COMPLETED"}, timeout=60)
+        print(f"  baseline {i + 1}/{args.jobs}: job {job} on idle {node} waited "
+              f"{base[-1]:.2f} s", flush=True)
+    base_med = _med(base)
 
-        rows = []
-        for i in range(args.jobs):
-            wait_for(lambda: trained_on(4), f"preemption {i + 1}: the task on four nodes", 300)
-            gen = client.get_task(tid).generation
-            node = NODES[i % len(NODES)]
-            job, t0, stamp = regular_job(cluster, root, node, args.job_s, f"pre{i}")
-            waited = started(cluster, job, stamp) - t0
-            cluster.wait_state(job, {"COMPLETED"}, timeout=120)
-            wait_for(lambda: ckpt_exit_s(out, tid, gen, node) is not None,
-                     f"the exit of generation {gen} on {node}", 60)
-            exit_s = ckpt_exit_s(out, tid, gen, node)
-            rows.append((job, node, gen, waited, waited - base_med, slurm_wait(cluster, job),
-                         exit_s))
-            print(f"  preemption {i + 1}/{args.jobs}: job {job} on {node} (generation {gen}) "
-                  f"waited {waited:.2f} s (+{waited - base_med:.2f} s), checkpoint-and-exit "
-                  f"{exit_s:.2f} s", flush=True)
-        wait_for(lambda: trained_on(4), "the task back on four nodes", 300)
-        task = client.get_task(tid)
-        placed, submitted = task.generation, submitted_generations(cluster, tid)
-        client.cancel(tid)
+    # 2. the task, and the same jobs on its nodes
+    script = root / "mlp_task.py"
+    script.write_text(TASK_SCRIPT)
+    work = 100_000_000  # never reached: the task is cancelled at the end
+    spec = make_task_spec("mlp", nodes="1-4", work_samples=work,
+                          scalability=([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0]),
+                          rescale_up_s=0.0, rescale_down_s=0.0,
+                          command=[sys.executable, str(script), str(work)],
+                          reports_progress=True)
+    tid = client.submit(spec, owner="bench").task.task_id
+
+    def trained_on(count: int) -> bool:
         gens = timeline(out, tid)
-        shrink = [p for r in rows if (p := pause(gens, r[2])) is not None]
+        task = client.get_task(tid)
+        g = gens.get(task.generation)
+        return bool(g and g["first"] and len(task.nodes) == count
+                    and time.time() - g["first"] > args.hold_s)
 
-        say(f"baseline: {args.jobs} regular jobs on idle nodes waited median {base_med:.2f} s, "
-            f"max {max(base):.2f} s")
-        say(f"{'job':>5} {'node':>4} {'gen':>4} {'wait [s]':>9} {'extra [s]':>10} "
-            f"{'slurm [s]':>10} {'ckpt+exit [s]':>14}")
-        for job, node, gen, waited, extra, sw, ex in rows:
-            say(f"{job:>5} {node:>4} {gen:>4} {waited:>9.2f} {extra:>10.2f} {sw:>10.0f} "
-                f"{ex:>14.2f}")
-        extras = [r[4] for r in rows]
-        waits = [r[3] for r in rows]
-        exits = [r[6] for r in rows]
-        say(f"extra wait over {len(rows)} preemptions: median {_med(extras):.2f} s, max "
-            f"{max(extras):.2f} s (wait: median {_med(waits):.2f} s, max {max(waits):.2f} s)")
-        say(f"checkpoint-and-exit on the preempted node: median {_med(exits):.2f} s, max "
-            f"{max(exits):.2f} s")
-        say(f"training pause per preemption (first stop request -> first step of the next "
-            f"generation that trained): n={len(shrink)}, median {_med(shrink):.2f} s, max "
-            f"{max(shrink, default=float('nan')):.2f} s")
-        say(f"generations: {placed} placed by the daemon, {len(submitted)} submitted by the "
-            f"launcher")
-        ok_med = _med(extras) <= _med(exits) + GOAL_SLACK_S
-        ok_grace = max(waits) < grace if grace else True
-        say(f"goal: median extra wait {_med(extras):.2f} s <= checkpoint-and-exit "
-            f"{_med(exits):.2f} s + {GOAL_SLACK_S:g} s: {'met' if ok_med else 'NOT met'}; "
-            f"no wait reaches GraceTime {grace:g} s (max {max(waits):.2f} s): "
-            f"{'met' if ok_grace else 'NOT met'}")
-        print(f"figures appended to {record(lines)}")
-        return 0 if ok_med and ok_grace else 3
-    finally:
-        stack.close()  # the launcher first
-        if srv is not None:
-            srv.stop(0.5)
-        cluster.stop()
-        if args.keep:
-            print(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+    rows = []
+    for i in range(args.jobs):
+        wait_for(lambda: trained_on(4), f"preemption {i + 1}: the task on four nodes", 300)
+        gen = client.get_task(tid).generation
+        node = NODES[i % len(NODES)]
+        job, t0, stamp = regular_job(cluster, root, node, args.job_s, f"pre{i}")
+        waited = started(cluster, job, stamp) - t0
+        cluster.wait_state(job, {"COMPLETED"}, timeout=120)
+        wait_for(lambda: ckpt_exit_s(out, tid, gen, node) is not None,
+                 f"the exit of generation {gen} on {node}", 60)
+        exit_s = ckpt_exit_s(out, tid, gen, node)
+        rows.append((job, node, gen, waited, waited - base_med, slurm_wait(cluster, job),
+                     exit_s))
+        print(f"  preemption {i + 1}/{args.jobs}: job {job} on {node} (generation {gen}) "
+              f"waited {waited:.2f} s (+{waited - base_med:.2f} s), checkpoint-and-exit "
+              f"{exit_s:.2f} s", flush=True)
+    wait_for(lambda: trained_on(4), "the task back on four nodes", 300)
+    task = client.get_task(tid)
+    placed, submitted = task.generation, submitted_generations(cluster, tid)
+    client.cancel(tid)
+    gens = timeline(out, tid)
+    shrink = [p for r in rows if (p := pause(gens, r[2])) is not None]
+
+    say(f"baseline: {args.jobs} regular jobs on idle nodes waited median {base_med:.2f} s, "
+        f"max {max(base):.2f} s")
+    say(f"{'job':>5} {'node':>4} {'gen':>4} {'wait [s]':>9} {'extra [s]':>10} "
+        f"{'slurm [s]':>10} {'ckpt+exit [s]':>14}")
+    for job, node, gen, waited, extra, sw, ex in rows:
+        say(f"{job:>5} {node:>4} {gen:>4} {waited:>9.2f} {extra:>10.2f} {sw:>10.0f} "
+            f"{ex:>14.2f}")
+    extras = [r[4] for r in rows]
+    waits = [r[3] for r in rows]
+    exits = [r[6] for r in rows]
+    say(f"extra wait over {len(rows)} preemptions: median {_med(extras):.2f} s, max "
+        f"{max(extras):.2f} s (wait: median {_med(waits):.2f} s, max {max(waits):.2f} s)")
+    say(f"checkpoint-and-exit on the preempted node: median {_med(exits):.2f} s, max "
+        f"{max(exits):.2f} s")
+    say(f"training pause per preemption (first stop request -> first step of the next "
+        f"generation that trained): n={len(shrink)}, median {_med(shrink):.2f} s, max "
+        f"{max(shrink, default=float('nan')):.2f} s")
+    say(f"generations: {placed} placed by the daemon, {len(submitted)} submitted by the "
+        f"launcher")
+    ok_med = _med(extras) <= _med(exits) + GOAL_SLACK_S
+    ok_grace = max(waits) < grace if grace else True
+    say(f"goal: median extra wait {_med(extras):.2f} s <= checkpoint-and-exit "
+        f"{_med(exits):.2f} s + {GOAL_SLACK_S:g} s: {'met' if ok_med else 'NOT met'}; "
+        f"no wait reaches GraceTime {grace:g} s (max {max(waits):.2f} s): "
+        f"{'met' if ok_grace else 'NOT met'}")
+    print(f"figures appended to {log.write()}")
+    return 0 if ok_med and ok_grace else 3
 
 
 if __name__ == "__main__":

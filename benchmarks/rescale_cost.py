@@ -15,7 +15,8 @@ rescale (docs/execution.md). It prints their medians next to the daemon's learne
 costs of the task (``LearnedModel.measured_rescale_*_s``, from the progress reports alone),
 converted from BFTrainer's convention (seconds of progress at the rate before the rescale,
 arXiv 2106.12091 §3) to seconds of pause (x r(c) / r(n), with the rates the daemon measured),
-and the ratio.
+and the ratio; the figures are also appended, with the command, to
+``benchmarks/results/rescale_cost-DATE.txt``.
 
     python benchmarks/rescale_cost.py                 # 3 cycles, about 2 minutes here
     python benchmarks/rescale_cost.py --cycles 5 --json out/rescale.json
@@ -39,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the test cluster and the example's location
 
 from slurm_cluster import SlurmCluster, skip_reason  # noqa: E402
+from results_log import ResultsLog  # noqa: E402
 
 from offcut.client import Client, make_task_spec  # noqa: E402
 from offcut.daemon.config import DaemonConfig, SlurmConfig  # noqa: E402
@@ -99,6 +101,45 @@ def wait_for(cond, what: str, timeout_s: float = 300.0):
     return got
 
 
+class ClusterUnavailable(RuntimeError):
+    """The test cluster cannot run here (no Slurm, not root): the message says why."""
+
+
+@contextlib.contextmanager
+def bench_cluster(prefix: str, keep: bool = False):
+    """The 4-node test cluster of tests/slurm_cluster.py in a fresh ``/tmp/PREFIX*`` folder,
+    a real daemon on it (solver dp, state in the folder) and a client that has reported
+    every node idle: yields ``(cluster, client, root)``. At the end the daemon and the
+    cluster stop and the folder goes (kept, and its path printed, with ``keep``). Enter the
+    launcher inside (``cluster.launcher``) so that it stops first. Raises
+    :class:`ClusterUnavailable` before anything starts."""
+    reason = skip_reason()
+    if reason:
+        raise ClusterUnavailable(reason)
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    root.chmod(0o755)
+    cluster = SlurmCluster(root)
+    srv = None
+    try:
+        print(f"starting the 4-node test cluster in {root} ...", flush=True)
+        cluster.start()
+        srv = OffcutServer(DaemonConfig(listen=cluster.address, solver="dp",
+                                        state=str(root / "state.sqlite")))
+        srv.start()
+        with Client(cluster.address, timeout_s=10) as client:
+            client.wait_ready(10)
+            client.sync_nodes(time.time(), "slurm-watch", 1, idle=NODES)
+            yield cluster, client, root
+    finally:
+        if srv is not None:
+            srv.stop(0.5)
+        cluster.stop()
+        if keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cycles", type=int, default=3, help="shrink + grow cycles (default 3)")
@@ -108,86 +149,76 @@ def main(argv=None) -> int:
                    help="seconds each generation trains before the next change (default 6)")
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args(argv)
-    reason = skip_reason()
-    if reason:
-        print(f"cannot run: {reason}", file=sys.stderr)
-        return 1
-    root = Path(tempfile.mkdtemp(prefix="offcut-rescale-", dir="/tmp"))
-    root.chmod(0o755)
-    cluster = SlurmCluster(root)
-    srv = None
-    stack = contextlib.ExitStack()
     try:
-        print(f"starting the 4-node test cluster in {root} ...", flush=True)
-        cluster.start()
-        srv = OffcutServer(DaemonConfig(listen=cluster.address, solver="dp",
-                                        state=str(root / "state.sqlite")))
-        srv.start()
-        client = Client(cluster.address, timeout_s=10)
-        client.wait_ready(10)
-        client.sync_nodes(time.time(), "slurm-watch", 1, idle=NODES)
-        argv_ = [sys.executable, str(EXAMPLE), "--batch-size", "64",
-                 "--checkpoint-every-s", "1", "--collective-timeout-s", "30"]
-        # a curve that always prefers more nodes (so the task grows back); the daemon learns
-        # the real rates and rescale costs from the reports anyway
-        spec = make_task_spec("digits", nodes="1-4", work_samples=args.work,
-                              scalability=([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0]),
-                              rescale_up_s=0.0, rescale_down_s=0.0, command=argv_,
-                              reports_progress=True)
-        tid = client.submit(spec, owner="bench").task.task_id
-        out = stack.enter_context(cluster.launcher(cluster.address, root))
+        with contextlib.ExitStack() as stack:
+            cluster, client, root = stack.enter_context(bench_cluster("offcut-rescale-"))
+            return _measure(args, cluster, client, root, stack)
+    except ClusterUnavailable as exc:
+        print(f"cannot run: {exc}", file=sys.stderr)
+        return 1
 
-        def trained_on(count: int) -> bool:
-            gens = timeline(out, tid)
-            task = client.get_task(tid)
-            g = gens.get(task.generation)
-            return bool(g and g["first"] and len(task.nodes) == count
-                        and time.time() - g["first"] > args.hold_s)
 
-        wait_for(lambda: trained_on(4), "the first generation on four nodes")
-        for cycle in range(1, args.cycles + 1):
-            release = root / f"release-{cycle}"
-            job = cluster.sbatch("-N2", "--exclusive",
-                                 wrap=f'while [ ! -e "{release}" ]; do sleep 0.2; done')
-            wait_for(lambda: trained_on(2), f"cycle {cycle}: the shrunk generation")
-            release.touch()
-            cluster.wait_state(job, {"COMPLETED"}, timeout=60)
-            wait_for(lambda: trained_on(4), f"cycle {cycle}: the grown generation")
-            print(f"cycle {cycle}: done (generation {client.get_task(tid).generation})",
-                  flush=True)
-        wait_for(lambda: client.get_task(tid).model.HasField("measured_rescale_up_s"),
-                 "the daemon's first grow estimate", 60)
+def _measure(args, cluster, client, root, stack) -> int:
+    """The cycles of :func:`main` on a started cluster; prints (and writes) the figures."""
+    argv_ = [sys.executable, str(EXAMPLE), "--batch-size", "64",
+             "--checkpoint-every-s", "1", "--collective-timeout-s", "30"]
+    # a curve that always prefers more nodes (so the task grows back); the daemon learns
+    # the real rates and rescale costs from the reports anyway
+    spec = make_task_spec("digits", nodes="1-4", work_samples=args.work,
+                          scalability=([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0]),
+                          rescale_up_s=0.0, rescale_down_s=0.0, command=argv_,
+                          reports_progress=True)
+    tid = client.submit(spec, owner="bench").task.task_id
+    out = stack.enter_context(cluster.launcher(cluster.address, root))
+
+    def trained_on(count: int) -> bool:
+        gens = timeline(out, tid)
         task = client.get_task(tid)
-        client.cancel(tid)
-        measured = pauses(timeline(out, tid))
-        m = task.model
-        rates = {x.nodes: x.samples_per_s for x in m.measured}
-        learned = {"shrink": m.measured_rescale_down_s, "grow": m.measured_rescale_up_s}
-        # BFTrainer's seconds at the old rate -> seconds of pause at the new rate
-        as_pause = {"shrink": learned["shrink"] * rates[4] / rates[2],
-                    "grow": learned["grow"] * rates[2] / rates[4]}
-        result = {"cycles": args.cycles, "rates_samples_per_s": rates,
-                  "pause_s": {k: [round(v, 3) for v in vs] for k, vs in measured.items()},
-                  "learned_bftrainer_s": learned, "learned_as_pause_s": as_pause}
-        print(f"\nthroughput measured by the daemon: {rates[2]:.0f} samples/s on 2 nodes, "
-              f"{rates[4]:.0f} on 4 (4 ranks share this machine's 2 cores)")
-        print(f"{'rescale':8} {'n':>2} {'pause, measured [s]':>20} {'learned (BFTrainer) [s]':>24} "
-              f"{'learned as pause [s]':>21} {'ratio':>6}")
-        for kind in ("shrink", "grow"):
-            med = statistics.median(measured[kind]) if measured[kind] else float("nan")
-            result[f"{kind}_ratio"] = as_pause[kind] / med
-            print(f"{kind:8} {len(measured[kind]):>2} {med:>20.2f} {learned[kind]:>24.2f} "
-                  f"{as_pause[kind]:>21.2f} {as_pause[kind] / med:>6.2f}")
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(result, indent=1))
-        return 0
-    finally:
-        stack.close()  # the launcher first
-        if srv is not None:
-            srv.stop(0.5)
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        g = gens.get(task.generation)
+        return bool(g and g["first"] and len(task.nodes) == count
+                    and time.time() - g["first"] > args.hold_s)
+
+    wait_for(lambda: trained_on(4), "the first generation on four nodes")
+    for cycle in range(1, args.cycles + 1):
+        release = root / f"release-{cycle}"
+        job = cluster.sbatch("-N2", "--exclusive",
+                             wrap=f'while [ ! -e "{release}" ]; do sleep 0.2; done')
+        wait_for(lambda: trained_on(2), f"cycle {cycle}: the shrunk generation")
+        release.touch()
+        cluster.wait_state(job, {"COMPLETED"}, timeout=60)
+        wait_for(lambda: trained_on(4), f"cycle {cycle}: the grown generation")
+        print(f"cycle {cycle}: done (generation {client.get_task(tid).generation})",
+              flush=True)
+    wait_for(lambda: client.get_task(tid).model.HasField("measured_rescale_up_s"),
+             "the daemon's first grow estimate", 60)
+    task = client.get_task(tid)
+    client.cancel(tid)
+    measured = pauses(timeline(out, tid))
+    m = task.model
+    rates = {x.nodes: x.samples_per_s for x in m.measured}
+    learned = {"shrink": m.measured_rescale_down_s, "grow": m.measured_rescale_up_s}
+    # BFTrainer's seconds at the old rate -> seconds of pause at the new rate
+    as_pause = {"shrink": learned["shrink"] * rates[4] / rates[2],
+                "grow": learned["grow"] * rates[2] / rates[4]}
+    result = {"cycles": args.cycles, "rates_samples_per_s": rates,
+              "pause_s": {k: [round(v, 3) for v in vs] for k, vs in measured.items()},
+              "learned_bftrainer_s": learned, "learned_as_pause_s": as_pause}
+    log = ResultsLog("rescale_cost")
+    print()
+    log.say(f"throughput measured by the daemon: {rates[2]:.0f} samples/s on 2 nodes, "
+            f"{rates[4]:.0f} on 4 (4 ranks share this machine's 2 cores)")
+    log.say(f"{'rescale':8} {'n':>2} {'pause, measured [s]':>20} "
+            f"{'learned (BFTrainer) [s]':>24} {'learned as pause [s]':>21} {'ratio':>6}")
+    for kind in ("shrink", "grow"):
+        med = statistics.median(measured[kind]) if measured[kind] else float("nan")
+        result[f"{kind}_ratio"] = as_pause[kind] / med
+        log.say(f"{kind:8} {len(measured[kind]):>2} {med:>20.2f} {learned[kind]:>24.2f} "
+                f"{as_pause[kind]:>21.2f} {as_pause[kind] / med:>6.2f}")
+    print(f"figures appended to {log.write()}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
