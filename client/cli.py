@@ -511,6 +511,9 @@ def status(
                f"event lag {task_cli.format_duration(lag_s)}; "
                f"{terminal_safe(st.clock_mode or 'live')})")
     typer.echo(f"nodes        {st.idle_nodes} in the idle pool, {st.nodes_in_use} of them in use by tasks")
+    if st.clock_mode != "replay" and st.nodes_awaiting_launch:
+        typer.echo(f"             {st.nodes_awaiting_launch} of those held for generations the "
+                   "launcher has not started yet (offcut show TASK says why)")
     typer.echo(f"tasks        {st.queued_tasks} queued, {st.admitted_tasks} admitted, "
                f"{st.running_tasks} running, {st.completed_tasks} completed, {st.cancelled_tasks} cancelled, "
                f"{st.failed_tasks} failed "
@@ -580,7 +583,7 @@ def report(
 @app.command()
 @connection_options
 def history(
-    out: Path = typer.Option(..., "--out", help="output folder: steps.csv, placements.csv, tasks.csv and the report files are replaced"),
+    out: Path = typer.Option(..., "--out", help="output folder: steps.csv, placements.csv, tasks.csv, warnings.csv and the report files are replaced"),
     after_revision: int = typer.Option(0, "--after-revision", min=0, help="export only events after this revision (0 = all; offcut status shows the current one)"),
     *, settings: ClientSettings,
 ) -> None:
@@ -590,6 +593,8 @@ def history(
     in the export); submissions and cancellations add placements.csv rows only. tasks.csv
     has one row per task, as last answered in the export, with its energy [J] and samples
     per joule labelled measured (its processes' GPUs) or modelled (an estimate).
+    warnings.csv has one row per warning the daemon noted about a task (no checkpoint
+    after a restart, a crash loop, a stop signal ignored, the final grace outrun).
 
     \b
     Examples:
@@ -608,14 +613,16 @@ def history(
         with tempfile.TemporaryDirectory(prefix=".history-", dir=out) as tmp:
             first = last = None
             tasks = task_cli.TaskEnergyRows()
-            with settings.client() as c, HistoryWriter(tmp) as writer:
+            with settings.client() as c, HistoryWriter(tmp) as writer, \
+                    task_cli.TaskWarningRows(Path(tmp) / "warnings.csv") as warnings:
                 for entry in c.export_history(after_revision=after_revision):
                     writer.entry(entry)
                     tasks.entry(entry)
+                    warnings.entry(entry)
                     first = entry.revision if first is None else first
                     last = entry.revision
             tasks.write(Path(tmp) / "tasks.csv")
-            for name in ("steps.csv", "placements.csv", "tasks.csv"):
+            for name in ("steps.csv", "placements.csv", "tasks.csv", "warnings.csv"):
                 os.replace(Path(tmp) / name, out / name)
     except OffcutError as exc:
         _fail(_one_line(exc))
@@ -626,7 +633,8 @@ def history(
               f"placements.csv written to {out}, no report")
     typer.echo(f"exported revisions {first}..{last}: {writer.node_events} node events -> "
                f"{out / 'steps.csv'}, {out / 'placements.csv'}; {len(tasks.tasks)} tasks "
-               f"({tasks.measured} with measured energy) -> {out / 'tasks.csv'}")
+               f"({tasks.measured} with measured energy) -> {out / 'tasks.csv'}; "
+               f"{warnings.count} warnings -> {out / 'warnings.csv'}")
     if writer.node_events == 0:
         _fail(f"no node events after revision {after_revision}: nothing to plot, no report")
     _render_report(out, use_summary_json=False)

@@ -203,6 +203,29 @@ def progress_text(task: tasks_pb2.Task, now: float | None = None) -> str:
             f"{format_age(p.age_s(now))} ago at {_ts(task.model.last_report_time)})")
 
 
+def generation_text(task: tasks_pb2.Task, clock_mode: str = "live",
+                    now: float | None = None) -> str:
+    """``offcut show``'s Generation line: the number, when it was placed, and on a live
+    daemon whether its jobs run: ``5 (placed 12 s ago at ...; started)`` or ``5 (placed ...;
+    waiting for the launcher: ...)`` while no launcher reported a run of it started
+    (docs/execution.md, "Waiting for the launcher"). ``now`` [s since the epoch] defaults
+    to this clock."""
+    if not task.HasField("generation_time"):
+        return str(task.generation)
+    placed = task.generation_time.seconds + task.generation_time.nanos / 1e9
+    now = time.time() if now is None else now
+    text = (f"{task.generation} (placed {format_age(max(now - placed, 0.0))} ago at "
+            f"{_ts(task.generation_time)}")
+    if clock_mode == "replay" or not task.nodes or state_name(task.state) != "running":
+        return text + ")"
+    if task.started_generation >= task.generation:
+        return text + "; its jobs started)"
+    previous = (f"generation {task.started_generation} still stops (rescale_grace_s at most)"
+                if task.started_generation else "the launcher has not submitted them")
+    return (text + f"; waiting for the launcher: its jobs have not started: {previous}, or "
+            "Slurm has not started them yet)")
+
+
 def energy_figures(task: tasks_pb2.Task) -> tuple[float, float, str]:
     """``(joules [J], samples per joule [samples/J], source)`` of a task as the daemon shows
     it (``Task.energy``; docs/execution.md, "Energy"): source ``measured`` (its processes'
@@ -272,6 +295,46 @@ class TaskEnergyRows:
                                   timespec="seconds"),
                               repr(task.work_done_samples), repr(joules), source,
                               repr(per_joule)])
+
+
+#: columns of ``warnings.csv`` (``offcut history``): one row per warning a decision noted
+TASK_WARNING_COLUMNS = ("time", "task_id", "generation", "kind", "message")
+
+
+class TaskWarningRows:
+    """The ``warnings.csv`` of ``offcut history``: every warning the exported decisions noted
+    (``Decision.warnings``; docs/execution.md, "Wasted work"), one row each in journal order,
+    written as the entries arrive (nothing is held: an export of any length). ``time`` in
+    ISO-8601 UTC; the message as the daemon wrote it (at most 1,000 characters), quoted when
+    a spreadsheet would run it. Use as a context manager."""
+
+    def __init__(self, path: Path) -> None:
+        from offcut.text_safety import csv_writer
+
+        self.count = 0
+        self._fh = open(path, "w", newline="")
+        self._out = csv_writer(self._fh)
+        self._out.writerow(TASK_WARNING_COLUMNS)
+
+    def entry(self, e) -> None:
+        """Write the warnings of one ``offcut.v1.HistoryEntry``'s decision."""
+        from datetime import datetime, timezone
+
+        for w in e.decision.warnings:
+            at = datetime.fromtimestamp(w.time.seconds + w.time.nanos / 1e9, timezone.utc)
+            self._out.writerow([at.isoformat(timespec="seconds"), w.task_id, w.generation,
+                                w.kind, w.message])
+            self.count += 1
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        self._fh.close()
+
+    def __enter__(self) -> "TaskWarningRows":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def task_json(task: tasks_pb2.Task) -> dict:
@@ -568,7 +631,8 @@ def show(
         ("ETA", format_duration(eta_seconds(task))),
         ("Rescales", task.rescales), ("Preemptions", task.preemptions),
         ("Launches", task.launches), ("LastRun", task.last_run or "-"),
-        ("Generation", task.generation), ("FailedRuns", task.failed_runs),
+        ("Generation", generation_text(task, status.clock_mode)),
+        ("FailedRuns", task.failed_runs),
         ("FailedInARow", f"{task.failures_without_progress} (without progress; the task "
                          "fails at max_failed_generations)"),
         ("SamplesRedone", f"{task.samples_redone:.6g}"),

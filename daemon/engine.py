@@ -491,6 +491,7 @@ class Engine:
             counts = {s: self.archived_counts.get(s, 0) for s in TaskState}
             for task in scheduler.tasks.values():
                 counts[task.state] += 1
+            awaiting = sum(len(t.nodes) for t in scheduler.active.values() if t.awaiting_launch)
             return StatusView(
                 clock=scheduler.clock, revision=scheduler.revision, idle_nodes=len(scheduler.pool),
                 nodes_in_use=len(scheduler.holder),
@@ -503,7 +504,7 @@ class Engine:
                 max_running_tasks=scheduler.max_running_tasks, objective=scheduler.objective.objective,
                 eta=scheduler.objective.effective_eta, task_energy_j=scheduler.task_energy_j,
                 energy_j=scheduler.energy_j, last_decision=self.last_decision,
-                snapshots=self._snapshot_statistics())
+                snapshots=self._snapshot_statistics(), nodes_awaiting_launch=awaiting)
 
     def _snapshot_statistics(self) -> SnapshotStatistics:
         """The snapshots written at events since start (under the lock)."""

@@ -151,6 +151,10 @@ def _state_families(figures: _EngineFigures) -> Iterator[Metric]:
                             value=st.idle_nodes)
     yield GaugeMetricFamily("offcut_nodes_in_use", "Idle-pool nodes held by a task, nodes",
                             value=st.nodes_in_use)
+    yield GaugeMetricFamily("offcut_nodes_awaiting_launch",
+                            "Nodes held for generations no launcher reported started (the "
+                            "previous generation stops, or Slurm has not started the jobs), "
+                            "nodes", value=st.nodes_awaiting_launch)
     tasks = GaugeMetricFamily("offcut_tasks", "Tasks by state, tasks", labels=["state"])
     for state in TaskState:
         tasks.add_metric([state.value], st.tasks_by_state[state])

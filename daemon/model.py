@@ -166,6 +166,15 @@ class Task:
     #: when a report reached the total work while launched processes still ran (docs/execution.md,
     #: "Completion"): COMPLETED when they exit 0, or ``final_grace_s`` later
     work_reached_time: float | None = None
+    #: the newest generation a launcher reported started (docs/execution.md, "Waiting for the
+    #: launcher"); below ``generation`` while the current generation's jobs have not started
+    started_generation: int = 0
+    generation_time: float | None = None  # [s] when the current generation was placed
+
+    @property
+    def awaiting_launch(self) -> bool:
+        """Whether it holds nodes for a generation no launcher has reported started."""
+        return bool(self.nodes) and self.started_generation < self.generation
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form for snapshots."""

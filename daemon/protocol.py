@@ -290,7 +290,8 @@ def model_from_pb(msg: tasks_pb2.LearnedModel) -> ModelView:
 
 
 def task_to_pb(task: TaskView) -> tasks_pb2.Task:
-    """The protocol form of a task view (``work_reached_time`` present only when set)."""
+    """The protocol form of a task view (``work_reached_time``, ``generation_time`` present
+    only when set)."""
     msg = tasks_pb2.Task(
         energy_j=task.energy_j, power_w=task.power_w, model=model_to_pb(task.model),
         task_id=task.task_id, spec=spec_to_pb(task.spec), owner=task.owner,
@@ -303,9 +304,12 @@ def task_to_pb(task: TaskView) -> tasks_pb2.Task:
         failure_reason=task.failure_reason, energy=energy_to_pb(task.energy),
         samples_redone=task.samples_redone,
         failures_without_progress=task.failures_without_progress,
-        warnings=[warning_to_pb(task.task_id, w) for w in task.warnings])
+        warnings=[warning_to_pb(task.task_id, w) for w in task.warnings],
+        started_generation=task.started_generation)
     if task.work_reached_time is not None:
         msg.work_reached_time.CopyFrom(time_to_pb(task.work_reached_time))
+    if task.generation_time is not None:
+        msg.generation_time.CopyFrom(time_to_pb(task.generation_time))
     return msg
 
 
@@ -336,7 +340,8 @@ def decision_to_pb(d: Decision, duplicate: bool = False) -> decision_pb2.Decisio
         duplicate=duplicate, placements=[placement_to_pb(p) for p in d.placements],
         stats=decision_pb2.EventStats(**vars(d.stats)),  # (flat dataclasses: no asdict copy)
         solve=decision_pb2.SolveStats(**vars(d.solve)),
-        ignored_nodes=d.ignored_nodes, completed_task_ids=d.completed_task_ids)
+        ignored_nodes=d.ignored_nodes, completed_task_ids=d.completed_task_ids,
+        warnings=[warning_to_pb(w["task_id"], w) for w in d.warnings])
     if d.sent_time is not None:
         msg.sent_time.CopyFrom(time_to_pb(d.sent_time))
     return msg
@@ -376,10 +381,11 @@ def placement_from_pb(msg: decision_pb2.Placement) -> PlacementChange:
         generation=msg.generation)
 
 
-def warning_to_pb(task_id: str, w: dict) -> tasks_pb2.TaskWarning:
+def warning_to_pb(task_id: str, w: dict) -> decision_pb2.TaskWarning:
     """The protocol form of one ``Task.warnings`` entry of task ``task_id``."""
-    return tasks_pb2.TaskWarning(kind=w["kind"], message=w["message"], time=time_to_pb(w["time"]),
-                                 generation=w["generation"], task_id=task_id)
+    return decision_pb2.TaskWarning(kind=w["kind"], message=w["message"],
+                                    time=time_to_pb(w["time"]), generation=w["generation"],
+                                    task_id=task_id)
 
 
 def update_to_pb(u: PlacementUpdate) -> tasks_pb2.PlacementUpdate:
@@ -408,7 +414,8 @@ def status_to_pb(v: StatusView) -> status_pb2.StatusResponse:
         total_samples=v.total_samples, idle_node_seconds=v.idle_node_seconds,
         used_node_seconds=v.used_node_seconds, tfwd_s=v.tfwd_s,
         max_running_tasks=v.max_running_tasks, objective=v.objective, eta=v.eta,
-        task_energy_j=v.task_energy_j, energy_j=v.energy_j)
+        task_energy_j=v.task_energy_j, energy_j=v.energy_j,
+        nodes_awaiting_launch=v.nodes_awaiting_launch)
     if v.last_decision is not None:
         resp.last_decision.CopyFrom(decision_to_pb(v.last_decision))
     if v.snapshots is not None:

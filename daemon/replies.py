@@ -150,6 +150,9 @@ class TaskView:
     failures_without_progress: int = 0
     warnings: list[dict[str, Any]] = field(default_factory=list)
     work_reached_time: float | None = None
+    # the launch of its generations (docs/execution.md, "Waiting for the launcher")
+    started_generation: int = 0
+    generation_time: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form."""
@@ -209,7 +212,8 @@ def task_view(task: Task, scheduler: "Scheduler") -> TaskView:
         model=model_view(task, scheduler), energy=energy_view(task),
         samples_redone=task.samples_redone,
         failures_without_progress=task.failures_without_progress,
-        warnings=[dict(w) for w in task.warnings], work_reached_time=task.work_reached_time)
+        warnings=[dict(w) for w in task.warnings], work_reached_time=task.work_reached_time,
+        started_generation=task.started_generation, generation_time=task.generation_time)
 
 
 @dataclass
@@ -266,6 +270,9 @@ class Decision:
     #: [s since epoch] the time the sender stamped on the event: data, not the clock
     #: (docs/security.md); None when it gave none
     sent_time: float | None = None
+    #: warnings the event noted (docs/execution.md, "Wasted work"): ``Task.warnings`` entries
+    #: with their ``task_id``, in the order noted
+    warnings: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, equal to ``dataclasses.asdict`` (field order included) but without
@@ -303,7 +310,8 @@ def decision_of(out: "Outcome", requested_solver: str,
     return Decision(time=out.time, source=out.source, seq=out.seq, revision=out.revision,
                     placements=list(out.placements), stats=stats,
                     solve=solve, ignored_nodes=list(out.ignored_nodes),
-                    completed_task_ids=list(out.completed_task_ids), sent_time=sent_time)
+                    completed_task_ids=list(out.completed_task_ids), sent_time=sent_time,
+                    warnings=[{"task_id": task_id, **w} for task_id, w in out.warnings])
 
 
 @dataclass
@@ -405,3 +413,6 @@ class StatusView:
     energy_j: float
     last_decision: Decision | None
     snapshots: SnapshotStatistics | None = None
+    #: nodes held for generations no launcher reported started (docs/execution.md, "Waiting
+    #: for the launcher")
+    nodes_awaiting_launch: int = 0

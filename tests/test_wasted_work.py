@@ -166,3 +166,45 @@ def test_offcut_watch_shows_a_warning_as_it_is_noted(daemons):
         assert update.warnings[0].task_id == tid
         (line,) = format_update(update)
         assert f"{tid}  WARNING no-checkpoint (generation 2)" in line
+
+
+def test_offcut_history_exports_every_warning_with_its_decision(daemons, tmp_path):
+    """Every warning is journaled with the decision that noted it (``Decision.warnings``), so
+    ``offcut history`` writes it to warnings.csv, also after the task's own list (at most
+    16) has dropped it; duplicates of a request answer with the stored warnings."""
+    import csv
+    from datetime import datetime, timezone
+
+    from typer.testing import CliRunner
+
+    from offcut.client.cli import app
+    from offcut.daemon.scheduler.waste import MAX_TASK_WARNINGS
+
+    srv, c = daemons.start("a")
+    tid = launched_task(c, work=10_000.0)
+    c.report_nodes(T0 + 3, "slurm", 2, idle=["n3"])  # a node event: the export has steps
+    kept_at = c.status().revision
+    noted = MAX_TASK_WARNINGS + 2
+    for g in range(1, noted + 1):  # each generation ignores the stop signal once
+        r = c.report_task_run(tid, "interrupted", node="n1", job_id=str(g), generation=g,
+                              time=T0 + 10 * g, stop_ignored=True)
+        assert [w.kind for w in r.decision.warnings] == ["stop-ignored"]
+        assert r.decision.warnings[0].task_id == tid and r.decision.warnings[0].generation == g
+    assert len(c.get_task(tid).warnings) == MAX_TASK_WARNINGS  # the task keeps the newest
+    out = tmp_path / "hist"
+    res = CliRunner().invoke(app, ["history", "--out", str(out), "--address", srv.address],
+                             catch_exceptions=False)
+    assert f"{noted} warnings -> " in res.stdout
+    with open(out / "warnings.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [int(r["generation"]) for r in rows] == list(range(1, noted + 1))
+    assert {r["task_id"] for r in rows} == {tid} and {r["kind"] for r in rows} == {"stop-ignored"}
+    assert all("ignored the stop signal" in r["message"] for r in rows)
+    assert rows[0]["time"] == datetime.fromtimestamp(T0 + 10, timezone.utc).isoformat(
+        timespec="seconds")
+    # an export after a revision holds only the later warnings
+    res = CliRunner().invoke(app, ["history", "--out", str(out), "--after-revision",
+                                   str(kept_at + noted - 1), "--address", srv.address],
+                             catch_exceptions=False)
+    with open(out / "warnings.csv", newline="") as fh:
+        assert [int(r["generation"]) for r in csv.DictReader(fh)] == [noted]

@@ -108,7 +108,7 @@ class SolveStats(_message.Message):
     def __init__(self, requested_solver: _Optional[str] = ..., solver: _Optional[str] = ..., status: _Optional[str] = ..., objective: _Optional[float] = ..., bound: _Optional[float] = ..., solve_ms: _Optional[float] = ..., fallback_reason: _Optional[str] = ..., solves: _Optional[int] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("time", "source", "seq", "revision", "duplicate", "placements", "stats", "solve", "ignored_nodes", "completed_task_ids", "sent_time")
+    __slots__ = ("time", "source", "seq", "revision", "duplicate", "placements", "stats", "solve", "ignored_nodes", "completed_task_ids", "sent_time", "warnings")
     TIME_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,7 @@ class Decision(_message.Message):
     IGNORED_NODES_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     SENT_TIME_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     time: _timestamp_pb2.Timestamp
     source: str
     seq: int
@@ -131,4 +132,19 @@ class Decision(_message.Message):
     ignored_nodes: _containers.RepeatedScalarFieldContainer[str]
     completed_task_ids: _containers.RepeatedScalarFieldContainer[str]
     sent_time: _timestamp_pb2.Timestamp
-    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., seq: _Optional[int] = ..., revision: _Optional[int] = ..., duplicate: _Optional[bool] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., stats: _Optional[_Union[EventStats, _Mapping]] = ..., solve: _Optional[_Union[SolveStats, _Mapping]] = ..., ignored_nodes: _Optional[_Iterable[str]] = ..., completed_task_ids: _Optional[_Iterable[str]] = ..., sent_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    warnings: _containers.RepeatedCompositeFieldContainer[TaskWarning]
+    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., seq: _Optional[int] = ..., revision: _Optional[int] = ..., duplicate: _Optional[bool] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., stats: _Optional[_Union[EventStats, _Mapping]] = ..., solve: _Optional[_Union[SolveStats, _Mapping]] = ..., ignored_nodes: _Optional[_Iterable[str]] = ..., completed_task_ids: _Optional[_Iterable[str]] = ..., sent_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., warnings: _Optional[_Iterable[_Union[TaskWarning, _Mapping]]] = ...) -> None: ...
+
+class TaskWarning(_message.Message):
+    __slots__ = ("kind", "message", "time", "generation", "task_id")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    message: str
+    time: _timestamp_pb2.Timestamp
+    generation: int
+    task_id: str
+    def __init__(self, kind: _Optional[str] = ..., message: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generation: _Optional[int] = ..., task_id: _Optional[str] = ...) -> None: ...

@@ -63,7 +63,7 @@ class SnapshotStatistics(_message.Message):
     def __init__(self, count: _Optional[int] = ..., ms_p50: _Optional[float] = ..., ms_p99: _Optional[float] = ..., ms_max: _Optional[float] = ..., last_ms: _Optional[float] = ..., last_revision: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("clock", "revision", "idle_nodes", "nodes_in_use", "idle_node_names", "queued_tasks", "admitted_tasks", "running_tasks", "completed_tasks", "cancelled_tasks", "last_decision", "solver", "last_seq", "total_samples", "idle_node_seconds", "used_node_seconds", "tfwd_s", "max_running_tasks", "failed_tasks", "objective", "eta", "task_energy_j", "energy_j", "clock_mode", "snapshots")
+    __slots__ = ("clock", "revision", "idle_nodes", "nodes_in_use", "idle_node_names", "queued_tasks", "admitted_tasks", "running_tasks", "completed_tasks", "cancelled_tasks", "last_decision", "solver", "last_seq", "total_samples", "idle_node_seconds", "used_node_seconds", "tfwd_s", "max_running_tasks", "failed_tasks", "objective", "eta", "task_energy_j", "energy_j", "clock_mode", "snapshots", "nodes_awaiting_launch")
     class LastSeqEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class StatusResponse(_message.Message):
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     CLOCK_MODE_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    NODES_AWAITING_LAUNCH_FIELD_NUMBER: _ClassVar[int]
     clock: _timestamp_pb2.Timestamp
     revision: int
     idle_nodes: int
@@ -121,7 +122,8 @@ class StatusResponse(_message.Message):
     energy_j: float
     clock_mode: str
     snapshots: SnapshotStatistics
-    def __init__(self, clock: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revision: _Optional[int] = ..., idle_nodes: _Optional[int] = ..., nodes_in_use: _Optional[int] = ..., idle_node_names: _Optional[_Iterable[str]] = ..., queued_tasks: _Optional[int] = ..., admitted_tasks: _Optional[int] = ..., running_tasks: _Optional[int] = ..., completed_tasks: _Optional[int] = ..., cancelled_tasks: _Optional[int] = ..., last_decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ..., solver: _Optional[_Union[SolverStatistics, _Mapping]] = ..., last_seq: _Optional[_Mapping[str, int]] = ..., total_samples: _Optional[float] = ..., idle_node_seconds: _Optional[float] = ..., used_node_seconds: _Optional[float] = ..., tfwd_s: _Optional[float] = ..., max_running_tasks: _Optional[int] = ..., failed_tasks: _Optional[int] = ..., objective: _Optional[str] = ..., eta: _Optional[float] = ..., task_energy_j: _Optional[float] = ..., energy_j: _Optional[float] = ..., clock_mode: _Optional[str] = ..., snapshots: _Optional[_Union[SnapshotStatistics, _Mapping]] = ...) -> None: ...
+    nodes_awaiting_launch: int
+    def __init__(self, clock: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revision: _Optional[int] = ..., idle_nodes: _Optional[int] = ..., nodes_in_use: _Optional[int] = ..., idle_node_names: _Optional[_Iterable[str]] = ..., queued_tasks: _Optional[int] = ..., admitted_tasks: _Optional[int] = ..., running_tasks: _Optional[int] = ..., completed_tasks: _Optional[int] = ..., cancelled_tasks: _Optional[int] = ..., last_decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ..., solver: _Optional[_Union[SolverStatistics, _Mapping]] = ..., last_seq: _Optional[_Mapping[str, int]] = ..., total_samples: _Optional[float] = ..., idle_node_seconds: _Optional[float] = ..., used_node_seconds: _Optional[float] = ..., tfwd_s: _Optional[float] = ..., max_running_tasks: _Optional[int] = ..., failed_tasks: _Optional[int] = ..., objective: _Optional[str] = ..., eta: _Optional[float] = ..., task_energy_j: _Optional[float] = ..., energy_j: _Optional[float] = ..., clock_mode: _Optional[str] = ..., snapshots: _Optional[_Union[SnapshotStatistics, _Mapping]] = ..., nodes_awaiting_launch: _Optional[int] = ...) -> None: ...
 
 class ExportHistoryRequest(_message.Message):
     __slots__ = ("after_revision", "limit")

@@ -100,7 +100,7 @@ class SubmitTaskResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., decision: _Optional[_Union[_decision_pb2.Decision, _Mapping]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "spec", "owner", "state", "submit_time", "admit_time", "finish_time", "nodes", "work_done_samples", "rate_samples_per_s", "rescales", "preemptions", "launches", "last_run", "energy_j", "power_w", "model", "generation", "failed_runs", "failure_reason", "energy", "samples_redone", "failures_without_progress", "warnings", "work_reached_time")
+    __slots__ = ("task_id", "spec", "owner", "state", "submit_time", "admit_time", "finish_time", "nodes", "work_done_samples", "rate_samples_per_s", "rescales", "preemptions", "launches", "last_run", "energy_j", "power_w", "model", "generation", "failed_runs", "failure_reason", "energy", "samples_redone", "failures_without_progress", "warnings", "work_reached_time", "started_generation", "generation_time")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,8 @@ class Task(_message.Message):
     FAILURES_WITHOUT_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     WORK_REACHED_TIME_FIELD_NUMBER: _ClassVar[int]
+    STARTED_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_TIME_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     spec: TaskSpec
     owner: str
@@ -149,23 +151,11 @@ class Task(_message.Message):
     energy: TaskEnergy
     samples_redone: float
     failures_without_progress: int
-    warnings: _containers.RepeatedCompositeFieldContainer[TaskWarning]
+    warnings: _containers.RepeatedCompositeFieldContainer[_decision_pb2.TaskWarning]
     work_reached_time: _timestamp_pb2.Timestamp
-    def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., owner: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., admit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[str]] = ..., work_done_samples: _Optional[float] = ..., rate_samples_per_s: _Optional[float] = ..., rescales: _Optional[int] = ..., preemptions: _Optional[int] = ..., launches: _Optional[int] = ..., last_run: _Optional[str] = ..., energy_j: _Optional[float] = ..., power_w: _Optional[float] = ..., model: _Optional[_Union[LearnedModel, _Mapping]] = ..., generation: _Optional[int] = ..., failed_runs: _Optional[int] = ..., failure_reason: _Optional[str] = ..., energy: _Optional[_Union[TaskEnergy, _Mapping]] = ..., samples_redone: _Optional[float] = ..., failures_without_progress: _Optional[int] = ..., warnings: _Optional[_Iterable[_Union[TaskWarning, _Mapping]]] = ..., work_reached_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
-
-class TaskWarning(_message.Message):
-    __slots__ = ("kind", "message", "time", "generation", "task_id")
-    KIND_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    TIME_FIELD_NUMBER: _ClassVar[int]
-    GENERATION_FIELD_NUMBER: _ClassVar[int]
-    TASK_ID_FIELD_NUMBER: _ClassVar[int]
-    kind: str
-    message: str
-    time: _timestamp_pb2.Timestamp
-    generation: int
-    task_id: str
-    def __init__(self, kind: _Optional[str] = ..., message: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generation: _Optional[int] = ..., task_id: _Optional[str] = ...) -> None: ...
+    started_generation: int
+    generation_time: _timestamp_pb2.Timestamp
+    def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., owner: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., admit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[str]] = ..., work_done_samples: _Optional[float] = ..., rate_samples_per_s: _Optional[float] = ..., rescales: _Optional[int] = ..., preemptions: _Optional[int] = ..., launches: _Optional[int] = ..., last_run: _Optional[str] = ..., energy_j: _Optional[float] = ..., power_w: _Optional[float] = ..., model: _Optional[_Union[LearnedModel, _Mapping]] = ..., generation: _Optional[int] = ..., failed_runs: _Optional[int] = ..., failure_reason: _Optional[str] = ..., energy: _Optional[_Union[TaskEnergy, _Mapping]] = ..., samples_redone: _Optional[float] = ..., failures_without_progress: _Optional[int] = ..., warnings: _Optional[_Iterable[_Union[_decision_pb2.TaskWarning, _Mapping]]] = ..., work_reached_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_generation: _Optional[int] = ..., generation_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class TaskEnergy(_message.Message):
     __slots__ = ("source", "joules", "samples_per_joule", "generations_reported", "last_generation", "last_generation_joules", "last_generation_ranks", "last_generation_world_size")
@@ -296,8 +286,8 @@ class PlacementUpdate(_message.Message):
     time: _timestamp_pb2.Timestamp
     cause: str
     placements: _containers.RepeatedCompositeFieldContainer[_decision_pb2.Placement]
-    warnings: _containers.RepeatedCompositeFieldContainer[TaskWarning]
-    def __init__(self, revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., placements: _Optional[_Iterable[_Union[_decision_pb2.Placement, _Mapping]]] = ..., warnings: _Optional[_Iterable[_Union[TaskWarning, _Mapping]]] = ...) -> None: ...
+    warnings: _containers.RepeatedCompositeFieldContainer[_decision_pb2.TaskWarning]
+    def __init__(self, revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., placements: _Optional[_Iterable[_Union[_decision_pb2.Placement, _Mapping]]] = ..., warnings: _Optional[_Iterable[_Union[_decision_pb2.TaskWarning, _Mapping]]] = ...) -> None: ...
 
 class TaskRunReport(_message.Message):
     __slots__ = ("task_id", "state", "time", "node", "job_id", "exit_code", "message", "request_id", "generation", "stop_ignored")

@@ -58,6 +58,8 @@ class TaskLifecycle:
         task.last_run = event.describe()
         if event.state == "started":
             task.launches += 1
+            if event.generation is not None:
+                task.started_generation = max(task.started_generation, event.generation)
         if task.state.finished:  # it may have completed on the way to ``t``
             return False
         if event.stop_ignored:
@@ -141,6 +143,7 @@ class TaskLifecycle:
         finish starts a new generation (docs/execution.md)."""
         if not task.state.finished:
             task.generation += 1
+            task.generation_time = t
             task.work_reached_time = None  # a new generation finishes again (its own report)
             ledger_of(task).start_generation(task.generation,
                                              len(task.nodes) * task.spec.local_world_size)
