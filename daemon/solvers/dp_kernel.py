@@ -164,6 +164,26 @@ def _capacity_price(tab, tab_off, bp_all, bp_off, jmin, cur, N, margin):
     """
     J = len(jmin)
     thr = np.full(J, -np.inf)
+    lam = _hull_price(tab, tab_off, bp_all, bp_off, N)
+    if not lam > 0.0:
+        return 0.0, thr, -np.inf
+    x = np.zeros(J, dtype=np.int64)
+    ub = _price_maximisers(tab, tab_off, bp_all, bp_off, lam, lam * N, thr, x)
+    lb = _feasible_bound(tab, tab_off, bp_all, bp_off, jmin, cur, N, x)
+    if lb == -np.inf:
+        thr[:] = -np.inf
+        return lam, thr, lb
+    gap = max(ub - lb, 0.0) + margin
+    for j in range(J):
+        thr[j] -= gap
+    return lam, thr, lb
+
+
+def _hull_price(tab, tab_off, bp_all, bp_off, N):
+    """The LP price lambda of :func:`_capacity_price` [objective units per node]: the slope
+    at which the rising segments of the tasks' upper concave hulls over their breakpoints,
+    taken steepest first, fill ``N`` nodes (0.0 when they never do)."""
+    J = len(tab_off) - 1
     cap = bp_off[J]
     seg_s = np.empty(cap, dtype=np.float64)
     seg_n = np.empty(cap, dtype=np.int64)
@@ -192,19 +212,21 @@ def _capacity_price(tab, tab_off, bp_all, bp_off, jmin, cur, N, margin):
             seg_n[m] = b - a
             m += 1
     order = np.argsort(-seg_s[:m])
-    lam = 0.0
     filled = 0
     for i in range(m):
         filled += seg_n[order[i]]
         if filled >= N:
-            lam = seg_s[order[i]]
-            break
-    if not lam > 0.0:
-        return 0.0, thr, -np.inf
-    ub = lam * N
-    x = np.zeros(J, dtype=np.int64)
-    total = 0
-    for j in range(J):
+            return seg_s[order[i]]
+    return 0.0
+
+
+def _price_maximisers(tab, tab_off, bp_all, bp_off, lam, start, thr, x):
+    """For price ``lam``: each task's g_j = max over its breakpoints of f_j(b) - lam b into
+    ``thr`` (J,) and its smallest maximiser into ``x`` (J,) int64 (nodes). Returns ``start``
+    + sum_j g_j, added in task order (objective units): with ``start`` = lam N,
+    :func:`_capacity_price`'s UB."""
+    total = start
+    for j in range(len(x)):
         o = tab_off[j]
         g = -np.inf
         for i in range(bp_off[j], bp_off[j + 1]):
@@ -214,7 +236,18 @@ def _capacity_price(tab, tab_off, bp_all, bp_off, jmin, cur, N, margin):
                 g = v
                 x[j] = b
         thr[j] = g
-        ub += g
+        total += g
+    return total
+
+
+def _feasible_bound(tab, tab_off, bp_all, bp_off, jmin, cur, N, x):
+    """:func:`_capacity_price`'s LB (objective units; -inf when none applies): the value of
+    the maximisers ``x`` (J,) when they fit ``N``, improved by giving the nodes left to the
+    best single increase up to four times (``x`` is updated), or of the current counts
+    ``cur`` when they are admissible, fit and are worth more."""
+    J = len(x)
+    total = 0
+    for j in range(J):
         total += x[j]
     lb = -np.inf
     if total <= N:
@@ -258,13 +291,7 @@ def _capacity_price(tab, tab_off, bp_all, bp_off, jmin, cur, N, margin):
             v += tab[tab_off[j] + cur[j]]
         if v > lb:
             lb = v
-    if lb == -np.inf:
-        thr[:] = -np.inf
-        return lam, thr, lb
-    gap = max(ub - lb, 0.0) + margin
-    for j in range(J):
-        thr[j] -= gap
-    return lam, thr, lb
+    return lb
 
 
 def _useful_options(tab, tab_off, bp_all, bp_off, jmin, cur, lam, thr):
@@ -751,7 +778,7 @@ def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, s
 
 
 _COMPILED = (_own_best_counts, _task_breakpoints, _push_option, _all_breakpoints,
-             _capacity_price, _useful_options,
+             _capacity_price, _hull_price, _price_maximisers, _feasible_bound, _useful_options,
              _max_plus_into, _relax_free_window, _forward_pass, _forward, _same_run,
              _common_prefix,
              _backtrack_start, _backtrack, kernel)
