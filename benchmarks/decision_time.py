@@ -1,11 +1,12 @@
-"""Decision time per allocation backend (docs/architecture.md §4): p50/p99 wall time [ms].
+"""Decision time per allocation backend (docs/architecture.md, "Solver backends"): p50/p99 wall time
+[ms].
 
 Instances (tasks x idle nodes): 10x128, 50x512, 100x4734, with task curves drawn from the
 real BFTrainer ImageNet-imgps 1001-job set when ``--data-dir`` has it (else synthetic Amdahl
 curves), random current counts c_j; optionally real recorded instances (``--records``).
 Backends run in-process (no worker isolation) so the numbers are the solver's own cost.
 
-The "anchor" row is BFTrainer's original NODE-LEVEL MILP (Liu et al., arXiv 2106.12091, §3:
+The "anchor" row is BFTrainer's original NODE-LEVEL MILP (Liu et al., arXiv 2106.12091, Section 3:
 binaries x[j][n] per task and idle node, no-migration grow/shrink big-M, SOS2 curves) solved
 by CBC with ``--anchor-time-limit``; each solve runs in a spawned child process killed at
 time limit + 20 s (python-mip 2.0.0's CBC can abort or hang on SOS models). Its time is
@@ -121,7 +122,8 @@ def anchor_binaries(J: int, N: int) -> int:
 
 
 def build_anchor_model(p: AllocationProblem):
-    """BFTrainer's node-level MILP (arXiv 2106.12091 §3) for ``p`` as a python-mip CBC model.
+    """BFTrainer's node-level MILP (arXiv 2106.12091, Section 3) for ``p`` as a python-mip CBC
+    model.
 
     Returns (model, n_vars per task (J,) linear expressions, binaries, constraints).
     """

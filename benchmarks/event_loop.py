@@ -1,4 +1,4 @@
-"""offcutd's CPU per unary call on uvloop vs asyncio's own event loop (docs/architecture.md §1,
+"""offcutd's CPU per unary call on uvloop vs asyncio's own event loop (docs/architecture.md,
 "Threads").
 
 Two daemons run side by side, one on each loop (the asyncio one is offcutd with ``uvloop``

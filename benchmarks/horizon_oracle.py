@@ -1,13 +1,15 @@
 """Beyond a fixed horizon (issue 19, part 3): what knowing each idle node's true remaining idle
 time is worth, measured on the real log.
 
-BFTrainer weighs every rescale against one fixed look-ahead Tfwd (arXiv 2106.12091 §3;
-docs/architecture.md §4, "The horizon"). Slurm often knows better (the next job's start on a
+BFTrainer weighs every rescale against one fixed look-ahead Tfwd (arXiv 2106.12091, Section 3;
+docs/architecture.md, "The horizon"). Slurm often knows better (the next job's start on a
 node, a reservation). Before building that, this replays the real two-week node log with an
 *oracle* that reads each idle node's true remaining idle time from the log itself
-(:class:`LogOracle`, handed to the scheduler as an
-:class:`~offcut.daemon.scheduler.forecast.IdleForecast`), against the fixed horizon at the
-daemon's default (60 s). Variants, each a full replay through its own in-process offcutd
+(:class:`LogOracle`, handed as an :class:`IdleForecast` to :class:`ForecastScheduler`, this
+benchmark's own variant of the daemon's scheduler), against the fixed horizon at the daemon's
+default (60 s). The variant lives here, not in the product: offcutd never uses a forecast (it
+is neither persisted nor journaled, so a daemon using it would not re-apply its journal to the
+same placements after a restart). Variants, each a full replay through its own in-process offcutd
 (solver dp, replay clock, every task to its end):
 
 * ``fixed``: Tfwd = 60 s, default placement (the baseline);
@@ -37,13 +39,18 @@ Usage::
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from offcut.daemon.model import Task
+from offcut.daemon.scheduler import Scheduler
+from offcut.daemon.solvers.problem import AllocationProblem
 from real_data import NODE_LOG, parser, require
 
 VARIANTS = {  # name -> (oracle placement, horizon)
@@ -55,6 +62,135 @@ VARIANTS = {  # name -> (oracle placement, horizon)
 }
 #: the task set replayed by default
 TASKS = "hps-shufflenet-Jbnd-10J.pkl"
+#: how the count-level problem's horizon is chosen: ``fixed`` = Tfwd (``tfwd_s``); ``median`` /
+#: ``mean`` = the median / mean expected remaining idle time of the idle pool at the event
+HORIZONS = ("fixed", "median", "mean")
+
+
+@dataclass(frozen=True)
+class IdleForecast:
+    """Expected remaining idle time of idle nodes, and what :class:`ForecastScheduler` does
+    with it (docs/architecture.md, "The horizon").
+
+    Attributes:
+        remaining_s: ``(nodes, t) -> array (len(nodes),)``: each node's expected remaining
+            idle time [s] at event time ``t`` [s since epoch], >= 0 (an oracle replaying a
+            log knows the true one: :meth:`LogOracle.remaining_s`).
+        placement: choose node identities by it: a shrinking task releases the nodes that
+            leave soonest, growing tasks take the free nodes that stay longest, the task with
+            the highest preemption cost (Tcdw x its rate at the new count, samples) first.
+        horizon: one of :data:`HORIZONS`: the look-ahead [s] the allocation problem weighs
+            rescale costs against (BFTrainer, arXiv 2106.12091, Section 3, the Tfwd of its
+            objective).
+        min_horizon_s: the smallest horizon used [s] (> 0: the problem needs a positive one).
+
+    Raises ``ValueError`` naming ``horizon`` or ``min_horizon_s`` when either is out of range.
+    """
+
+    remaining_s: Callable[[Sequence[str], float], np.ndarray]
+    placement: bool = False
+    horizon: Literal["fixed", "median", "mean"] = "fixed"
+    min_horizon_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.horizon not in HORIZONS:
+            raise ValueError(f"horizon must be one of {', '.join(HORIZONS)}, got {self.horizon!r}")
+        if not self.min_horizon_s > 0:
+            raise ValueError(f"min_horizon_s must be > 0, got {self.min_horizon_s!r}")
+
+    def by_node(self, nodes: Sequence[str], t: float) -> dict[str, float]:
+        """``{node: expected remaining idle time [s]}`` of ``nodes`` at ``t``."""
+        nodes = list(nodes)
+        return dict(zip(nodes, np.asarray(self.remaining_s(nodes, t), dtype=float).tolist()))
+
+    def horizon_s(self, pool: Sequence[str], t: float, tfwd_s: float) -> float:
+        """The allocation horizon [s] at ``t`` on the idle ``pool``: ``tfwd_s`` when
+        ``horizon`` is ``fixed`` or the pool is empty, else the pool's median / mean expected
+        remaining idle time, at least ``min_horizon_s``."""
+        if self.horizon == "fixed" or not pool:
+            return tfwd_s
+        left = np.asarray(self.remaining_s(list(pool), t), dtype=float)
+        value = float(np.median(left) if self.horizon == "median" else left.mean())
+        return max(self.min_horizon_s, value)
+
+
+def shrink_by_forecast(nodes: list[str], keep: int, remaining_s: Mapping[str, float]
+                       ) -> tuple[list[str], list[str]]:
+    """Split ``nodes`` into (kept, released) keeping the ``keep`` nodes expected to stay idle
+    longest (``remaining_s``: node -> expected remaining idle time [s]; ties by name), so
+    that a node Slurm takes back soon leaves without preempting the task.
+
+    Raises ``ValueError`` if ``keep`` is negative or larger than ``len(nodes)``.
+    """
+    if not 0 <= keep <= len(nodes):
+        raise ValueError(f"cannot keep {keep} of {len(nodes)} nodes")
+    ordered = sorted(nodes, key=lambda n: (-remaining_s[n], n))
+    return sorted(ordered[:keep]), sorted(ordered[keep:])
+
+
+def grow_by_forecast(extra: int, free: list[str], remaining_s: Mapping[str, float]) -> list[str]:
+    """Pick the ``extra`` nodes of ``free`` expected to stay idle longest (``remaining_s``:
+    node -> expected remaining idle time [s]; ties by name), in pick order.
+
+    Raises ``ValueError`` if fewer than ``extra`` nodes are free.
+    """
+    if extra > len(free):
+        raise ValueError(f"need {extra} free nodes, only {len(free)} free")
+    if extra <= 0:
+        return []
+    return sorted(free, key=lambda n: (-remaining_s[n], n))[:extra]
+
+
+class ForecastScheduler(Scheduler):
+    """The daemon's scheduler with an :class:`IdleForecast` (``forecast``; None: exactly the
+    daemon's scheduler): the count-level problem's horizon and, with ``forecast.placement``,
+    the node identities follow each idle node's expected remaining idle time. The product's
+    placement rules are methods of the scheduler's allocation (``_shrink_nodes``,
+    ``_growth_order``, ``_pick_free_nodes``); this variant overrides them.
+
+    :func:`use_forecast` turns a running daemon's scheduler into one."""
+
+    forecast: IdleForecast | None = None
+
+    def problem(self, tasks: list[Task], idle_nodes: int | None = None) -> AllocationProblem:
+        """The daemon's problem, over the forecast's horizon (:meth:`IdleForecast.horizon_s`
+        on the idle pool at the scheduler's clock) instead of Tfwd."""
+        problem = super().problem(tasks, idle_nodes)
+        f = self.forecast
+        if f is None or f.horizon == "fixed" or self.clock is None:
+            return problem
+        return dataclasses.replace(
+            problem, tfwd_s=f.horizon_s(list(self.pool), self.clock, self.tfwd_s), check=False)
+
+    def _placing(self) -> bool:
+        return self.forecast is not None and self.forecast.placement
+
+    def _shrink_nodes(self, task: Task, keep: int, t: float) -> tuple[list[str], list[str]]:
+        if not self._placing():
+            return super()._shrink_nodes(task, keep, t)
+        return shrink_by_forecast(task.nodes, keep, self.forecast.by_node(task.nodes, t))
+
+    def _growth_order(self, tasks: list[Task], counts: list[int]) -> list[tuple[Task, int]]:
+        order = super()._growth_order(tasks, counts)
+        if self._placing():  # the dearest task to preempt takes the longest-lived nodes
+            order.sort(key=lambda tn: -self.rescale_costs(tn[0])[1] * self.rate_at(*tn))
+        return order
+
+    def _pick_free_nodes(self, task: Task, extra: int, free: list[str], t: float) -> list[str]:
+        if not self._placing():
+            return super()._pick_free_nodes(task, extra, free, t)
+        return grow_by_forecast(extra, free, self.forecast.by_node(free, t))
+
+
+def use_forecast(scheduler: Scheduler, forecast: IdleForecast | None) -> ForecastScheduler:
+    """Make a running daemon's ``scheduler`` (``OffcutServer.engine.scheduler``) a
+    :class:`ForecastScheduler` with ``forecast``, in place (its state stays; the daemon builds
+    only its own scheduler). Returns it. The daemon loses the variant when it reloads its
+    scheduler from the state file (after a failed commit): callers check
+    ``type(engine.scheduler) is ForecastScheduler`` afterwards."""
+    scheduler.__class__ = ForecastScheduler
+    scheduler.forecast = forecast
+    return scheduler
 
 
 class LogOracle:
@@ -102,7 +238,6 @@ def replay_variant(node_log, tasks, out_dir: Path, variant: str, tfwd_s: float,
     import pandas as pd
 
     from offcut.daemon.config import DaemonConfig
-    from offcut.daemon.scheduler.forecast import IdleForecast
     from offcut.daemon.server import OffcutServer
     from offcut.replay.driver import ReplayOptions, run_replay
 
@@ -118,11 +253,11 @@ def replay_variant(node_log, tasks, out_dir: Path, variant: str, tfwd_s: float,
             forecast = None
             if variant != "fixed":
                 forecast = IdleForecast(oracle.remaining_s, placement=place, horizon=horizon)
-            srv.engine.scheduler.idle_forecast = forecast
+            scheduler = use_forecast(srv.engine.scheduler, forecast)
             summary = run_replay(node_log, tasks, out_dir, ReplayOptions(
                 solver="dp", tfwd_s=tfwd_s, max_tasks=max_tasks, target=cfg.listen,
                 progress=False))
-            if srv.engine.scheduler.idle_forecast is not forecast:
+            if srv.engine.scheduler is not scheduler or scheduler.forecast is not forecast:
                 raise SystemExit(f"{variant}: the daemon reloaded its scheduler during the "
                                  "replay; the oracle was lost, the figures do not hold")
         finally:

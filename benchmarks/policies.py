@@ -1,8 +1,8 @@
 """Allocation policies side by side on the real log: throughput (BFTrainer), energy and
 fair_share (max-min fair node-hours per owner).
 
-The hps-shufflenet set (10 tasks) on 128 real nodes, as ``tests/test_replay_e2e.py`` and the
-README replay it, each through its own private daemon (``offcut replay bftrainer --owners N
+The hps-shufflenet set (10 tasks) on 128 real nodes, as ``tests/test_replay_e2e.py`` and
+docs/replay-and-policies.md replay it, each through its own private daemon (``offcut replay bftrainer --owners N
 --policy P``). The log has no users: the tasks get ``--owners`` owners user1..userN with the
 replay's skewed split (user k has weight 1/k; ``offcut.replay.owners.assign_owners``).
 

@@ -1,6 +1,7 @@
 """What the real-log benchmarks share: where the BFTrainer data is, the parser every one of
 them starts from, and the clear skip when the data is absent (it is never part of the
-repository; README.md, "Replaying the real public log", says what it is and where it goes)."""
+repository; docs/replay-and-policies.md, "Replaying the real public log", says what it is and
+where it goes)."""
 
 from __future__ import annotations
 
@@ -29,4 +30,4 @@ def require(data_dir: Path, *names: str) -> None:
     missing = [n for n in names if not (data_dir / n).exists()]
     if missing:
         raise SystemExit(f"skipped: the real BFTrainer data is not at {data_dir} (missing "
-                         f"{', '.join(missing)}; see README.md, 'Replaying the real public log')")
+                         f"{', '.join(missing)}; see docs/replay-and-policies.md, 'Replaying the real public log')")

@@ -14,8 +14,8 @@ first rank that got it) to the first training step of the next generation: the p
 rescale (docs/execution.md). It prints their medians next to the daemon's learned rescale
 costs of the task (``LearnedModel.measured_rescale_*_s``, from the progress reports alone),
 converted from BFTrainer's convention (seconds of progress at the rate before the rescale,
-arXiv 2106.12091 §3) to seconds of pause (x r(c) / r(n), with the rates the daemon measured),
-and the ratio; the figures are also appended, with the command, to
+arXiv 2106.12091, Section 3) to seconds of pause (x r(c) / r(n), with the rates the daemon
+measured), and the ratio; the figures are also appended, with the command, to
 ``benchmarks/results/rescale_cost-DATE.txt``.
 
     python benchmarks/rescale_cost.py                 # 3 cycles, about 2 minutes here

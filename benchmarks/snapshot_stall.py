@@ -1,6 +1,6 @@
-"""Snapshot stall with many tasks (docs/architecture.md §6): how long a snapshot holds the
-engine's lock when the daemon holds ``--tasks`` tasks (default 200,000: half finished within
-the retention, the rest queued, ``max_running_tasks`` running).
+"""Snapshot stall with many tasks (docs/architecture.md, "Journal and snapshots"): how long a
+snapshot holds the engine's lock when the daemon holds ``--tasks`` tasks (default 200,000: half
+finished within the retention, the rest queued, ``max_running_tasks`` running).
 
 An :class:`~offcut.daemon.engine.Engine` on a real SQLite file (durability ``full``) gets the
 tasks put into its state (building them through 200,000 submissions would take minutes and

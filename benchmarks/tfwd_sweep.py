@@ -1,8 +1,8 @@
 """The look-ahead horizon Tfwd swept on the real log: which default trains the most.
 
-BFTrainer's objective (arXiv 2106.12091 §3; docs/architecture.md §4) weighs Tfwd seconds of
-throughput against the progress a rescale costs (Tcup, Tcdw): a short horizon makes almost
-every grow too dear (a task at c nodes grows only when Tfwd * (S(n) - S(c)) > Tcup * S(c)),
+BFTrainer's objective (arXiv 2106.12091, Section 3; docs/architecture.md, "Allocation") weighs Tfwd
+seconds of throughput against the progress a rescale costs (Tcup, Tcdw): a short horizon makes
+almost every grow too dear (a task at c nodes grows only when Tfwd * (S(n) - S(c)) > Tcup * S(c)),
 a long one rescales for gains the next preemption takes away. Each value here replays the
 same task set on the same nodes of the real two-week node log through its own private daemon
 (solver dp) until every task is done and prints, per Tfwd: the makespan (first submission to

@@ -5,12 +5,12 @@ target metric (the trial converges and ends). Each scenario registers a fresh jo
 loop from 1 and from ``--threads`` K client threads until ``--trials`` round trips (default
 1000) or ``--seconds`` (default 60), whichever comes first; printed: round trips/s, p50/p99
 latency of a round trip [ms], p50 of the first and of the last 200 round trips, and the
-server's CPU time per round trip, and PASS/FAIL against the goals of docs/architecture.md
-§6, "Zeus rows" (:data:`GOAL_RT_PER_S` from the ``--threads`` run; p50 of the last 200 over the first
+server's CPU time per round trip, and PASS/FAIL against the goals of docs/zeus.md,
+"Storage" (:data:`GOAL_RT_PER_S` from the ``--threads`` run; p50 of the last 200 over the first
 200 <= :data:`GOAL_RATIO` for runs of >= :data:`GOAL_TRIALS` round trips; first/last are in
 start order across all threads). Zeus's server's per-call cost grows with the number of trials
-a job has; offcutd's no longer does (a call writes O(1) rows, docs/architecture.md §6, "Zeus
-rows"). Compare scenarios at the same trial count: the default stops on trials, and a scenario
+a job has; offcutd's no longer does (a call writes O(1) rows, docs/zeus.md,
+"Storage"). Compare scenarios at the same trial count: the default stops on trials, and a scenario
 cut by ``--seconds`` first is flagged.
 
 Measured (2 CPU cores shared with other work, load average ~2; ``--no-zeus --no-tcp
@@ -92,7 +92,7 @@ request key, one summary row per object per group commit, metric children looked
 not kept) 652 -> 702 rt/s on 16 cores and 0.86x on 2 (the pickling and the second process's
 threads cost more CPU than they freed).
 
-The round trip on the event loop (architecture §1, "Threads": ``Predict``/``ReportEpoch`` as
+The round trip on the event loop (docs/architecture.md, "Threads": ``Predict``/``ReportEpoch`` as
 coroutines, commits awaited on the committer thread) cut the server's CPU per round trip from
 3.03 to 1.81 ms and moved offcutd from 0.28x to 0.49x the former floor in that hour. The
 machine's speed varies by up to 2x over an hour (the same daemon measured 298 and 458 rt/s
@@ -353,8 +353,8 @@ def offcut_scenario(daemon: Offcutd, transport: str, threads: int, args) -> Resu
 # ---------------------------------------------------------------------- the gRPC floor
 #: an empty gRPC server as offcutd serves the Zeus round trip: grpc.aio on offcutd's kind of
 #: event loop (``offcut.daemon.event_loop.new_loop``: uvloop where importable), the unary
-#: handler a coroutine on that loop (as ``Predict`` and ``ReportEpoch``, docs/architecture.md
-#: §1, "Threads"); it answers gRPC health ``Check`` and does nothing else (no interceptors, no
+#: handler a coroutine on that loop (as ``Predict`` and ``ReportEpoch``, docs/architecture.md,
+#: "Threads"); it answers gRPC health ``Check`` and does nothing else (no interceptors, no
 #: state, no fsync)
 FLOOR_SERVER = r"""
 import sys
@@ -618,7 +618,7 @@ def compare(rows: list[dict], server: str, label: str, detail) -> None:
                   f"{r['rt_per_s'] / o['rt_per_s']:.2f}x round trips/s, {detail(r, o)}")
 
 
-#: the goals (docs/architecture.md §6, "Zeus rows"; offcutd, durability full): round trips/s from the
+#: the goals (docs/zeus.md, "Storage"; offcutd, durability full): round trips/s from the
 #: K-thread run, and the p50 of the last 200 round trips over the first 200's (a flat cost per
 #: call) once a job has 4,000 trials
 GOAL_RT_PER_S, GOAL_RATIO, GOAL_TRIALS = 700.0, 1.2, 4000

@@ -25,8 +25,8 @@ Diagnostics (skip with ``--no-diagnose``):
    the same given the same costs?
 2. Semantics counters: runs, runs that did not converge, tries that could not afford one epoch
    under the cost bound, and the final min_cost (ours: the cheapest converged run,
-   docs/architecture.md §5; Zeus: the cheapest accumulated cost of a recurrence, every try
-   included).
+   docs/zeus.md, "Trace-driven simulation"; Zeus: the cheapest accumulated cost of a recurrence,
+   every try included).
 3. Ablation ladder: ``offcut.replay.zeus_sim.simulate`` (our driver, unchanged) against an
    in-process stand-in for the daemon (the same ``BatchSizeJob`` / ``PowerLimitProfile`` and
    proto conversions, no gRPC), switching to Zeus's simulator semantics one at a time:

@@ -140,8 +140,7 @@ def replay_bftrainer(
     noise: float = typer.Option(0.05, "--noise", min=0.0, help="relative throughput noise per event interval of the played tasks (seeded by --seed)"),
     report_every: float = typer.Option(60.0, "--report-every", min=1.0, help="the played tasks (--curves known|linear|hidden) report every this many seconds, and at every node event"),
     oracle: bool = typer.Option(False, "--oracle", help="with --curves linear|hidden: also run with the true curves (into OUT/oracle) and add oracle_total_samples to summary.json"),
-    policy: Optional[str] = typer.Option(None, "--policy", help="allocation policy of the private daemon: throughput (default) | energy (samples per joule) | zeus_cost | fair_share (max-min fair node-hours per owner, see --owners) | an installed third-party policy's name"),
-    objective: Optional[str] = typer.Option(None, "--objective", help="the older name of --policy (same option)"),
+    policy: str = typer.Option("throughput", "--policy", help="allocation policy of the private daemon: throughput | energy (samples per joule) | zeus_cost | fair_share (max-min fair node-hours per owner, see --owners) | an installed third-party policy's name"),
     eta: float = typer.Option(0.5, "--eta", min=0.0, max=1.0, help="eta_knob of --policy zeus_cost"),
     owners: int = typer.Option(0, "--owners", min=0, help="submit the tasks as N owners user1..userN (user k has weight 1/k: a skewed split dealt in submit order by weighted round-robin) to compare per-user policies; the summary gives node-hours per owner [default: 0, every task by 'replay']"),
     out: Path = typer.Option(Path("replay-out"), "--out", help="output folder"),
@@ -161,10 +160,6 @@ def replay_bftrainer(
     The same with three task owners and the fair-share policy:
       ... --num-nodes 128 --solver dp --owners 3 --policy fair_share --out out/fair
     """
-    if policy is not None and objective is not None and policy != objective:
-        _fail(f"--policy {policy} and --objective {objective} name one setting (--objective is "
-              "its older name) with different values: give one", 2)
-    policy = policy or objective or "throughput"
     from offcut.replay.bftrainer_data import ReplayInputError, load_node_log, load_task_set
 
     try:
@@ -477,7 +472,7 @@ def recur(
 @connection_options
 def status(
     idle_nodes: bool = typer.Option(False, "--idle-nodes", help="also list the idle pool (hostlist)"),
-    as_json: bool = typer.Option(False, "--json", help="print the StatusResponse as JSON plus event_lag_s (README, \"JSON output\")"),
+    as_json: bool = typer.Option(False, "--json", help="print the StatusResponse as JSON plus event_lag_s (docs/user-guide.md, \"JSON output\")"),
     *, settings: ClientSettings,
 ) -> None:
     """For admins: the idle pool, nodes in use, tasks by state, the solver and its decision

@@ -1,7 +1,7 @@
 """Why a task holds the nodes it holds, in words and numbers (``offcut show``).
 
-The allocation maximises BFTrainer's look-ahead objective (arXiv 2106.12091 §3;
-docs/architecture.md §4): a task at ``c`` nodes moved to ``n`` counts
+The allocation maximises BFTrainer's look-ahead objective (arXiv 2106.12091, Section 3;
+docs/architecture.md, "Allocation"): a task at ``c`` nodes moved to ``n`` counts
 ``Tfwd * S(n)`` minus, when it grows, ``Tcup * S(c)`` (the progress a rescale-up costs; a
 start from 0 nodes costs nothing) and, when it shrinks, ``Tcdw * S(c)``. So, competition
 aside, growing from ``c`` to ``n`` pays exactly when ``Tfwd * (S(n) - S(c)) > Tcup * S(c)``.
@@ -38,7 +38,7 @@ def _s(counts: list[int], values: list[float], n: int, min_nodes: int) -> float:
 
 def explain(task: tasks_pb2.Task, status: status_pb2.StatusResponse) -> list[str]:
     """Lines that say why ``task`` holds ``len(task.nodes)`` nodes now and what would
-    change it (module docstring: the comparison of the throughput policy, BFTrainer §3).
+    change it (module docstring: the comparison of the throughput policy, BFTrainer, Section 3).
     ``status``: the daemon's status (idle nodes, nodes in use, ``tfwd_s``, the policy)."""
     state = tasks_pb2.TaskState.Name(task.state).removeprefix("TASK_STATE_").lower()
     spec = task.spec
@@ -58,7 +58,7 @@ def explain(task: tasks_pb2.Task, status: status_pb2.StatusResponse) -> list[str
             "the features " + "&".join(spec.constraint) if spec.constraint else ""]))
         lines.append(f"Only nodes with {needs} count for it (free ones of other kinds do not).")
     if status.objective and status.objective != "throughput":
-        lines.append(f"The policy is {status.objective!r} (docs/architecture.md §4, "
+        lines.append(f"The policy is {status.objective!r} (docs/architecture.md, "
                      "\"Allocation policies\"); the numbers below are the throughput "
                      "objective's, which it builds on.")
     if held >= spec.max_nodes:

@@ -1,4 +1,4 @@
-"""The one JSON form of every ``offcut ... --json`` output (README, "JSON output").
+"""The one JSON form of every ``offcut ... --json`` output (docs/user-guide.md, "JSON output").
 
 Rules, the same for tasks, placement updates and the status:
 

@@ -1,5 +1,5 @@
 """The recurring-job driver (Zeus's ``ZeusMaster``, ``zeus/run/master.py`` of Zeus's earlier
-releases, not in zeus 0.16; docs/architecture.md, "Zeus optimizers hosted in the daemon"): runs a training command once per
+releases, not in zeus 0.16; docs/zeus.md, "A recurring job: offcut recur"): runs a training command once per
 recurrence with the batch size the daemon's batch-size optimizer predicts, retrying a
 recurrence until a run reaches the target metric.
 
@@ -29,11 +29,11 @@ user, belongs to another user than this one or root (either could put files ther
 command runs or imports), or cannot be entered.
 
 Observer mode (``observer_mode``; the seed's ``observer_mode``, ``ZEUS_USE_OPTIMAL_PL=False``,
-Zeus, NSDI '23, §5): every run trains at the maximum power limit, the MAX of ``power_limits``
+Zeus, NSDI '23, Section 5): every run trains at the maximum power limit, the MAX of ``power_limits``
 (read via pynvml when not given). The job's power spec is registered with that single limit
 (min = max), so the training side sets the maximum, the power-limit optimizer measures each
 batch size's window at it and chooses nothing else; the batch-size optimizer still picks each
-run's batch size from the measured cost (zeus_cost, Zeus §3.1 Eq. 2, with ``eta``), as the
+run's batch size from the measured cost (zeus_cost, Zeus, Section 3.1, Eq. 2, with ``eta``), as the
 seed's does. Unlike the seed, whose profiling windows still sweep the lower limits, no run
 leaves the maximum. The job is not the optimizing job of the same command: its default id
 differs, and a switch of mode under one ``--job-id`` is refused as a different spec.

@@ -20,7 +20,7 @@ The token itself (``OFFCUT_TOKEN``) is read from the environment only, never fro
 ``token_file``); a token, when set, is used before a token file, as :mod:`offcut.channel`
 always did. A bad value, an unknown or misplaced file key and an unreadable file are
 :class:`SettingsError`: one line naming the flag, the variable or the file and its key.
-README, "Client configuration", lists the settings.
+docs/user-guide.md, "Client settings", lists the settings.
 """
 
 from __future__ import annotations

@@ -566,7 +566,7 @@ def queue(
     me: bool = typer.Option(False, "--me", help="only my tasks"),
     fmt: Optional[str] = typer.Option(None, "--format", "-o", help="the columns, as squeue -o: %[.][size]LETTER fields: %i task id, %j name, %u owner, %T state, %t state code, %D nodes, %N node list, %R node list or (reason), %P progress (reported, and how long ago; ~ an estimate for a task that does not report; - before its first report), %e ETA, %G generation [default: \"%i  %j  %u  %T  %D  %R  %P  %e\"]"),
     noheader: bool = typer.Option(False, "--noheader", "-h", help="no header line (as squeue -h)"),
-    as_json: bool = typer.Option(False, "--json", help="print a JSON list of the tasks (each as offcut show --json prints it; README, \"JSON output\")"),
+    as_json: bool = typer.Option(False, "--json", help="print a JSON list of the tasks (each as offcut show --json prints it; docs/user-guide.md, \"JSON output\")"),
     *, settings: ClientSettings,
 ) -> None:
     """List tasks like squeue: id, name, owner, state, nodes now (or why none), progress, ETA.
@@ -598,7 +598,7 @@ def queue(
 
 def show(
     task_id: str = typer.Argument(..., help="task id (from submit or queue)"),
-    as_json: bool = typer.Option(False, "--json", help="print the task as JSON: the Task message's fields (null when unset, lower-case states) plus progress_pct, progress_source (measured: the last report; estimate: modelled, the task does not report; none: no report yet), progress_report_time and eta_s (README, \"JSON output\")"),
+    as_json: bool = typer.Option(False, "--json", help="print the task as JSON: the Task message's fields (null when unset, lower-case states) plus progress_pct, progress_source (measured: the last report; estimate: modelled, the task does not report; none: no report yet), progress_report_time and eta_s (docs/user-guide.md, \"JSON output\")"),
     *, settings: ClientSettings,
 ) -> None:
     """Show one task in full, like scontrol show job, and why it holds what it holds (the
@@ -748,7 +748,7 @@ def watch(
     after_revision: Optional[int] = typer.Option(None, "--after-revision", min=0, help="first print the changes the daemon retains after this revision (0: all it retains) [default: only new changes]"),
     count: Optional[int] = typer.Option(None, "--count", min=1, help="exit after this many updates"),
     timeout: Optional[float] = typer.Option(None, "--timeout", min=0.1, help="exit after this many seconds"),
-    as_json: bool = typer.Option(False, "--json", help="one JSON object per update (README, \"JSON output\")"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object per update (docs/user-guide.md, \"JSON output\")"),
     *, settings: ClientSettings,
 ) -> None:
     """Print placement changes (start, grow, shrink, preempted, completed ...) as they

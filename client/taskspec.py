@@ -1,8 +1,8 @@
 """Building a task's ``offcut.v1.TaskSpec`` from what a researcher knows.
 
-A task (docs/architecture.md §3) is an elastic training job: a node range (``sbatch --nodes
-MIN-MAX`` syntax), its total work in samples, and a scalability curve: throughput [samples/s]
-at each node count, read from a CSV file with a ``nodes,throughput`` header::
+A task (docs/architecture.md, "Tasks and the progress model") is an elastic training job: a node
+range (``sbatch --nodes MIN-MAX`` syntax), its total work in samples, and a scalability curve:
+throughput [samples/s] at each node count, read from a CSV file with a ``nodes,throughput`` header::
 
     nodes,throughput
     1,5218.8
@@ -155,7 +155,7 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
             :func:`read_scalability_csv`; must cover ``max_nodes``. ``None`` sends no curve:
             the daemon learns it (and the rescale costs) from the task's progress reports.
         rescale_up_s, rescale_down_s: Tcup / Tcdw [s]: progress lost when the task grows /
-            shrinks (BFTrainer, arXiv 2106.12091 §3).
+            shrinks (BFTrainer, arXiv 2106.12091, Section 3).
         objective: one of :data:`OBJECTIVES`; the curve Os the allocation maximises.
         command: argv of the training program (for live runs).
         zeus_job_id: a Zeus batch-size job whose batch size the task's runs use

@@ -1,5 +1,5 @@
 """How every client reaches the daemon (the Python API and CLI, the Slurm hooks, watcher and
-launcher): a channel with TLS for TCP and a bearer token (docs/architecture.md §8).
+launcher): a channel with TLS for TCP and a bearer token (docs/architecture.md, "Security").
 
 Sources of the token, first found wins: the ``token`` argument, ``$OFFCUT_TOKEN``, the file
 named by ``token_file`` or ``$OFFCUT_TOKEN_FILE`` (:func:`token_from_file`: first line, one

@@ -1,6 +1,6 @@
 """Values of Slurm's outputs read by both the Slurm plugin and the replay of a site's accounting
-(so neither imports the other, docs/architecture.md §1): hostlists (``n[1-4]``) expanded with a
-size guard, and the numbers of Slurm's JSON (plain, or ``{"set", "infinite", "number"}`` from
+(so neither imports the other, docs/architecture.md, "Layers"): hostlists (``n[1-4]``) expanded with
+a size guard, and the numbers of Slurm's JSON (plain, or ``{"set", "infinite", "number"}`` from
 the data_parser plugins of 23.02+).
 
 Imports only the standard library and python-hostlist (lazily), so the Slurm hooks stay fast.

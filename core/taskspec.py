@@ -1,6 +1,6 @@
-"""Task specs and their one validator (docs/architecture.md §3), shared by the daemon, the
-Python API and CLI (:mod:`offcut.client.taskspec`) and the replay: every part checks a spec by
-the same rules, naming the field (``spec.<field>``) of the first problem.
+"""Task specs and their one validator (docs/architecture.md, "Tasks and the progress model"), shared
+by the daemon, the Python API and CLI (:mod:`offcut.client.taskspec`) and the replay: every part
+checks a spec by the same rules, naming the field (``spec.<field>``) of the first problem.
 
 Pure: no I/O, no clock, no gRPC message types. Node counts are ints, work is in samples,
 throughput in samples/s, times in s, power in W.
@@ -90,7 +90,8 @@ def check_finite(value: float, field_name: str, *, positive: bool = False, non_n
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """What a researcher submits (docs/architecture.md §3; BFTrainer's Jbnd + JNPs rows).
+    """What a researcher submits (docs/architecture.md, "Tasks and the progress model"; BFTrainer's
+    Jbnd + JNPs rows).
 
     Attributes:
         name: human-readable name (1-200 characters).
@@ -114,7 +115,7 @@ class TaskSpec:
             At most :data:`MAX_NAME_LEN` printable characters.
         gpus_per_node: GPUs every node of the task must have (Slurm's ``--gpus-per-node``),
             0 to :data:`MAX_GPUS_PER_NODE`; 0: a CPU task, placed on nodes without GPUs only
-            (docs/architecture.md §4, "Node kinds").
+            (docs/architecture.md, "Node kinds").
         constraint: node features every node of the task must have (Slurm's
             ``--constraint``, joined with ``&``), at most :data:`MAX_CONSTRAINT_FEATURES`,
             each matching :data:`FEATURE_RE`; sorted, without repeats.
@@ -316,8 +317,8 @@ class TaskSpec:
 
     def throughput_at(self, nodes: int) -> float:
         """Modelled progress rate [samples/s] on ``nodes`` nodes: Ps(n) by linear
-        interpolation if n >= Jmin, else 0 (docs/architecture.md §3). 0 for a learned spec (the
-        core asks the task's learner instead)."""
+        interpolation if n >= Jmin, else 0 (docs/architecture.md, "Tasks and the progress model"). 0
+        for a learned spec (the core asks the task's learner instead)."""
         if nodes < self.min_nodes or self.learned:
             return 0.0
         return float(np.interp(nodes, self.node_counts, self.throughputs))

@@ -2,7 +2,7 @@
 
 Examples::
 
-    offcutd                                   # unix socket, default state file, solver auto
+    offcutd                                   # unix socket, default state file, solver dp
     offcutd --config /etc/offcut/offcut.toml
     offcutd --listen 127.0.0.1:50051 --state /var/lib/offcut/state.sqlite --solver cbc
     offcutd check --state /var/lib/offcut/state.sqlite     # start-up checks, read-only
@@ -25,7 +25,7 @@ from offcut.daemon.config import (ConfigError, DaemonConfig, flag_help, load_con
 
 EPILOG = """Examples:
 
-  offcutd                                       (unix socket, default state file, solver auto)
+  offcutd                                       (unix socket, default state file, solver dp)
 
   offcutd --config /etc/offcut/offcut.toml
 
@@ -65,7 +65,6 @@ def serve(
     task_archive_retention_s: Optional[float] = typer.Option(None, "--task-archive-retention-s", help=flag_help("task_archive_retention_s")),
     journal_retention_s: Optional[float] = typer.Option(None, "--journal-retention-s", help=flag_help("journal_retention_s")),
     policy: Optional[str] = typer.Option(None, help=flag_help("policy")),
-    objective: Optional[str] = typer.Option(None, help=flag_help("objective")),
     eta: Optional[float] = typer.Option(None, help=flag_help("eta")),
     prior_rate_per_node: Optional[float] = typer.Option(None, help=flag_help("prior_rate_per_node")),
     snapshot_every: Optional[int] = typer.Option(None, help=flag_help("snapshot_every")),

@@ -1,4 +1,4 @@
-"""Authentication and roles (docs/architecture.md §8).
+"""Authentication and roles (docs/architecture.md, "Security").
 
 Bearer tokens in the ``authorization`` metadata (``Bearer TOKEN``) map to a user and a role:
 
@@ -61,10 +61,10 @@ _NODE_SIDE = frozenset({ADMIN, SLURM})   # Slurm's reports
 _USERS = frozenset({ADMIN, USER})        # acting on tasks and Zeus jobs
 _READERS = frozenset(ROLES)              # reads (service.py limits what a user sees)
 
-#: The allow-list: full gRPC method name -> the roles that may call it (docs/architecture.md
-#: §8). ``admin`` may call everything, listed or not; a method missing here is refused to every
-#: other role (tests/test_auth.py checks that every offcut.v1 method is listed). ``slurm`` gets
-#: what slurm_plugin/ calls: ReportNodes/SyncNodes (hooks, watcher), ReportTaskRun, ListTasks,
+#: The allow-list: full gRPC method name -> the roles that may call it (docs/architecture.md,
+#: "Security"). ``admin`` may call everything, listed or not; a method missing here is refused to
+#: every other role (tests/test_auth.py checks that every offcut.v1 method is listed). ``slurm``
+#: gets what slurm_plugin/ calls: ReportNodes/SyncNodes (hooks, watcher), ReportTaskRun, ListTasks,
 #: WatchPlacements and GetStatus (its revision) (launcher), plus GetTask (one task: a subset of
 #: ListTasks, for an operator's checks with the same token).
 METHOD_ROLES: dict[str, frozenset[str]] = {

@@ -82,7 +82,7 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 class SlurmConfig(BaseModel):
     """Site settings of the Slurm launcher (``[slurm]`` in offcut.toml; read by
-    ``offcut-slurm launch --config``). docs/architecture.md §7."""
+    ``offcut-slurm launch --config``). docs/architecture.md, "Slurm integration"."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -295,9 +295,9 @@ class DaemonConfig(BaseModel):
                                         "900 s)")
     tfwd_s: float = Field(60.0, gt=0, le=86400,
                           description="BFTrainer look-ahead Tfwd, s (flag --tfwd); 60 s from "
-                                      "the sweep on the real log (docs/architecture.md §4: "
-                                      "python benchmarks/tfwd_sweep.py); replays keep "
-                                      "BFTrainer's 10 s unless --tfwd is given")
+                                      "the sweep on the real log (docs/architecture.md, \"The "
+                                      "horizon\": python benchmarks/tfwd_sweep.py); replays "
+                                      "keep BFTrainer's 10 s unless --tfwd is given")
     max_running_tasks: int = Field(10, ge=1, le=100000,
                                    description="maxJ: tasks admitted at once, in submit order")
     max_failed_generations: int = Field(3, ge=1, le=1000, description=(
@@ -332,10 +332,6 @@ class DaemonConfig(BaseModel):
             "(max-min fair node-hours per task owner, throughput within each share) or the "
             "name of a third-party policy (entry point of the group offcut.policies); "
             "checked when offcutd starts"))
-    objective: str | None = Field(
-        None, pattern=POLICY_NAME_PATTERN, examples=["throughput"], description=(
-            "the older name of policy, still accepted (same setting; giving both with "
-            "different values is an error)"))
     eta: float = Field(0.5, ge=0, le=1, description=(
         "eta_knob of policy = zeus_cost: 0 = time only (throughput), 1 = energy only"))
     prior_rate_per_node: float = Field(1.0, gt=0, description=(
@@ -494,18 +490,6 @@ class DaemonConfig(BaseModel):
                 f"zeus_trial_rows_retention ({self.zeus_trial_rows_retention}) must be at least "
                 f"zeus_trial_retention ({self.zeus_trial_retention}): records held in memory "
                 "stay in the state file")
-        return self
-
-    @model_validator(mode="after")
-    def _merge_policy_alias(self) -> "DaemonConfig":
-        """``objective`` is ``policy``'s older name: one setting, so two different values are
-        refused; given alone it sets ``policy``."""
-        if self.objective is not None:
-            if "policy" in self.model_fields_set and self.policy != self.objective:
-                raise ValueError(
-                    f"policy ({self.policy!r}) and objective ({self.objective!r}) name the same "
-                    "setting (objective is its older name) with different values: give one")
-            self.policy = self.objective
         return self
 
     @field_validator("listen")

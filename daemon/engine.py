@@ -197,7 +197,8 @@ class Engine:
 
     def _snapshot_state(self) -> SnapshotDelta:
         """The next snapshot: the state without its tasks, and the tasks that changed or left
-        since the last one (an incremental snapshot, docs/architecture.md §6)."""
+        since the last one (an incremental snapshot, docs/architecture.md,
+        "Journal and snapshots")."""
         header, changed, removed = self.scheduler.snapshot_changes()
         return SnapshotDelta(header, changed, removed)
 
@@ -243,7 +244,7 @@ class Engine:
 
     # ------------------------------------------------------------------ events
     def apply(self, event: Event, *, stamp: bool = False, caller: str = LOCAL_CALLER,
-              sees_all: bool = True, capped: bool = False) -> Reply:
+              capped: bool = False) -> Reply:
         """Apply ``event``; return its :class:`Reply` (``duplicate`` set when a repeated
         ``(source, seq)``, or a request id ``caller`` sent before for this kind of event, is
         answered from the journal).
@@ -251,9 +252,7 @@ class Engine:
         ``stamp``: apply it no earlier than the event clock (at the later of its time and the
         clock, taken under the lock): events at the daemon's receive time
         (:mod:`offcut.daemon.event_times`) stay in the order they are applied.
-        ``caller``: who sends it (the idempotency namespace of its request id); ``sees_all``:
-        the caller may see every task (a reply stored by an earlier release, whose request ids
-        shared one namespace, answers only a caller who may see all its tasks). ``capped``: a
+        ``caller``: who sends it (the idempotency namespace of its request id). ``capped``: a
         submission is refused (ResourceExhausted naming ``max_active_tasks_per_owner``) when
         its owner already has that many unfinished tasks; checked after a repeated request id
         was answered and before anything changes, under the lock (never when the journal is
@@ -263,7 +262,7 @@ class Engine:
         with self.lock:
             if self.closed:
                 raise OffcutError("the daemon is shutting down")
-            reply = self._stored_reply(event, caller, sees_all)
+            reply = self._stored_reply(event, caller)
             if reply is not None:
                 return reply
             if capped and isinstance(event, SubmitEvent):
@@ -350,7 +349,7 @@ class Engine:
                 raise FailedPrecondition(f"task {task_id} is already {stored['state']}",
                                          field) from None
 
-    def _stored_reply(self, event: Event, caller: str, sees_all: bool) -> Reply | None:
+    def _stored_reply(self, event: Event, caller: str) -> Reply | None:
         """The journal's reply to a repeated event (flagged duplicate), else None."""
         if isinstance(event, NodeEvent):
             stored = self.store.response_for_seq(event.source, event.seq)
@@ -359,15 +358,7 @@ class Engine:
         if key is None:
             return None
         stored = self.store.response_for_request(key)
-        if stored is not None:
-            return _duplicate(stored)
-        stored = self.store.response_for_request(_legacy_request_key(event))
-        if stored is None:
-            return None
-        reply = _duplicate(stored)
-        if sees_all or all(t.owner == caller for t in reply.tasks):
-            return reply
-        return None  # another caller's id in the old shared namespace: a new request
+        return _duplicate(stored) if stored is not None else None
 
     def _commit(self, event: Event, out: Outcome, raw: bytes, caller: str) -> None:
         """Journal an applied event with its stored reply (and a snapshot when due); a
@@ -623,15 +614,6 @@ def _request_key(event: Event, caller: str) -> str | None:
     for cls, kind in _REQUEST_KINDS:
         if isinstance(event, cls) and event.request_id:
             return json.dumps([kind, caller, event.request_id], separators=(",", ":"))
-    return None
-
-
-def _legacy_request_key(event: Event) -> str | None:
-    """The key state files of earlier releases stored (one namespace for every caller:
-    submissions as given, ``run:<id>``, ``progress:<id>``)."""
-    for cls, kind in _REQUEST_KINDS:
-        if isinstance(event, cls) and event.request_id:
-            return event.request_id if kind == "submit" else f"{kind}:{event.request_id}"
     return None
 
 

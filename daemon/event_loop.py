@@ -1,4 +1,4 @@
-"""The asyncio event loop that serves gRPC, on a thread of its own (docs/architecture.md §1,
+"""The asyncio event loop that serves gRPC, on a thread of its own (docs/architecture.md,
 "Threads").
 
 The daemon's gRPC server is ``grpc.aio``'s: its I/O, its interceptors and every open stream
@@ -16,7 +16,7 @@ opens), apart from the workers of the unary calls (:mod:`offcut.daemon.workers`)
 The loop is uvloop's (libuv) where uvloop is installed (a dependency on Linux and macOS): every
 call passes through the loop at least twice (in, and back from its worker thread), and uvloop
 takes 10-15 % less of the daemon's CPU per unary call than asyncio's own loop
-(docs/architecture.md §1, "Threads"); without it asyncio's loop serves, logged once.
+(docs/architecture.md, "Threads"); without it asyncio's loop serves, logged once.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Which time the daemon applies an event at (docs/security.md, "Time"; docs/architecture.md
-§2): the gRPC edge's rule, between the request's conversion and :meth:`Engine.apply`.
+"""Which time the daemon applies an event at (docs/security.md, "Time"; docs/architecture.md,
+"Time and events"): the gRPC edge's rule, between the request's conversion and :meth:`Engine.apply`.
 
 * ``live`` (the default, a daemon beside Slurm): every event is applied at the daemon's own
   receive time, made monotonic under the engine's lock (the later of the wall clock when the

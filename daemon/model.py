@@ -1,5 +1,5 @@
 """Domain types of the scheduler: task specs, tasks, node events
-(docs/architecture.md §2-3).
+(docs/architecture.md, "Time and events" and "Tasks and the progress model").
 
 Times are float seconds since the Unix epoch (UTC), taken from the events themselves; nothing
 here reads a clock. Node counts are ints, work is in samples, throughput in samples/s.
@@ -26,7 +26,7 @@ MAX_NODE_FEATURES = 64
 
 @dataclass(frozen=True)
 class NodeKind:
-    """What one node has, as Slurm configures it (docs/architecture.md §4, "Node kinds"):
+    """What one node has, as Slurm configures it (docs/architecture.md, "Node kinds"):
     ``gpus``, its gpu GRES (0 to :data:`MAX_NODE_GPUS`); ``features``, its active features
     (sorted, at most :data:`MAX_NODE_FEATURES`, each matching
     :data:`offcut.taskspec.FEATURE_RE`). A node the daemon was never told about has no GPUs
@@ -69,15 +69,15 @@ PLAIN_NODE = NodeKind()
 @dataclass(frozen=True)
 class ObjectiveSettings:
     """What the allocation maximises, and the power figures of the energy objectives
-    (DaemonConfig options of the same names; docs/architecture.md §4, issue "energy-aware
+    (DaemonConfig options of the same names; docs/architecture.md, "Allocation", issue "energy-aware
     allocation").
 
     Attributes:
-        objective: the allocation policy's name (the ``policy`` setting; persisted under this
-            older name): a built-in of :data:`offcut.daemon.config.OBJECTIVES`,
+        objective: the allocation policy's name (the ``policy`` setting; state-file format
+            4 stores it under this name): a built-in of :data:`offcut.daemon.config.OBJECTIVES`,
             ``throughput`` (BFTrainer's: samples over the look-ahead), ``energy`` (samples
             per joule), ``zeus_cost`` (samples per unit of Zeus's cost
-            ``eta * E + (1 - eta) * MAXPOWER * T``, NSDI '23 §3; ``energy`` is eta = 1; both
+            ``eta * E + (1 - eta) * MAXPOWER * T``, NSDI '23, Section 3; ``energy`` is eta = 1; both
             solved exactly by Dinkelbach's method over the exact backends,
             ``offcut.daemon.solvers.fractional``) or ``fair_share`` (max-min fair node-hours
             per owner), or a third-party policy's entry-point name
@@ -198,7 +198,7 @@ class Task:
         if d.get("learner") is not None:
             from offcut.daemon.learning import TaskLearner
             d["learner"] = TaskLearner.from_dict(d["learner"])
-        if d.get("energy") is not None:  # (absent in snapshots of earlier releases)
+        if d.get("energy") is not None:
             from offcut.daemon.scheduler.energy import EnergyLedger
             d["energy"] = EnergyLedger.from_dict(d["energy"])
         return cls(**d)
@@ -374,13 +374,13 @@ Event = NodeEvent | SubmitEvent | CancelEvent | TaskRunEvent | ProgressEvent | E
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
-    """JSON-able form of an event for the journal (``sent_time`` only when set, so rows of
-    events without one are as an earlier release wrote them)."""
+    """JSON-able form of an event for the journal (``sent_time``, a node event's ``kinds`` and
+    a cancellation's ``request_id`` only when set: rows stay as short as format 4 has them)."""
     if isinstance(event, NodeEvent):
         d = {"kind": "nodes", "time": event.time, "source": event.source, "seq": event.seq,
              "idle": list(event.idle), "preempted": list(event.preempted),
              "snapshot": event.snapshot}
-        if event.kinds:  # (absent otherwise: rows as an earlier release wrote them)
+        if event.kinds:  # (only when set)
             d["kinds"] = [[n, k.gpus, list(k.features)] for n, k in event.kinds]
     elif isinstance(event, SubmitEvent):
         d = {"kind": "submit", "time": event.time, "spec": event.spec.to_dict(),
@@ -397,7 +397,7 @@ def event_to_dict(event: Event) -> dict[str, Any]:
                 "request_id": event.request_id}
     else:
         d = {"kind": "cancel", "time": event.time, "task_id": event.task_id}
-        if event.request_id:  # (absent otherwise: rows as an earlier release wrote them)
+        if event.request_id:  # (only when set)
             d["request_id"] = event.request_id
     if event.sent_time is not None:
         d["sent_time"] = event.sent_time

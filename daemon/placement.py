@@ -1,4 +1,5 @@
-"""Node identities once the node counts are chosen (docs/architecture.md §4, node identities).
+"""Node identities once the node counts are chosen (docs/architecture.md,
+"Departures from BFTrainer").
 
 A task never migrates: a shrinking task keeps a subset of its nodes, a growing task keeps all
 of its nodes and takes free ones. Choices are deterministic and prefer locality:
@@ -6,10 +7,6 @@ of its nodes and takes free ones. Choices are deterministic and prefer locality:
 * shrinking keeps the nodes in the cabinets where the task has the most nodes;
 * growing first fills the cabinets the task already uses, then whole cabinets in the order of
   their longest-idle free node; inside a cabinet the longest-idle node goes first.
-
-With an idle forecast (``offcut.daemon.scheduler.forecast``, experiments only) the choice
-follows each node's expected remaining idle time instead: :func:`shrink_by_forecast` and
-:func:`grow_by_forecast`.
 """
 
 from __future__ import annotations
@@ -81,29 +78,3 @@ def grow(nodes: list[str], extra: int, free: list[str], idle_since: Mapping[str,
             break
     return picked
 
-
-def shrink_by_forecast(nodes: list[str], keep: int, remaining_s: Mapping[str, float]
-                       ) -> tuple[list[str], list[str]]:
-    """Split ``nodes`` into (kept, released) keeping the ``keep`` nodes expected to stay idle
-    longest (``remaining_s``: node -> expected remaining idle time [s]; ties by name), so
-    that a node Slurm takes back soon leaves without preempting the task.
-
-    Raises ``ValueError`` if ``keep`` is negative or larger than ``len(nodes)``.
-    """
-    if not 0 <= keep <= len(nodes):
-        raise ValueError(f"cannot keep {keep} of {len(nodes)} nodes")
-    ordered = sorted(nodes, key=lambda n: (-remaining_s[n], n))
-    return sorted(ordered[:keep]), sorted(ordered[keep:])
-
-
-def grow_by_forecast(extra: int, free: list[str], remaining_s: Mapping[str, float]) -> list[str]:
-    """Pick the ``extra`` nodes of ``free`` expected to stay idle longest (``remaining_s``:
-    node -> expected remaining idle time [s]; ties by name), in pick order.
-
-    Raises ``ValueError`` if fewer than ``extra`` nodes are free.
-    """
-    if extra > len(free):
-        raise ValueError(f"need {extra} free nodes, only {len(free)} free")
-    if extra <= 0:
-        return []
-    return sorted(free, key=lambda n: (-remaining_s[n], n))[:extra]

@@ -1,15 +1,13 @@
 """Translation between ``offcut.v1`` messages and the application's types (events in,
 :mod:`offcut.daemon.replies` out): the gRPC edge's only knowledge of the wire format.
 
-Only shapes are checked here (types, required fields); the core validates values. The
-``*_from_pb`` inverses of the reply conversions read format-1 journal replies
-(:mod:`offcut.daemon.migrations`).
+Only shapes are checked here (types, required fields); the core validates values.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, fields
+from dataclasses import asdict
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -17,9 +15,8 @@ from offcut.errors import InvalidArgument
 from offcut.daemon.model import (CancelEvent, EnergyEvent, Limits, NodeEvent, NodeKind,
                                  ProgressEvent, ProgressItem, ProgressReport, SubmitEvent,
                                  TaskRunEvent, TaskSpec, TaskState)
-from offcut.daemon.replies import (Decision, EnergyView, EventFigures, MeasuredCount,
-                                   ModelView, PlacementUpdate, SolverStatistics, SolveSummary,
-                                   StatusView, TaskView)
+from offcut.daemon.replies import (Decision, EnergyView, ModelView, PlacementUpdate,
+                                   SolverStatistics, StatusView, TaskView)
 from offcut.daemon.scheduler import PlacementChange
 from offcut.v1 import decision_pb2, nodes_pb2, status_pb2, tasks_pb2
 
@@ -50,7 +47,6 @@ RUN_STATE_FROM_PB = {
     tasks_pb2.RUN_STATE_INTERRUPTED: "interrupted",
 }
 PB_TO_STATE = {v: k for k, v in STATE_TO_PB.items()}
-PB_TO_CHANGE = {v: k for k, v in CHANGE_TO_PB.items()}
 
 #: the last second a ``google.protobuf.Timestamp`` may hold (9999-12-31T23:59:59Z)
 MAX_TIMESTAMP_SECONDS = 253_402_300_799
@@ -225,25 +221,6 @@ def energy_to_pb(view: EnergyView | None) -> tasks_pb2.TaskEnergy | None:
     return tasks_pb2.TaskEnergy(**asdict(view)) if view is not None else None
 
 
-def spec_from_stored_pb(spec: tasks_pb2.TaskSpec) -> TaskSpec:
-    """A spec from a message the daemon itself stored (a format-1 journal reply): taken as
-    it is, without validation (it was validated when it was submitted)."""
-    return TaskSpec.from_dict({
-        "name": spec.name, "min_nodes": spec.min_nodes, "max_nodes": spec.max_nodes,
-        "node_counts": list(spec.node_counts), "throughputs": list(spec.throughputs),
-        "objective_values": list(spec.objective_values), "rescale_up_s": spec.rescale_up_s,
-        "rescale_down_s": spec.rescale_down_s, "total_work_samples": spec.total_work_samples,
-        "command": list(spec.command), "reports_progress": spec.reports_progress,
-        "power_w": list(spec.power_w), "zeus_job_id": spec.zeus_job_id})
-
-
-def _stored_time(ts: Timestamp) -> float | None:
-    """Seconds since the epoch of a stored Timestamp (None when unset)."""
-    if ts.seconds == 0 and ts.nanos == 0:
-        return None
-    return ts.seconds + ts.nanos / 1e9
-
-
 def model_to_pb(model: ModelView | None) -> tasks_pb2.LearnedModel | None:
     """The protocol form of a learned model (None for a task without reports)."""
     if model is None:
@@ -270,25 +247,6 @@ def model_to_pb(model: ModelView | None) -> tasks_pb2.LearnedModel | None:
     return msg
 
 
-def model_from_pb(msg: tasks_pb2.LearnedModel) -> ModelView:
-    """Inverse of :func:`model_to_pb` (format-1 journal replies)."""
-    return ModelView(
-        rescale_up_s=msg.rescale_up_s, rescale_down_s=msg.rescale_down_s,
-        measured_rescale_up_s=(msg.measured_rescale_up_s
-                               if msg.HasField("measured_rescale_up_s") else None),
-        measured_rescale_down_s=(msg.measured_rescale_down_s
-                                 if msg.HasField("measured_rescale_down_s") else None),
-        measured=[MeasuredCount(nodes=m.nodes, samples_per_s=m.samples_per_s,
-                                seconds=m.seconds, power_w=m.power_w) for m in msg.measured],
-        last_report_time=_stored_time(msg.last_report_time) if msg.has_report else None,
-        last_samples_done=msg.last_samples_done,
-        last_energy_j=msg.last_energy_j if msg.HasField("last_energy_j") else None,
-        curve_node_counts=list(msg.curve_node_counts),
-        curve_throughputs=list(msg.curve_throughputs), curve_low=list(msg.curve_low),
-        curve_high=list(msg.curve_high), measured_rescale_lost_s=msg.measured_rescale_lost_s,
-        measured_rescales=msg.measured_rescales)
-
-
 def task_to_pb(task: TaskView) -> tasks_pb2.Task:
     """The protocol form of a task view (``work_reached_time``, ``generation_time`` present
     only when set)."""
@@ -313,26 +271,6 @@ def task_to_pb(task: TaskView) -> tasks_pb2.Task:
     return msg
 
 
-def task_from_pb(msg: tasks_pb2.Task) -> TaskView:
-    """Inverse of :func:`task_to_pb` (format-1 journal replies)."""
-    return TaskView(
-        task_id=msg.task_id, spec=spec_from_stored_pb(msg.spec), owner=msg.owner,
-        state=PB_TO_STATE[msg.state], submit_time=_stored_time(msg.submit_time),
-        admit_time=_stored_time(msg.admit_time), finish_time=_stored_time(msg.finish_time),
-        nodes=list(msg.nodes), work_done_samples=msg.work_done_samples,
-        rate_samples_per_s=msg.rate_samples_per_s, rescales=msg.rescales,
-        preemptions=msg.preemptions, launches=msg.launches, last_run=msg.last_run,
-        generation=msg.generation, failed_runs=msg.failed_runs,
-        failure_reason=msg.failure_reason, energy_j=msg.energy_j, power_w=msg.power_w,
-        model=model_from_pb(msg.model) if msg.HasField("model") else None,
-        samples_redone=msg.samples_redone,
-        failures_without_progress=msg.failures_without_progress,
-        warnings=[{"kind": w.kind, "message": w.message, "time": _stored_time(w.time),
-                   "generation": w.generation} for w in msg.warnings],
-        work_reached_time=(_stored_time(msg.work_reached_time)
-                           if msg.HasField("work_reached_time") else None))
-
-
 def decision_to_pb(d: Decision, duplicate: bool = False) -> decision_pb2.Decision:
     """The protocol form of a decision (``sent_time`` absent when the sender gave none)."""
     msg = decision_pb2.Decision(
@@ -347,21 +285,6 @@ def decision_to_pb(d: Decision, duplicate: bool = False) -> decision_pb2.Decisio
     return msg
 
 
-def _fields_of(msg, cls) -> dict:
-    """The fields of dataclass ``cls`` read from the message ``msg`` of the same field names."""
-    return {f.name: getattr(msg, f.name) for f in fields(cls)}
-
-
-def decision_from_pb(msg: decision_pb2.Decision) -> Decision:
-    """Inverse of :func:`decision_to_pb` (format-1 journal replies)."""
-    return Decision(
-        time=_stored_time(msg.time) or 0.0, source=msg.source, seq=msg.seq,
-        revision=msg.revision, placements=[placement_from_pb(p) for p in msg.placements],
-        stats=EventFigures(**_fields_of(msg.stats, EventFigures)),
-        solve=SolveSummary(**_fields_of(msg.solve, SolveSummary)),
-        ignored_nodes=list(msg.ignored_nodes), completed_task_ids=list(msg.completed_task_ids))
-
-
 def placement_to_pb(p: PlacementChange) -> decision_pb2.Placement:
     """The protocol form of one placement change."""
     return decision_pb2.Placement(
@@ -369,16 +292,6 @@ def placement_to_pb(p: PlacementChange) -> decision_pb2.Placement:
         previous_node_count=p.previous_count, rate_samples_per_s=p.rate,
         work_done_samples=p.work_done, total_work_samples=p.total_work, time=time_to_pb(p.time),
         generation=p.generation)
-
-
-def placement_from_pb(msg: decision_pb2.Placement) -> PlacementChange:
-    """Inverse of :func:`placement_to_pb` (format-1 journal replies)."""
-    return PlacementChange(
-        task_id=msg.task_id, task_name=msg.task_name, change=PB_TO_CHANGE[msg.change],
-        nodes=list(msg.nodes), previous_count=msg.previous_node_count,
-        rate=msg.rate_samples_per_s, work_done=msg.work_done_samples,
-        total_work=msg.total_work_samples, time=_stored_time(msg.time) or 0.0,
-        generation=msg.generation)
 
 
 def warning_to_pb(task_id: str, w: dict) -> decision_pb2.TaskWarning:

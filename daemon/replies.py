@@ -1,5 +1,5 @@
 """What the application answers, in its own types: decisions, task views, status, and the
-journal's stored form of a reply (docs/architecture.md §6).
+journal's stored form of a reply (docs/architecture.md, "Durability").
 
 Nothing here knows the wire: :mod:`offcut.daemon.protocol` converts these to ``offcut.v1``
 messages at the gRPC edge, outside the engine's lock. The engine builds them under its lock
@@ -10,8 +10,7 @@ protocol's version.
 
 Journal reply format (``REPLY_FORMAT``): ``{"format": 2, "decision": {...}, "tasks":
 [...]}``, the fields of :class:`Decision` and :class:`TaskView` by name (times in s since the
-epoch, None where unset). Format 1 (releases before it) stored the serialized ``offcut.v1``
-reply; :mod:`offcut.daemon.migrations` converts a format-1 state file when it is opened.
+epoch, None where unset), as state-file format 4 (the first released one) stores it.
 """
 
 from __future__ import annotations
@@ -218,7 +217,7 @@ def task_view(task: Task, scheduler: "Scheduler") -> TaskView:
 
 @dataclass
 class EventFigures:
-    """BFTrainer's step-log figures of one event (arXiv 2106.12091 §5): the interval since
+    """BFTrainer's step-log figures of one event (arXiv 2106.12091, Section 5): the interval since
     the previous event [s], net samples earned in it, the rate after it [samples/s], rescale
     and preemption losses [samples], nodes that left / joined the pool, tasks preempted, and
     the pool, tasks and nodes in use after it."""

@@ -3,7 +3,7 @@
 The server is ``grpc.aio``'s, on the process's event-loop thread
 (:mod:`offcut.daemon.event_loop`); :class:`OffcutServer` keeps a synchronous API over it. Unary
 handlers run on the worker threads of :mod:`offcut.daemon.workers` (node events on threads of
-their own), server streams wait on the loop holding no thread (docs/architecture.md §1,
+their own), server streams wait on the loop holding no thread (docs/architecture.md,
 "Threads"; docs/security.md).
 """
 

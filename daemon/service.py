@@ -1,4 +1,4 @@
-"""gRPC servicers: the edge between the wire and the application (docs/architecture.md §2).
+"""gRPC servicers: the edge between the wire and the application (docs/architecture.md, "Layers").
 
 Requests become events (:mod:`offcut.daemon.protocol`) before the engine is called, and the
 engine's replies (copies in :mod:`offcut.daemon.replies` types) become messages after it
@@ -86,7 +86,7 @@ def _rpc(method):
 def _rpc_stream(method):
     """A handler that is a coroutine on the event loop: a server stream that sends with
     ``await context.write(message)``, or a unary call that returns its reply (``_rpc_async``:
-    the Zeus round trip, docs/architecture.md §1). An error ends the call with the matching
+    the Zeus round trip, docs/architecture.md, "Threads"). An error ends the call with the matching
     status (:func:`_rpc`'s mapping); stream entries already sent stay sent. A cancelled call
     raises ``asyncio.CancelledError`` where the coroutine waits, so its ``finally`` blocks run
     at once."""
@@ -204,7 +204,7 @@ class NodeEventsService(nodes_pb2_grpc.NodeEventsServicer):
         before it stay applied and answered. RESOURCE_EXHAUSTED at once when the caller, or
         the daemon, has as many streams open as allowed (``max_streams_per_caller``,
         ``max_streams``). Per message it costs the daemon about half a unary call's gRPC
-        work (docs/architecture.md §1, "Threads")."""
+        work (docs/architecture.md, "Threads")."""
         who = self.auth.of(context)
         key = self.streams.acquire(who.user if self.auth.enabled else None, "StreamNodes")
         loop = asyncio.get_running_loop()
@@ -254,14 +254,14 @@ def _decision_for(engine: Engine, who: Principal, reply: Reply) -> decision_pb2.
 
 def _caller(who: Principal) -> dict:
     """The engine's idempotency namespace of ``who``'s request ids (docs/security.md)."""
-    return {"caller": who.user, "sees_all": who.sees_all_tasks}
+    return {"caller": who.user}
 
 
 class TasksService(tasks_pb2_grpc.TasksServicer):
     """``offcut.v1.Tasks``: submit, get, list, cancel, watch placements. With tokens, users
     see and act on their own tasks only (another user's task is NOT_FOUND); admin and slurm
-    see all (which role may call which method: ``auth.METHOD_ROLES``, docs/architecture.md
-    §8)."""
+    see all (which role may call which method: ``auth.METHOD_ROLES``, docs/architecture.md,
+    "Security")."""
 
     def __init__(self, engine: Engine, auth: Authenticator | None = None,
                  streams: StreamSlots | None = None, times: EventTimes | None = None,

@@ -1,5 +1,5 @@
 """Deleting the ``snapshot_tasks`` rows that no kept snapshot reads, a bounded number of rows
-per snapshot (docs/architecture.md §6).
+per snapshot (docs/architecture.md, "Journal and snapshots").
 
 A snapshot's tasks are, per task, its newest ``snapshot_tasks`` row at or before the snapshot
 (:func:`offcut.daemon.store.snapshots`). Once a snapshot ``S`` is at or before the oldest kept

@@ -15,7 +15,8 @@ from pathlib import Path
 from offcut.daemon import snapshot_prune
 from offcut.daemon.state_lock import StateOwnershipError, check_state_dir, lock_path, read_mark
 from offcut.daemon.store import (SCHEMA_VERSION, StoreError, bad_zeus_rows, check_identity,
-                                 check_writable, damaged_journal_rows, inspect_file, snapshots)
+                                 check_writable, damaged_journal_rows, inspect_file, snapshots,
+                                 stored_format)
 
 
 class BackupError(RuntimeError):
@@ -115,7 +116,7 @@ def check_state(state: str | Path) -> tuple[list[str], bool]:
     try:
         try:
             check_identity(db, state)
-            out.append(f"ok: an Offcut state file")
+            out.append("ok: an Offcut state file")
         except StoreError as exc:
             fail(str(exc))
             return out, ok
@@ -125,11 +126,8 @@ def check_state(state: str | Path) -> tuple[list[str], bool]:
         else:
             fail(f"quick_check: {'; '.join(map(str, result[:5]))}")
             return out, ok
-        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        version = int(row[0]) if row else SCHEMA_VERSION
-        if version > SCHEMA_VERSION:
-            fail(f"format {version} is newer than this offcutd's ({SCHEMA_VERSION})")
-        elif version < SCHEMA_VERSION:
+        version = stored_format(db) or SCHEMA_VERSION
+        if version < SCHEMA_VERSION:  # (a released one: check_identity refused the others)
             out.append(f"note: format {version}; offcutd upgrades it to {SCHEMA_VERSION} at start")
         else:
             out.append(f"ok: format {version}")

@@ -1,5 +1,5 @@
 """Durable state: a SQLite journal of applied events plus periodic snapshots
-(docs/architecture.md §6).
+(docs/architecture.md, "Journal and snapshots").
 
 Every applied event is one row of ``journal`` holding the event, the allocation answers used
 (so a restart re-applies it without re-solving) and the stored reply
@@ -41,15 +41,24 @@ JOURNAL_DELETES_PER_APPEND = 16
 #: marked them (oldest first; a few per event, as the journal's rows)
 ARCHIVE_DELETES_PER_APPEND = 16
 
-#: the state-file format written by this release: 1 stored ``offcut.v1`` replies in
-#: ``journal.response`` and ``zeus_requests.response``; 2 stores the application's JSON
-#: (docs/architecture.md §6); 3 stores a Zeus job's trials and observed runs as rows
-#: (``zeus_trials``, ``zeus_observations``) beside its small summary in ``zeus_state``, and
-#: when each Zeus answer was stored (``zeus_requests.created_at``); 4 stores each journal row's
-#: sha256 (``journal.sha256``: :func:`journal_checksum`; NULL in rows written before). Older
-#: files are upgraded in place when opened with the upgrades of :mod:`offcut.daemon.migrations`,
-#: after a backup.
+#: the state-file format written by this release (``meta`` ``schema_version`` and ``PRAGMA
+#: user_version``; CHANGELOG.md). Format 4, the first released one (0.1.0): each journal
+#: row's reply and each stored Zeus answer as the application's JSON (docs/architecture.md,
+#: "Durability"), each row's sha256 (``journal.sha256``: :func:`journal_checksum`), a Zeus
+#: job's trials and observed runs as rows (``zeus_trials``, ``zeus_observations``) beside its
+#: small summary in ``zeus_state``, and when each Zeus answer was stored
+#: (``zeus_requests.created_at``). A file of an older released format is upgraded in place
+#: when opened, after a backup, by the upgrades registered in
+#: :data:`offcut.daemon.migrations.UPGRADES` (one per format step).
 SCHEMA_VERSION = 4
+
+#: the format of the first release (0.1.0): formats below it were written only by pre-release
+#: builds and are refused in one line (:func:`format_refusal`)
+FIRST_RELEASED_FORMAT = 4
+
+#: a pre-release commit whose offcutd still reads the pre-release formats 1-3 (it upgrades
+#: them to 4 in place; named by the refusal of such a file, for its history)
+PRE_RELEASE_READER = "a3dcd09"
 
 #: size the WAL file is truncated to after a checkpoint [bytes]
 WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
@@ -195,8 +204,9 @@ def journal_checksum(row_id: int, kind: str, source: str | None, seq: int | None
 
 
 def journal_row_problem(row: tuple) -> str:
-    """Why a journal row (the columns of :data:`JOURNAL_ROW_COLUMNS`, ``sha256`` NULL for rows
-    written before format 4) cannot be re-applied: its sha256 does not match its content
+    """Why a journal row (the columns of :data:`JOURNAL_ROW_COLUMNS`; ``sha256`` NULL only in
+    rows that a pre-release upgrade to format 4 carried over, which cannot be checked) cannot
+    be re-applied: its sha256 does not match its content
     (edited or corrupted after it was written), or its event or solves are not JSON; "" for a
     good row. Shared by the daemon's start (:meth:`Store.load`) and ``offcutd check``."""
     *content, digest = row
@@ -217,12 +227,6 @@ def journal_row_refusal(path: Path | str, row_id: int, why: str) -> str:
             f"\"Start-up checks and refusals\")")
 
 
-def has_journal_checksums(db: sqlite3.Connection) -> bool:
-    """Whether the file's ``journal`` has the ``sha256`` column (format 4 and later; an older
-    file opened read-only by ``offcutd check`` has not)."""
-    return any(r[1] == "sha256" for r in db.execute("PRAGMA table_info(journal)"))
-
-
 def damaged_journal_rows(db: sqlite3.Connection, after: int = 0, upto: int | None = None,
                          limit: int = 20, *, parse: bool = True, chunk_rows: int = 500
                          ) -> tuple[list[tuple[int, str]], int]:
@@ -230,15 +234,14 @@ def damaged_journal_rows(db: sqlite3.Connection, after: int = 0, upto: int | Non
     ``chunk_rows`` at a time: ``([(id, why), ...] (the first ``limit``), how many in all)``.
     ``parse``: also check that event and solves are JSON (:func:`journal_row_problem`; without
     it only the sha256 is compared). For ``offcutd check``."""
-    columns = JOURNAL_ROW_COLUMNS if has_journal_checksums(db) else \
-        JOURNAL_ROW_COLUMNS.replace("sha256", "NULL")
     bad: list[tuple[int, str]] = []
     count = 0
     end = upto if upto is not None else db.execute(
         "SELECT COALESCE(MAX(id), 0) FROM journal").fetchone()[0]
     while after < end:
-        rows = db.execute(f"SELECT {columns} FROM journal WHERE id > ? AND id <= ? ORDER BY id "
-                          f"LIMIT ?", (after, end, max(1, int(chunk_rows)))).fetchall()
+        rows = db.execute(f"SELECT {JOURNAL_ROW_COLUMNS} FROM journal WHERE id > ? AND "
+                          f"id <= ? ORDER BY id LIMIT ?",
+                          (after, end, max(1, int(chunk_rows)))).fetchall()
         if not rows:
             break
         for row in rows:
@@ -281,11 +284,8 @@ def snapshots(db: sqlite3.Connection) -> Iterator[tuple[int, dict[str, Any] | No
     assembled; ``"incremental"`` popped), ``(journal id, None, why)`` for a corrupt one (a
     sha256 of the snapshot or of one of its task rows that does not match, JSON that does not
     parse). Shared by the daemon's start and ``offcutd check``."""
-    has_sums = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'snapshot_checksums'"
-                          ).fetchone() is not None
     sql = ("SELECT s.journal_id, s.state, c.sha256 FROM snapshots s LEFT JOIN "
-           "snapshot_checksums c ON c.journal_id = s.journal_id" if has_sums else
-           "SELECT journal_id, state, NULL FROM snapshots")
+           "snapshot_checksums c ON c.journal_id = s.journal_id")
     for journal_id, text, digest in db.execute(sql + " ORDER BY 1 DESC").fetchall():
         try:
             if digest is not None and _sha256(text) != digest:
@@ -405,9 +405,41 @@ def inspect_file(path: Path, *, init: bool = False) -> bool:
     return False
 
 
+def format_refusal(path: Path | str, version: int) -> str | None:
+    """The one line refusing a state file of format ``version`` (its ``meta``
+    ``schema_version``), or None when this offcutd reads it (an older released format is
+    upgraded: :class:`Store`'s ``upgrades``).
+
+    A format newer than :data:`SCHEMA_VERSION` was written by a later release; one below
+    :data:`FIRST_RELEASED_FORMAT` by a pre-release build (before 0.1.0), whose upgrades are
+    not carried: the line says to start on a new state, and which pre-release offcutd
+    (:data:`PRE_RELEASE_READER`) still reads the old file."""
+    if version > SCHEMA_VERSION:
+        return (f"{path}: state-file format {version} is newer than this offcutd's "
+                f"({SCHEMA_VERSION}); run the release that wrote it")
+    if version < FIRST_RELEASED_FORMAT:
+        return (f"{path}: state-file format {version} was written by a pre-release Offcut "
+                f"(before 0.1.0, whose state format is {FIRST_RELEASED_FORMAT}); this offcutd "
+                f"cannot read it: move it aside and start offcutd on a new state file (the "
+                f"pre-release offcutd of commit {PRE_RELEASE_READER} still reads it, e.g. for "
+                f"offcut history)")
+    return None
+
+
+def stored_format(db: sqlite3.Connection) -> int | None:
+    """The format an existing state file says it is (``meta`` ``schema_version``), or None
+    when it has no ``meta`` row yet (a new file)."""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+                  ).fetchone() is None:
+        return None
+    row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return int(row[0]) if row else None
+
+
 def check_identity(db: sqlite3.Connection, path: Path, *, init: bool = False) -> None:
-    """Refuse another program's SQLite file (another ``application_id``, or, for files of
-    releases that set none, tables Offcut does not write) or a newer format.
+    """Refuse another program's SQLite file (another ``application_id``, or, for a file
+    without one, tables Offcut does not write) or a format this offcutd does not read
+    (:func:`format_refusal`: a newer one, or a pre-release one).
 
     Args:
         db: an open connection to the file.
@@ -434,8 +466,11 @@ def check_identity(db: sqlite3.Connection, path: Path, *, init: bool = False) ->
                          f"new state (docs/operations.md)")
     user_version = db.execute("PRAGMA user_version").fetchone()[0]
     if user_version > SCHEMA_VERSION:
-        raise StoreError(f"{path}: state-file format {user_version} is newer than this "
-                         f"offcutd's ({SCHEMA_VERSION}); run the release that wrote it")
+        raise StoreError(format_refusal(path, user_version))
+    version = stored_format(db)
+    refusal = format_refusal(path, version) if version is not None else None
+    if refusal:
+        raise StoreError(refusal)
 
 
 class Store:
@@ -449,8 +484,9 @@ class Store:
             last commits may be lost on power loss; ~1 ms less per event).
 
         upgrades: format -> the upgrade of a file of that format to the next
-            (:data:`offcut.daemon.migrations.UPGRADES`); an older file is upgraded in place
-            after a copy is saved next to it as ``<name>.format<N>.bak`` (mode 0600).
+            (:data:`offcut.daemon.migrations.UPGRADES`); a file of an older released format
+            (at least :data:`FIRST_RELEASED_FORMAT`) is upgraded in place after a copy is
+            saved next to it as ``<name>.format<N>.bak`` (mode 0600).
         init: take an existing empty file (0 bytes, or SQLite without tables) for a new state.
         quick_check: run ``PRAGMA quick_check`` before using the file (the daemon's start).
 
@@ -460,8 +496,9 @@ class Store:
 
     Raises:
         StoreError: the file is empty (without ``init``), not a SQLite database, another
-            application's, of a newer format, of an older one without an upgrade, or fails
-            ``quick_check`` (docs/operations.md); :class:`StateNotWritable` when this
+            application's, of a newer format, of a pre-release one (:func:`format_refusal`),
+            of an older released one without an upgrade, or fails ``quick_check``
+            (docs/operations.md); :class:`StateNotWritable` when this
             process cannot write the file, its ``-wal``/``-shm`` or its folder.
     """
 
@@ -517,12 +554,8 @@ class Store:
             version = self._meta("schema_version")
             if version is None:
                 self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(version) > SCHEMA_VERSION:
-                raise StoreError(f"{self.path}: state-file format {version} is newer than this "
-                                 f"offcutd's ({SCHEMA_VERSION}); run the release that wrote it")
-            elif int(version) < SCHEMA_VERSION:
+            elif int(version) < SCHEMA_VERSION:  # (refusals were raised by check_identity)
                 self._upgrade(int(version), upgrades or {})
-            # after the upgrade (format 3 added the column): the expiry deletes by it
             self.db.execute("CREATE INDEX IF NOT EXISTS zeus_requests_created "
                             "ON zeus_requests(created_at)")
             if self.db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
@@ -591,8 +624,8 @@ class Store:
         A snapshot whose sha256 does not match (or whose JSON does not parse) is skipped with
         a warning naming it (listed in :attr:`bad_snapshots`) and the next older one is used
         with the journal after it; with none good, the journal is replayed from its start.
-        Each row is checked as it is read (:func:`journal_row_problem`: its sha256, NULL in
-        rows written before format 4, and its JSON): a damaged row is never re-applied.
+        Each row is checked as it is read (:func:`journal_row_problem`: its sha256, and its
+        JSON): a damaged row is never re-applied.
 
         Raises:
             StoreError: no good snapshot and the journal does not start at row 1 (rows a
@@ -958,7 +991,7 @@ class Store:
                              snapshot_prune.PRUNE_SECONDS, self._prune_default)
 
     # ------------------------------------------------------------------ Zeus optimizers
-    # A Zeus job is stored as rows (docs/architecture.md §6): its small summary (spec, RNG,
+    # A Zeus job is stored as rows (docs/zeus.md, "Storage"): its small summary (spec, RNG,
     # pruning and bandit state: O(batch sizes)) replaced in ``zeus_state``, one row per trial in
     # ``zeus_trials`` (written when the trial changes) and one per observed run in
     # ``zeus_observations`` (appended); a power profile is one ``zeus_state`` row. So a call
@@ -997,12 +1030,6 @@ class Store:
                           (job_id,))
         return int(rows[0][0]) if rows else None
 
-    def zeus_trial_batch_sizes(self, job_id: str) -> set[int]:
-        """The batch sizes of the job's stored trials (read once, for summaries stored before
-        they listed them)."""
-        return {int(b) for b, in self._read(
-            "SELECT DISTINCT batch_size FROM zeus_trials WHERE job_id = ?", (job_id,))}
-
     def zeus_trial_records(self, job_id: str, last: int | None = None) -> list[dict[str, Any]]:
         """The job's trial records ascending by number: all (``last`` None), or the open ones
         and the ``last`` newest."""
@@ -1026,14 +1053,12 @@ class Store:
                                "trial_number = ?", (job_id, int(trial_number)))
         return json.loads(rows[0][0]) if rows else None
 
-    def zeus_response(self, request_ids: tuple[str, ...], job_id: str) -> bytes | None:
-        """The stored reply about ``job_id`` (a Zeus call's answer to a request id) under the
-        first of ``request_ids`` (keys of :mod:`offcut.daemon.zeus.registry`: a key and, for
-        answers of an earlier release, its spelling then) that has one, or None; one query."""
-        rows = dict(self._read(
-            f"SELECT request_id, response FROM zeus_requests WHERE request_id IN "
-            f"({', '.join('?' * len(request_ids))}) AND job_id = ?", (*request_ids, job_id)))
-        return next((rows[k] for k in request_ids if k in rows), None)
+    def zeus_response(self, request_id: str, job_id: str) -> bytes | None:
+        """The stored reply about ``job_id`` (a Zeus call's answer) under ``request_id`` (a
+        key of :func:`offcut.daemon.zeus.registry.request_key`), or None; one query."""
+        rows = self._read("SELECT response FROM zeus_requests WHERE request_id = ? AND "
+                          "job_id = ?", (request_id, job_id))
+        return rows[0][0] if rows else None
 
     def zeus_write(self, writes: "list[ZeusWrite]", expire_before: float | None = None) -> None:
         """Apply ``writes`` in order in ONE transaction (with ``durability="full"`` one fsync
@@ -1041,9 +1066,9 @@ class Store:
         last is written), and with ``expire_before`` [s, wall clock]
         forget the stored answers created before it (the request-retention window).
 
-        The registry stores a reply only after finding none for ``(request_id, job_id)``, so a
-        row it replaces is one of an earlier release's keys about another job that happens to
-        spell ``request_id`` (registry, ``request_key``)."""
+        The registry stores a reply only after finding none for ``(request_id, job_id)``
+        (its keys name the job: registry, ``request_key``), so a stored reply is never
+        replaced by another job's."""
         # a summary that a later write of the batch replaces is not written (the same rows
         # after the transaction, one statement less: group commits batch one job's calls)
         last = {(w.kind, w.job_id, w.batch_size): i for i, w in enumerate(writes)
@@ -1101,8 +1126,7 @@ class Store:
 def put_zeus_trials(db: sqlite3.Connection, job_id: str, trials: Iterable[dict[str, Any]]
                     ) -> None:
     """Write (insert or replace) ``zeus_trials`` rows of ``job_id``'s trial records: the one
-    row format, shared by :meth:`Store.zeus_write` and the format upgrade
-    (:func:`offcut.daemon.migrations.upgrade_2_to_3`)."""
+    row format (:meth:`Store.zeus_write`; an upgrade to a later format may write it too)."""
     db.executemany("INSERT OR REPLACE INTO zeus_trials VALUES (?, ?, ?, ?, ?)",
                    [(job_id, int(t["trial_number"]), int(t["batch_size"]), t["status"],
                      json.dumps(t, separators=(",", ":"))) for t in trials])
@@ -1111,7 +1135,7 @@ def put_zeus_trials(db: sqlite3.Connection, job_id: str, trials: Iterable[dict[s
 def put_zeus_observations(db: sqlite3.Connection, job_id: str,
                           observations: Iterable[tuple[int, int, float]]) -> None:
     """Write (insert or replace) ``zeus_observations`` rows of ``job_id``'s observed runs
-    ``(seq, batch size, reward = -cost [J])``: shared like :func:`put_zeus_trials`."""
+    ``(seq, batch size, reward = -cost [J])``: the one row format, as :func:`put_zeus_trials`."""
     db.executemany("INSERT OR REPLACE INTO zeus_observations VALUES (?, ?, ?, ?)",
                    [(job_id, int(seq), int(b), float(r)) for seq, b, r in observations])
 

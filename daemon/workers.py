@@ -1,4 +1,4 @@
-"""The threads that run the daemon's plain (unary) handlers (docs/architecture.md §1,
+"""The threads that run the daemon's plain (unary) handlers (docs/architecture.md,
 "Threads").
 
 ``grpc.aio`` runs a plain handler function on its ``migration_thread_pool`` and everything

@@ -11,8 +11,8 @@ change as a node event with the log's timestamps, and writes to ``out_dir``:
 * ``summary.json`` (see :func:`summarise`), and ``report.png``, ``throughput.png``,
   ``decisions.png``, ``summary.txt`` (see ``offcut.replay.report.build_report``).
 
-Restarts (issue 5, docs/architecture.md §6). Every call the driver makes is idempotent: node
-events carry ``(source, seq)`` and submissions ``request_id = "<source>:<task name>"``, and the
+Restarts (issue 5, docs/architecture.md, "Recovery"). Every call the driver makes is idempotent:
+node events carry ``(source, seq)`` and submissions ``request_id = "<source>:<task name>"``, and the
 daemon answers a repeat with the reply it stored. A client with a
 :class:`~offcut.client.retry.RetryPolicy` (``run_replay(retry=...)``) therefore rides through a
 daemon restart by repeating the call in flight. Above that, the **resume rule**: when the
@@ -78,7 +78,8 @@ log = logging.getLogger("offcut.replay")
 
 @dataclass
 class ReplayOptions:
-    """Settings of one replay (the original replayer's flags, docs/architecture.md §4).
+    """Settings of one replay (the original replayer's flags, docs/replay-and-policies.md,
+    "Replaying the real public log").
 
     ``tfwd_s`` [s], ``max_tasks`` (maxJ), ``max_events`` (None = whole log), ``target``
     (None = start a private daemon), ``time_limit_s`` per MILP solve [s]. Like the original

@@ -10,8 +10,8 @@ curve of the task set (BFTrainer's JNPs rows) with seeded noise, and the daemon'
   standard normal, drawn per (task, k) from ``seed`` (the same draws in every mode, so runs
   with known, hidden and linear curves see the same luck); 0 below Jmin;
 * a rescale from c to n nodes (grow, shrink, preemption) pauses the task for
-  ``Ps(c) * Tc / Ps(n)`` seconds (BFTrainer's loss of ``Ps(c) * Tc`` samples, arXiv 2106.12091
-  §3, paid as time at the new rate, so the processed-samples counter never decreases);
+  ``Ps(c) * Tc / Ps(n)`` seconds (BFTrainer's loss of ``Ps(c) * Tc`` samples, arXiv 2106.12091,
+  Section 3, paid as time at the new rate, so the processed-samples counter never decreases);
   Tc = the true Tcup (grow) or Tcdw (shrink, preemption); a start from 0 costs nothing (as in
   BFTrainer);
 * power of the task's n nodes: ``n * (p_idle + (p_busy - p_idle) * u(n))`` [W] with

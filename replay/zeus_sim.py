@@ -1,7 +1,7 @@
 """Trace-driven simulation of a recurring job under the daemon's Zeus optimizers
-(docs/architecture.md §5).
+(docs/zeus.md, "Trace-driven simulation").
 
-Follows the semantics of Zeus's own simulator (NSDI '23 §6.1, ``zeus._legacy.simulate``):
+Follows the semantics of Zeus's own simulator (NSDI '23, Section 6.1, ``zeus._legacy.simulate``):
 per recurrence, up to 20 tries; each try asks the daemon's batch-size optimizer for a batch
 size, the power-limit optimizer for a power limit (profiling every limit once per batch size,
 in the first epoch, from the power trace), samples one recorded training run (seeded),

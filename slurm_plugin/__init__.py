@@ -27,7 +27,7 @@ something to send, grpc):
   stand-in.
 * :mod:`~offcut.slurm_plugin.cli`: the ``offcut-slurm`` command.
 
-The daemon is reached through ``offcut.v1`` only (docs/architecture.md §1); of the daemon's code,
-only its config model (``offcut.daemon.config``: the ``[slurm]`` section) is imported, by the
+The daemon is reached through ``offcut.v1`` only (docs/architecture.md, "Layers"); of the daemon's
+code, only its config model (``offcut.daemon.config``: the ``[slurm]`` section) is imported, by the
 launcher and ``offcut-slurm``, never by the hooks.
 """

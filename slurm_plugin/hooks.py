@@ -1,6 +1,6 @@
-"""Slurm's ``PrologSlurmctld`` / ``EpilogSlurmctld`` programs (docs/architecture.md §7):
-``python -I -m offcut.slurm_plugin.hooks prolog|epilog --address ADDR ...``, run through the
-shell wrappers that ``offcut-slurm install-hooks`` writes.
+"""Slurm's ``PrologSlurmctld`` / ``EpilogSlurmctld`` programs (docs/architecture.md,
+"Slurm integration"): ``python -I -m offcut.slurm_plugin.hooks prolog|epilog --address ADDR ...``,
+run through the shell wrappers that ``offcut-slurm install-hooks`` writes.
 
 * **prolog** (a job is about to start): for a job outside the scavenger partition(s), expand
   ``SLURM_JOB_NODELIST`` and report those nodes as preempted, so Offcut's tasks leave them.
@@ -23,7 +23,7 @@ tried again with the backoff every client uses (:class:`offcut.retry.Backoff`) u
 budget is spent: the event carries the same ``(source, seq)`` each time, so one applied twice is
 answered from the daemon's journal.
 
-Sources and sequence numbers (docs/architecture.md §2). Each hook kind is one source
+Sources and sequence numbers (docs/architecture.md, "Time and events"). Each hook kind is one source
 (``slurm-prolog``, ``slurm-epilog``), so the daemon's per-source ``last_seq`` map does not grow
 with the number of jobs (one source per job id would add an entry per job, forever). The event
 time is the wall clock in whole microseconds and ``seq = time_us * 1000 + job_id % 1000``:

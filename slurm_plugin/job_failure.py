@@ -10,7 +10,10 @@ leaves a note in the task's checkpoint folder, :data:`~offcut.slurm_plugin.node_
 * **as the task's owner**, never as root: the folder is the owner's, so a link or a FIFO the
   owner planted there must not make a root launcher read ``/etc/shadow`` (or hang) into a
   message the owner sees. A root launcher runs ``dd`` with the owner's uid, gid and no
-  supplementary groups (``subprocess.run(user=, group=, extra_groups=[])``); a launcher whose
+  supplementary groups, by util-linux's ``setpriv --reuid --regid --clear-groups`` (not
+  ``subprocess.run(user=...)``, whose plain ``fork()`` runs gRPC's fork handlers: with the
+  launcher's placement stream open in another thread they crash the child before it runs
+  ``dd``; a ``setpriv`` child is started by ``vfork``, which runs none); a launcher whose
   jobs run as its own account (``run_as_owner = false``, or an unprivileged launcher) runs it
   as itself. ``dd`` opens the note with ``O_NOFOLLOW | O_NONBLOCK`` (a link is refused, a FIFO
   is not waited on), reads at most :data:`~offcut.slurm_plugin.node_run.MAX_NOTE_BYTES`, and
@@ -53,18 +56,19 @@ def read_note(path: str | os.PathLike, account: Account | None = None,
               timeout_s: float = READ_TIMEOUT_S) -> bytes:
     """The first :data:`~offcut.slurm_plugin.node_run.MAX_NOTE_BYTES` of the file at ``path``
     read by ``dd`` (no link followed, no FIFO waited on), as ``account`` when the launcher
-    submits as it (``account.switch``: a root launcher), else as this process; ``b""`` when
-    it cannot be read (missing, a link, not readable by that user, ``dd`` failed or ran past
-    ``timeout_s`` [s])."""
+    submits as it (``account.switch``: a root launcher; through ``setpriv``, module
+    docstring), else as this process; ``b""`` when it cannot be read (missing, a link, not
+    readable by that user, ``dd`` or ``setpriv`` missing or failed, or past ``timeout_s``
+    [s])."""
     cmd = ["dd", f"if={os.fspath(path)}", f"bs={MAX_NOTE_BYTES}", "count=1",
            "iflag=fullblock,nofollow,nonblock", "status=none"]
-    as_owner = {}
     if account is not None and account.switch:
-        as_owner = {"user": account.uid, "group": account.gid, "extra_groups": []}
+        cmd = ["setpriv", f"--reuid={account.uid}", f"--regid={account.gid}",
+               "--clear-groups", "--", *cmd]
     try:
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, timeout=timeout_s, cwd="/",
-                              env={"PATH": _PATH, "LC_ALL": "C"}, **as_owner)
+                              env={"PATH": _PATH, "LC_ALL": "C"})
     except (OSError, subprocess.SubprocessError) as exc:  # TimeoutExpired: killed
         log.debug("failure note %s not read: %s", path, exc)
         return b""

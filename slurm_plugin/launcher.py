@@ -23,7 +23,10 @@ the task at once with the reason (docs/security.md).
 The launcher is a level-triggered reconciler, so a restart, a missed update or a failed
 Slurm call repairs itself on the next pass:
 
-* desired = every running task's current generation and nodes (``ListTasks``);
+* desired = every running task's current generation and nodes, kept from one long-lived
+  ``WatchPlacements`` stream (:mod:`offcut.slurm_plugin.placements`): listed
+  (``ListTasks``) at start and after each reconnect, then followed placement by placement
+  (a task placed since is read once, ``GetTask``); one pass alone (``--once``) lists;
 * actual = Offcut's jobs that ``squeue`` shows, recognised by partition and name, and counted
   only when Slurm says they run as the task's owner and this launcher submitted them (job id
   recorded at submit, or its key's tag in the comment: :class:`Launcher`, "Whose job it is"):
@@ -63,13 +66,16 @@ Ahead of a preemption Slurm sends the same signal to the job's batch shell
 the partition's GraceTime. The batch shell ``exec``-s the per-node supervisor, which forwards
 the signal to every process of the node.
 
-Passes are triggered by placement updates (``WatchPlacements``), at least every ``--poll-s``
-seconds, and every second while a generation is being replaced. Errors of Slurm or the
-daemon are logged once per kind and retried on the next pass.
+Passes run when a placement update changes the desired state, at least every ``--poll-s``
+seconds, and every second while a generation is being replaced. While the stream is down
+(the daemon restarting) the desired state is not known: passes fail as with the daemon
+unreachable, nothing is done in Slurm, and the stream reconnects with backoff and lists
+again. Errors of Slurm or the daemon are logged once per kind and retried on the next pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -81,7 +87,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, NamedTuple
+from typing import Callable, Iterator, Mapping, NamedTuple
 
 import hostlist
 
@@ -91,6 +97,8 @@ from offcut.slurm_plugin import job_failure, node_run
 from offcut.slurm_plugin.launcher_key import LauncherKey
 from offcut.slurm_plugin.owners import (JOB_UMASK, Account, OwnerAccounts, OwnerRefused,
                                         RunAsPolicy, user_name)
+from offcut.slurm_plugin.placements import (DesiredState, PlacementWatch, Running,
+                                            read_unread)
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.slurm_plugin.slurm_json import (FINISHED_JOB_STATES, JobInfo, SlurmError,
                                             parse_jobs, parse_nodes, parse_sacct)
@@ -102,6 +110,8 @@ log = logging.getLogger("offcut.slurm.launcher")
 EXIT_RESTART = 75
 #: seconds between passes while a generation is being replaced or waits for one
 BUSY_POLL_S = 1.0
+#: longest wait [s] between two looks at ``run``'s stop event
+STOP_CHECK_S = 0.5
 
 #: how much earlier [s] than its task a job may have been submitted and still be the task's
 #: (slurmctld's and the daemon's clocks may differ a little)
@@ -202,6 +212,17 @@ class Generation:
     constraint: tuple[str, ...] = ()  # the task's spec.constraint: the jobs' --constraint
     procs_per_node: int = 1   # processes on each node (TaskSpec.local_world_size)
     total_work: float = 0.0   # the task's total_work_samples: the jobs' OFFCUT_TOTAL_WORK
+
+
+def generation_of(running: Running) -> Generation:
+    """The :class:`Generation` of one running task of the desired state (its last read, its
+    current generation and nodes: :data:`offcut.slurm_plugin.placements.Running`)."""
+    t, generation, nodes = running
+    return Generation(t.task_id, t.spec.name, generation, nodes, tuple(t.spec.command),
+                      t.spec.zeus_job_id, t.submit_time.seconds + t.submit_time.nanos / 1e9,
+                      t.owner, t.spec.gpus_per_node, tuple(t.spec.constraint),
+                      t.spec.procs_per_node or t.spec.gpus_per_node or 1,
+                      t.spec.total_work_samples)
 
 
 def _older_than_task(job: JobInfo, gen: Generation | None) -> bool:
@@ -415,6 +436,13 @@ class Launcher:
             launcher_key`` on first use: :meth:`LauncherKey.load`), which tags its jobs and
             names the checkpoint folders.
 
+    Attributes:
+        state: the desired state (:class:`~offcut.slurm_plugin.placements.DesiredState`),
+            kept by the placement stream while :meth:`run` (or :meth:`watching`) runs, else
+            listed by each pass.
+        passes, failed_passes: passes begun by :meth:`run`, and those of them that failed
+            (logged, retried).
+
     Whose job it is (docs/execution.md, "Whose job it is"): a job in the partition named like
     one of Offcut's counts for a task only if (1) Slurm says its user id is the one the task's
     jobs run as (the owner's account, or the launcher's own with ``run_as_owner = false``),
@@ -449,6 +477,11 @@ class Launcher:
         self._errors: set[str] = set()
         self._first = True
         self._node_seq = 0  # seq of the last node event sent (time-based, ns)
+        self.state = DesiredState()
+        self._watch: PlacementWatch | None = None
+        self._seen = 0  # the state's version of the last pass's desired state
+        self.passes = 0
+        self.failed_passes = 0
 
     # ------------------------------------------------------------------ helpers
     def _error(self, kind: str, message: str) -> None:
@@ -536,18 +569,37 @@ class Launcher:
         self.ignored &= shown
         return out
 
-    def desired(self) -> dict[str, Generation]:
-        """task id -> the current generation of every running task."""
+    def list_running(self) -> list:  # of offcut.v1.Task
+        """The running tasks (``ListTasks`` of ``TASK_STATE_RUNNING``, every page)."""
         from offcut.v1 import tasks_pb2
 
-        return {t.task_id: Generation(t.task_id, t.spec.name, int(t.generation),
-                                      tuple(sorted(t.nodes)), tuple(t.spec.command),
-                                      t.spec.zeus_job_id,
-                                      t.submit_time.seconds + t.submit_time.nanos / 1e9,
-                                      t.owner, t.spec.gpus_per_node, tuple(t.spec.constraint),
-                                      t.spec.procs_per_node or t.spec.gpus_per_node or 1,
-                                      t.spec.total_work_samples)
-                for t in self.client.list_tasks(states=[tasks_pb2.TASK_STATE_RUNNING])}
+        return self.client.list_tasks(states=[tasks_pb2.TASK_STATE_RUNNING])
+
+    def desired(self) -> dict[str, Generation]:
+        """task id -> the current generation of every running task: the placement stream's
+        state while :meth:`watching` (tasks placed since they were listed are read first,
+        ``GetTask``), else listed now (``ListTasks``: a pass alone).
+
+        Raises:
+            Unavailable: the placement stream is down (reconnecting).
+            OffcutError: the daemon cannot be reached or refused a read.
+        """
+        if self._watch is None:
+            self.state.reset(self.list_running())
+        return self._current()
+
+    def _current(self) -> dict[str, Generation]:
+        """:meth:`desired` from the state as it is (tasks placed since they were listed
+        read first); notes its version (changes after it wake :meth:`run`)."""
+        snapshot = read_unread(self.state, self.client.get_task)
+        self._seen = snapshot.version
+        return {tid: generation_of(running) for tid, running in snapshot.ready.items()}
+
+    def _placed(self, decision) -> None:
+        """Apply the placements of a decision the launcher's own call got back (newer than
+        what the stream has brought so far; a duplicate's stored answer is old news)."""
+        if not decision.duplicate:
+            self.state.apply(decision.placements, int(decision.revision), ordered=False)
 
     def node_addresses(self) -> dict[str, str]:
         """node -> the address Slurm knows for it (``NodeAddr``; the name when unknown)."""
@@ -589,10 +641,13 @@ class Launcher:
                 request_id=f"{job.job_id}:{state}", generation=name.generation or None,
                 stop_ignored=ignored)
             new = not reply.decision.duplicate  # known before a launcher restart
+            self._placed(reply.decision)
         except (NotFound, FailedPrecondition) as exc:  # the task is gone or already finished,
             # or the job is not the task's (a generation it never had): nothing happened, so
-            # nothing follows from it (no node is held for a refused preemption report)
+            # nothing follows from it (no node is held for a refused preemption report); the
+            # task is read again (in case the stream lost its finish)
             log.debug("run report %s of job %s not needed: %s", state, job.job_id, exc)
+            self.state.reread(name.task_id)
             new = False
         self.reported.add(key)
         if not new:
@@ -623,7 +678,8 @@ class Launcher:
         submit current ones.
 
         Raises:
-            OffcutError: the daemon cannot be reached or refused a call.
+            OffcutError: the daemon cannot be reached or refused a call (Unavailable also
+                while :meth:`watching` and its stream is down: nothing is done in Slurm).
             SlurmError: squeue or sinfo failed or answered garbage (nothing is submitted then).
         """
         result = PassResult()
@@ -632,8 +688,9 @@ class Launcher:
                 if not _older_than_task(job, desired.get(name.task_id))}
         jobs.update(self.accounted(desired, jobs))
         active, ended, preempted = self._report_runs(jobs, result)
-        if result.reported:  # a report may have started a new generation or ended a task
-            desired = self.desired()
+        # a report (or a node taken) may have started a new generation or ended a task: the
+        # placements of their replies are in the state now (no second list)
+        desired = self._current()
         wanted = {(g.task_id, n) for g in desired.values() for n in g.nodes}
         # a newly preempted (task, node) waits until the daemon has dropped that node
         self.held = {k for k in self.held | preempted if k in wanted}
@@ -804,8 +861,8 @@ class Launcher:
         pass is retried)."""
         now_ns = time.time_ns()
         self._node_seq = max(now_ns, self._node_seq + 1)
-        self.client.report_nodes(now_ns / 1e9, "slurm-launcher", self._node_seq,
-                                 preempted=nodes)
+        self._placed(self.client.report_nodes(now_ns / 1e9, "slurm-launcher", self._node_seq,
+                                              preempted=nodes))
 
     def _give_back(self, job_id: str, name: JobName, job: JobInfo, result: PassResult) -> None:
         """Report ``name.node`` taken back to the daemon (source ``slurm-launcher``), then
@@ -827,9 +884,9 @@ class Launcher:
             return
         log.error("task %s not launched: %s", gen.task_id, reason)
         try:
-            self.client.report_task_run(gen.task_id, "failed", message=f"not launched: {reason}",
-                                        time=self.clock(),
-                                        request_id=f"{gen.task_id}:not-launched")
+            self._placed(self.client.report_task_run(
+                gen.task_id, "failed", message=f"not launched: {reason}", time=self.clock(),
+                request_id=f"{gen.task_id}:not-launched").decision)
         except (NotFound, FailedPrecondition) as exc:  # the task is gone or already finished
             log.debug("failure report of task %s not needed: %s", gen.task_id, exc)
         self.refused.add(gen.task_id)
@@ -893,36 +950,54 @@ class Launcher:
     # ------------------------------------------------------------------ the loop
     def run(self, poll_s: float = 5.0, stop: threading.Event | None = None,
             on_pass: Callable[[PassResult], None] | None = None) -> None:
-        """Reconcile at every placement update and at least every ``poll_s`` seconds (every
-        :data:`BUSY_POLL_S` while a generation is being replaced) until ``stop`` is set.
-        Never raises for Slurm or daemon errors (logged, retried)."""
+        """Reconcile whenever a placement update changes the desired state (one
+        ``WatchPlacements`` stream for the whole run: :meth:`watching`), at least every
+        ``poll_s`` seconds (every :data:`BUSY_POLL_S` while a generation is being replaced),
+        until ``stop`` is set (seen within :data:`STOP_CHECK_S`). The first pass waits up to
+        ``poll_s`` for the first list. Never raises for Slurm or daemon errors (logged,
+        retried); ``on_pass`` gets each successful pass's result."""
         stop = stop or threading.Event()
         fine, identity = self.accounts.describe()
         log.log(logging.INFO if fine else logging.WARNING, "%s", identity)
-        revision = 0
-        while not stop.is_set():
-            wait_s = poll_s
-            try:
-                result = self.reconcile()
-                self._ok("pass")
-                if result.busy:
-                    wait_s = min(poll_s, BUSY_POLL_S)
-                if on_pass:
-                    on_pass(result)
-            except (OffcutError, SlurmError) as exc:
-                self._error("pass", f"reconciliation failed (retrying every {poll_s:g} s): {exc}")
-            except OSError as exc:  # e.g. the checkpoint root cannot be created
-                self._error("pass", f"reconciliation failed (retrying every {poll_s:g} s): {exc}")
-            revision = self._wait(revision, wait_s, stop)
+        with self.watching():
+            end = time.monotonic() + poll_s
+            while not (stop.is_set() or self.state.synced) and time.monotonic() < end:
+                self.state.wait_synced(min(STOP_CHECK_S, end - time.monotonic()))
+            while not stop.is_set():
+                wait_s = poll_s
+                self._seen = self.state.version  # (each view the pass takes moves it on)
+                self.passes += 1
+                try:
+                    result = self.reconcile()
+                    self._ok("pass")
+                    if result.busy:
+                        wait_s = min(poll_s, BUSY_POLL_S)
+                    if on_pass:
+                        on_pass(result)
+                except (OffcutError, SlurmError, OSError) as exc:  # OSError: e.g. the
+                    self.failed_passes += 1                        # checkpoint root
+                    self._error("pass", f"reconciliation failed (retrying every {poll_s:g} s): "
+                                        f"{exc}")
+                self._wait(wait_s, stop)
 
-    def _wait(self, revision: int, poll_s: float, stop: threading.Event) -> int:
-        """Block until a placement update after ``revision`` or ``poll_s`` seconds."""
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[PlacementWatch]:
+        """Keep :attr:`state` from one long-lived placement stream while the block runs
+        (:class:`~offcut.slurm_plugin.placements.PlacementWatch`: listed at start and after
+        each reconnect); passes read it instead of listing."""
+        watch = PlacementWatch(self.client, self.state, self.list_running)
+        self._watch = watch.start()
         try:
-            if not revision:
-                revision = self.client.status().revision
-            stream = self.client.watch(after_revision=revision, timeout_s=poll_s)
-            for update in stream:
-                return update.revision
-        except OffcutError:
-            stop.wait(min(poll_s, 1.0))
-        return revision
+            yield watch
+        finally:
+            self._watch = None
+            watch.close()
+
+    def _wait(self, wait_s: float, stop: threading.Event) -> None:
+        """Until the desired state changes from the last pass's view, ``wait_s`` [s] pass, or
+        ``stop`` is set."""
+        end = time.monotonic() + wait_s
+        while not stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0 or self.state.wait(self._seen, min(left, STOP_CHECK_S)) != self._seen:
+                return

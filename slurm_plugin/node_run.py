@@ -343,6 +343,9 @@ class NodeRun:
             if last not in (0, EXIT_RESTART):
                 i = next(c for c in self.children if c.returncode == last)
                 rank = self.children.index(i)
+                # its stderr first (its last line may not have reached the output yet: the
+                # message must not land inside it), at most DRAIN_S
+                self.tails[rank].join(DRAIN_S)
                 with self._out_lock:
                     print(f"offcut node_run: local rank {rank} failed "
                           f"({_describe(last)}); stopping the other processes",

@@ -3,8 +3,8 @@ the watcher.
 
 It uses the generated stubs directly rather than :class:`offcut.client.Client`, so that a hook
 imports only grpc, the node-event modules and :mod:`offcut.channel` (the channel, TLS and
-bearer token every client uses; docs/architecture.md §8): the hook's run time is a job's time
-in CONFIGURING. The token is never logged. grpc is imported on first use: a hook that has
+bearer token every client uses; docs/architecture.md, "Security"): the hook's run time is a job's
+time in CONFIGURING. The token is never logged. grpc is imported on first use: a hook that has
 nothing to send, or whose daemon socket does not exist (:func:`offcut.addresses.
 unreachable_reason`), never pays for it.
 """

@@ -1,7 +1,7 @@
 """Pure functions that turn Slurm's JSON (``sinfo --json``, ``squeue --json``, or pyslurm
 records) into node and job records, and decide which nodes Offcut may use.
 
-Tolerant across Slurm versions (docs/architecture.md §7):
+Tolerant across Slurm versions (docs/architecture.md, "Slurm integration"):
 
 * nodes: 22.05 (openapi v0.0.38) gives ``{"nodes": [{"name", "state": "idle",
   "state_flags": ["DRAIN"], "partitions": [...]}]}``; 23.02+ gives ``"state": ["IDLE", "DRAIN"]``;

@@ -192,7 +192,7 @@ class Observation:
     view: IdleView
     source: str
     #: node -> (GPUs, features) of every node of ``node_partitions`` with a valid name (what
-    #: ``SyncNodes.kinds`` carries; docs/architecture.md §4, "Node kinds")
+    #: ``SyncNodes.kinds`` carries; docs/architecture.md, "Node kinds")
     kinds: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
 
 

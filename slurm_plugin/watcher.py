@@ -1,6 +1,6 @@
 """The watcher (``offcut-slurm watch``): polls Slurm and sends the daemon full idle-set
 snapshots (``SyncNodes``), so drift (a lost hook event, a node drained or back from down) and
-daemon downtime repair themselves (docs/architecture.md §7).
+daemon downtime repair themselves (docs/architecture.md, "Slurm integration").
 
 Each snapshot carries the time at which Slurm was asked (before the first query) and
 ``seq = max(time_ns, previous seq + 1)`` under one source (default ``slurm-watch``): monotone

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from offcut.client import Client
+from offcut.daemon.auth import add_token
 from offcut.daemon.config import DaemonConfig
 from offcut.daemon.server import OffcutServer
 from slurm_cluster import (cluster_daemon, slurm, slurm_site,  # noqa: F401 - fixtures
@@ -93,6 +94,16 @@ def daemons(tmp_path, request):
 @pytest.fixture
 def daemon(daemons):
     return daemons.start()
+
+
+@pytest.fixture
+def user_tokens(tmp_path):
+    """A private tokens file with an admin (``root-ops``) and the users alice and mallory;
+    ``(path, {"admin" | "alice" | "mallory": token})`` (daemon_helpers.start_secured)."""
+    path = tmp_path / "tokens.toml"
+    made = {"admin": add_token(path, "root-ops", "admin"), "alice": add_token(path, "alice", "user"),
+            "mallory": add_token(path, "mallory", "user")}
+    return path, made
 
 
 

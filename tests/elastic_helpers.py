@@ -1,6 +1,7 @@
 """Helpers of tests/test_elastic.py: real training processes (one per rank, gloo on
 127.0.0.1) with the environment of docs/execution.md, their output in files, and waits on
-conditions with deadlines (the suite runs on a loaded 2-core box: never fixed sleeps)."""
+conditions with deadlines (daemon_helpers.wait_until; the suite runs on a loaded 2-core box:
+never fixed sleeps)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+
+from daemon_helpers import DEADLINE_S, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "elastic_digits" / "train.py"
-
-#: generous bounds of waits that only a broken implementation reaches
-DEADLINE_S = 180.0
 
 #: a process that only joins a rendezvous (logs at INFO, then says "up")
 RENDEZVOUS_ONLY = (
@@ -79,20 +78,6 @@ def port_listening(port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def wait_until(cond: Callable[[], object], what: str, timeout_s: float = DEADLINE_S,
-               every_s: float = 0.05):
-    """Poll ``cond`` until it returns something truthy (returned); AssertionError naming
-    ``what`` after ``timeout_s`` seconds."""
-    end = time.monotonic() + timeout_s
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(every_s)
 
 
 class Rank:

@@ -45,10 +45,10 @@ def rel_close(a: float, b: float, rtol: float = 1e-9) -> bool:
 
 
 def rule_counts(p: AllocationProblem) -> tuple[int, ...]:
-    """The exact backends' tie rule (docs/architecture.md §4, ``offcut.daemon.solvers.ties``)
-    by enumeration, written from its statement: every task's own best count (ties: c_j,
-    then fewer nodes) when they fit in N; else among the vectors within 1e-12 (1 + sum_j
-    max_{A_j} |f_j|) of the optimum the fewest total nodes, then, from the last task
+    """The exact backends' tie rule (docs/architecture.md, "The tie rule",
+    ``offcut.daemon.solvers.ties``) by enumeration, written from its statement: every task's own
+    best count (ties: c_j, then fewer nodes) when they fit in N; else among the vectors within 1e-12
+    (1 + sum_j max_{A_j} |f_j|) of the optimum the fewest total nodes, then, from the last task
     backwards, c_j first, then fewer nodes."""
     tabs = p.value_tables()
     J, N = p.num_tasks, p.idle_nodes

@@ -1,6 +1,6 @@
-"""Authentication, roles and TLS (docs/architecture.md §8) on real daemons: bearer tokens from a
-private tokens file, users limited to their own tasks, admins to everything, refusals that leak
-nothing, TLS with a self-signed certificate made here, tokens never logged."""
+"""Authentication, roles and TLS (docs/architecture.md, "Security") on real daemons: bearer tokens
+from a private tokens file, users limited to their own tasks, admins to everything, refusals that
+leak nothing, TLS with a self-signed certificate made here, tokens never logged."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from offcut.errors import (InvalidArgument, NotFound, PermissionDenied, Unauthen
                            Unavailable)
 from offcut.v1 import tasks_pb2
 
-from daemon_helpers import make_spec, status_key
+from daemon_helpers import make_spec, status_key, zeus_spec
 
 ALL = ["n1", "n2", "n3", "n4"]
 
@@ -443,10 +443,8 @@ def test_slurm_role_reports_nodes_and_runs_and_reads_every_task(slurm_secured, t
 
 
 def test_the_launcher_runs_with_a_slurm_token(slurm_secured, tmp_path):
-    # every call the launcher makes (ListTasks, ReportTaskRun, GetStatus, WatchPlacements)
-    # passes with the slurm role, on a fake Slurm (tests/test_slurm_launcher.py)
-    import threading
-
+    # every call the launcher makes (ListTasks, GetTask, ReportTaskRun, GetStatus,
+    # WatchPlacements) passes with the slurm role, on a fake Slurm (tests/test_slurm_launcher.py)
     from test_slurm_launcher import FakeSlurm, fake_users, passwd
 
     from offcut.daemon.config import SlurmConfig
@@ -467,24 +465,22 @@ def test_the_launcher_runs_with_a_slurm_token(slurm_secured, tmp_path):
     r = launcher.reconcile()  # the starts are reported
     assert len(r.reported) == 4
     assert {c["admin"].get_task(t).launches for t in (ta.task_id, tb.task_id)} == {2}
-    revision = c["admin"].status().revision
-    woken = threading.Thread(target=lambda: (time.sleep(0.5),
-                                             c["alice"].cancel(ta.task_id)))
-    woken.start()
-    assert launcher._wait(0, 10, threading.Event()) > revision  # woken by the placement update
-    woken.join()
+    with launcher.watching():  # the placement stream (GetStatus, WatchPlacements, ListTasks)
+        assert launcher.state.wait_synced(10)
+        revision, seen = c["admin"].status().revision, launcher.state.version
+        c["alice"].cancel(ta.task_id)
+        assert launcher.state.wait(seen, 10) != seen  # woken by the placement update
+        assert launcher.state.revision > revision and ta.task_id not in launcher.desired()
 
 
 def test_slurm_role_may_do_nothing_else(slurm_secured):
     from offcut.daemon.auth import METHOD_ROLES
     import grpc
 
-    from test_zeus_daemon import job_spec
-
     _, c, _ = slurm_secured
     alice, admin, slurm = c["alice"], c["admin"], c["slurm"]
     ta = alice.submit(make_spec("a", work=1e9)).task
-    zeus = alice.register_zeus_job(job_spec("zj")).spec.job_id
+    zeus = alice.register_zeus_job(zeus_spec("zj")).spec.job_id
     assert zeus == "zj"
 
     def state():
@@ -497,7 +493,7 @@ def test_slurm_role_may_do_nothing_else(slurm_secured):
                  lambda: slurm.report_progress([{"task_id": ta.task_id, "time": time.time(),
                                                  "samples_done": 5.0, "nodes": 4}]),
                  lambda: next(iter(slurm.export_history())),
-                 lambda: slurm.register_zeus_job(job_spec("mine")),
+                 lambda: slurm.register_zeus_job(zeus_spec("mine")),
                  lambda: slurm.predict_batch_size(zeus),
                  lambda: slurm.get_zeus_job(zeus),
                  lambda: slurm.delete_zeus_job(zeus),

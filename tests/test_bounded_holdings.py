@@ -11,12 +11,11 @@ from collections import Counter
 import grpc
 import pytest
 
-from daemon_helpers import make_spec
+from daemon_helpers import make_spec, start_secured, zeus_spec
 from offcut.daemon.store import Store
 from offcut.daemon.zeus.bso import BatchSizeJobSpec
 from offcut.daemon.zeus.registry import ZeusRegistry
 from offcut.errors import InvalidArgument, NotFound, ResourceExhausted
-from test_zeus_daemon import job_spec, start_secured, zeus_tokens  # noqa: F401 - fixture
 
 
 def count(path, table, job_id):
@@ -28,8 +27,8 @@ def count(path, table, job_id):
 
 
 # ----------------------------------------------------------------------------- caps
-def test_a_users_active_tasks_are_capped_and_others_go_on(daemons, zeus_tokens):
-    srv, c = start_secured(daemons, zeus_tokens, max_active_tasks_per_owner=3)
+def test_a_users_active_tasks_are_capped_and_others_go_on(daemons, user_tokens):
+    srv, c = start_secured(daemons, user_tokens, max_active_tasks_per_owner=3)
     alice, mallory, admin = c["alice"], c["mallory"], c["admin"]
     ids = [alice.submit(make_spec(f"a{i}"), request_id=f"r{i}").task.task_id for i in range(3)]
     before = [(t.task_id, t.state) for t in admin.list_tasks()]
@@ -50,29 +49,29 @@ def test_a_users_active_tasks_are_capped_and_others_go_on(daemons, zeus_tokens):
         alice.submit(make_spec("a6"))
     # the count is the state's: rebuilt after a restart, equal to the unfinished tasks
     daemons.stop(srv)
-    srv, c = start_secured(daemons, zeus_tokens, max_active_tasks_per_owner=3)
+    srv, c = start_secured(daemons, user_tokens, max_active_tasks_per_owner=3)
     with pytest.raises(ResourceExhausted, match="'alice' has 3"):
         c["alice"].submit(make_spec("a7"))
     active = srv.engine.scheduler.active.values()
     assert srv.engine.scheduler.active_owners == Counter(t.owner for t in active)
 
 
-def test_a_users_zeus_jobs_are_capped(daemons, zeus_tokens):
-    _, c = start_secured(daemons, zeus_tokens, max_zeus_jobs_per_owner=2)
+def test_a_users_zeus_jobs_are_capped(daemons, user_tokens):
+    _, c = start_secured(daemons, user_tokens, max_zeus_jobs_per_owner=2)
     alice, mallory, admin = c["alice"], c["mallory"], c["admin"]
-    first = alice.register_zeus_job(job_spec("j1"))
-    alice.register_zeus_job(job_spec("j2"))
+    first = alice.register_zeus_job(zeus_spec("j1"))
+    alice.register_zeus_job(zeus_spec("j2"))
     with pytest.raises(ResourceExhausted, match="^max_zeus_jobs_per_owner: "):
-        alice.register_zeus_job(job_spec("j3"))
+        alice.register_zeus_job(zeus_spec("j3"))
     with pytest.raises(NotFound):
         alice.get_zeus_job("j3")  # nothing was registered
     # the identical spec again answers as before (idempotent), another user is unaffected
-    assert alice.register_zeus_job(job_spec("j1")).spec == first.spec
-    assert mallory.register_zeus_job(job_spec("m1")).owner == "mallory"
-    assert admin.register_zeus_job(job_spec("j4"), owner="alice").owner == "alice"
+    assert alice.register_zeus_job(zeus_spec("j1")).spec == first.spec
+    assert mallory.register_zeus_job(zeus_spec("m1")).owner == "mallory"
+    assert admin.register_zeus_job(zeus_spec("j4"), owner="alice").owner == "alice"
     alice.delete_zeus_job("j2")
     alice.delete_zeus_job("j4")
-    assert alice.register_zeus_job(job_spec("j3")).owner == "alice"
+    assert alice.register_zeus_job(zeus_spec("j3")).owner == "alice"
 
 
 # ----------------------------------------------------------------------------- GetJob pages
@@ -86,7 +85,7 @@ def finished_trials(client, job_id, n, seed=0):
 
 def test_get_job_pages_every_trial_once_and_bad_values_are_refused(daemon):
     _, client = daemon
-    client.register_zeus_job(job_spec("paged", beta_knob=None))
+    client.register_zeus_job(zeus_spec("paged", beta_knob=None))
     finished_trials(client, "paged", 25)
     seen, pages, before = [], 0, 0
     while True:
@@ -111,7 +110,7 @@ def test_trial_rows_beyond_retention_are_pruned_and_a_restart_agrees(daemons):
     srv, client = daemons.start("z", zeus_trial_retention=5, zeus_trial_rows_retention=150,
                                 durability="normal")
     path = srv.config.state
-    client.register_zeus_job(job_spec("long", beta_knob=None))
+    client.register_zeus_job(zeus_spec("long", beta_knob=None))
     finished_trials(client, "long", 320)
     rows = count(path, "zeus_trials", "long")
     assert 150 <= rows < 150 + 100 + 1  # pruned in batches once 100 are beyond the retention

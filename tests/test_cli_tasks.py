@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-from daemon_helpers import make_spec
+from daemon_helpers import make_spec, wait_until
 
 from offcut.client.cli import app
 from offcut.client.taskspec import make_task_spec, parse_node_range, read_scalability_csv
@@ -234,8 +234,8 @@ def test_researcher_session(daemons, curve):
     # watch: a node event sent while the CLI waits shows up as placement changes
     revision = client.status().revision
 
-    def later():
-        time.sleep(0.5)
+    def later():  # once the CLI's stream is open
+        wait_until(lambda: srv.streams.open_streams() == 1, "the CLI's watch stream", 20)
         client.report_nodes(time.time(), "test", 2, idle=["n3", "n4"])
 
     threading.Thread(target=later, daemon=True).start()
@@ -372,10 +372,7 @@ def test_progress_shown_is_the_last_report_and_its_age(daemon):
     tid = res.stdout.strip()
     est = c.submit(make_spec("curve", max_nodes=1, work=100.0)).task.task_id
     # the daemon models progress for the learned task from its prior rate meanwhile
-    deadline = time.monotonic() + 30
-    while c.get_task(tid).work_done_samples <= 0:
-        assert time.monotonic() < deadline, "the model never moved"
-        time.sleep(0.05)
+    wait_until(lambda: c.get_task(tid).work_done_samples > 0, "the model to move", 30)
 
     line = _progress_line(run("show", tid, "--address", addr).stdout)
     assert "%" not in line and "no report yet" in line, line

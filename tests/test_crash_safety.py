@@ -1,5 +1,5 @@
-"""Crash safety (issue 5 item 1, docs/architecture.md §6): ``kill -9`` of a daemon process at
-seeded points of a replay and of a recurring Zeus job, restart on the same state file and
+"""Crash safety (issue 5 item 1, docs/architecture.md, "Recovery"): ``kill -9`` of a daemon process
+at seeded points of a replay and of a recurring Zeus job, restart on the same state file and
 socket, and the outputs equal an uninterrupted run's. The harness is
 ``benchmarks/crash_safety.py`` (its full size: 128 real nodes, 10 tasks, 300 events, 20 kills);
 here the bundled demo log, so this runs without ../shared. Also the client's retry policy on its
@@ -16,7 +16,7 @@ from offcut.client.retry import ALWAYS, NEVER, RECONCILED, WITH_REQUEST_ID, Retr
 from offcut.errors import FailedPrecondition, NotFound, Unavailable
 from offcut.replay.driver import ReplayOptions
 
-from daemon_helpers import load_benchmark
+from daemon_helpers import Clock, load_benchmark, zeus_spec
 
 
 def _harness():
@@ -32,24 +32,14 @@ class _Unavailable(grpc.RpcError):
         return "connection refused"
 
 
-class _FakeClock:
-    def __init__(self):
-        self.now = 0.0
-        self.waits: list[float] = []
-
-    def sleep(self, s: float) -> None:
-        self.waits.append(s)
-        self.now += s
-
-
 def _client(policy: RetryPolicy) -> Client:
     return Client("unix:///nonexistent/offcut-test.sock", timeout_s=1, retry=policy)
 
 
 def test_policy_backoff_is_capped_and_the_deadline_ends_retries():
-    clock = _FakeClock()
+    clock = Clock()
     policy = RetryPolicy(deadline_s=5.0, initial_backoff_s=0.1, max_backoff_s=1.0, jitter=0.0,
-                         sleep=clock.sleep, clock=lambda: clock.now)
+                         sleep=clock.sleep, clock=clock)
     calls = []
 
     def fails(self, time, source, seq, *, idle=(), preempted=()):
@@ -74,8 +64,8 @@ def test_policy_retries_only_calls_that_cannot_apply_twice():
     assert not any(retryable(n, {"request_id": "r"}) for n in NEVER)
     assert retryable("cancel", {"request_id": "c1"}) and not retryable("cancel", {})
     assert not (ALWAYS | WITH_REQUEST_ID | RECONCILED) & NEVER
-    clock = _FakeClock()
-    policy = RetryPolicy(deadline_s=5.0, sleep=clock.sleep, clock=lambda: clock.now)
+    clock = Clock()
+    policy = RetryPolicy(deadline_s=5.0, sleep=clock.sleep, clock=clock)
     n = 0
 
     def cancel(self, task_id, time=None):
@@ -95,15 +85,13 @@ def test_every_client_call_has_a_retry_rule():
 
 
 def test_a_repeated_report_epoch_whose_first_attempt_was_applied_is_keep_training(daemons):
-    from test_zeus_daemon import job_spec
-
     _, c = daemons.start()
-    c.register_zeus_job(job_spec())
+    c.register_zeus_job(zeus_spec())
     trial = c.predict_batch_size("resnet", request_id="p1").trial_number
     first = c.report_epoch("resnet", trial, 1, 10.0, 2000.0, 0.1)
     assert not first.stop
-    clock = _FakeClock()
-    policy = RetryPolicy(sleep=clock.sleep, clock=lambda: clock.now)
+    clock = Clock()
+    policy = RetryPolicy(sleep=clock.sleep, clock=clock)
     attempts = 0
 
     def report_epoch(self, job_id, trial_number, epoch, time_s, energy_j, metric, batch_size=0):
@@ -149,13 +137,11 @@ def test_delete_and_power_windows_are_retried_with_one_fresh_id_per_call(daemons
     """The Client gives DeleteJob, ReportWindow and InterruptWindow a fresh request id per
     call and sends it again on each retry: a call whose first reply was lost is applied once
     and answered as the first time (no NOT_FOUND, no second window or interruption)."""
-    from test_zeus_daemon import job_spec
-
     srv, c = daemons.start()
-    c.register_zeus_job(job_spec())
+    c.register_zeus_job(zeus_spec())
     c.predict_batch_size("resnet")
-    clock = _FakeClock()
-    c.retry = RetryPolicy(sleep=clock.sleep, clock=lambda: clock.now)
+    clock = Clock()
+    c.retry = RetryPolicy(sleep=clock.sleep, clock=clock)
     c.plo = _LosesFirstReply(c.plo)
     assert c.interrupt_power_window("resnet", 64, 250.0).power_limit_w == 250.0
     assert c.report_power_window("resnet", 64, 250.0, 10.0, 2500.0).power_limit_w == 200.0

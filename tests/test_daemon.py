@@ -1,7 +1,7 @@
-"""Tests of the daemon over real gRPC on a unix socket (docs/architecture.md §2, §3, §6): task
-RPCs, input validation, node-event idempotency and ordering, durability across restarts and
-``kill -9``, placement watching, health checking, reflection, socket permissions, config
-errors."""
+"""Tests of the daemon over real gRPC on a unix socket (docs/architecture.md, "Time and events",
+"Tasks and the progress model" and "Durability"): task RPCs, input validation, node-event
+idempotency and ordering, durability across restarts and ``kill -9``, placement watching, health
+checking, reflection, socket permissions, config errors."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from offcut.daemon.server import OffcutServer
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 from offcut.v1 import decision_pb2, tasks_pb2
 
-from daemon_helpers import T0, decision_key, make_spec, status_key
+from daemon_helpers import T0, decision_key, make_spec, status_key, wait_until
 
 #: these tests drive the event clock with explicit times (a replay daemon: docs/security.md)
 pytestmark = pytest.mark.replay_clock
@@ -268,7 +268,7 @@ def _collect(call, out: queue.Queue) -> None:
 
 
 def test_watch_streams_live_updates_and_replays(daemon):
-    _, c = daemon
+    srv, c = daemon
     tid = c.submit(make_spec("w"), submit_time=T0).task.task_id
     rev = c.status().revision
     call = c.watch(after_revision=rev)
@@ -276,7 +276,8 @@ def test_watch_streams_live_updates_and_replays(daemon):
     th = threading.Thread(target=_collect, args=(call, got), daemon=True)
     th.start()
     try:
-        time.sleep(0.2)
+        # the event comes once the stream is open: the update reaches it live
+        wait_until(lambda: srv.streams.open_streams() == 1, "the watch stream to open", 10)
         d = c.report_nodes(T0 + 1, "w", 1, idle=["n1", "n2"])
         update = got.get(timeout=5)
         assert isinstance(update, tasks_pb2.PlacementUpdate), update
@@ -302,7 +303,11 @@ def test_watch_streams_live_updates_and_replays(daemon):
     try:
         revs = [got.get(timeout=5).revision for _ in expected]
         assert revs == expected
-        time.sleep(0.2)
+        # nothing more after revision 5: the next update the stream carries is the next
+        # placement change (revision 6), which comes after anything sent before it
+        assert got.empty()
+        c.report_nodes(T0 + 5, "w", 5, preempted=["n3"])    # revision 6
+        assert got.get(timeout=5).revision == 6
         assert got.empty()
     finally:
         call.cancel()
@@ -367,8 +372,9 @@ def test_tcp_loopback_listener(tmp_path):
 
 
 def test_a_watch_ends_quietly_when_its_time_is_over(daemon):
-    """The README's example iterates ``c.watch(task_id, timeout_s=60)``: when the time is
-    over the loop ends, no traceback; an unknown task still raises."""
+    """The user guide's example (docs/user-guide.md, "From Python") iterates
+    ``c.watch(task_id, timeout_s=60)``: when the time is over the loop ends, no traceback; an
+    unknown task still raises."""
     _, c = daemon
     t0 = time.monotonic()
     assert list(c.watch(timeout_s=0.5)) == []

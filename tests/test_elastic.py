@@ -23,8 +23,9 @@ from offcut.client.elastic import (EXIT_RESTART, ElasticEnv, ElasticRun, checkpo
                                    write_checkpoint)
 from offcut.v1 import tasks_pb2
 
+from daemon_helpers import wait_until
 from elastic_helpers import (LOAD_ONLY, RENDEZVOUS_ONLY, Generation, Rank, final_accuracy,
-                             free_port, port_listening, rank_env, wait_until)
+                             free_port, port_listening, rank_env)
 
 
 

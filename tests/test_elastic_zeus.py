@@ -19,7 +19,8 @@ import pytest
 from offcut.client.elastic import EXIT_RESTART, ElasticRun, latest_checkpoint
 from offcut.v1 import zeus_pb2
 
-from elastic_helpers import SIGNAL_AT_SAMPLES, Generation, free_port, wait_until
+from daemon_helpers import wait_until, zeus_spec
+from elastic_helpers import SIGNAL_AT_SAMPLES, Generation, free_port
 
 
 #: batch sizes 32/64/128 (default 64), one pruning round: 3 recurrences try 64, 32 (down), 128
@@ -56,10 +57,10 @@ TOL = 2e-3
 
 
 def job_spec(job_id: str) -> zeus_pb2.BatchSizeJobSpec:
-    return zeus_pb2.BatchSizeJobSpec(
-        job_id=job_id, batch_sizes=[32, 64, 128], default_batch_size=64, eta_knob=0.5,
-        beta_knob=1000.0, max_epochs=20, target_metric=TARGET, higher_is_better=True,
-        max_power_w=MAX_POWER_W, num_pruning_rounds=1, seed=7)
+    """The shared Zeus spec with batch sizes 32-128, one pruning round, no power limits, and
+    (beta 1000) practically no early stop."""
+    return zeus_spec(job_id, batch_sizes=[32, 64, 128], beta_knob=1000.0, target_metric=TARGET,
+                     max_power_w=MAX_POWER_W, num_pruning_rounds=1, power=None)
 
 
 def run_task(tmp_path: Path, address: str, job_id: str, recurrence: int, worlds: tuple[int, ...],

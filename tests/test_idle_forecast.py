@@ -1,8 +1,8 @@
-"""The idle-forecast hook (issue 19, part 3; offcut.daemon.scheduler.forecast): on real
-in-process daemons with the replay clock, a forecast of each node's remaining idle time
-changes which nodes a task takes (and so whether Slurm's next job preempts it) and the horizon
-rescales are weighed against; without one nothing changes. Also the benchmark's log oracle on
-a hand-made node log."""
+"""The horizon oracle's scheduler variant (issue 19, part 3; benchmarks/horizon_oracle.py,
+``ForecastScheduler``, outside the product): on real in-process daemons with the replay clock,
+a forecast of each node's remaining idle time changes which nodes a task takes (and so whether
+Slurm's next job preempts it) and the horizon rescales are weighed against; without one
+nothing changes. Also the benchmark's log oracle on a hand-made node log."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ import pandas as pd
 import pytest
 
 from daemon_helpers import T0, load_benchmark, make_spec
-from offcut.daemon import placement
-from offcut.daemon.scheduler.forecast import IdleForecast
 from offcut.replay.bftrainer_data import NodeChange, NodeLog
 
 pytestmark = pytest.mark.replay_clock
@@ -22,23 +20,35 @@ pytestmark = pytest.mark.replay_clock
 NODES = ["n1", "n2", "n3", "n4"]
 
 
+@pytest.fixture(scope="module")
+def bench():
+    """benchmarks/horizon_oracle.py as a module (it imports its sibling real_data.py, as when
+    run as a script)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+        yield load_benchmark("horizon_oracle")
+
+
 def table(left: dict[str, float]):
     """A forecast callable from a fixed table {node: remaining idle time [s]}."""
     return lambda nodes, t: np.array([left[n] for n in nodes])
 
 
-def start(daemons, name, forecast=None, **kw):
+def start(bench, daemons, name, forecast=None, **kw):
+    """A daemon whose scheduler is the benchmark's variant with ``forecast`` (None: the
+    daemon's own scheduler, untouched)."""
     srv, client = daemons.start(name, **kw)
-    srv.engine.scheduler.idle_forecast = forecast
+    if forecast is not None:
+        bench.use_forecast(srv.engine.scheduler, forecast)
     return srv, client
 
 
-def test_forecast_placement_takes_long_lived_nodes_and_avoids_the_preemption(daemons):
+def test_forecast_placement_takes_long_lived_nodes_and_avoids_the_preemption(bench, daemons):
     soon_gone = {"n1": 5.0, "n2": 5.0, "n3": 1000.0, "n4": 1000.0}
     runs = {}
     for name, forecast in (("plain", None),
-                           ("oracle", IdleForecast(table(soon_gone), placement=True))):
-        _, c = start(daemons, name, forecast)
+                           ("oracle", bench.IdleForecast(table(soon_gone), placement=True))):
+        _, c = start(bench, daemons, name, forecast)
         c.sync_nodes(T0, "w", 1, NODES)
         task = c.submit(make_spec("a", min_nodes=2, max_nodes=2, ns=(0, 2), ps=(0.0, 10.0),
                                   down=3.0), submit_time=T0).task
@@ -51,11 +61,12 @@ def test_forecast_placement_takes_long_lived_nodes_and_avoids_the_preemption(dae
     assert runs["oracle"][1].preemptions == 0 and list(runs["oracle"][1].nodes) == ["n3", "n4"]
 
 
-def test_forecast_placement_gives_the_dearest_task_the_longest_lived_nodes(daemons):
+def test_forecast_placement_gives_the_dearest_task_the_longest_lived_nodes(bench, daemons):
     left = {"n1": 1000.0, "n2": 900.0, "n3": 5.0, "n4": 5.0}
     held = {}
-    for name, forecast in (("plain", None), ("oracle", IdleForecast(table(left), placement=True))):
-        _, c = start(daemons, name, forecast)
+    for name, forecast in (("plain", None),
+                           ("oracle", bench.IdleForecast(table(left), placement=True))):
+        _, c = start(bench, daemons, name, forecast)
         ids = {}
         for i, (label, down) in enumerate((("cheap", 1.0), ("dear", 100.0))):
             ids[label] = c.submit(make_spec(label, min_nodes=2, max_nodes=2, ns=(0, 2),
@@ -67,14 +78,14 @@ def test_forecast_placement_gives_the_dearest_task_the_longest_lived_nodes(daemo
     assert held["oracle"] == {"cheap": ["n3", "n4"], "dear": ["n1", "n2"]}
 
 
-def test_forecast_horizon_lets_a_dear_grow_pay(daemons):
+def test_forecast_horizon_lets_a_dear_grow_pay(bench, daemons):
     # at Tfwd 10 s growing 1 -> 2 nodes gains 10 x (18 - 10) = 80 < Tcup x S(1) = 1,000
     # samples: no grow; over the nodes' true 1,000 s it gains 8,000 > 1,000: grow
     counts = {}
     for name, forecast in (("fixed", None),
-                           ("horizon", IdleForecast(table(dict.fromkeys(NODES, 1000.0)),
-                                                    horizon="median"))):
-        _, c = start(daemons, name, forecast, tfwd_s=10.0)
+                           ("horizon", bench.IdleForecast(table(dict.fromkeys(NODES, 1000.0)),
+                                                          horizon="median"))):
+        _, c = start(bench, daemons, name, forecast, tfwd_s=10.0)
         c.sync_nodes(T0, "w", 1, ["n1"])
         task = c.submit(make_spec("a", up=100.0), submit_time=T0).task
         c.report_nodes(T0 + 10, "w", 2, idle=["n2"])
@@ -82,30 +93,27 @@ def test_forecast_horizon_lets_a_dear_grow_pay(daemons):
     assert counts == {"fixed": 1, "horizon": 2}
 
 
-def test_shrink_by_forecast_releases_the_nodes_leaving_soonest():
-    kept, released = placement.shrink_by_forecast(
+def test_shrink_by_forecast_releases_the_nodes_leaving_soonest(bench):
+    kept, released = bench.shrink_by_forecast(
         ["a1", "a2", "b1"], 2, {"a1": 10.0, "a2": 500.0, "b1": 300.0})
     assert (kept, released) == (["a2", "b1"], ["a1"])
     with pytest.raises(ValueError):
-        placement.shrink_by_forecast(["a1"], 2, {"a1": 1.0})
+        bench.shrink_by_forecast(["a1"], 2, {"a1": 1.0})
     with pytest.raises(ValueError):
-        placement.grow_by_forecast(2, ["a1"], {"a1": 1.0})
+        bench.grow_by_forecast(2, ["a1"], {"a1": 1.0})
 
 
-def test_forecast_settings_are_checked():
+def test_forecast_settings_are_checked(bench):
     with pytest.raises(ValueError, match="horizon"):
-        IdleForecast(table({}), horizon="p90")
+        bench.IdleForecast(table({}), horizon="p90")
     with pytest.raises(ValueError, match="min_horizon_s"):
-        IdleForecast(table({}), min_horizon_s=0.0)
-    f = IdleForecast(table({"a": 0.2, "b": 0.4, "c": 90.0}), horizon="median")
+        bench.IdleForecast(table({}), min_horizon_s=0.0)
+    f = bench.IdleForecast(table({"a": 0.2, "b": 0.4, "c": 90.0}), horizon="median")
     assert f.horizon_s(["a", "b", "c"], T0, 60.0) == 1.0  # at least min_horizon_s
     assert f.horizon_s([], T0, 60.0) == 60.0              # an empty pool keeps Tfwd
 
 
-def test_log_oracle_reads_the_true_remaining_idle_time(monkeypatch):
-    # the real-log benchmarks import their sibling real_data.py, as when run as scripts
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    bench = load_benchmark("horizon_oracle")
+def test_log_oracle_reads_the_true_remaining_idle_time(bench):
     t = pd.Timestamp("2021-02-10 00:00:00")
     changes = [NodeChange(t + pd.Timedelta(seconds=100), [], ["x"]),
                NodeChange(t + pd.Timedelta(seconds=200), ["x"], ["y"]),

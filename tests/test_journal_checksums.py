@@ -1,14 +1,11 @@
-"""Journal rows carry a sha256 (issue 37, finding 8; docs/architecture.md, "6. Durability";
+"""Journal rows carry a sha256 (issue 37, finding 8; docs/architecture.md, "Journal and snapshots";
 docs/operations.md, "Start-up checks and refusals"): a row edited after it was written is never
 re-applied (the daemon's start refuses in one line naming the row, ``offcutd check`` FAILs
-naming it), a state file written before checksums (format 3, or the format-1 fixture of release
-3593fb3) still loads, and untouched rows load. Real SQLite files, real ``Store``, real
-``OffcutServer`` and ``offcutd`` subprocesses."""
+naming it), and untouched rows load. Real SQLite files, real ``Store``, real ``OffcutServer``
+and ``offcutd`` subprocesses."""
 
 from __future__ import annotations
 
-import json
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -17,14 +14,12 @@ from pathlib import Path
 import pytest
 
 from offcut.daemon.config import DaemonConfig
-from offcut.daemon.migrations import UPGRADES
 from offcut.daemon.server import OffcutServer
-from offcut.daemon.store import SCHEMA_VERSION, Store, StoreError, journal_checksum
+from offcut.daemon.store import Store, StoreError, journal_checksum
 
 from daemon_helpers import T0
 
 OFFCUTD = [sys.executable, "-m", "offcut.daemon"]
-FIXTURE_V1 = Path(__file__).resolve().parent / "fixtures" / "state_v1" / "state.sqlite"
 
 
 def _config(folder: Path) -> DaemonConfig:
@@ -195,73 +190,3 @@ def test_untouched_rows_carry_their_checksum_and_load(tmp_path):
         assert sorted(srv.engine.scheduler.pool) == ["n1", "n2", "n3", "n4"]
     finally:
         srv.stop(0.1)
-
-
-# ----------------------------------------------------------------------------- older files
-def _as_format_3(path: Path) -> None:
-    """Turn a state file into what format 3 wrote: no ``journal.sha256``, format 3."""
-    _sql(path, ("ALTER TABLE journal DROP COLUMN sha256",),
-         ("UPDATE meta SET value = '3' WHERE key = 'schema_version'",))
-    db = sqlite3.connect(path)
-    try:
-        db.execute("PRAGMA user_version = 3")
-    finally:
-        db.close()
-
-
-def test_a_format_3_file_without_checksums_is_upgraded_and_loads(tmp_path):
-    """A file written before checksums: ``offcutd check`` passes it (a note: upgraded at
-    start), the store upgrades it in place after a copy, its rows keep NULL and replay, new
-    rows get their sum; a NULL row that is not JSON is refused in one line, not a
-    traceback."""
-    path = tmp_path / "s" / "state.sqlite"
-    _store_with_rows(path, n=4)
-    _as_format_3(path)
-    check = _offcutd("check", "--state", str(path))
-    assert check.returncode == 0, check.stdout
-    assert "note: format 3; offcutd upgrades it to" in check.stdout
-
-    store = Store(path, upgrades=UPGRADES)
-    try:
-        assert store.db.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                                ).fetchone() == (str(SCHEMA_VERSION),)
-        assert store.db.execute("SELECT COUNT(*) FROM journal WHERE sha256 IS NULL"
-                                ).fetchone() == (4,)
-        assert [e["seq"] for e, _ in _replay(store)] == [1, 2, 3, 4]
-        store.append(kind="nodes", event={"kind": "nodes", "time": T0 + 5, "seq": 5},
-                     solves=[], response=b"{}", source="w", seq=5)
-        row = store.db.execute("SELECT id, kind, source, seq, request_id, event, solves, "
-                               "response, sha256 FROM journal WHERE id = 5").fetchone()
-        assert row[-1] is not None and row[-1] == journal_checksum(*row[:-1])
-        assert [e["seq"] for e, _ in _replay(store)] == [1, 2, 3, 4, 5]
-    finally:
-        store.close()
-    assert path.with_name("state.sqlite.format3.bak").exists()
-
-    _sql(path, ("UPDATE journal SET event = 'not json' WHERE id = 2",))  # a NULL-sum row
-    store = Store(path, upgrades=UPGRADES)
-    try:
-        with pytest.raises(StoreError, match=r"journal row 2 is damaged \(its event is not "
-                                             r"JSON\)"):
-            _replay(store)
-    finally:
-        store.close()
-
-
-def test_the_format_1_file_of_release_3593fb3_loads_with_null_checksums(tmp_path):
-    """The real old file (tests/fixtures/state_v1, written by release 3593fb3): upgraded
-    through every format, its rows have no sum and all re-apply."""
-    path = tmp_path / "state.sqlite"
-    shutil.copyfile(FIXTURE_V1, path)
-    store = Store(path, upgrades=UPGRADES)
-    try:
-        n, nulls = store.db.execute("SELECT COUNT(*), COUNT(*) - COUNT(sha256) FROM journal"
-                                    ).fetchone()
-        assert n == nulls > 0
-        state, rows = store.load()
-        replayed = list(rows)
-        last = store.db.execute("SELECT MAX(journal_id) FROM snapshots").fetchone()[0]
-        assert len(replayed) == store.last_journal_id() - last > 0
-        assert all(isinstance(json.dumps(e), str) for e, _ in replayed)
-    finally:
-        store.close()

@@ -502,7 +502,7 @@ def test_a_report_of_the_old_generation_after_the_decision_moves_the_change():
     """docs/execution.md: the daemon decides a grow at 100; the old generation (2 nodes at
     100/s) runs on until it is stopped, checkpoints and reports at 103; the new one (4 nodes at
     180/s) starts at 108. The interval up to 103 is clean at 2, the pause lies in the next
-    interval, and the learned Tcup is its 5 s valued at the old rate (BFTrainer §3)."""
+    interval, and the learned Tcup is its 5 s valued at the old rate (BFTrainer, Section 3)."""
     learner = TaskLearner()
     learner.on_allocation(T0, 2, "start")
     learner.observe(ProgressReport(T0 + 10, 0.0, 2))

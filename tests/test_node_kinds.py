@@ -1,4 +1,4 @@
-"""Node kinds (docs/architecture.md §4, "Node kinds"): what each node has (GPUs, features),
+"""Node kinds (docs/architecture.md, "Node kinds"): what each node has (GPUs, features),
 from the watcher's SyncNodes, and tasks that say what their nodes need (``gpus_per_node``,
 ``constraint``). Real daemons over gRPC on unix sockets; the Slurm side is in
 tests/test_slurm_gres.py."""

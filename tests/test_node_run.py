@@ -18,6 +18,8 @@ from offcut.slurm_plugin.node_run import (FAILURE_FILE, MAX_NOTE_BYTES, TAIL_LIN
                                           TAIL_LINES, StderrTail, failure_note,
                                           process_environment, run_outcome)
 
+from daemon_helpers import wait_until
+
 #: a child: writes its pid and environment, then does what MODE says
 CHILD = r'''
 import json, os, signal, sys, time
@@ -81,16 +83,6 @@ else:
 '''
 
 
-def wait_for(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-
-
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -120,8 +112,8 @@ class Supervised:
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def children(self, timeout: float = 60) -> dict[int, dict]:
-        wait_for(lambda: all((self.dir / f"{i}.json").exists() for i in range(self.procs)),
-                 timeout, "every process to start")
+        wait_until(lambda: all((self.dir / f"{i}.json").exists() for i in range(self.procs)),
+                   "every process to start", timeout)
         return {i: json.loads((self.dir / f"{i}.json").read_text()) for i in range(self.procs)}
 
     def end(self, timeout: float = 60) -> tuple[int, str]:
@@ -205,8 +197,8 @@ def test_nothing_outlives_a_killed_supervisor(tmp_path):
     kids = run.children()
     run.proc.kill()
     run.end()
-    wait_for(lambda: not any(alive(c["pid"]) for c in kids.values()), 30,
-             "the processes to die with their supervisor")
+    wait_until(lambda: not any(alive(c["pid"]) for c in kids.values()),
+               "the processes to die with their supervisor", 30)
 
 
 @pytest.mark.parametrize("args,message", [

@@ -12,15 +12,13 @@ import os
 
 import pytest
 
-from daemon_helpers import T0, make_spec
-from offcut.taskspec import TaskSpec
+from daemon_helpers import T0, core_spec, make_spec, start_secured
 from offcut.daemon.engine import Engine
 from offcut.daemon.model import CancelEvent, NodeEvent, SubmitEvent, Task
 from offcut.daemon.scheduler.state import retained_bytes
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.store import Store
 from offcut.errors import ResourceExhausted
-from test_zeus_daemon import start_secured, zeus_tokens  # noqa: F401 - fixture
 
 MIB = 1 << 20
 
@@ -40,11 +38,16 @@ def big_spec(name: str, size: int):
     return make_spec(name, command=command(size))
 
 
-def test_a_submit_cancel_flood_is_refused_at_the_byte_budget(daemons, zeus_tokens):
+def big_core_spec(name: str, size: int):
+    """:func:`big_spec` as the core's TaskSpec (for the engine without gRPC)."""
+    return core_spec(name, command=command(size))
+
+
+def test_a_submit_cancel_flood_is_refused_at_the_byte_budget(daemons, user_tokens):
     """Was: every pair added its 1 MiB command to memory (a day) and about 3 MiB to the
     journal (a week); 300 pairs took 317 MiB of RSS and 902 MiB of state file."""
     budget = 4 * MIB
-    srv, c = start_secured(daemons, zeus_tokens, max_retained_task_bytes_per_owner=budget,
+    srv, c = start_secured(daemons, user_tokens, max_retained_task_bytes_per_owner=budget,
                            durability="normal")
     alice, mallory, admin = c["alice"], c["mallory"], c["admin"]
     path = srv.config.state
@@ -80,10 +83,10 @@ def test_a_submit_cancel_flood_is_refused_at_the_byte_budget(daemons, zeus_token
     assert admin.submit(big_spec("x", 512 * 1024), owner="alice").task.owner == "alice"
 
 
-def test_a_users_tasks_in_memory_are_capped_by_count(daemons, zeus_tokens):
+def test_a_users_tasks_in_memory_are_capped_by_count(daemons, user_tokens):
     """Was: ``max_active_tasks_per_owner`` counted unfinished tasks only, so submit+cancel
     pairs of small tasks grew memory (a day) and the journal (a week) without bound."""
-    srv, c = start_secured(daemons, zeus_tokens, max_retained_tasks_per_owner=5,
+    srv, c = start_secured(daemons, user_tokens, max_retained_tasks_per_owner=5,
                            durability="normal")
     alice, mallory = c["alice"], c["mallory"]
     for i in range(5):
@@ -92,12 +95,6 @@ def test_a_users_tasks_in_memory_are_capped_by_count(daemons, zeus_tokens):
         alice.submit(make_spec("a5"))
     assert len(srv.engine.scheduler.tasks) == 5
     assert mallory.submit(make_spec("m0")).task.owner == "mallory"
-
-
-def spec(name: str, size: int) -> TaskSpec:
-    return TaskSpec.create(name=name, min_nodes=1, max_nodes=2, node_counts=(0, 1, 2),
-                           throughputs=(0.0, 1.0, 2.0), total_work_samples=1e6,
-                           command=command(size))
 
 
 def test_retirement_frees_the_budget_and_a_restart_rebuilds_it(tmp_path):
@@ -112,11 +109,12 @@ def test_retirement_frees_the_budget_and_a_restart_rebuilds_it(tmp_path):
     try:
         t = T0
         for i in range(3):  # 3 x 600 KiB fit, the 4th not
-            out = engine.apply(SubmitEvent(t, spec(f"a{i}", 600 * 1024), "alice"), capped=True)
+            out = engine.apply(SubmitEvent(t, big_core_spec(f"a{i}", 600 * 1024), "alice"),
+                               capped=True)
             engine.apply(CancelEvent(t + 1, out.tasks[0].task_id))
             t += 2
         with pytest.raises(ResourceExhausted) as refused:
-            engine.apply(SubmitEvent(t, spec("a3", 600 * 1024), "alice"), capped=True)
+            engine.apply(SubmitEvent(t, big_core_spec("a3", 600 * 1024), "alice"), capped=True)
         assert refused.value.field == "max_retained_task_bytes_per_owner"
         assert "finished in the last 60 s" in str(refused.value)
         held = engine.scheduler.retained_owners["alice"]
@@ -124,7 +122,7 @@ def test_retirement_frees_the_budget_and_a_restart_rebuilds_it(tmp_path):
         assert held[1] == sum(retained_bytes(x) for x in engine.scheduler.tasks.values())
         engine.apply(NodeEvent(t + 61, "slurm", 1, idle=("n1",)))  # the 3 retire
         assert "alice" not in engine.scheduler.retained_owners
-        engine.apply(SubmitEvent(t + 62, spec("a4", 600 * 1024), "alice"), capped=True)
+        engine.apply(SubmitEvent(t + 62, big_core_spec("a4", 600 * 1024), "alice"), capped=True)
         kept = dict(engine.scheduler.retained_owners)
     finally:
         engine.close()
@@ -137,7 +135,7 @@ def test_retirement_frees_the_budget_and_a_restart_rebuilds_it(tmp_path):
 
 
 def test_the_estimate_counts_the_command_and_curve():
-    small = Task("t1", spec("a", 10), "alice", T0)
-    large = Task("t2", spec("a", 10 + MIB), "alice", T0)
+    small = Task("t1", big_core_spec("a", 10), "alice", T0)
+    large = Task("t2", big_core_spec("a", 10 + MIB), "alice", T0)
     assert retained_bytes(large) - retained_bytes(small) == MIB + 16 * 56  # 16 more arguments
     assert retained_bytes(small) > 2048

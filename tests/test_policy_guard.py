@@ -7,6 +7,7 @@ answer wins over its new one when the journal is re-applied, and the mismatch is
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -20,14 +21,13 @@ from offcut.client import Client
 from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.daemon.engine import Engine
 from offcut.daemon.metrics import EngineCollector
-from offcut.daemon.model import NodeEvent, ObjectiveSettings, SubmitEvent, TaskSpec
+from offcut.daemon.model import NodeEvent, ObjectiveSettings, SubmitEvent
 from offcut.daemon.policies.guard import PolicyGuard
-from offcut.daemon.scheduler import Scheduler, SolveRecord
+from offcut.daemon.scheduler import Scheduler
 from offcut.daemon.solvers.allocator import Allocator
-from offcut.daemon.solvers.dp import solve_dp
 from offcut.daemon.store import Store
 
-from daemon_helpers import T0, make_spec
+from daemon_helpers import T0, core_spec, dp_record, make_spec
 
 pytestmark = pytest.mark.replay_clock
 
@@ -120,17 +120,8 @@ def plugins(tmp_path, monkeypatch):
         mod.RELEASE.set()
 
 
-def dp_record(problem) -> SolveRecord:
-    sol = solve_dp(problem)
-    return SolveRecord(counts=[int(c) for c in sol.counts], solver=sol.solver, status=sol.status,
-                       objective=float(sol.objective), bound=float(sol.bound),
-                       solve_ms=float(sol.solve_ms))
-
-
-def spec(name, max_nodes=4):
-    return TaskSpec.create(name=name, min_nodes=1, max_nodes=max_nodes, node_counts=(0, 8),
-                           throughputs=(0.0, 80.0), rescale_up_s=0.0, rescale_down_s=0.0,
-                           total_work_samples=1e12)
+#: this file's tasks: the shared spec on 1-4 nodes, 80 samples/s on 8, 1e12 samples
+spec = functools.partial(core_spec, ns=(0, 8), ps=(0.0, 80.0), work=1e12)
 
 
 def run_core(policy: str, guard: PolicyGuard | None = None):
@@ -139,8 +130,8 @@ def run_core(policy: str, guard: PolicyGuard | None = None):
     core = Scheduler(objective=ObjectiveSettings(objective=policy))
     core.policy_guard = guard
     core.apply(NodeEvent(T0, "s", 1, ("n1", "n2", "n3"), (), False), dp_record)
-    core.apply(SubmitEvent(T0, spec("a", 2), "alice"), dp_record)
-    core.apply(SubmitEvent(T0 + 1, spec("b", 2), "bob"), dp_record)
+    core.apply(SubmitEvent(T0, spec("a", max_nodes=2), "alice"), dp_record)
+    core.apply(SubmitEvent(T0 + 1, spec("b", max_nodes=2), "bob"), dp_record)
     out = core.apply(NodeEvent(T0 + 2, "s", 2, ("n4",), (), False), dp_record)
     return core, out, {t.spec.name: len(t.nodes) for t in core.tasks.values()}
 
@@ -205,8 +196,8 @@ def test_a_non_deterministic_policy_replayed_keeps_the_journals_answer(plugins, 
     objective = ObjectiveSettings(objective="g_last_first")
     engine = Engine(Store(path), Allocator("dp"), objective=objective)
     engine.apply(NodeEvent(T0, "s", 1, ("n1", "n2", "n3"), (), False))
-    engine.apply(SubmitEvent(T0, spec("a", 3), "alice"))
-    engine.apply(SubmitEvent(T0 + 1, spec("b", 3), "bob"))
+    engine.apply(SubmitEvent(T0, spec("a", max_nodes=3), "alice"))
+    engine.apply(SubmitEvent(T0 + 1, spec("b", max_nodes=3), "bob"))
     before = {t.spec.name: list(t.nodes) for t in engine.scheduler.tasks.values()}
     assert before == {"a": [], "b": ["n1", "n2", "n3"]}
     fingerprint = engine.scheduler.fingerprint()
@@ -229,7 +220,7 @@ def test_the_engine_counts_policy_fallbacks_in_a_metric(plugins, tmp_path):
     engine = Engine(Store(tmp_path / "s.sqlite"), Allocator("dp"),
                     objective=ObjectiveSettings(objective="g_exits"))
     engine.apply(NodeEvent(T0, "s", 1, ("n1", "n2"), (), False))
-    engine.apply(SubmitEvent(T0, spec("a", 2), "alice"))
+    engine.apply(SubmitEvent(T0, spec("a", max_nodes=2), "alice"))
     family = next(m for m in EngineCollector(engine).collect()
                   if m.name == "offcut_policy_fallbacks")
     assert [(s.labels, s.value) for s in family.samples if s.name.endswith("_total")] == \

@@ -37,6 +37,8 @@ from offcut.slurm_plugin.power_helper import (PowerHelper, PowerHelperServer, Po
                                               epilog_restore)
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 
+from daemon_helpers import wait_until
+
 MIN_MW, MAX_MW, DEFAULT_MW = 100_000, 400_000, 300_000
 GPU = {"min_power_limit_mw": MIN_MW, "max_power_limit_mw": MAX_MW,
        "default_power_limit_mw": DEFAULT_MW}
@@ -114,8 +116,9 @@ def test_zeus_client_discovers_sets_and_reads_through_the_helper(shared_dir, mon
         assert client.get_power_limit() == {0: 150_000, 1: 150_000}
         e0 = client.get_gpu_energy([0, 1])
         assert set(e0) == {0, 1} and all(v >= 0 for v in e0.values())
-        time.sleep(0.05)  # (the stand-in's counter runs with wall time)
-        assert client.get_gpu_energy([0])[0] > e0[0]
+        # (the stand-in's counter runs with wall time)
+        assert wait_until(lambda: client.get_gpu_energy([0])[0] > e0[0],
+                          "GPU 0's energy counter to grow", 30)
         snap = client.get_gpu_power([1])
         assert snap.power_mw == {1: int(0.75 * 150_000)} and snap.timestamp_ms > 0
         assert abs(client.get_time() - time.time()) < 60

@@ -40,6 +40,7 @@ from offcut.slurm_plugin.job_gpus import JobGpus
 from offcut.slurm_plugin.power_helper import PowerHelper, PowerHelperServer, PowerRecords
 from offcut.v1 import zeus_pb2
 
+from daemon_helpers import Clock
 from elastic_helpers import EXAMPLE, SIGNAL_AT_SAMPLES, Rank, free_port, rank_env
 
 MIN_MW, MAX_MW, DEFAULT_MW = 100_000, 300_000, 300_000
@@ -317,14 +318,6 @@ class ThreadSync:
         times, energies = zip(*self.hub.windows)
         self.hub.barrier.wait()
         return max(times), sum(energies)
-
-
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def run_rank(rank: int, hub: Hub, sock: str, address: str, job_id: str, generation: int,

@@ -180,7 +180,7 @@ def test_energy_objective_uses_fewer_nodes_when_scaling_wastes_power(daemons):
                      power_w=[0.0, 1000.0, 2000.0, 4000.0, 8000.0])
     counts = {}
     for objective in ("throughput", "energy"):
-        srv, c = daemons.start(objective, objective=objective)
+        srv, c = daemons.start(objective, policy=objective)
         c.report_nodes(T0, "slurm", 1, idle=[f"n{i}" for i in range(8)])
         task = c.submit(spec, submit_time=T0 + 1).task
         counts[objective] = len(task.nodes)

@@ -201,7 +201,7 @@ def test_observer_mode_keeps_every_run_at_the_maximum_power_limit(daemon, tmp_pa
         energy, time_s, cost = float(row["energy_j"]), float(row["time_s"]), float(row["cost"])
         # measured at the maximum: the script draws 0.9 x limit = 225 W throughout
         assert energy == pytest.approx(225.0 * time_s, rel=1e-4)
-        # the measured cost: zeus_cost = eta E + (1 - eta) MaxPower T (Zeus §3.1, Eq. 2)
+        # the measured cost: zeus_cost = eta E + (1 - eta) MaxPower T (Zeus, Section 3.1, Eq. 2)
         assert cost == pytest.approx(0.3 * energy + 0.7 * 250.0 * time_s, rel=1e-4)
         assert cost == pytest.approx(trials[int(row["trial"])].cost_j, rel=1e-5)
         assert float(row["power_limit_w"]) == 250.0

@@ -115,7 +115,7 @@ def test_real_log_all_tasks_done_no_later_than_bftrainer(tmp_path, num_nodes, or
 @needs_data
 def test_recorded_real_instances_agree_across_solvers(tmp_path):
     """Instances recorded from the real replay: dp (exact), cbc and gurobi give one optimum,
-    and by the exact backends' tie rule (docs/architecture.md §4) the same counts."""
+    and by the exact backends' tie rule (docs/architecture.md, "The tie rule") the same counts."""
     records = tmp_path / "instances.jsonl"
     out = tmp_path / "rec"
     result = _run("replay", "bftrainer", "--allow-pickle",

@@ -1,15 +1,17 @@
-"""Tests of the deterministic core (docs/architecture.md §2-4): progress model, rescale and
-preemption costs, exact completion, admission, validation, snapshots, persistence round trip,
-node placement, and invariants under random event sequences (hypothesis). No gRPC here.
+"""Tests of the deterministic core (docs/architecture.md, "Time and events",
+"Tasks and the progress model" and "Allocation"): progress model, rescale and preemption costs,
+exact completion, admission, validation, snapshots, persistence round trip, node placement, and
+invariants under random event sequences (hypothesis). No gRPC here.
 
-Expected values are derived by hand from the model in docs/architecture.md §3:
-rate = Ps(n) (piecewise linear) if n >= Jmin else 0; grow costs Ps(c)*Tcup, shrink Ps(c)*Tcdw;
-preemption costs Tcdw*rate once per task per event.
+Expected values are derived by hand from the model in docs/architecture.md,
+"Tasks and the progress model": rate = Ps(n) (piecewise linear) if n >= Jmin else 0; grow costs
+Ps(c)*Tcup, shrink Ps(c)*Tcdw; preemption costs Tcdw*rate once per task per event.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import random
 
@@ -20,20 +22,14 @@ from hypothesis import strategies as st
 from offcut.daemon import placement
 from offcut.daemon.scheduler import Scheduler, SolveRecord
 from offcut.daemon.model import CancelEvent, NodeEvent, SubmitEvent, TaskSpec, TaskState
-from offcut.daemon.solvers.dp import solve_dp
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound, OffcutError
+
+from daemon_helpers import Feed, core_spec, dp_record
 
 T0 = 1_000_000.0
 
 
 # ----------------------------------------------------------------------------- helpers
-def dp_alloc(problem) -> SolveRecord:
-    sol = solve_dp(problem)
-    return SolveRecord(counts=[int(c) for c in sol.counts], solver=sol.solver, status=sol.status,
-                       objective=float(sol.objective), bound=float(sol.bound),
-                       solve_ms=float(sol.solve_ms))
-
-
 def greedy_in_order(problem) -> list[int]:
     """Each admitted task, in submit order, takes min(Jmax, what is left) (0 if below Jmin)."""
     left = problem.idle_nodes
@@ -66,24 +62,8 @@ def fixed(*counts):
     return Scripted(lambda problem: list(counts))
 
 
-def spec(name="job", min_nodes=1, max_nodes=4, ns=(0, 1, 2, 4), ps=(0.0, 10.0, 18.0, 30.0),
-         up=0.0, down=0.0, work=1e9, objective=()):
-    return TaskSpec.create(name=name, min_nodes=min_nodes, max_nodes=max_nodes, node_counts=ns,
-                           throughputs=ps, objective_values=objective, rescale_up_s=up,
-                           rescale_down_s=down, total_work_samples=work)
-
-
-class Feed:
-    """Builds node events with increasing per-source seq."""
-
-    def __init__(self, source="test"):
-        self.source = source
-        self.seq = 0
-
-    def __call__(self, t, idle=(), preempted=(), snapshot=False):
-        self.seq += 1
-        return NodeEvent(time=t, source=self.source, seq=self.seq, idle=tuple(idle),
-                         preempted=tuple(preempted), snapshot=snapshot)
+#: this file's tasks: the shared spec with 1e9 samples (none completes unless a test says so)
+spec = functools.partial(core_spec, work=1e9)
 
 
 def submit(t, s, owner="alice", request_id=""):
@@ -510,7 +490,7 @@ def test_to_dict_from_dict_round_trip_continues_identically():
     core = Scheduler(tfwd_s=7.0, max_running_tasks=3)
     events = _events(1)
     for ev in events[:25]:
-        core.apply(ev, dp_alloc)
+        core.apply(ev, dp_record)
     data = json.loads(json.dumps(core.to_dict()))
     clone = Scheduler.from_dict(data)
     assert clone.fingerprint() == core.fingerprint()
@@ -518,8 +498,8 @@ def test_to_dict_from_dict_round_trip_continues_identically():
     assert clone.holder == core.holder
     assert clone.total_samples == core.total_samples
     for ev in events[25:]:
-        a = core.apply(ev, dp_alloc)
-        b = clone.apply(ev, dp_alloc)
+        a = core.apply(ev, dp_record)
+        b = clone.apply(ev, dp_record)
         assert _outcome_key(a) == _outcome_key(b)
         assert clone.fingerprint() == core.fingerprint()
     assert core.revision == len(events)
@@ -628,7 +608,7 @@ def test_random_sequences_keep_invariants(ops, max_running):
     t = T0
     for (kind, arg), dt, use_dp in ops:
         t += dt
-        alloc = dp_alloc if use_dp else Scripted()
+        alloc = dp_record if use_dp else Scripted()
         ev = op_event(core, feed, kind, arg, t)
         before = core.fingerprint()
         try:
@@ -682,7 +662,7 @@ def test_changed_tasks_cover_every_task_an_event_changes(ops, max_running):
         t += dt
         ev = op_event(core, feed, kind, arg, t)
         try:
-            core.apply(ev, dp_alloc if use_dp else Scripted())
+            core.apply(ev, dp_record if use_dp else Scripted())
         except OffcutError:
             feed.seq -= 1 if isinstance(ev, NodeEvent) else 0
             continue

@@ -1,6 +1,7 @@
 """Issue "Security": each finding reproduced through the public gRPC interface, as an ordinary
 user of a daemon with tokens, on a real daemon; each attack is refused (or harmless) and the
-other users' tasks and the Slurm hook's node events are unaffected. docs/architecture.md §8."""
+other users' tasks and the Slurm hook's node events are unaffected. docs/architecture.md,
+"Security"."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GPU nodes on real Slurm (docs/architecture.md §4, "Node kinds"; docs/deployment.md): the
+"""GPU nodes on real Slurm (docs/architecture.md, "Node kinds"; docs/deployment.md): the
 watcher tells the daemon what each node has (from ``sinfo --json``), a task asking for one
 GPU per node runs only on the GRES node with Slurm's ``CUDA_VISIBLE_DEVICES``, its jobs carry
 the GRES and feature request, and a CPU task uses the other nodes.

@@ -18,6 +18,7 @@ import time
 import hostlist
 import pytest
 
+from daemon_helpers import DEADLINE_S, Clock, wait_until
 from slurm_cluster import idle_set
 
 from offcut.client import Client, make_task_spec
@@ -300,17 +301,9 @@ def placed(daemon):
     return client, tid
 
 
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_generations_through_preemption_grow_and_shrink_with_fake_slurm(placed):
     client, tid = placed
-    slurm, mono = FakeSlurm(), Clock()
+    slurm, mono = FakeSlurm(), Clock(1000.0)
     launcher = Launcher(client, CFG, slurm, monotonic=mono, accounts=OWNERS)
     r = launcher.reconcile()
     assert sorted(n for _, n, _ in r.submitted) == ALL and not r.cancelled
@@ -398,7 +391,7 @@ def test_a_job_pending_too_long_gives_its_node_back_and_the_task_moves_on(placed
     reported taken back: the daemon re-places the task on the other nodes, and the launcher
     replaces the generation. Not before the limit, and never with the limit 0."""
     client, tid = placed
-    slurm, mono = FakeSlurm(), Clock()
+    slurm, mono = FakeSlurm(), Clock(1000.0)
     limit = 3.0
     launcher = Launcher(client, SlurmConfig(pending_timeout_s=limit, rescale_grace_s=0), slurm,
                         monotonic=mono, accounts=OWNERS)
@@ -407,14 +400,14 @@ def test_a_job_pending_too_long_gives_its_node_back_and_the_task_moves_on(placed
     launcher.reconcile()
     unlimited.reconcile()
     stuck = slurm.active()["n2"]
-    submitted = int(time.time())  # (Slurm's resolution: whole seconds)
-    slurm.jobs[stuck].update(job_state="PENDING", submit_time=submitted)
+    # pending since now (Slurm's resolution: whole seconds): within the limit
+    slurm.jobs[stuck].update(job_state="PENDING", submit_time=int(time.time()))
     assert not launcher.reconcile().given_back
     assert slurm.jobs[stuck]["job_state"] == "PENDING"
-    deadline = time.monotonic() + 60
-    while time.time() <= submitted + limit + 1:  # the behaviour under test is time passing
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    # pending for longer than the limit: Slurm's submit time lies limit + 1 s back (time
+    # passing, without waiting for it; still after the task's submission less
+    # CLOCK_SLACK_S, so the job is the task's)
+    slurm.jobs[stuck]["submit_time"] = int(time.time()) - int(limit) - 1
     assert not unlimited.reconcile().given_back
     assert "n2" in idle_set(client)
     r = launcher.reconcile()
@@ -475,7 +468,7 @@ def test_without_accounting_a_restarted_launcher_submits_as_before(placed, caplo
 
 def test_failed_runs_restart_the_generation_then_fail_the_task(placed):
     client, tid = placed
-    slurm, mono = FakeSlurm(), Clock()
+    slurm, mono = FakeSlurm(), Clock(1000.0)
     launcher = Launcher(client, CFG, slurm, monotonic=mono, accounts=OWNERS)
     launcher.reconcile()
     for attempt in (1, 2, 3):
@@ -511,12 +504,70 @@ def test_slurm_failure_submits_nothing_and_recovers(placed, caplog):
 
     th = threading.Thread(target=launcher.run, args=(0.2, stop, on_pass), daemon=True)
     th.start()
-    time.sleep(0.6)
-    assert not passes and th.is_alive()  # failing passes are logged and retried
+    # failing passes are logged and retried: two of them ran, and did nothing
+    wait_until(lambda: launcher.failed_passes >= 2, "two failed passes")
+    assert not passes and th.is_alive() and not slurm.jobs
     assert "reconciliation failed" in caplog.text
+    assert caplog.text.count("reconciliation failed") == 1  # logged once per kind
     slurm.fail_squeue = False
-    th.join(10)
+    th.join(DEADLINE_S)
     assert passes and len(passes[0].submitted) == 4
+
+
+def rpcs(srv, method: str) -> int:
+    """Finished calls of ``method`` (``Tasks/ListTasks`` ...) the daemon ``srv`` answered OK,
+    by its own metrics."""
+    value = srv.metrics.registry.get_sample_value(
+        "offcut_rpc_requests_total", {"method": f"/offcut.v1.{method}", "code": "OK"})
+    return int(value or 0)
+
+
+def test_the_launcher_follows_one_placement_stream_and_lists_again_after_a_break(daemons):
+    """Issue 39: a running launcher keeps one WatchPlacements stream across placement
+    changes and lists the running tasks once (not per pass); its passes are woken by the
+    stream (the poll is 60 s). When the stream breaks (the daemon restarts) it reconnects,
+    lists once more, and follows the new daemon's placements."""
+    from offcut.client.retry import RetryPolicy
+
+    srv, client = daemons.start()
+    client.sync_nodes(time.time(), "test", 1, idle=ALL)
+    tid = client.submit(spec(), owner="test").task.task_id
+    slurm = FakeSlurm()
+    stop = threading.Event()
+    # the CLI's client: reads retried while the daemon restarts (offcut.client.retry)
+    launcher_client = Client(client.address, timeout_s=10, retry=RetryPolicy(deadline_s=10))
+    launcher = Launcher(launcher_client, SlurmConfig(rescale_grace_s=0), slurm, accounts=OWNERS)
+    th = threading.Thread(target=launcher.run, args=(60.0, stop), daemon=True)
+    th.start()
+    try:
+        wait_until(lambda: slurm.generations() == {n: 1 for n in ALL}, "generation 1 on four")
+        # placement changes, each seen through the stream: a shrink, a grow
+        client.report_nodes(time.time(), "test", 2, preempted=["n4"])
+        wait_until(lambda: slurm.generations() == {"n1": 2, "n2": 2, "n3": 2},
+                   "generation 2 on n1-n3")
+        client.report_nodes(time.time(), "test", 3, idle=["n4"])
+        wait_until(lambda: slurm.generations() == {n: 3 for n in ALL}, "generation 3 on four")
+        # many passes, one list, one stream (open: not finished)
+        assert launcher.passes >= 4 and rpcs(srv, "Tasks/ListTasks") == 1
+        assert srv.streams.open_streams() == 1 and rpcs(srv, "Tasks/WatchPlacements") == 0
+        assert launcher.state.resets == 1
+
+        # the daemon restarts: its streams end; the launcher reconnects and lists again
+        daemons.stop(srv)
+        srv, client = daemons.start()
+        wait_until(lambda: launcher.state.synced and rpcs(srv, "Tasks/ListTasks") == 1,
+                   "the launcher to list the restarted daemon's tasks")
+        client.report_nodes(time.time(), "test", 4, preempted=["n1"])
+        wait_until(lambda: slurm.generations() == {"n2": 4, "n3": 4, "n4": 4},
+                   "generation 4 on n2-n4, from the new stream")
+        assert rpcs(srv, "Tasks/ListTasks") == 1 and srv.streams.open_streams() == 1
+        assert launcher.state.resets == 2
+        assert client.get_task(tid).generation == 4
+    finally:
+        stop.set()
+        th.join(DEADLINE_S)
+        launcher_client.close()
+    assert not th.is_alive()
 
 
 def test_task_without_command_is_not_launched(daemon, caplog):

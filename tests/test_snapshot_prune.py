@@ -1,8 +1,8 @@
 """The task rows of incremental snapshots that no kept snapshot reads are deleted a bounded
-number per snapshot (daemon/snapshot_prune.py, docs/architecture.md §6): every kept snapshot
-always reads exactly the tasks it was written with, each snapshot walks at most its budget of
-rows, the unread rows are gone eventually (also across a reopen), and a row saying a task left
-goes only once no older row of that task is left to bring it back."""
+number per snapshot (daemon/snapshot_prune.py, docs/architecture.md, "Journal and snapshots"): every
+kept snapshot always reads exactly the tasks it was written with, each snapshot walks at most its
+budget of rows, the unread rows are gone eventually (also across a reopen), and a row saying a task
+left goes only once no older row of that task is left to bring it back."""
 
 from __future__ import annotations
 

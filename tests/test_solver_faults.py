@@ -1,5 +1,5 @@
-"""Solver faults at the daemon level (issue 5 item 5, docs/architecture.md §4): a real daemon
-whose MILP backend crashes its process, hangs past its time limit, or hits gurobipy's
+"""Solver faults at the daemon level (issue 5 item 5, docs/architecture.md, "Solver backends"): a
+real daemon whose MILP backend crashes its process, hangs past its time limit, or hits gurobipy's
 size-limited licence, while node events keep coming. Every event must still answer OK with the exact
 ``dp`` fallback's decision (its objective equals a ``dp`` solve of the recorded instance, its
 placements are valid), the daemon keeps serving (health checks, Zeus calls during a hang),
@@ -15,15 +15,16 @@ below, which the child imports by name. Its ``cbc`` backend does what the file n
 end the fault while the child lives:
 
 * ``abort``: ``os.abort()`` (what a native crash looks like to the daemon);
-* ``hang``: never returns;
+* ``hang``: writes its pid to ``<fault file>.hanging`` (so a test can wait for the solve to
+  be there), then never returns;
 * ``sos2``: a real python-mip 2.0.0 crash: BFTrainer's node-level MILP with SOS2 curves (the
   anchor model of ``benchmarks/decision_time.py``) built for the daemon's actual instance and
   solved by CBC with its default preprocessing; on these instances CBC corrupts its heap and
   dies (SIGSEGV/SIGABRT; its crash handler sometimes hangs instead, which the guard's hard
   limit catches). With ``preprocess = 0`` the same models solve (checked below).
-  docs/architecture.md §4 says this of "SOS models"; the count-level SOS2 form (gurobi.py form
-  (a)) built in python-mip did not crash on the instances tried, the node-level one does (the
-  first two instances here every time, the third most of the time);
+  docs/architecture.md, "Solver backends" says this of "SOS models"; the count-level SOS2 form
+  (gurobi.py form (a)) built in python-mip did not crash on the instances tried, the node-level one
+  does (the first two instances here every time, the third most of the time);
 * anything else: the real backend.
 
 Gurobi's size limit needs no injection: with more than 2,000 variables in every form, the
@@ -56,7 +57,7 @@ from offcut.daemon.solvers.gurobi import gurobi_importable
 from offcut.daemon.solvers.problem import AllocationProblem
 from offcut.v1 import tasks_pb2, zeus_pb2
 
-from daemon_helpers import T0, make_spec
+from daemon_helpers import T0, make_spec, wait_until
 
 #: these tests drive the event clock with explicit times (a replay daemon: docs/security.md)
 pytestmark = pytest.mark.replay_clock
@@ -92,6 +93,11 @@ def _sos2_node_level_cbc(problem: AllocationProblem, time_limit_s: float, prepro
     return milp_solution(problem, counts, status, float(m.objective_bound), started, "cbc")
 
 
+def hanging_marker(fault_file: Path) -> Path:
+    """The file the ``hang`` fault writes (its pid) once a solve hangs in it."""
+    return fault_file.with_name(fault_file.name + ".hanging")
+
+
 def solver_child_main(conn) -> None:
     """Entry point of the guarded solver child in these tests: the real worker loop with the
     ``cbc`` backend replaced by the fault named in the file ``$OFFCUT_TEST_CBC_FAULT_FILE``
@@ -105,6 +111,7 @@ def solver_child_main(conn) -> None:
             signal.signal(signal.SIGABRT, signal.SIG_DFL)
             os.abort()
         if name == "cbc" and fault == "hang":
+            hanging_marker(fault_file).write_text(str(os.getpid()))
             while True:
                 time.sleep(3600)
         if name == "cbc" and fault in ("sos2", "sos2-nopreprocess"):
@@ -338,7 +345,8 @@ def test_a_hanging_backend_is_killed_at_its_hard_limit_and_the_daemon_keeps_serv
         sender = threading.Thread(target=lambda: result.update(d=run.event(1, idle=NODES[:16])))
         started = time.perf_counter()
         sender.start()
-        time.sleep(0.5)  # the event is now waiting on the hanging child
+        wait_until(hanging_marker(run.fault_file).exists,  # the event now waits on the child
+                   "the solve to hang in the solver child", 10, every_s=0.01)
         t0 = time.perf_counter()
         assert other.health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == \
             health_pb2.HealthCheckResponse.SERVING

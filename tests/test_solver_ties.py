@@ -1,4 +1,4 @@
-"""The one tie-breaking rule of the exact backends (docs/architecture.md §4,
+"""The one tie-breaking rule of the exact backends (docs/architecture.md, "The tie rule",
 ``offcut.daemon.solvers.ties``): dp, gurobi (both forms) and cbc return the same counts on
 problems with deliberate ties, on random problems full of ties (against an enumeration of
 the rule, ``solver_helpers.rule_counts``) and on the problems of a real replay."""

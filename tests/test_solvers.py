@@ -1,5 +1,5 @@
-"""Tests of the allocation backends (docs/architecture.md §4): every exact backend equals an
-exhaustive enumeration on random instances; greedy is feasible and no better; the guard
+"""Tests of the allocation backends (docs/architecture.md, "Solver backends"): every exact backend
+equals an exhaustive enumeration on random instances; greedy is feasible and no better; the guard
 survives crashes and hangs; records round trip; real BFTrainer task sets agree across
 solvers."""
 

@@ -12,7 +12,6 @@ import sqlite3
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -26,7 +25,7 @@ from offcut.daemon.state_lock import StateOwnershipError
 from offcut.daemon.store import APPLICATION_ID, SCHEMA_VERSION, Store, StoreError
 from offcut.errors import ResourceExhausted, Unavailable
 
-from daemon_helpers import T0, make_spec
+from daemon_helpers import T0, make_spec, wait_until
 
 OFFCUTD = [sys.executable, "-m", "offcut.daemon"]
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -68,14 +67,6 @@ class Running:
     def __exit__(self, *exc) -> None:
         self.client.close()
         self.srv.stop(0.2)
-
-
-def _wait(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met within the deadline")
-        time.sleep(0.05)
 
 
 def _refusal(cfg: DaemonConfig, init: bool = False) -> str:
@@ -284,9 +275,9 @@ def test_a_corrupt_snapshot_falls_back_to_the_previous_one_and_the_journal(tmp_p
 
 
 def test_a_corrupt_task_row_is_a_corrupt_snapshot_for_the_daemon_and_for_check(tmp_path, caplog):
-    """Snapshots keep their tasks as rows with their own sha256 (docs/architecture.md §6): a
-    changed row makes its snapshot corrupt at start (the daemon falls back to the older one and
-    the journal) and in ``offcutd check`` alike."""
+    """Snapshots keep their tasks as rows with their own sha256 (docs/architecture.md,
+    "Journal and snapshots"): a changed row makes its snapshot corrupt at start (the daemon falls
+    back to the older one and the journal) and in ``offcutd check`` alike."""
     cfg = _config(tmp_path / "a", snapshot_every=2)
     with Running(cfg) as d:
         d.report()
@@ -323,7 +314,8 @@ def test_read_only_storage_is_unavailable_and_recovers(tmp_path, caplog):
             d.report()
         assert "cannot be written" in str(info.value) and cfg.state in str(info.value)
         assert d.srv.storage_problem is not None
-        _wait(lambda: d.health() == NOT_SERVING and d.health(STATE_HEALTH) == NOT_SERVING)
+        wait_until(lambda: d.health() == NOT_SERVING and d.health(STATE_HEALTH) == NOT_SERVING,
+                   "health NOT_SERVING", 10)
         assert d.client.status().revision == 1  # reads still answer
         # the problem is logged once, in words; the engine adds one line, no traceback
         assert caplog.text.count("cannot be written") == 1, caplog.text
@@ -331,7 +323,8 @@ def test_read_only_storage_is_unavailable_and_recovers(tmp_path, caplog):
         assert "Traceback" not in caplog.text
         d.srv.engine.store.db.execute("PRAGMA query_only = 0")
         assert d.report() == 2  # the retried event (same seq) is applied now
-        _wait(lambda: d.health() == SERVING and d.health(STATE_HEALTH) == SERVING)
+        wait_until(lambda: d.health() == SERVING and d.health(STATE_HEALTH) == SERVING,
+                   "health SERVING again", 10)
     with Running(cfg) as d:
         assert d.client.status().revision == 2
 
@@ -348,10 +341,10 @@ def test_full_storage_is_resource_exhausted_and_nothing_acknowledged_is_lost(tmp
             for _ in range(10_000):  # until the file's pages are full
                 acked = d.report()
         assert "storage is full" in str(info.value)
-        _wait(lambda: d.health() == NOT_SERVING)
+        wait_until(lambda: d.health() == NOT_SERVING, "health NOT_SERVING", 10)
         db.execute("PRAGMA max_page_count = 1073741823")
         assert d.report() == acked + 1
-        _wait(lambda: d.health() == SERVING)
+        wait_until(lambda: d.health() == SERVING, "health SERVING again", 10)
         acked += 1
     with Running(cfg) as d:
         assert d.client.status().revision == acked

@@ -25,17 +25,9 @@ from offcut.daemon.zeus.cost import zeus_cost
 from offcut.errors import FailedPrecondition, NotFound
 from offcut.v1 import zeus_pb2
 
+from daemon_helpers import Clock, zeus_spec
+
 MAX_POWER_W = 250.0
-
-
-class Clock:
-    """A fake monotonic clock the test advances."""
-
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class RecordingBackend(ManualBackend):
@@ -72,16 +64,15 @@ class RecordingClient(Client):
 
 
 def job_spec(job_id="train", power=False, **kw) -> zeus_pb2.BatchSizeJobSpec:
-    fields = dict(job_id=job_id, batch_sizes=[32, 64, 128], default_batch_size=64,
-                  eta_knob=0.5, max_epochs=10, target_metric=0.9, higher_is_better=True,
-                  max_power_w=MAX_POWER_W, seed=1)
+    """The shared Zeus spec with batch sizes 32-128, 10 epochs to 0.9, no early stop, seed 1;
+    the power-limit optimizer (100-250 W, 2 warm-up and 3 profiling steps) only with
+    ``power``; ``kw`` replaces fields."""
+    fields = dict(batch_sizes=[32, 64, 128], beta_knob=None, max_epochs=10, target_metric=0.9,
+                  max_power_w=MAX_POWER_W, seed=1, power=zeus_pb2.PowerLimitSpec(
+                      min_power_limit_w=100, max_power_limit_w=250, step_w=50, warmup_steps=2,
+                      profile_steps=3) if power else None)
     fields.update(kw)
-    spec = zeus_pb2.BatchSizeJobSpec(**fields)
-    if power:
-        spec.power.CopyFrom(zeus_pb2.PowerLimitSpec(
-            min_power_limit_w=100, max_power_limit_w=250, step_w=50, warmup_steps=2,
-            profile_steps=3))
-    return spec
+    return zeus_spec(job_id, **fields)
 
 
 def step_time_s(limit_w: float) -> float:
@@ -522,7 +513,7 @@ def _recurrences(client, n: int, preempt: tuple[int, int] | None, world_sizes=(4
 def test_a_preemption_in_the_middle_of_a_trial_continues_it_over_recurrences(daemons):
     """A Zeus job over 6 recurrences, with a preemption in the middle of recurrence 2's trial
     (batch size 32, pruning): the trial continues in a second generation, its cost includes
-    both generations (zeus_cost of the summed time and energy, Zeus §3.1 Eq. 2), no arm is
+    both generations (zeus_cost of the summed time and energy, Zeus, Section 3.1, Eq. 2), no arm is
     pruned by the interruption, and the batch sizes chosen are those of the same seeded run
     without the preemption."""
     _, plain = daemons.start("plain")

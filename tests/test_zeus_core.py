@@ -1,6 +1,6 @@
-"""The Zeus optimizers' domain logic without gRPC (docs/architecture.md §5): pruning order,
-min_cost from converged runs only, concurrent submissions, Thompson sampling, windowing,
-persistence, and the power-limit optimizer driven by Zeus's recorded profiling runs."""
+"""The Zeus optimizers' domain logic without gRPC (docs/zeus.md, "The batch-size optimizer"):
+pruning order, min_cost from converged runs only, concurrent submissions, Thompson sampling,
+windowing, persistence, and the power-limit optimizer driven by Zeus's recorded profiling runs."""
 
 from __future__ import annotations
 
@@ -12,22 +12,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec
+from offcut.daemon.zeus.bso import BatchSizeJob
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
+
+from daemon_helpers import zeus_core_spec as spec
 
 PROFILES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "zeus-power-profiles"
 needs_profiles = pytest.mark.skipif(
     not PROFILES.is_dir(), reason=f"recorded power profiles not found at {PROFILES} "
     "(../shared/data/zeus-power-profiles is not part of the repository)")
-
-
-def spec(**kw) -> BatchSizeJobSpec:
-    fields = dict(job_id="j", batch_sizes=(8, 16, 32, 64, 128), default_batch_size=32,
-                  eta_knob=0.5, beta_knob=None, max_epochs=10, target_metric=0.9,
-                  higher_is_better=True, max_power_w=300.0, seed=3)
-    fields.update(kw)
-    return BatchSizeJobSpec.create(**fields)
 
 
 def finish(job: BatchSizeJob, trial: int, cost: float, converged: bool):

@@ -1,13 +1,13 @@
-"""The Zeus optimizers hosted in the daemon, over real gRPC (docs/architecture.md §5):
-registration rules, bad input leaving state unchanged, durability across restarts (the
-batch-size sequence continues exactly), the power-limit optimizer, the trace-driven
-simulation ``offcut replay zeus`` on the recorded traces, and, with tokens, jobs' owners."""
+"""The Zeus optimizers hosted in the daemon, over real gRPC (docs/zeus.md,
+"The batch-size optimizer" and "The power-limit optimizer"): registration rules, bad input leaving
+state unchanged, durability across restarts (the batch-size sequence continues exactly), the
+power-limit optimizer, the trace-driven simulation ``offcut replay zeus`` on the recorded traces,
+and, with tokens, jobs' owners."""
 
 from __future__ import annotations
 
 import json
 import math
-import shutil
 import threading
 from pathlib import Path
 
@@ -17,27 +17,17 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from offcut.client import Client
 from offcut.client.cli import app
-from offcut.daemon.auth import add_token
 from offcut.daemon.zeus.cost import zeus_cost
 from offcut.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound,
                            PermissionDenied, from_rpc_error)
 from offcut.v1 import zeus_pb2
 
+from daemon_helpers import start_secured, zeus_spec
+
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "zeus-nsdi23"
 needs_traces = pytest.mark.skipif(not DATA.is_dir(), reason=f"Zeus traces not found at {DATA} "
                                   "(../shared/data/zeus-nsdi23 is not part of the repository)")
-
-
-def job_spec(job_id="resnet", **kw) -> zeus_pb2.BatchSizeJobSpec:
-    fields = dict(job_id=job_id, batch_sizes=[32, 64, 128, 256], default_batch_size=64,
-                  eta_knob=0.5, beta_knob=2.0, max_epochs=20, target_metric=0.7,
-                  higher_is_better=True, max_power_w=250.0, seed=7,
-                  power=zeus_pb2.PowerLimitSpec(min_power_limit_w=100, max_power_limit_w=250,
-                                                step_w=50))
-    fields.update(kw)
-    return zeus_pb2.BatchSizeJobSpec(**{k: v for k, v in fields.items() if v is not None})
 
 
 def run_trial(client, job_id, converge_at: int | None, epoch_time_s=10.0, epoch_energy_j=2000.0):
@@ -61,12 +51,12 @@ def job_state(client, job_id):
 # ----------------------------------------------------------------------------- registration
 def test_register_is_idempotent_and_conflicting_spec_is_already_exists(daemon):
     _, client = daemon
-    first = client.register_zeus_job(job_spec())
-    again = client.register_zeus_job(job_spec())
+    first = client.register_zeus_job(zeus_spec())
+    again = client.register_zeus_job(zeus_spec())
     assert again.spec == first.spec
     assert first.spec.num_pruning_rounds == 2  # default filled in and returned
     with pytest.raises(AlreadyExists, match="spec.job_id"):
-        client.register_zeus_job(job_spec(default_batch_size=128))
+        client.register_zeus_job(zeus_spec(default_batch_size=128))
     assert client.get_zeus_job("resnet").spec.default_batch_size == 64
 
 
@@ -87,7 +77,7 @@ def test_register_is_idempotent_and_conflicting_spec_is_already_exists(daemon):
 def test_invalid_specs_are_rejected_and_nothing_is_registered(daemon, change, field):
     _, client = daemon
     with pytest.raises(InvalidArgument, match=field.replace(".", r"\.")):
-        client.register_zeus_job(job_spec(**change))
+        client.register_zeus_job(zeus_spec(**change))
     with pytest.raises(NotFound, match="job_id"):
         client.get_zeus_job(change.get("job_id") or "resnet")
 
@@ -98,7 +88,7 @@ def test_unknown_job_and_trial_are_not_found(daemon):
         client.predict_batch_size("nope")
     with pytest.raises(InvalidArgument, match="job_id"):
         client.predict_batch_size("")
-    client.register_zeus_job(job_spec())
+    client.register_zeus_job(zeus_spec())
     with pytest.raises(NotFound, match="trial_number"):
         client.report_epoch("resnet", 99, 1, 1.0, 1.0, 0.1)
 
@@ -111,7 +101,7 @@ def test_unknown_job_and_trial_are_not_found(daemon):
 ])
 def test_bad_reports_change_nothing(daemon, epoch, time_s, energy_j, field):
     _, client = daemon
-    client.register_zeus_job(job_spec())
+    client.register_zeus_job(zeus_spec())
     pred = client.predict_batch_size("resnet")
     client.report_epoch("resnet", pred.trial_number, 1, 10.0, 100.0, 0.1)
     before = client.get_zeus_job("resnet").state_json
@@ -122,7 +112,7 @@ def test_bad_reports_change_nothing(daemon, epoch, time_s, energy_j, field):
 
 def test_a_report_for_a_batch_size_that_was_not_predicted_is_rejected(daemon):
     _, client = daemon
-    client.register_zeus_job(job_spec())
+    client.register_zeus_job(zeus_spec())
     pred = client.predict_batch_size("resnet")
     before = client.get_zeus_job("resnet").state_json
     with pytest.raises(FailedPrecondition, match="batch_size"):
@@ -136,7 +126,7 @@ def test_a_report_for_a_batch_size_that_was_not_predicted_is_rejected(daemon):
 
 def test_epochs_going_backwards_are_rejected(daemon):
     _, client = daemon
-    client.register_zeus_job(job_spec())
+    client.register_zeus_job(zeus_spec())
     pred = client.predict_batch_size("resnet")
     client.report_epoch("resnet", pred.trial_number, 2, 20.0, 100.0, 0.1)
     before = client.get_zeus_job("resnet").state_json
@@ -147,7 +137,7 @@ def test_epochs_going_backwards_are_rejected(daemon):
 
 def test_predict_request_id_makes_a_retry_return_the_same_trial(daemon):
     _, client = daemon
-    client.register_zeus_job(job_spec())
+    client.register_zeus_job(zeus_spec())
     a = client.predict_batch_size("resnet", request_id="r1")
     b = client.predict_batch_size("resnet", request_id="r1")
     assert (a.trial_number, a.batch_size) == (b.trial_number, b.batch_size)
@@ -156,7 +146,7 @@ def test_predict_request_id_makes_a_retry_return_the_same_trial(daemon):
 
 def test_every_batch_size_failing_is_failed_precondition(daemon):
     _, client = daemon
-    client.register_zeus_job(job_spec(beta_knob=None, max_epochs=3))
+    client.register_zeus_job(zeus_spec(beta_knob=None, max_epochs=3))
     for _ in range(10):
         try:
             run_trial(client, "resnet", converge_at=None)
@@ -185,12 +175,12 @@ def _sequence(client, job_id, runs):
 
 def test_restart_continues_the_batch_size_sequence_exactly(daemons):
     srv, client = daemons.start("uninterrupted")
-    client.register_zeus_job(job_spec(beta_knob=None))
+    client.register_zeus_job(zeus_spec(beta_knob=None))
     expected = _sequence(client, "resnet", 24)
     assert len(set(expected)) > 1  # the scenario explores
 
     srv, client = daemons.start("restarted")
-    client.register_zeus_job(job_spec(beta_knob=None))
+    client.register_zeus_job(zeus_spec(beta_knob=None))
     first = _sequence(client, "resnet", 11)
     daemons.stop(srv)
     srv, client = daemons.start("restarted")
@@ -201,7 +191,7 @@ def test_restart_continues_the_batch_size_sequence_exactly(daemons):
 # ----------------------------------------------------------------------------- power limits
 def test_power_profile_plans_measures_and_is_reused(daemons):
     srv, client = daemons.start()
-    client.register_zeus_job(job_spec())
+    client.register_zeus_job(zeus_spec())
     with pytest.raises(FailedPrecondition, match="batch_size"):
         client.power_plan("resnet", 64)  # not predicted yet
     assert client.predict_batch_size("resnet").batch_size == 64
@@ -233,7 +223,7 @@ def test_power_profile_plans_measures_and_is_reused(daemons):
 
 def test_power_calls_need_a_power_spec(daemon):
     _, client = daemon
-    spec = job_spec()
+    spec = zeus_spec()
     spec.ClearField("power")
     client.register_zeus_job(spec)
     with pytest.raises(FailedPrecondition, match="power spec"):
@@ -242,14 +232,14 @@ def test_power_calls_need_a_power_spec(daemon):
 
 def test_delete_forgets_the_job_and_its_profiles(daemon):
     _, client = daemon
-    client.register_zeus_job(job_spec())
+    client.register_zeus_job(zeus_spec())
     client.predict_batch_size("resnet")
     client.report_power_window("resnet", 64, 250.0, 10.0, 2500.0)
     assert client.power_plan("resnet", 64).power_limit_w == 200.0
     client.delete_zeus_job("resnet")
     with pytest.raises(NotFound):
         client.get_zeus_job("resnet")
-    client.register_zeus_job(job_spec())
+    client.register_zeus_job(zeus_spec())
     client.predict_batch_size("resnet")
     assert client.power_plan("resnet", 64).power_limit_w == 250.0  # profile started afresh
 
@@ -259,7 +249,7 @@ def test_a_retried_delete_is_told_from_a_second_one(daemons):
     delete whose answer was lost), also after a restart, and does not delete the job
     registered again since; without an id or with another one, a second delete is NOT_FOUND."""
     srv, client = daemons.start()
-    client.register_zeus_job(job_spec())
+    client.register_zeus_job(zeus_spec())
     client.delete_zeus_job("resnet", request_id="del-1")
     client.delete_zeus_job("resnet", request_id="del-1")  # a retry: answered, no NOT_FOUND
     for other in ("del-2", ""):
@@ -267,7 +257,7 @@ def test_a_retried_delete_is_told_from_a_second_one(daemons):
             client.delete_zeus_job("resnet", request_id=other)
     with pytest.raises(InvalidArgument, match="^request_id: "):
         client.delete_zeus_job("resnet", request_id="d" * 201)
-    client.register_zeus_job(job_spec())
+    client.register_zeus_job(zeus_spec())
     daemons.stop(srv)
     srv, client = daemons.start()
     client.delete_zeus_job("resnet", request_id="del-1")  # the first delete's stored reply
@@ -283,7 +273,7 @@ def test_a_retried_power_window_is_recorded_once(daemons):
     with other arguments is INVALID_ARGUMENT naming request_id and changes nothing; another
     id is a new call (the window it names is no longer the one being profiled)."""
     srv, client = daemons.start()
-    client.register_zeus_job(job_spec())
+    client.register_zeus_job(zeus_spec())
     client.predict_batch_size("resnet")
     cut = client.interrupt_power_window("resnet", 64, 250.0, request_id="i1")
     assert client.interrupt_power_window("resnet", 64, 250.0, request_id="i1") == cut
@@ -398,7 +388,7 @@ def prune_spec(**kw):
     fields = dict(job_id="gen", batch_sizes=[16, 32, 64, 128], default_batch_size=64,
                   beta_knob=None, target_metric=0.7)
     fields.update(kw)
-    return job_spec(**fields)
+    return zeus_spec(**fields)
 
 
 def test_an_interrupted_end_trial_keeps_every_arm(daemon):
@@ -568,33 +558,14 @@ def test_a_bad_suspended_trial_timeout_is_refused(daemon, value):
 
 
 # ----------------------------------------------------------------------------- owners
-# With tokens a Zeus job belongs to the user who registered it (docs/architecture.md §5,
-# "Owners"): another user's job is NOT_FOUND, admins act on all, request ids are bound to their
-# caller, method and job. The tokens are made as tests/test_auth.py makes them.
-STATE_V1 = Path(__file__).resolve().parent / "fixtures" / "state_v1"
+# With tokens a Zeus job belongs to the user who registered it (docs/zeus.md,
+# "Owners and request ids"): another user's job is NOT_FOUND, admins act on all, request ids are
+# bound to their caller, method and job. The tokens are made as tests/test_auth.py makes them.
 
 
 @pytest.fixture
-def zeus_tokens(tmp_path):
-    """A private tokens file with an admin, alice and mallory; returns (path, tokens)."""
-    path = tmp_path / "tokens.toml"
-    made = {"admin": add_token(path, "root-ops", "admin"), "alice": add_token(path, "alice", "user"),
-            "mallory": add_token(path, "mallory", "user")}
-    return path, made
-
-
-def start_secured(daemons, zeus_tokens, name="sec", **kw):
-    """A daemon with the tokens file and one client per token: ``(server, clients)``."""
-    path, made = zeus_tokens
-    srv, _ = daemons.start(name, tokens_file=str(path), **kw)
-    clients = {who: Client(srv.address, timeout_s=10, token=tok) for who, tok in made.items()}
-    daemons.clients.extend(clients.values())  # closed with the daemons
-    return srv, clients
-
-
-@pytest.fixture
-def secured(daemons, zeus_tokens):
-    return start_secured(daemons, zeus_tokens)
+def secured(daemons, user_tokens):
+    return start_secured(daemons, user_tokens)
 
 
 def job_view(job: zeus_pb2.ZeusJob):
@@ -693,8 +664,8 @@ def test_a_request_id_is_bound_to_its_caller_and_job(secured):
     assert taken.taken_over and taken.generation == 3
 
 
-def test_admins_see_and_act_on_every_job_and_owners_survive_a_restart(daemons, zeus_tokens):
-    srv, c = start_secured(daemons, zeus_tokens)
+def test_admins_see_and_act_on_every_job_and_owners_survive_a_restart(daemons, user_tokens):
+    srv, c = start_secured(daemons, user_tokens)
     c["alice"].register_zeus_job(prune_spec(job_id="a-job"))
     c["mallory"].register_zeus_job(prune_spec(job_id="m-job"))
     c["admin"].register_zeus_job(prune_spec(job_id="for-alice"), owner="alice")
@@ -711,7 +682,7 @@ def test_admins_see_and_act_on_every_job_and_owners_survive_a_restart(daemons, z
     before = {j: job_view(admin.get_zeus_job(j)) for j in ("a-job", "m-job", "for-alice")}
 
     daemons.stop(srv)
-    srv, c = start_secured(daemons, zeus_tokens)
+    srv, c = start_secured(daemons, user_tokens)
     assert {j: job_view(c["admin"].get_zeus_job(j)) for j in before} == before
     for job_id in ("a-job", "for-alice"):
         with pytest.raises(NotFound):
@@ -725,7 +696,7 @@ def test_admins_see_and_act_on_every_job_and_owners_survive_a_restart(daemons, z
         c["mallory"].get_zeus_job("m-job")
 
 
-def test_jobs_without_an_owner_are_admin_only_until_handed_to_a_user(daemons, zeus_tokens):
+def test_jobs_without_an_owner_are_admin_only_until_handed_to_a_user(daemons, user_tokens):
     """A job registered on a daemon without tokens has no owner; once tokens are on, it is
     admin-only, and an admin gives it to its user by registering its identical spec with
     ``owner``, its trials kept."""
@@ -733,7 +704,7 @@ def test_jobs_without_an_owner_are_admin_only_until_handed_to_a_user(daemons, ze
     assert local.register_zeus_job(prune_spec()).owner == ""
     local.predict_batch_size("gen", request_id="r1")
     daemons.stop(srv)
-    srv, c = start_secured(daemons, zeus_tokens)
+    srv, c = start_secured(daemons, user_tokens)
     for user in ("alice", "mallory"):
         with pytest.raises(NotFound):
             c[user].predict_batch_size("gen")
@@ -748,32 +719,3 @@ def test_jobs_without_an_owner_are_admin_only_until_handed_to_a_user(daemons, ze
     assert c["alice"].predict_batch_size("gen").trial_number == 2
     with pytest.raises(NotFound):
         c["mallory"].get_zeus_job("gen")
-
-
-def test_answers_stored_before_owners_replay_for_their_job_only(daemons, zeus_tokens, tmp_path):
-    """The state file of release 3593fb3 (tests/test_state_migration.py), loaded with tokens:
-    its jobs have no owner (admin-only); their stored Predict answers, keyed by request id
-    alone, are replayed to an admin for the job they answered, never for another job."""
-    expected = json.loads((STATE_V1 / "expected.json").read_text())
-    (tmp_path / "sec").mkdir()
-    shutil.copyfile(STATE_V1 / "state.sqlite", tmp_path / "sec" / "state.sqlite")
-    settings = {k: v for k, v in expected["daemon_config"].items() if k != "solver"}
-    _, c = start_secured(daemons, zeus_tokens, **settings)
-    stored = {r["request"]["request_id"]: r for r in expected["repeats"]
-              if r["method"] == "Predict"}
-    assert {r["request"]["job_id"] for r in stored.values()} == {"zeus-bso-1", "zeus-bso-2"}
-    with pytest.raises(NotFound):
-        c["alice"].get_zeus_job("zeus-bso-1")
-    with pytest.raises(NotFound):
-        c["alice"].predict_batch_size("zeus-bso-1", request_id="zeus-predict-2")
-    admin = c["admin"]
-    assert admin.get_zeus_job("zeus-bso-1").owner == ""
-    trials = {j: len(admin.get_zeus_job(j).trials) for j in ("zeus-bso-1", "zeus-bso-2")}
-    for request_id, r in stored.items():
-        again = admin.predict_batch_size(r["request"]["job_id"], request_id=request_id)
-        assert (again.trial_number, again.batch_size) == (r["reply"]["trial_number"],
-                                                          r["reply"]["batch_size"])
-    assert {j: len(admin.get_zeus_job(j).trials) for j in trials} == trials  # replayed
-    # zeus-predict-1 answered about zeus-bso-1: for zeus-bso-2 it is a new request
-    fresh = admin.predict_batch_size("zeus-bso-2", request_id="zeus-predict-1")
-    assert fresh.trial_number == trials["zeus-bso-2"] + 1

@@ -1,13 +1,14 @@
-"""Zeus jobs stored as rows (docs/architecture.md §6, "Zeus rows"):
+"""Zeus jobs stored as rows (docs/zeus.md, "Storage"):
 after thousands of trials the state file grows by rows while the job's stored document stays
 the same size, memory holds at most ``zeus_trial_retention`` trial records, the decisions are
 those of a fresh in-memory optimizer fed the same reports, retries within the request window
 get the first answer (and later ones are new requests), concurrent callers share commits,
-format-2 files are split by the upgrade, and a restarted daemon (real file, real gRPC) lists
+and a restarted daemon (real file, real gRPC) lists
 every trial and continues the sequence exactly."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import threading
@@ -16,11 +17,12 @@ import uuid
 import numpy as np
 import pytest
 
-from offcut.daemon.migrations import upgrade_2_to_3
 from offcut.daemon.store import Store
-from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec
+from offcut.daemon.zeus.bso import BatchSizeJob
 from offcut.daemon.zeus.registry import EXPIRY_INTERVAL_S, ZeusRegistry
 from offcut.errors import FailedPrecondition
+
+from daemon_helpers import Clock, zeus_core_spec
 
 TRIALS = 2000
 RETENTION = 50
@@ -30,22 +32,9 @@ class Admin:
     user, is_admin = "admin", True
 
 
-def spec(job_id="big", **kw) -> BatchSizeJobSpec:
-    fields = dict(job_id=job_id, batch_sizes=[8, 16, 32, 64, 128], default_batch_size=32,
-                  eta_knob=0.5, beta_knob=2.0, max_epochs=3, target_metric=0.5,
-                  higher_is_better=True, max_power_w=300.0, seed=11)
-    fields.update(kw)
-    return BatchSizeJobSpec.create(**fields)
-
-
-class Clock:
-    """A wall clock [s] the test moves."""
-
-    def __init__(self, now: float = 1_000_000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+#: this file's job "big": the shared Zeus spec, early stop at 2x the best cost, 3 epochs to 0.5
+spec = functools.partial(zeus_core_spec, job_id="big", beta_knob=2.0, max_epochs=3,
+                         target_metric=0.5, seed=11)
 
 
 def drive(registry: ZeusRegistry, twin: BatchSizeJob, job_id: str, n: int, rng, clock: Clock
@@ -77,7 +66,7 @@ def drive(registry: ZeusRegistry, twin: BatchSizeJob, job_id: str, n: int, rng, 
                                     metric, p.batch_size, gen), i
             if v.stop:
                 break
-        clock.now += 1.0
+        clock.t += 1.0
     # old, evicted trials answer with their stored verdicts, as the twin's kept ones do
     for number in (1, 2, n // 2):
         assert registry.report(job_id, number, 9, 1e3, 1e6, 0.9, who) == \
@@ -97,7 +86,7 @@ def count(path, table: str) -> int:
 
 def test_thousands_of_trials_add_rows_keep_memory_bounded_and_decide_as_before(tmp_path):
     path = tmp_path / "state.sqlite"
-    clock = Clock()
+    clock = Clock(1_000_000.0)  # the registry's wall clock [s]
     registry = ZeusRegistry(Store(path, durability="normal"), clock=clock,
                             trial_retention=RETENTION)
     registry.register(spec(), None, Admin(), "")
@@ -142,15 +131,15 @@ def test_thousands_of_trials_add_rows_keep_memory_bounded_and_decide_as_before(t
 
 
 def test_stored_answers_expire_after_the_window_and_a_later_retry_is_new(tmp_path):
-    clock = Clock()
+    clock = Clock(1_000_000.0)  # the registry's wall clock [s]
     registry = ZeusRegistry(Store(tmp_path / "s.sqlite", durability="normal"), clock=clock,
                             request_retention_s=7200.0)
     registry.register(spec(), None, Admin(), "")
     first = registry.predict("big", "same-id", Admin())
-    clock.now += 7000.0  # within the window: the first answer, nothing new opened
+    clock.t += 7000.0  # within the window: the first answer, nothing new opened
     assert registry.predict("big", "same-id", Admin()) == first
     other = registry.predict("big", "other", Admin())  # (a commit that runs the expiry)
-    clock.now += 7200.0 + EXPIRY_INTERVAL_S
+    clock.t += 7200.0 + EXPIRY_INTERVAL_S
     registry.predict("big", "", Admin())  # the next commit deletes answers older than 2 h
     with sqlite3.connect(tmp_path / "s.sqlite") as db:
         kept = [k for (k,) in db.execute("SELECT request_id FROM zeus_requests")]
@@ -205,36 +194,6 @@ def test_a_rejected_call_leaves_memory_and_file_as_they_were(tmp_path):
     with pytest.raises(FailedPrecondition, match="epoch"):
         registry.report("big", p.trial_number, 1, 20.0, 200.0, 0.1, Admin())
     assert registry.jobs["big"].job.to_dict() == before and stored_document(path) == document
-
-
-def test_the_upgrade_splits_a_format_2_document_into_rows(tmp_path):
-    """A format-2 ``zeus_state`` row (the whole ``_Entry.to_dict``, as that release wrote
-    it) becomes the summary plus rows, and the job loads with the same state."""
-    job = BatchSizeJob(spec())
-    for i in range(30):
-        p = job.predict()
-        job.report(p.trial_number, 1, 10.0, 1000.0 + i, 0.1 if i % 3 == 2 else 0.6)
-        job.end_trial(p.trial_number)
-    old = {"job": job.to_dict(), "power": None, "seed_given": True, "owner": "alice"}
-    path = tmp_path / "old.sqlite"
-    Store(path).close()  # the tables (then the format-2 shape of zeus_requests and the row)
-    db = sqlite3.connect(path, isolation_level=None)
-    db.execute("DROP TABLE zeus_requests")
-    db.execute("CREATE TABLE zeus_requests (request_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, "
-               "response BLOB NOT NULL)")
-    db.execute("INSERT INTO zeus_requests VALUES ('k', 'big', x'00')")
-    db.execute("INSERT INTO zeus_state VALUES ('bso', 'big', 0, ?)", (json.dumps(old),))
-    with db:
-        db.execute("BEGIN")
-        upgrade_2_to_3(db, now=123.0)
-    assert db.execute("SELECT created_at FROM zeus_requests").fetchall() == [(123.0,)]
-    db.close()
-    registry = ZeusRegistry(Store(path), trial_retention=5)
-    loaded = registry.jobs["big"]
-    assert loaded.owner == "alice" and loaded.job.summary() == job.summary()
-    assert loaded.job.observations == job.observations
-    assert registry.trial_records("big", Admin()) == job.trials
-    assert registry.predict("big", "", Admin()) == job.predict()
 
 
 def test_a_restarted_daemon_lists_every_trial_and_goes_on_exactly(daemons):

@@ -1,5 +1,5 @@
 """Check the layering contracts of ``pyproject.toml`` (``[tool.importlinter]``,
-docs/architecture.md §1) with import-linter.
+docs/architecture.md, "Layers") with import-linter.
 
 import-linter reads the ``offcut`` package as one folder tree, but this repository maps
 ``offcut.daemon``, ``offcut.client`` ... to folders of their own (``[tool.setuptools.package-dir]``),

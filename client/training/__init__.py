@@ -1,4 +1,5 @@
-"""Training side of the daemon's Zeus optimizers (Zeus, NSDI '23; docs/architecture.md §5).
+"""Training side of the daemon's Zeus optimizers (Zeus, NSDI '23; docs/zeus.md,
+"From a training script").
 
 A training loop asks the daemon's batch-size optimizer for its batch size, measures each
 epoch's time [s] and GPU energy [J], reports the trial's *cumulative* figures with the
@@ -57,7 +58,7 @@ processes (they checkpoint and exit 75) and starts a new generation. A Zeus tria
 - The next generation passes ``resume_trial=<the checkpoint's trial number>`` (and
   ``generation=``): ResumeTrial returns the trial's stored epochs, time [s] and energy [J], the
   process numbers its epochs on and adds its own measurements to them, so the trial's cost is
-  zeus_cost (Zeus §3.1, Eq. 2) of the sums over all its generations.
+  zeus_cost (Zeus, Section 3.1, Eq. 2) of the sums over all its generations.
 - A real failure (any other exception leaving the ``with`` block) ends the trial as not
   converged, as before; a later ``resume_trial`` of it raises ``FailedPrecondition``: start a
   new trial (and the training from scratch).

@@ -2,12 +2,13 @@
 
 A task submitted without a scalability curve reports its progress (cumulative samples, the node
 count it ran on, optionally cumulative energy); :class:`TaskLearner` turns those reports into
-the curve, power and rescale costs the allocation uses (docs/architecture.md §3-4). It is pure
-and deterministic: no I/O, no clock, no randomness; the same calls give the same model, and its
-state is JSON-able (:meth:`TaskLearner.to_dict`).
+the curve, power and rescale costs the allocation uses (docs/architecture.md,
+"Tasks and the progress model" and "Allocation"). It is pure and deterministic: no I/O, no clock, no
+randomness; the same calls give the same model, and its state is JSON-able
+(:meth:`TaskLearner.to_dict`).
 
-Sources: the progress and cost model is BFTrainer's (Liu et al., arXiv 2106.12091 §3: growing
-a task from c nodes costs Ps(c) * Tcup samples, shrinking it or losing nodes to preemption
+Sources: the progress and cost model is BFTrainer's (Liu et al., arXiv 2106.12091, Section 3:
+growing a task from c nodes costs Ps(c) * Tcup samples, shrinking it or losing nodes to preemption
 Ps(c) * Tcdw); the extrapolation uses Amdahl's law (Amdahl, AFIPS 1967); learning a job's
 throughput online from its own measurements and allocating with the learned model follows
 Pollux (Qiao et al., OSDI '21) and MalleTrain (ICPE '24).
@@ -59,10 +60,10 @@ The exploration rule (the allocation curve)
 estimate everywhere except ABOVE the largest measured count m_k, where it uses the optimistic
 serial fraction s / 2, anchored at (m_k, r^_k): r^_k g_{s/2}(n) / g_{s/2}(m_k). Unmeasured
 larger counts therefore look at least as good as the fit says and no better than linear
-scaling from m_k (they lie between the two). The optimiser (docs/architecture.md §4) grows a
-task onto an unmeasured count only when this optimistic gain over the look-ahead Tfwd beats the
-rescale cost Tcup * Ps(c) and every other use of the nodes; one clean interval there replaces the
-guess by a measurement, and the optimism moves up to the new largest count (optimism in the face
+scaling from m_k (they lie between the two). The optimiser (docs/architecture.md, "Allocation")
+grows a task onto an unmeasured count only when this optimistic gain over the look-ahead Tfwd beats
+the rescale cost Tcup * Ps(c) and every other use of the nodes; one clean interval there replaces
+the guess by a measurement, and the optimism moves up to the new largest count (optimism in the face
 of uncertainty, as in UCB). Between and below measured counts there is no optimism: the point
 estimate is used. With no measurement at all the curve is the linear prior
 ``prior_rate_per_node * n``. Everything is deterministic: the same reports give the same curve,
@@ -236,7 +237,7 @@ class TaskLearner:
         return last[0], last[1], self._timeline.last_energy_j
 
     def rescale_up_s(self, prior: float) -> float:
-        """Learned Tcup [s] (BFTrainer §3: growing from c nodes loses Ps(c) * Tcup samples):
+        """Learned Tcup [s] (BFTrainer, Section 3: growing from c nodes loses Ps(c) * Tcup samples):
         the median of the measured estimates, ``prior`` until one exists."""
         up = self.measured_rescale_s()[0]
         return prior if up is None else up
@@ -249,7 +250,7 @@ class TaskLearner:
 
     def rescale_loss(self) -> tuple[float, int]:
         """``(seconds, rescales)``: the time lost to every rescale and preemption measured so
-        far [s of progress at the rate before each; BFTrainer §3's convention] and how many
+        far [s of progress at the rate before each; BFTrainer's convention, Section 3] and how many
         were measured (the others, e.g. those whose rates are not both measured yet, are not
         counted)."""
         return self._rescales.lost_s, self._rescales.valued

@@ -1,7 +1,7 @@
 """A task's learned rescale costs Tcup and Tcdw (issue "Learn scalability online"; the rules
 are in the "Measurements" section of :mod:`offcut.daemon.learning`).
 
-Source: BFTrainer (Liu et al., arXiv 2106.12091 §3): growing a task from c nodes costs
+Source: BFTrainer (Liu et al., arXiv 2106.12091, Section 3): growing a task from c nodes costs
 Ps(c) * Tcup samples, shrinking it or losing nodes to preemption Ps(c) * Tcdw.
 
 A report interval (t0, s0) -> (t1, s1) with exactly one change c -> n at t_r (c > 0, n > 0,

@@ -1,5 +1,5 @@
 """Allocation policies: what the allocation maximises, chosen by name (the ``policy``
-setting; docs/architecture.md §4, "Allocation policies").
+setting; docs/architecture.md, "Allocation policies").
 
 Built-ins: ``throughput`` (BFTrainer), ``energy`` and ``zeus_cost`` (exact ratio objectives),
 ``fair_share`` (max-min fair node-hours per owner). Third-party policies: entry points of the

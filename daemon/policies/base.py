@@ -1,4 +1,4 @@
-"""The allocation policy interface (docs/architecture.md §4, "Allocation policies").
+"""The allocation policy interface (docs/architecture.md, "Allocation policies").
 
 At every re-allocation the scheduler builds an :class:`AllocationRequest` (the admitted tasks, in
 submit order, as BFTrainer's count-level :class:`AllocationProblem` plus who owns them) and asks
@@ -81,7 +81,7 @@ class AllocationRequest:
     Attributes:
         problem: the throughput problem of the admitted tasks, row j = ``tasks[j]`` (submit
             order): idle node count N, current counts c_j, Jmin/Jmax, curves, Tfwd, rescale
-            costs (docs/architecture.md §4). Shared with the scheduler: do not modify it.
+            costs (docs/architecture.md, "Allocation"). Shared with the scheduler: do not modify it.
         tasks: per row, a :class:`PolicyTask` (id, owner, submit time, node-seconds so far).
         settings: the :class:`ObjectiveSettings` (policy name, eta, power figures).
         time: the time of the re-allocation [s since epoch] (event time, never the wall clock).

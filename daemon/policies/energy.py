@@ -1,4 +1,4 @@
-"""The energy objectives (docs/architecture.md §4): samples per unit of Zeus's cost
+"""The energy objectives (docs/architecture.md, "Allocation"): samples per unit of Zeus's cost
 ``eta * energy + (1 - eta) * MAXPOWER * time`` over the look-ahead, maximised exactly by
 Dinkelbach's method over the exact backends (:func:`offcut.daemon.solvers.fractional.solve_ratio`,
 a few ``solve`` calls: the throughput optimum first, then problems with a power price).
@@ -25,7 +25,7 @@ class EnergyPolicy(AllocationPolicy):
         return 1.0
 
     def allocate(self, request: AllocationRequest, solve: Solve) -> list[int]:
-        """The counts that maximise samples per unit of Zeus's cost (NSDI '23 §3), solved
+        """The counts that maximise samples per unit of Zeus's cost (NSDI '23, Section 3), solved
         exactly by Dinkelbach's method over ``solve`` (:func:`solve_ratio`); one per task."""
         s = request.settings
         terms = EnergyTerms(eta=self.eta(s), idle_node_power_w=s.idle_node_power_w,

@@ -12,7 +12,7 @@ the admitted tasks, in name order):
 1. u_o = node-seconds the owner's tasks have used so far, finished tasks included
    (:meth:`AllocationRequest.owner_node_seconds`); cap_o = min(N, sum of the owner's Jmax).
 2. Shares by water-filling (max-min fairness, Bertsekas & Gallager, *Data Networks*, 2nd ed.,
-   §6.5.2): the free nodes are handed out one at a time, each to the owner with the smallest
+   Section 6.5.2): the free nodes are handed out one at a time, each to the owner with the smallest
    projected usage u_o + s_o * Tfwd (ties: owner name) among owners below their cap
    (:func:`water_fill`; computed by bisection on the water level, then one node at a time for
    the last few). The result is the lexicographically max-min fair integer vector of

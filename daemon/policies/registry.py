@@ -1,7 +1,7 @@
 """Allocation policies by name: the built-ins, then third-party classes registered as entry
 points of the group ``offcut.policies`` (``name = "module:Class"`` in the package's
-``pyproject.toml``, ``[project.entry-points."offcut.policies"]``; README, "Write your own
-allocation policy"). A built-in name cannot be taken over by an entry point."""
+``pyproject.toml``, ``[project.entry-points."offcut.policies"]``; docs/replay-and-policies.md,
+"Write your own policy"). A built-in name cannot be taken over by an entry point."""
 
 from __future__ import annotations
 

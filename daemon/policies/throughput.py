@@ -1,5 +1,5 @@
-"""BFTrainer's objective (arXiv 2106.12091 §3; docs/architecture.md §4): one solve of the
-throughput problem, samples over the look-ahead Tfwd net of rescale losses."""
+"""BFTrainer's objective (arXiv 2106.12091, Section 3; docs/architecture.md, "Allocation"): one
+solve of the throughput problem, samples over the look-ahead Tfwd net of rescale losses."""
 
 from __future__ import annotations
 
@@ -12,6 +12,6 @@ class ThroughputPolicy(AllocationPolicy):
     name = "throughput"
 
     def allocate(self, request: AllocationRequest, solve: Solve) -> list[int]:
-        """BFTrainer's counts (arXiv 2106.12091 §4): the answer of one solve of the request's
-        problem, one count per task."""
+        """BFTrainer's counts (arXiv 2106.12091, Section 4): the answer of one solve of the
+        request's problem, one count per task."""
         return [int(c) for c in solve(request.problem).counts]

@@ -1,5 +1,6 @@
 """The application core: the deterministic scheduler and what applying an event yields
-(docs/architecture.md §2-4). No I/O, no wall clock, no wire types."""
+(docs/architecture.md, "Time and events", "Tasks and the progress model" and "Allocation"). No I/O,
+no wall clock, no wire types."""
 
 from offcut.daemon.scheduler.outcome import Allocate, Outcome, PlacementChange, SolveRecord
 from offcut.daemon.scheduler.scheduler import Scheduler

@@ -1,4 +1,4 @@
-"""Re-allocation (docs/architecture.md §4): the admitted tasks' problem, the configured
+"""Re-allocation (docs/architecture.md, "Allocation"): the admitted tasks' problem, the configured
 :class:`~offcut.daemon.policies.AllocationPolicy`'s counts (checked), and the placement of
 node names with the rescale costs."""
 
@@ -27,11 +27,7 @@ class Allocation:
 
     def problem(self, tasks: list[Task], idle_nodes: int | None = None) -> AllocationProblem:
         """The count-level allocation problem for ``tasks`` on ``idle_nodes`` nodes (None:
-        the whole idle pool; docs/architecture.md §4), over the horizon Tfwd (or the one an
-        :class:`~offcut.daemon.scheduler.forecast.IdleForecast` chooses, experiments only)."""
-        forecast = self.idle_forecast
-        tfwd_s = (self.tfwd_s if forecast is None or self.clock is None
-                  else forecast.horizon_s(list(self.pool), self.clock, self.tfwd_s))
+        the whole idle pool; docs/architecture.md, "Allocation"), over the horizon Tfwd."""
         curves = [self._curves(t) for t in tasks]
         costs = [self.rescale_costs(t) for t in tasks]
         return AllocationProblem(
@@ -41,7 +37,7 @@ class Allocation:
             max_nodes=[t.spec.max_nodes for t in tasks],
             node_counts=[c[0] for c in curves],
             objective_values=[c[1] for c in curves],
-            tfwd_s=tfwd_s,
+            tfwd_s=self.tfwd_s,
             rescale_up_s=[c[0] for c in costs],
             rescale_down_s=[c[1] for c in costs],
             objective_tables=[c[2] for c in curves],
@@ -181,8 +177,8 @@ class Allocation:
         return wanted
 
     def node_groups(self, tasks: list[Task]) -> list[tuple[Collection[str], list[Task]]]:
-        """``tasks`` grouped by the idle nodes they may run on (docs/architecture.md §4, "Node
-        kinds"): ``(nodes in pool order, tasks in the given order)`` per group, the most
+        """``tasks`` grouped by the idle nodes they may run on (docs/architecture.md,
+        "Node kinds"): ``(nodes in pool order, tasks in the given order)`` per group, the most
         constrained group first (fewest nodes; ties by the requirement). Tasks whose
         requirements (``gpus_per_node``, ``constraint``) select the same nodes share a group;
         while no node kind is known and no task asks for GPUs or features, that is one group
@@ -213,7 +209,7 @@ class Allocation:
         constrained first) the policy's counts on the group's nodes that no earlier group took;
         a group may take nodes that tasks of later groups hold (they shrink), never the
         other way round. With one group (no node kinds) this is the single BFTrainer problem
-        over the whole pool (docs/architecture.md, "4. Allocation"). A task in its final phase (its work
+        over the whole pool (docs/architecture.md, "Allocation"). A task in its final phase (its work
         reached while its processes finish: docs/execution.md, "Completion") keeps its nodes
         as they are: it is left out, and its nodes with it."""
         tasks = self.admitted()
@@ -270,29 +266,21 @@ class Allocation:
                     task.nodes = [n for n in task.nodes if n in allowed]
         counts = (self._allocation_counts(tasks, t, out, allocate, len(avail)) if avail
                   else [0] * len(tasks))
-        forecast = self.idle_forecast  # experiments only (forecast.py); None by default
-        left_s = forecast.by_node(avail, t) if forecast and forecast.placement else None
         # shrink first: released nodes become free for growing tasks
         for task, n in zip(tasks, counts):
             if n < len(task.nodes):
-                kept, released = (placement.shrink(task.nodes, n) if left_s is None
-                                  else placement.shrink_by_forecast(task.nodes, n, left_s))
+                kept, released = self._shrink_nodes(task, n, t)
                 for node in released:
                     del self.holder[node]
                 task.nodes = kept
         free: list[str] | None = None  # the group's unheld nodes, listed once a task grows
-        order = list(zip(tasks, counts))
-        if left_s is not None:  # the dearest task to preempt takes the longest-lived nodes
-            order.sort(key=lambda tn: -self.rescale_costs(tn[0])[1] * self.rate_at(*tn))
-        for task, n in order:
+        for task, n in self._growth_order(tasks, counts):
             extra = n - len(task.nodes)
             if extra <= 0:
                 continue
             if free is None:
                 free = [x for x in avail if x not in self.holder]
-            picked = (placement.grow(task.nodes, min(extra, len(free)), free, self.pool)
-                      if left_s is None else
-                      placement.grow_by_forecast(min(extra, len(free)), free, left_s))
+            picked = self._pick_free_nodes(task, min(extra, len(free)), free, t)
             if len(picked) < extra:  # the rest from tasks of less constrained groups
                 held = [x for x in avail if self.holder.get(x) in later]
                 picked += placement.grow(task.nodes + picked, extra - len(picked), held,
@@ -307,3 +295,22 @@ class Allocation:
             for node in picked:
                 self.holder[node] = task.task_id
             task.nodes = sorted(task.nodes + picked)
+
+    # Node identities (docs/architecture.md, "Departures from BFTrainer"): the placement rules of
+    # :mod:`offcut.daemon.placement`, one method each so that a variant of the scheduler (an
+    # experiment, outside the product) can choose otherwise.
+    def _shrink_nodes(self, task: Task, keep: int, t: float) -> tuple[list[str], list[str]]:
+        """``(kept, released)`` of ``task``'s nodes when it shrinks to ``keep`` at ``t`` [s]:
+        whole cabinets kept (:func:`offcut.daemon.placement.shrink`)."""
+        return placement.shrink(task.nodes, keep)
+
+    def _growth_order(self, tasks: list[Task], counts: list[int]) -> list[tuple[Task, int]]:
+        """The order in which growing tasks pick free nodes: ``(task, new count)`` pairs, the
+        tasks' own order (the policy's)."""
+        return list(zip(tasks, counts))
+
+    def _pick_free_nodes(self, task: Task, extra: int, free: list[str], t: float) -> list[str]:
+        """``extra`` nodes of ``free`` (unheld nodes of the group, ``extra <= len(free)``) for
+        ``task`` growing at ``t`` [s], in pick order: its cabinets first, then the
+        longest-idle ones (:func:`offcut.daemon.placement.grow`)."""
+        return placement.grow(task.nodes, extra, free, self.pool)

@@ -1,5 +1,6 @@
-"""The event clock and BFTrainer's progress model between events (arXiv 2106.12091 §3-4;
-docs/architecture.md §3): accrual of samples, energy and node-seconds, exact completions."""
+"""The event clock and BFTrainer's progress model between events (arXiv 2106.12091, Sections 3-4;
+docs/architecture.md, "Tasks and the progress model"): accrual of samples, energy and node-seconds,
+exact completions."""
 
 from __future__ import annotations
 

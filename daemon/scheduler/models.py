@@ -1,6 +1,6 @@
-"""What the scheduler assumes of a task (docs/architecture.md §3): throughput, power and
-rescale costs from its spec or its learner, the population prior, the curves the allocation
-uses (cached)."""
+"""What the scheduler assumes of a task (docs/architecture.md, "Tasks and the progress model"):
+throughput, power and rescale costs from its spec or its learner, the population prior, the curves
+the allocation uses (cached)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ class TaskModels:
 
     def rate_at(self, task: Task, n: int) -> float:
         """Modelled throughput [samples/s] of ``task`` on ``n`` nodes: Ps(n)
-        (docs/architecture.md §3), or the learner's estimate for a learned task; 0 below Jmin."""
+        (docs/architecture.md, "Tasks and the progress model"), or the learner's estimate for a
+        learned task; 0 below Jmin."""
         if n < task.spec.min_nodes:
             return 0.0
         if task.spec.learned:

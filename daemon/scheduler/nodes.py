@@ -1,5 +1,5 @@
-"""Node events (docs/architecture.md §2): idle reports, preemptions and idle-set snapshots
-change the pool; preempted tasks lose nodes and pay Tcdw."""
+"""Node events (docs/architecture.md, "Time and events"): idle reports, preemptions and idle-set
+snapshots change the pool; preempted tasks lose nodes and pay Tcdw."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """What applying one event did: the allocation answers it used, the placement changes, the
-step-log figures (docs/architecture.md §2-4). Plain data, journaled as JSON (``SolveRecord``)
-or turned into a reply (:mod:`offcut.daemon.replies`)."""
+step-log figures (docs/architecture.md, "Time and events", "Tasks and the progress model" and
+"Allocation"). Plain data, journaled as JSON (``SolveRecord``) or turned into a reply
+(:mod:`offcut.daemon.replies`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
 """The scheduler: the deterministic application core, ``(state, event) -> (state', outcome)``
-(docs/architecture.md §2-4).
-(docs/architecture.md §2-4).
+(docs/architecture.md, "Time and events", "Tasks and the progress model" and "Allocation").
+(docs/architecture.md, "Time and events", "Tasks and the progress model" and "Allocation").
 
 No I/O and no wall clock: every time comes from the events. The allocation backend is passed
 in as a callable, so a restart can re-apply journaled events with the answers recorded then.
 
-Progress model (BFTrainer, arXiv 2106.12091 §3-4; docs/architecture.md §3):
+Progress model (BFTrainer, arXiv 2106.12091, Sections 3-4; docs/architecture.md,
+"Tasks and the progress model"):
 
 * between events a task earns ``rate * dt`` samples, rate = Ps(n) if n >= Jmin else 0;
 * a decision that grows a task from c nodes costs ``Ps(c) * Tcup`` samples, a shrink
@@ -33,7 +34,7 @@ What the allocation maximises is the configured :class:`~offcut.daemon.policies.
 (``ObjectiveSettings.objective``, the ``policy`` setting): the scheduler builds an
 :class:`~offcut.daemon.policies.AllocationRequest`, the policy answers one node count per
 admitted task through the allocation callable, the scheduler checks the answer and places the nodes
-(docs/architecture.md §4, "Allocation policies").
+(docs/architecture.md, "Allocation policies").
 """
 
 from __future__ import annotations

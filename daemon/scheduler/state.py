@@ -1,5 +1,5 @@
 """The scheduler's state: settings, event clock, idle pool, tasks, counters; its
-persistence (snapshots, docs/architecture.md §6) and the step-log figures."""
+persistence (snapshots, docs/architecture.md, "Journal and snapshots") and the step-log figures."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 
 from offcut.daemon.model import Limits, NodeKind, ObjectiveSettings, Task, TaskState, task_number
 from offcut.daemon.policies import AllocationPolicy
-from offcut.daemon.scheduler.forecast import IdleForecast
 from offcut.daemon.scheduler.outcome import Outcome
 
 
@@ -116,9 +115,6 @@ class SchedulerState:
         self._learn_version = 0                 # bumped when a learner's model changes (caches)
         self._prior_cache: tuple[int, float] | None = None
         self._policy: tuple[str, AllocationPolicy] | None = None  # (name, instance) in use
-        #: expected remaining idle time per node, for experiments only (not persisted;
-        #: :mod:`offcut.daemon.scheduler.forecast`); None: Tfwd and the default placement
-        self.idle_forecast: IdleForecast | None = None
 
     def _retire_finished(self, t: float, out: Outcome) -> None:
         """Take the tasks that finished ``finished_task_retention_s`` or longer before ``t``
@@ -228,17 +224,17 @@ class SchedulerState:
     def from_dict(cls, d: dict[str, Any]) -> "SchedulerState":
         """Inverse of :meth:`to_dict`."""
         core = cls(d["tfwd_s"], d["max_running_tasks"],
-                   objective=ObjectiveSettings(**d["objective"]) if "objective" in d else None,
-                   max_failed_generations=d.get("max_failed_generations", 3),
-                   # snapshots of earlier releases kept every finished task
-                   finished_task_retention_s=d.get("finished_task_retention_s", float("inf")),
-                   # snapshots of earlier releases completed a task at its report
+                   objective=ObjectiveSettings(**d["objective"]),
+                   max_failed_generations=d["max_failed_generations"],
+                   finished_task_retention_s=d["finished_task_retention_s"],
+                   # (absent in format-4 snapshots written before the final phase existed:
+                   # a task completed at its report)
                    final_grace_s=d.get("final_grace_s", 0.0))
-        core.task_energy_j = d.get("task_energy_j", 0.0)
+        core.task_energy_j = d["task_energy_j"]
         core.clock, core.revision = d["clock"], d["revision"]
-        core.node_clock = d.get("node_clock")  # absent in snapshots of earlier releases
+        core.node_clock = d["node_clock"]
         core.pool = dict(d["pool"])
-        core.kinds = {n: NodeKind(g, tuple(f)) for n, (g, f) in d.get("kinds", {}).items()}
+        core.kinds = {n: NodeKind(g, tuple(f)) for n, (g, f) in d["kinds"].items()}
         core.tasks = {t["task_id"]: Task.from_dict(t) for t in d["tasks"]}
         core.active = {k: t for k, t in core.tasks.items() if not t.state.finished}
         core.active_owners = Counter(t.owner for t in core.active.values())
@@ -252,8 +248,6 @@ class SchedulerState:
         core.total_samples = d["total_samples"]
         core.idle_node_seconds = d["idle_node_seconds"]
         core.used_node_seconds = d["used_node_seconds"]
-        # snapshots of earlier releases carry "requests" (submit request id -> task id), never
-        # read: a repeated request id is answered from the journal (Store.response_for_request)
         return core
 
     def fingerprint(self) -> tuple:

@@ -1,5 +1,5 @@
-"""Checks of an event against the state before anything changes (docs/architecture.md §2):
-INVALID_ARGUMENT, FAILED_PRECONDITION and NOT_FOUND naming the field."""
+"""Checks of an event against the state before anything changes (docs/architecture.md,
+"Time and events"): INVALID_ARGUMENT, FAILED_PRECONDITION and NOT_FOUND naming the field."""
 
 from __future__ import annotations
 

@@ -1,2 +1,2 @@
-"""Allocation backends behind one interface (docs/architecture.md §4): gurobi, cbc, dp, greedy,
-auto."""
+"""Allocation backends behind one interface (docs/architecture.md, "Solver backends"): gurobi, cbc,
+dp, greedy, auto."""

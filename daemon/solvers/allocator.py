@@ -1,4 +1,5 @@
-"""One entry point for all allocation backends, with fallback (docs/architecture.md §4)."""
+"""One entry point for all allocation backends, with fallback (docs/architecture.md,
+"Solver backends")."""
 
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ class Allocator:
     """Solve allocation problems with the configured backend, falling back to exact ``dp``.
 
     Args:
-        solver: one of :data:`SOLVER_NAMES`. ``auto`` = gurobi when gurobipy is importable
-            and the model fits its licence, else cbc (decided per problem).
+        solver: one of :data:`SOLVER_NAMES`; default ``dp``, the daemon's default
+            (``DaemonConfig.solver``). ``auto`` = gurobi when gurobipy is importable and the
+            model fits its licence, else cbc (decided per problem).
         time_limit_s: MILP time limit [s]; with ``isolate`` it is also enforced as a hard
             wall-clock limit (+2 s margin) by killing the worker.
         isolate: run MILP backends in a :class:`~.guard.GuardedWorker` child process so
@@ -63,7 +65,7 @@ class Allocator:
     Raises :class:`InvalidArgument` (field ``solver``/``time_limit_s``) on bad settings.
     """
 
-    def __init__(self, solver: str = "auto", time_limit_s: float = 10.0, isolate: bool = True,
+    def __init__(self, solver: str = "dp", time_limit_s: float = 10.0, isolate: bool = True,
                  margin_s: float = 2.0, *, trip_after: int = 5, cooldown_s: float = 60.0,
                  on_trip: Callable[[str, bool, str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic):

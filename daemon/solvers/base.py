@@ -1,9 +1,9 @@
-"""Shared names of the allocation backends (docs/architecture.md §4)."""
+"""Shared names of the allocation backends (docs/architecture.md, "Solver backends")."""
 
 from __future__ import annotations
 
 SOLVER_NAMES = ("auto", "gurobi", "cbc", "dp", "greedy")
-"""Accepted values of the ``solver`` setting (docs/architecture.md §4)."""
+"""Accepted values of the ``solver`` setting (docs/architecture.md, "Solver backends")."""
 
 
 class SolverFailed(Exception):
@@ -17,7 +17,8 @@ class SolverUnavailable(SolverFailed):
 
 
 def knapsack_items(problem) -> list[tuple[list[int], list[float]]]:
-    """Per task, the choices of the multiple-choice knapsack form (docs/architecture.md §4).
+    """Per task, the choices of the multiple-choice knapsack form (docs/architecture.md,
+    "Solver backends").
 
     For task j: (counts, values) with counts ascending in {0} U [Jmin_j, min(Jmax_j, N)] and
     values f_j(counts) from :meth:`AllocationProblem.value_tables`. Dominated counts (a smaller
@@ -47,8 +48,8 @@ def milp_solution(problem, counts, status: str, bound: float, started: float, so
 
     ``status`` is ``optimal`` or ``feasible`` (time limit with an incumbent); ``bound`` the
     backend's proven bound (ignored when optimal); ``started`` a ``time.perf_counter()`` value.
-    Raises :class:`SolverFailed` when the counts are infeasible (docs/architecture.md §4: never
-    trust a returned assignment).
+    Raises :class:`SolverFailed` when the counts are infeasible (docs/architecture.md,
+    "Solver backends": never trust a returned assignment).
     """
     import math
     import time

@@ -1,9 +1,10 @@
-"""CBC (python-mip) backend: the multiple-choice knapsack form of docs/architecture.md §4.
+"""CBC (python-mip) backend: the multiple-choice knapsack form of docs/architecture.md,
+"Solver backends".
 
 Only the knapsack form is used: python-mip 2.0.0's CBC aborts, hangs or answers wrongly on
-SOS2 models (docs/architecture.md §4, measured), so SOS constraints are never built here.
-Ties: after the proven optimum, lexicographic stages in the same model (:func:`.ties.break_ties`)
-return the counts of the exact backends' one rule, the same as ``dp``'s.
+SOS2 models (docs/architecture.md, "Solver backends", measured), so SOS constraints are never built
+here. Ties: after the proven optimum, lexicographic stages in the same model
+(:func:`.ties.break_ties`) return the counts of the exact backends' one rule, the same as ``dp``'s.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def solve_cbc(problem: AllocationProblem, time_limit_s: float, ties: bool = True
 
     Model: one binary x_{j,n} per undominated admissible count n of task j (count 0
     included), maximise sum f_j(n) x_{j,n} (f from :meth:`AllocationProblem.value_tables`,
-    BFTrainer arXiv 2106.12091 §3 at count level), s.t. sum_n x_{j,n} == 1 for each j and
+    BFTrainer arXiv 2106.12091, Section 3 at count level), s.t. sum_n x_{j,n} == 1 for each j and
     sum_{j,n} n x_{j,n} <= N.
 
     ``time_limit_s``: CBC's ``max_seconds`` [s] for all stages together (not trusted as a

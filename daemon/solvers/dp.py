@@ -1,8 +1,9 @@
-"""Exact dynamic program for the count-level allocation problem (docs/architecture.md §4).
+"""Exact dynamic program for the count-level allocation problem (docs/architecture.md,
+"The dp backend").
 
 The problem is a multiple-choice knapsack: each task j picks one count n_j from its
 admissible set A_j = {0} U [Jmin_j, min(Jmax_j, N)] with value f_j(n_j)
-(:meth:`AllocationProblem.value_tables`, BFTrainer arXiv 2106.12091 §3 eq. 1-9 at count
+(:meth:`AllocationProblem.value_tables`, BFTrainer arXiv 2106.12091, Section 3 eq. 1-9 at count
 level), subject to sum_j n_j <= N.
 
 :func:`solve_dp` exploits that f_j is linear between consecutive *breakpoints*
@@ -31,7 +32,7 @@ f_j >= 0 or a monotone curve:
   stored layers (no choice tables), which applies the tie-breaking rule directly.
 * Reduced-cost fixing first (:func:`.dp_kernel._capacity_price`; Lagrangian relaxation of
   the capacity row, Kellerer, Pferschy, Pisinger, "Knapsack Problems", Springer 2004,
-  §11.2): with the LP price lambda, the bound UB = lambda N + sum_j max_n (f_j(n) - lambda n)
+  Section 11.2): with the LP price lambda, the bound UB = lambda N + sum_j max_n (f_j(n) - lambda n)
   and the value LB of a feasible vector, a count n with f_j(n) - lambda n more than UB - LB
   (plus the tie tolerance) below task j's best is in no optimal vector, so it is no option;
   the layers then only span the capacities the kept options can reach (a band of tens to
@@ -80,7 +81,7 @@ def _solve_dp_reference(problem: AllocationProblem) -> Solution:
 
     Returns a :class:`Solution` with ``status="optimal"`` and ``bound == objective``
     (objective re-scored by :meth:`AllocationProblem.evaluate`; counts (J,) int64 nodes).
-    Raises nothing for a valid problem. Problem: BFTrainer arXiv 2106.12091 §3 eq. 1-9 at
+    Raises nothing for a valid problem. Problem: BFTrainer arXiv 2106.12091, Section 3 eq. 1-9 at
     count level.
     """
     t0 = time.perf_counter()
@@ -108,7 +109,7 @@ def _knapsack(tables: list[np.ndarray], orders: list[np.ndarray], N: int) -> np.
     V_j(m) = max_n V_{j-1}(m - n) + f_j(n) over capacity m = 0..N, one layer per task
     (:func:`_layer_by_counts` or :func:`_layer_by_blocks`), then a backtrack over the choice
     tables from the smallest capacity reaching the optimum. Problem: BFTrainer
-    arXiv 2106.12091 §3 eq. 1-9 at count level (a multiple-choice knapsack).
+    arXiv 2106.12091, Section 3 eq. 1-9 at count level (a multiple-choice knapsack).
     """
     J = len(tables)
     value = np.zeros(N + 1)  # best value with total count <= m (monotone in m)
@@ -136,7 +137,7 @@ def _layer_by_counts(value: np.ndarray, f: np.ndarray, order: np.ndarray,
 
     ``f``: f_j(n), n = 0..top_j; ``order``: admissible counts in preference order; strict '>'
     keeps the earlier (preferred) count on ties. Returns (V_j (N+1,) float64, choice (N+1,)
-    int64: the count chosen at each capacity). Problem: BFTrainer arXiv 2106.12091 §3.
+    int64: the count chosen at each capacity). Problem: BFTrainer arXiv 2106.12091, Section 3.
     """
     new_value = np.full(N + 1, -np.inf)
     choice = np.zeros(N + 1, dtype=np.int64)
@@ -157,7 +158,7 @@ def _layer_by_blocks(value: np.ndarray, f: np.ndarray, order: np.ndarray,
 
     ``f``: f_j(n), n = 0..top_j; ``order``: admissible counts in preference order; the first
     maximum (argmax) keeps the preferred count on ties. Returns (V_j (N+1,) float64, choice
-    (N+1,) int64). Problem: BFTrainer arXiv 2106.12091 §3.
+    (N+1,) int64). Problem: BFTrainer arXiv 2106.12091, Section 3.
     """
     top = len(f) - 1
     # padded[top + m - n] == value[m - n], -inf for m < n
@@ -206,7 +207,7 @@ def _rows_left(problem: AllocationProblem, packed: tuple, answer: tuple) -> tupl
     solved ``problem`` (``packed``: :func:`_pack`'s arrays; ``answer``: the kernel's return,
     with at least one forward pass): the value tables (a copy: callers own theirs), N, and
     the kernel's own row ends, flags and options as they are. Rows of the breakpoint DP
-    (module docstring; BFTrainer arXiv 2106.12091 §3)."""
+    (module docstring; BFTrainer arXiv 2106.12091, Section 3)."""
     tab, tab_off, _, _ = packed
     _, _, K, LO, H1, _, options = answer
     return (tab.copy(), tab_off, problem.idle_nodes, K, LO, H1, *options)
@@ -216,7 +217,7 @@ def _workspace(J: int, N: int) -> np.ndarray:
     """Scratch of shape (>= 2 J + 4, N + 1) float64 for this thread (J tasks, N idle nodes),
     grown when too small. Rows are indexed by the kernel, so more rows are fine (columns:
     contiguous rows). Holds the layers L0/L1 of the breakpoint DP (module docstring; problem:
-    BFTrainer arXiv 2106.12091 §3), kept between calls to avoid page faults.
+    BFTrainer arXiv 2106.12091, Section 3), kept between calls to avoid page faults.
     """
     w = getattr(_WORK, "array", None)
     rows, cols = 2 * J + 4, N + 1
@@ -234,7 +235,7 @@ def _get_kernel():
     """The compiled :func:`.dp_kernel.kernel` (numba ``njit``, on-disk cache when a cache
     folder is writable), or None when numba is unavailable (reason in ``_KERNEL_ERROR``).
     Compiled on first use, not at import. Breakpoint DP of the module docstring (problem:
-    BFTrainer arXiv 2106.12091 §3).
+    BFTrainer arXiv 2106.12091, Section 3).
     """
     global _KERNEL, _KERNEL_ERROR
     if _KERNEL is not None or _KERNEL_ERROR is not None:
@@ -259,7 +260,7 @@ def _pack(problem: AllocationProblem):
     ``tab``, ``tab_off``: every task's f_j(n), n = 0..top_j, on one flat array with (J+1,)
     int64 offsets (:meth:`AllocationProblem.flat_value_tables`; float64, objective units);
     ``ns``: the curves' node counts Ns_j (float64, nodes) concatenated; ``ns_off``: (J+1,)
-    int64 offsets. Problem: BFTrainer arXiv 2106.12091 §3 eq. 1-9 at count level.
+    int64 offsets. Problem: BFTrainer arXiv 2106.12091, Section 3 eq. 1-9 at count level.
     """
     tab, tab_off = problem.flat_value_tables()
     J = problem.num_tasks
@@ -288,7 +289,7 @@ def solve_dp(problem: AllocationProblem) -> Solution:
     (objective re-scored by :meth:`AllocationProblem.evaluate`). Raises nothing for a valid
     problem. Without numba this is :func:`_solve_dp_reference`. Counts are (J,) int64 nodes;
     the objective is in the units of :meth:`AllocationProblem.evaluate`. Problem: BFTrainer
-    arXiv 2106.12091 §3 eq. 1-9 at count level.
+    arXiv 2106.12091, Section 3 eq. 1-9 at count level.
     """
     t0 = time.perf_counter()
     kernel = _get_kernel()
@@ -315,7 +316,7 @@ def solve_dp(problem: AllocationProblem) -> Solution:
 def warm_up() -> float:
     """Compile (or load from numba's on-disk cache) the dp kernel by solving a tiny problem
     (2 tasks, 3 idle nodes; the breakpoint DP of the module docstring, BFTrainer
-    arXiv 2106.12091 §3).
+    arXiv 2106.12091, Section 3).
 
     Returns the seconds it took (about 1 s with the cache, 18-25 s on a 2-core machine without;
     10-12 s before the reduced-cost fixing).
@@ -332,7 +333,7 @@ def warm_up() -> float:
 
 
 def compiled_kernel_missing() -> str | None:
-    """Why the compiled kernel (:mod:`.dp_kernel`, BFTrainer arXiv 2106.12091 §3 at count
+    """Why the compiled kernel (:mod:`.dp_kernel`, BFTrainer arXiv 2106.12091, Section 3 at count
     level) is not in use (numba missing), or None when it is."""
     _get_kernel()
     return _KERNEL_ERROR

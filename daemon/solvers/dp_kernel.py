@@ -1,6 +1,6 @@
-"""Compiled kernel of the breakpoint DP of :mod:`.dp` (docs/architecture.md §4).
+"""Compiled kernel of the breakpoint DP of :mod:`.dp` (docs/architecture.md, "The dp backend").
 
-The problem is BFTrainer's allocation MILP (Liu et al., arXiv 2106.12091, §3 eq. 1-9) at
+The problem is BFTrainer's allocation MILP (Liu et al., arXiv 2106.12091, Section 3 eq. 1-9) at
 the level of node counts, a multiple-choice knapsack; :mod:`.dp`'s module docstring derives
 the method (breakpoints B_j, at most one "free" task, layers L0/L1, sliding-window maximum,
 backtrack). Here it is split into its phases:
@@ -40,7 +40,7 @@ def _own_best_counts(tab, tab_off, jmin, cur):
     ``tab_off``: (J+1,) int64 offsets into ``tab``; ``jmin``: (J,) Jmin_j; ``cur``: (J,) c_j
     (nodes). Returns (counts (J,) int64: argmax_n f_j(n) over {0} U [Jmin_j, top_j] with ties
     to c_j, then to fewer nodes; total: their sum in nodes; scale: 1 + sum_j max_n |f_j(n)|).
-    When total <= N these counts are optimal (BFTrainer arXiv 2106.12091 §3: tasks interact
+    When total <= N these counts are optimal (BFTrainer arXiv 2106.12091, Section 3: tasks interact
     only through the capacity constraint).
     """
     J = len(jmin)
@@ -82,7 +82,7 @@ def _task_breakpoints(lo_adm, top, c, ns, ns_lo, ns_hi, bp):
     each kept only inside [Jmin_j, top_j] (0 always); ``lo_adm`` = Jmin_j, ``top`` = top_j,
     ``c`` = c_j; the curve points are ``ns[ns_lo:ns_hi]`` (float64, nodes). ``bp``: int64
     scratch of length >= 6 + 2 (ns_hi - ns_lo), overwritten. f_j is linear between
-    consecutive breakpoints (:mod:`.dp` docstring; BFTrainer arXiv 2106.12091 §3 curves).
+    consecutive breakpoints (:mod:`.dp` docstring; BFTrainer arXiv 2106.12091, Section 3 curves).
     """
     nb = 0
     bp[nb] = 0
@@ -114,7 +114,7 @@ def _task_breakpoints(lo_adm, top, c, ns, ns_lo, ns_hi, bp):
 def _push_option(o_kind, o_lo, o_hi, o_s, q, kind, lo, hi, s):
     """Store option ``q`` (kind 0: breakpoint count lo == hi; kind 1: free counts lo..hi
     [nodes] of slope s [objective units per node]) in the (cap,) option arrays; returns q + 1.
-    Layout of the breakpoint DP of :mod:`.dp` (problem: BFTrainer arXiv 2106.12091 §3)."""
+    Layout of the breakpoint DP of :mod:`.dp` (problem: BFTrainer arXiv 2106.12091, Section 3)."""
     o_kind[q] = kind
     o_lo[q] = lo
     o_hi[q] = hi
@@ -125,7 +125,7 @@ def _push_option(o_kind, o_lo, o_hi, o_s, q, kind, lo, hi, s):
 def _all_breakpoints(tab_off, ns, ns_off, jmin, cur):
     """Every task's breakpoints B_j (:func:`_task_breakpoints`), ascending, on one flat
     int64 array with (J+1,) int64 offsets: (bp_all, bp_off). Inputs as :func:`kernel`'s.
-    Problem: BFTrainer arXiv 2106.12091 §3 (f_j linear between consecutive breakpoints)."""
+    Problem: BFTrainer arXiv 2106.12091, Section 3 (f_j linear between consecutive breakpoints)."""
     J = len(jmin)
     bp = np.empty(2 * (ns_off[J] - ns_off[0]) + 8 * J + 8, dtype=np.int64)
     bp_all = np.empty(2 * (ns_off[J] - ns_off[0]) + 6 * J + 8, dtype=np.int64)
@@ -144,7 +144,7 @@ def _all_breakpoints(tab_off, ns, ns_off, jmin, cur):
 
 def _capacity_price(tab, tab_off, bp_all, bp_off, jmin, cur, N, margin):
     """Reduced-cost fixing by the Lagrangian bound of the capacity row (Kellerer, Pferschy,
-    Pisinger, "Knapsack Problems", Springer 2004, §11.2 for the multiple-choice knapsack):
+    Pisinger, "Knapsack Problems", Springer 2004, Section 11.2 for the multiple-choice knapsack):
     for any price lambda >= 0 [objective units per node] and counts n with sum_j n_j <= N,
     value(n) <= UB = lambda N + sum_j g_j with g_j = max_{k in A_j} (f_j(k) - lambda k).
     With LB the value of a known feasible vector, every vector worth >= LB - ``margin``
@@ -309,7 +309,7 @@ def _useful_options(tab, tab_off, bp_all, bp_off, jmin, cur, lam, thr):
     0, lo == hi) or free (kind 1, slope o_s in objective units per node); opt_off (J+1,)
     int64: task j's options are opt_off[j]..opt_off[j+1]-1; maxcount (J,) int64: largest
     useful count [nodes], mincount (J,) int64: smallest (-1: the task has none); cur_kept
-    (J,) bool: c_j is a kept breakpoint). Problem: BFTrainer arXiv 2106.12091 §3 eq. 1-9.
+    (J,) bool: c_j is a kept breakpoint). Problem: BFTrainer arXiv 2106.12091, Section 3 eq. 1-9.
     """
     J = len(jmin)
     cap = 2 * bp_off[J] + 4 * J
@@ -376,7 +376,7 @@ def _max_plus_into(dst, src, add, cnt):
     ``dst``, ``src``: float64 slices (capacities in nodes) of length cnt, indexed from 0
     (lets LLVM vectorise the loop); ``add``: f_j(n), objective units. The shift-and-max step
     L_j(k) >= L_{j-1}(k - n) + f_j(n) of the knapsack DP (problem: BFTrainer
-    arXiv 2106.12091 §3).
+    arXiv 2106.12091, Section 3).
     """
     for i in range(cnt):  # a select, not a branch: LLVM vectorises it (max + blend)
         v = src[i] + add
@@ -391,7 +391,7 @@ def _relax_free_window(tab, o, p0, c1, lo, hi, s, lj, kj, buf_a, buf_b):
     j (values ``tab[o:]``); ``p0`` = L0_{j-1}, ``c1`` = L1_j: (N+1,) float64 rows, capacity
     in nodes. As f_j(n) = f_j(lo) + s (n - lo), the inner max is f_j(lo) + s (k - lo) +
     max_{m = k-hi..k-lo} (L0_{j-1}(m) - s m): a sliding-window maximum of width w = hi-lo+1
-    (:mod:`.dp` docstring; problem: BFTrainer arXiv 2106.12091 §3), here by the van Herk /
+    (:mod:`.dp` docstring; problem: BFTrainer arXiv 2106.12091, Section 3), here by the van Herk /
     Gil-Werman method (van Herk, Pattern Recognit. Lett. 13(7), 1992; Gil and Werman, IEEE
     TPAMI 15(5), 1993): cut the keys into blocks of w, take the running maximum forwards
     (``buf_a``) and backwards (``buf_b``) inside each block; a window of w keys spans at
@@ -459,7 +459,7 @@ def _forward_pass(tab, tab_off, options, maxcount, N, start, has1, brute_width, 
     :func:`_useful_options`. A breakpoint updates both layers; a free segment moves L0_{j-1}
     into L1_j, enumerated when at most ``brute_width`` counts wide, else by
     :func:`_relax_free_window`. Method: :mod:`.dp` docstring (problem: BFTrainer
-    arXiv 2106.12091 §3). The task loop stays here, not in a per-task function: passing
+    arXiv 2106.12091, Section 3). The task loop stays here, not in a per-task function: passing
     arrays into a function costs reference counting per call.
     """
     o_kind, o_lo, o_hi, o_s, opt_off = options
@@ -535,7 +535,7 @@ def _forward(tab, tab_off, options, maxcount, floor, n_idle, tol, brute_width, s
     of ``work``, K (J+1,) int64 row ends, LO (J+1,) int64 each row's first valid column,
     H1 (J+1,) bool, m_lo [nodes], best = max(L0_J(K_J), L1_J(K_J)) [objective units],
     passes 1 or 2, rows kept). Method: :mod:`.dp` docstring (problem: BFTrainer
-    arXiv 2106.12091 §3).
+    arXiv 2106.12091, Section 3).
     """
     J = len(maxcount)
     N = n_idle
@@ -598,7 +598,7 @@ def _common_prefix(tab, tab_off, options, n_idle, prev_tab, prev_tab_off, prev_o
     same N (``n_idle``) and at most ``prev_rows`` - 1 (the rows it left; 0: none). Inputs as
     :func:`kernel`'s, ``prev_*`` the previous solve's. The DP's rows 0..shared depend on
     those tasks' options and values and N only (the curve points, Jmin_j and c_j enter
-    through the options; BFTrainer arXiv 2106.12091 §3 at count level; :func:`_forward`).
+    through the options; BFTrainer arXiv 2106.12091, Section 3 at count level; :func:`_forward`).
     """
     if prev_rows <= 0 or prev_n_idle != n_idle:
         return 0
@@ -620,7 +620,7 @@ def _backtrack_start(L0, L1, K, m_lo, best, tol):
     """Where the backtrack starts: (m, target), m the smallest capacity >= ``m_lo`` [nodes]
     whose value max(L0_J(m), L1_J(m)) is within ``tol`` of ``best`` (objective units), target
     that value. ``L0``/``L1``: (J+1, N+1) float64 layers; ``K``: (J+1,) int64 row ends.
-    Tie rule "fewest total nodes" of :mod:`.dp` (problem: BFTrainer arXiv 2106.12091 §3).
+    Tie rule "fewest total nodes" of :mod:`.dp` (problem: BFTrainer arXiv 2106.12091, Section 3).
     """
     J = len(K) - 1
     kf = K[J]
@@ -642,8 +642,8 @@ def _backtrack(tab, tab_off, cur, options, cur_kept, L0, L1, K, m_lo, best, tol,
     task's preferred count that only the other reaches. ``L0``/``L1``: (J+1, N+1)
     float64 layers; ``K``: (J+1,) int64 row ends; ``options``, ``cur_kept``: of
     :func:`_useful_options`; ``cur``: (J,) c_j; ``m_lo``, ``best``: of :func:`_forward`.
-    Method and tie-breaking rule: :mod:`.dp` docstring (problem: BFTrainer arXiv 2106.12091
-    §3). The task loop stays here: passing arrays into a function costs reference counting.
+    Method and tie-breaking rule: :mod:`.dp` docstring (problem: BFTrainer arXiv 2106.12091,
+    Section 3). The task loop stays here: passing arrays into a function costs reference counting.
     """
     o_kind, o_lo, o_hi, o_s, opt_off = options
     m, target = _backtrack_start(L0, L1, K, m_lo, best, tol)
@@ -732,7 +732,7 @@ def kernel(tab, tab_off, ns, ns_off, jmin, cur, n_idle, tie_rtol, brute_width, s
     (reduced-cost fixing with the Lagrangian bound), which narrows the rows to the columns
     the remaining options can reach; should the DP then miss the known feasible value (float
     rounding only), it runs again without the fixing. Breakpoint DP of :mod:`.dp` for
-    BFTrainer's problem (arXiv 2106.12091 §3 eq. 1-9 at count level). Compiled by
+    BFTrainer's problem (arXiv 2106.12091, Section 3 eq. 1-9 at count level). Compiled by
     :func:`compile_kernel`; plain Python otherwise (tests only).
     """
     (prev_tab, prev_tab_off, prev_n_idle, prev_K, prev_LO, prev_H1, p_kind, p_lo, p_hi, p_s,
@@ -796,7 +796,7 @@ def compile_kernel(njit, cache):
     ``cache``: numba's on-disk cache. Only dispatchers are built here; numba compiles (or
     loads from its cache) on the first call. Raises what ``njit`` raises (no writable cache
     folder with ``cache=True``). Problem and method: :mod:`.dp` docstring (BFTrainer
-    arXiv 2106.12091 §3).
+    arXiv 2106.12091, Section 3).
     """
     namespace = dict(globals())
     for fn in _COMPILED:

@@ -18,7 +18,7 @@ if any, are ignored: N is defined on the plain problem):
   of an idle node that no task uses (unused idle nodes stay on), p_max [W] the maximum power
   of one node (Zeus's MAXPOWER) and N_idle = ``problem.idle_nodes``. This is Zeus's cost
   zeus_cost = eta * E + (1 - eta) * MAXPOWER * T (You, Chung, Chowdhury, "Zeus: Understanding
-  and Optimizing GPU Energy Consumption of DNN Training", NSDI '23, §3, the cost metric),
+  and Optimizing GPU Energy Consumption of DNN Training", NSDI '23, Section 3, the cost metric),
   summed over the pool's nodes for the window Tfwd: E is the energy the pool draws, T the
   window length (per node).
 

@@ -1,5 +1,5 @@
 """BFTrainer's quota heuristic (``re_allocate_ndf``) at count level: the baseline
-(docs/architecture.md §4)."""
+(docs/architecture.md, "Solver backends")."""
 
 from __future__ import annotations
 

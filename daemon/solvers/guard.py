@@ -1,4 +1,5 @@
-"""Run MILP backends in a child process with a hard wall-clock limit (docs/architecture.md §4).
+"""Run MILP backends in a child process with a hard wall-clock limit (docs/architecture.md,
+"Solver backends").
 
 A solver crash (``os.abort`` in native code) or hang must never take the daemon down, and a
 solver's own time keeping is not trusted. :class:`GuardedWorker` keeps one persistent child

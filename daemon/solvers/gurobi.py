@@ -1,4 +1,4 @@
-"""Gurobi (gurobipy) backend of docs/architecture.md §4, in two exact forms.
+"""Gurobi (gurobipy) backend of docs/architecture.md, "Solver backends", in two exact forms.
 
 (a) count-level SOS2 form, per task j with at least one nonzero admissible count:
     integer n_j, binary z_j (on/off), weights lambda_{j,k} >= 0 over the curve points
@@ -16,7 +16,7 @@
     omitted), 6 linear rows, + 1 capacity row.
 (b) multiple-choice knapsack form (as :mod:`.cbc`): one binary per undominated count.
 
-BFTrainer (arXiv 2106.12091 §3, eq. 1-9) at count level.
+BFTrainer (arXiv 2106.12091, Section 3, eq. 1-9) at count level.
 
 Ties: after the proven optimum, lexicographic stages in the same model (:func:`.ties.break_ties`)
 return the counts of the exact backends' one rule, the same as ``dp``'s.

@@ -1,4 +1,4 @@
-"""The count-level allocation problem of docs/architecture.md §4 and its exact evaluator.
+"""The count-level allocation problem of docs/architecture.md, "Allocation" and its exact evaluator.
 
 For admitted tasks j = 1..J choose node counts n_j in {0} U [Jmin_j, Jmax_j] maximising
 
@@ -9,7 +9,7 @@ For admitted tasks j = 1..J choose node counts n_j in {0} U [Jmin_j, Jmax_j] max
 with S_j the piecewise-linear objective curve (``Os``; ``Ps`` when no objective is given),
 S_j(n) = 0 below Jmin_j, c_j the nodes the task holds (after preemption), and
 R_j = S_j(c_j) the value rate it loses per second of rescale. This is BFTrainer's MILP
-(Liu et al., arXiv 2106.12091, §3, eq. 1-9) at the level of counts: nodes are
+(Liu et al., arXiv 2106.12091, Section 3, eq. 1-9) at the level of counts: nodes are
 interchangeable and any count vector with sum <= N is realisable without migration.
 
 C_j is an optional piecewise-linear *cost rate* (``cost_values``, objective units per
@@ -48,7 +48,8 @@ def objective_table(node_counts: np.ndarray, values: np.ndarray, min_nodes: int,
                     max_nodes: int) -> np.ndarray:
     """S(n) for n = 0..max_nodes: the curve by linear interpolation, 0 below ``min_nodes``.
 
-    Shape (max_nodes + 1,), float; the piecewise-linear objective of docs/architecture.md §3-4.
+    Shape (max_nodes + 1,), float; the piecewise-linear objective of docs/architecture.md,
+    "Tasks and the progress model" and "Allocation".
     """
     s = interpolate(node_counts, values, np.arange(max_nodes + 1))
     s[:min_nodes] = 0.0
@@ -211,7 +212,7 @@ class AllocationProblem:
         float64 in objective units, offsets (J+1,) int64: task j's f_j(n) is
         ``values[offsets[j] + n]``, n = 0..top_j, top_j = min(Jmax_j, N)). Built with one
         vectorised pass over all tasks (the per-task part is slicing the cached curves), as
-        every allocation of a whole-machine replay builds it (BFTrainer arXiv 2106.12091 §3
+        every allocation of a whole-machine replay builds it (BFTrainer arXiv 2106.12091, Section 3
         eq. 1-9 at count level). Cached.
         """
         if self._flat is None:

@@ -36,7 +36,7 @@ def read_records(path: str | Path) -> Iterator[tuple[int, AllocationProblem]]:
             yield lineno, problem
 
 
-def solve_records(path: str | Path, solver: str = "auto", time_limit_s: float = 10.0,
+def solve_records(path: str | Path, solver: str = "dp", time_limit_s: float = 10.0,
                   isolate: bool = True) -> Iterator[dict]:
     """Solve every recorded instance in ``path`` with an :class:`Allocator`.
 

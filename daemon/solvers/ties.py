@@ -1,6 +1,6 @@
-"""The one tie-breaking rule of the exact backends (docs/architecture.md §4).
+"""The one tie-breaking rule of the exact backends (docs/architecture.md, "The tie rule").
 
-The allocation problem (BFTrainer, Liu et al. arXiv 2106.12091 §3 eq. 1-9 at count level,
+The allocation problem (BFTrainer, Liu et al. arXiv 2106.12091, Section 3 eq. 1-9 at count level,
 :mod:`.problem`) often has several optimal count vectors: identical tasks, flat curves,
 rescale costs of zero. Every exact backend (``dp``, ``gurobi``, ``cbc``) returns the same one:
 
@@ -35,7 +35,7 @@ tolerance, shared by every exact backend)."""
 def tie_tolerance(problem: AllocationProblem) -> float:
     """The rule's tolerance in objective units: TIE_RTOL * (1 + sum_j max_{n in A_j} |f_j(n)|),
     A_j = {0} U [Jmin_j, top_j] (the scale :mod:`.dp_kernel` uses). Problem: BFTrainer
-    arXiv 2106.12091 §3 at count level."""
+    arXiv 2106.12091, Section 3 at count level."""
     scale = 1.0
     for j, f in enumerate(problem.value_tables()):
         jmin = int(problem.min_nodes[j])
@@ -57,7 +57,7 @@ def preference_order(table: np.ndarray, current: int, min_nodes: int) -> np.ndar
     ascending. Shape (|A_j|,), int64 [nodes].
 
     ``table``: f_j(n), n = 0..top_j (only its length is used); ``current``: c_j;
-    ``min_nodes``: Jmin_j. A_j = {0} U [Jmin_j, top_j] (BFTrainer arXiv 2106.12091 §3 at
+    ``min_nodes``: Jmin_j. A_j = {0} U [Jmin_j, top_j] (BFTrainer arXiv 2106.12091, Section 3 at
     count level).
     """
     top = len(table) - 1
@@ -135,7 +135,7 @@ def break_ties(problem: AllocationProblem, counts: np.ndarray, model: TieModel,
     ``time.perf_counter()`` value after which :class:`SolverFailed` is raised (the allocator
     then answers with ``dp``). Returns counts (J,) int64; raises :class:`SolverFailed` when
     the result does not keep the optimum (solver tolerances). Problem: BFTrainer
-    arXiv 2106.12091 §3; lexicographic optimisation as in multi-objective MILP (fix each
+    arXiv 2106.12091, Section 3; lexicographic optimisation as in multi-objective MILP (fix each
     objective's optimum as a row, then optimise the next).
     """
     J = problem.num_tasks
@@ -193,7 +193,7 @@ def break_ties(problem: AllocationProblem, counts: np.ndarray, model: TieModel,
 class _LagrangianBound:
     """Upper bounds on the value of count vectors by relaxing the capacity row with a price
     lambda >= 0 [objective units per node] (Lagrangian relaxation of the multiple-choice
-    knapsack; e.g. Kellerer, Pferschy, Pisinger, "Knapsack Problems", Springer 2004, §11.2):
+    knapsack; e.g. Kellerer, Pferschy, Pisinger, "Knapsack Problems", Springer 2004, Section 11.2):
     for any vector y with sum_i y_i <= cap, value(y) <= lambda cap + sum_i max_k (f_i(k) -
     lambda k). Built lazily: a (J, max_j top_j + 1) float64 table of f, -inf where not
     admissible (about 8 J (N + 1) bytes)."""

@@ -1,21 +1,21 @@
-"""Zeus's batch-size optimizer for one recurring job (Zeus, NSDI '23, §4;
-docs/architecture.md §5).
+"""Zeus's batch-size optimizer for one recurring job (Zeus, NSDI '23, Section 4;
+docs/zeus.md, "The batch-size optimizer").
 
 A deterministic state machine with no I/O: the registry persists :meth:`BatchSizeJob.to_dict`
 after every call, including the seeded RNG's state, so a restarted daemon continues the same
 batch-size sequence exactly.
 
-1. **Pruning** (§4.2), ``num_pruning_rounds`` rounds: from the default batch size b0 walk down
-   through smaller sizes, then up through larger ones; a size that does not converge ends that
+1. **Pruning** (Section 4.2), ``num_pruning_rounds`` rounds: from the default batch size b0 walk
+   down through smaller sizes, then up through larger ones; a size that does not converge ends that
    direction; the sizes that converged survive, and the cheapest of them is the next round's b0.
-2. **Gaussian Thompson sampling** (§4.3) over the survivors, reward = -cost: per arm, mean and
-   precision are refitted from its (windowed) history with a Gaussian prior and reward
+2. **Gaussian Thompson sampling** (Section 4.3) over the survivors, reward = -cost: per arm, mean
+   and precision are refitted from its (windowed) history with a Gaussian prior and reward
    precision 1/variance (infinite when the variance is 0); arms with fewer than
    ``mab_num_explorations`` observations are tried first in random order; otherwise each arm's
    posterior is sampled and the best sample wins. The draw order follows Zeus's ``GaussianTS``.
-3. **Early stopping** (§4.4): a run stops once its cost exceeds ``beta_knob * min_cost``, where
-   ``min_cost`` is the lowest cost of a *converged* run (Zeus's server also lowers it with runs
-   that did not converge, which can lock a job out for good). A run stopped by the bound counts
+3. **Early stopping** (Section 4.4): a run stops once its cost exceeds ``beta_knob * min_cost``,
+   where ``min_cost`` is the lowest cost of a *converged* run (Zeus's server also lowers it with
+   runs that did not converge, which can lock a job out for good). A run stopped by the bound counts
    as not converged.
 
 Concurrency: while a pruning run is in flight, further predictions get the best batch size known
@@ -23,7 +23,7 @@ so far (flagged ``exploration=False``) and their results never advance pruning; 
 sampling needs no such rule (every prediction is a fresh posterior sample).
 
 Generations (docs/execution.md): a placed task's processes are stopped and restarted at every
-grow, shrink or preemption. Zeus (§4) assumes a run either reaches the target or does not; an
+grow, shrink or preemption. Zeus (Section 4) assumes a run either reaches the target or does not; an
 interruption is neither, so it is not an outcome:
 
 - :meth:`BatchSizeJob.end_trial` with ``interrupted`` *suspends* the trial: its cumulative
@@ -31,7 +31,7 @@ interruption is neither, so it is not an outcome:
   does not advance, no arm is pruned; a pruning trial stays in flight.
 - :meth:`BatchSizeJob.resume` reopens it for the next generation: epochs continue their
   numbering and the new process's figures add to the stored totals, so the trial's cost is
-  zeus_cost of the sums over all its generations (§3.1, Eq. 2).
+  zeus_cost of the sums over all its generations (Section 3.1, Eq. 2).
 - Only a real failure (``end_trial`` without ``interrupted``) or a miss of the target
   (``max_epochs``, the cost bound) ends a trial as not converged, as before.
 - **Abandoned trials**: a trial suspended for longer than the spec's
@@ -287,7 +287,7 @@ class BatchSizeJob:
 
     def summary_json(self) -> str:
         """:meth:`summary` as compact JSON text (the spec's text encoded once: the registry
-        writes this on every call, docs/architecture.md §6, "Zeus rows")."""
+        writes this on every call, docs/zeus.md, "Storage")."""
         return ('{"spec":' + self._spec_text + ","
                 + json.dumps(self._changing(), separators=(",", ":"))[1:])
 

@@ -1,6 +1,6 @@
 """Which batch size a recurring Zeus job tries next, and when a run stops early (Zeus, NSDI '23:
-pruning §4.2, Gaussian Thompson sampling §4.3, early stopping §4.4; the rules are in the
-docstring of :mod:`offcut.daemon.zeus.bso`, items 1-3).
+pruning (Section 4.2), Gaussian Thompson sampling (Section 4.3), early stopping (Section 4.4); the
+rules are in the docstring of :mod:`offcut.daemon.zeus.bso`, items 1-3).
 
 :class:`BatchSizePolicy` holds the seeded RNG, the observed runs (batch size, reward = -cost
 [J]), the lowest converged cost, the phase (``pruning``, ``mab``, ``exhausted``), the surviving

@@ -1,5 +1,5 @@
 """The trials of one recurring Zeus job: their records, epoch reports, suspension across
-generations, resumption, fencing and abandonment (Zeus, NSDI '23, §3.1 and §4; the rules are
+generations, resumption, fencing and abandonment (Zeus, NSDI '23, Sections 3.1 and 4; the rules are
 in the docstring of :mod:`offcut.daemon.zeus.bso`, "Generations").
 
 :class:`TrialLedger` keeps every trial as a JSON-ready dict (the persisted form, see

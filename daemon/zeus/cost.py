@@ -1,4 +1,4 @@
-"""The Zeus time-energy cost (Zeus, NSDI '23, §3.1, Eq. 2)."""
+"""The Zeus time-energy cost (Zeus, NSDI '23, Section 3.1, Eq. 2)."""
 
 from __future__ import annotations
 

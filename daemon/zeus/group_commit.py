@@ -1,6 +1,6 @@
 """Group commit of the Zeus registry's writes: the rows of concurrent calls go to the state
 file in one transaction, so one fsync (``durability="full"``) makes all of them durable
-(docs/architecture.md §6, "Zeus rows").
+(docs/zeus.md, "Storage").
 
 A call queues its :class:`~offcut.daemon.store.ZeusWrite` with :meth:`GroupCommit.submit`
 (under the registry's lock, so the queue is in the order the calls changed memory), lets go
@@ -13,7 +13,7 @@ job) is durable too. A caller on a worker thread may lead a commit itself; a cal
 event loop (the Zeus methods served as coroutines: ``Predict``, ``ReportEpoch``) waits with
 :meth:`GroupCommit.wait_async` for a future that the committer thread (``offcut-zeus-commit``)
 settles after committing, so the loop never waits for an fsync and a round trip needs no
-worker thread (docs/architecture.md §1, "Threads").
+worker thread (docs/architecture.md, "Threads").
 
 If a transaction fails, every write in it fails, and so does every write queued behind it
 (those calls changed memory that held the failed changes); ``broken`` is set and further

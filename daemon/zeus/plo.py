@@ -1,5 +1,5 @@
-"""Zeus's power-limit optimizer for one (job, batch size) (Zeus, NSDI '23, §4.1 "JIT
-profiling"; Zeus's ``GlobalPowerLimitOptimizer``; docs/architecture.md §5).
+"""Zeus's power-limit optimizer for one (job, batch size) (Zeus, NSDI '23, Section 4.1 "JIT
+profiling"; Zeus's ``GlobalPowerLimitOptimizer``; docs/zeus.md, "The power-limit optimizer").
 
 The daemon plans and decides; the training side sets the limits (pynvml) and measures. The plan
 walks the power limits from the maximum down to the minimum in ``step_w`` steps; at each limit

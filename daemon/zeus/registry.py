@@ -1,8 +1,9 @@
 """The daemon's Zeus optimizers: every registered job's batch-size optimizer and its power
-profiles, kept durable in the state file (docs/architecture.md §5, §6).
+profiles, kept durable in the state file (docs/zeus.md, "The batch-size optimizer" and
+"The power-limit optimizer"; docs/architecture.md, "Durability").
 
 A mutating call changes the job in memory (the optimizers raise before changing anything), then
-writes only the rows it changed (docs/architecture.md §6, "Zeus rows"): the job's small summary
+writes only the rows it changed (docs/zeus.md, "Storage"): the job's small summary
 (:meth:`BatchSizeJob.summary`, O(batch sizes)), the trial records it touched and the runs it
 observed, through a group commit (:mod:`offcut.daemon.zeus.group_commit`: the writes of
 concurrent calls share one transaction and one fsync); it answers only once its write is
@@ -17,7 +18,7 @@ from the file when a call names them (a report on an ended trial) or GetJob page
 lose their rows, in bounded ranges within a later call's own transaction. The observed runs
 (seq, reward) stay in memory per batch size, the newest ``observation_retention`` of each
 (:meth:`BatchSizePolicy.keep`): Thompson sampling refits each arm from them or its window
-(Zeus NSDI '23 §4.3); older ones leave memory and the file together. Stored answers to
+(Zeus NSDI '23, Section 4.3); older ones leave memory and the file together. Stored answers to
 request ids are kept ``request_retention_s`` seconds (a retry within that window gets the
 first answer; after it, the request is a new one). Caps: a user registers at most
 ``max_jobs_per_owner`` jobs (RESOURCE_EXHAUSTED beyond; admins are not capped).
@@ -26,7 +27,7 @@ The registry's ``clock`` (wall-clock seconds, :func:`time.time` by default; it m
 restart) stamps suspended trials and decides, at each Predict, which of them are stale
 (:mod:`offcut.daemon.zeus.bso`, abandoned trials).
 
-Owners (docs/architecture.md §5, "Owners"): every job has an ``owner``, the user who registered
+Owners (docs/zeus.md, "Owners and request ids"): every job has an ``owner``, the user who registered
 it, stored with its state; ``""`` = none (registered before jobs had owners, or on a daemon
 without tokens). Every method takes the caller (a :class:`Caller`): a caller acts on the jobs
 it owns, an admin on all; any other job, and its power profiles, is NOT_FOUND, checked before
@@ -65,13 +66,8 @@ T = TypeVar("T")
 
 _BSO = "bso"
 _PLO = "plo"
-#: prefix of the stored-answer keys of ResumeTrial written before owners (``RESUME_KEY`` +
-#: JSON ``[job, trial, request id]``; Predict's were the bare request id); still read for the
-#: answers stored then (:meth:`ZeusRegistry._replay`), never written (:func:`request_key`)
-RESUME_KEY = "ResumeTrial:"
 #: the version of a stored answer (``zeus_requests.response``) written by this release:
-#: ``{"format": 2, <the answer's fields>}``; format 1 stored the ``offcut.v1`` message
-#: (converted by :mod:`offcut.daemon.migrations`)
+#: ``{"format": 2, <the answer's fields>}`` (state-file format 4, the first released one)
 ANSWER_FORMAT = 2
 #: defaults of ``trial_retention`` (trial records a job holds in memory) and of
 #: ``request_retention_s`` [s] (how long a stored answer to a request id is kept); their
@@ -151,7 +147,7 @@ class _Entry:
     job: BatchSizeJob
     power: PowerLimitSpec | None
     seed_given: bool
-    owner: str = ""  # "" = none (stored before owners, or registered without tokens)
+    owner: str = ""  # "" = none (registered without tokens)
     #: finished trials numbered up to this have no row any more (retention; memory only,
     #: rebuilt from the file at load)
     pruned_through: int = 0
@@ -261,8 +257,6 @@ class ZeusRegistry:
             stored["job"], self.store.zeus_observation_rows(job_id),
             self.store.zeus_trial_records(job_id, last=self.trial_retention))
         job.policy.retention = self.observation_retention
-        if "predicted" not in stored["job"]:  # (stored before summaries listed them)
-            job.ledger.predicted |= self.store.zeus_trial_batch_sizes(job_id)
         job.ledger.loader = functools.partial(self.store.zeus_trial_record, job_id)
         job.ledger.evict(self.trial_retention)
         first = self.store.zeus_first_finished_trial(job_id)
@@ -506,14 +500,11 @@ class ZeusRegistry:
             self._pending[request_key] = (ticket, result)
         return result, ticket
 
-    def _replay(self, job_id: str, key: str, legacy_key: str | None = None) -> dict | None:
-        """The stored answer's fields under ``key`` (:func:`request_key`), else under the key
-        an earlier release wrote (``legacy_key``; None: that method had none) while the job
-        has no owner (all jobs of that release have none); answers stored for another job are
-        never returned. Call under the lock, after :meth:`_entry` allowed the caller on the
-        job."""
-        keys = (key,) if legacy_key is None or self.jobs[job_id].owner else (key, legacy_key)
-        stored = self.store.zeus_response(keys, job_id)
+    def _replay(self, job_id: str, key: str) -> dict | None:
+        """The stored answer's fields under ``key`` (:func:`request_key`); answers stored for
+        another job are never returned. Call under the lock, after :meth:`_entry` allowed the
+        caller on the job."""
+        stored = self.store.zeus_response(key, job_id)
         return None if stored is None else _stored_fields(stored)
 
     def predict(self, job_id: str, request_id: str, who: Caller, generation: int = 0
@@ -546,7 +537,7 @@ class ZeusRegistry:
                 ticket, result = self._pending[key]
                 return result, ticket, key
             if key:
-                stored = self._replay(job_id, key, request_id)
+                stored = self._replay(job_id, key)
                 if stored is not None:
                     return Prediction(**stored), 0, key
             now = self.clock()
@@ -603,8 +594,7 @@ class ZeusRegistry:
                 ticket, result = self._pending[key]
             else:
                 if key:
-                    stored = self._replay(job_id, key, RESUME_KEY + json.dumps(
-                        [job_id, trial_number, request_id]))
+                    stored = self._replay(job_id, key)
                     if stored is not None:
                         return Resumed(**stored)
                 result, ticket = self._mutate_job(
@@ -621,7 +611,7 @@ class ZeusRegistry:
         instead of NOT_FOUND."""
         with self.lock:
             key = request_key("DeleteJob", who, job_id, request_id) if request_id else ""
-            if key and self.store.zeus_response((key,), job_id) is not None:
+            if key and self.store.zeus_response(key, job_id) is not None:
                 return  # (a retry: the job, if registered again since, is another one)
             self._entry(job_id, who)
             self.commits.flush()

@@ -1,7 +1,7 @@
 """gRPC servicers of ``offcut.v1.BatchSizeOptimizer`` and ``offcut.v1.PowerLimitOptimizer``:
 proto <-> the registry's domain types. The optimizers decide; nothing is decided here. Each
 call passes its caller (:meth:`Authenticator.of`) to the registry, which keeps a user to their
-own jobs (docs/architecture.md §5, owners)."""
+own jobs (docs/zeus.md, "Owners and request ids")."""
 
 from __future__ import annotations
 

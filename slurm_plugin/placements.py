@@ -1,0 +1,373 @@
+"""The launcher's desired state (every running task's current generation and nodes), kept
+from one long-lived ``WatchPlacements`` stream (:class:`PlacementWatch`) instead of a
+``ListTasks`` per pass.
+
+What the stream carries (protos/offcut/v1/tasks.proto ``PlacementUpdate``, decision.proto
+``Placement``): per revision, each changed task's node set *after* the change, its generation
+after it and the kind of change. That is enough to follow a task once its static parts (its
+spec, owner, submit time: what a job's script needs) are known, because a placement is
+absolute (the node set and generation, not a difference) and generations are monotone:
+every change but a finish starts the next one (daemon/scheduler/lifecycle.py,
+``TaskLifecycle._change``), and a finish (``completed``, ``cancelled``, ``failed``) keeps the
+generation and leaves no nodes. So:
+
+* at start and after each reconnect the launcher reads the daemon's revision
+  (``GetStatus``), opens the stream from it (``after_revision``: the daemon replays the
+  updates it retains after it, then streams new ones; daemon/engine.py ``updates_after``),
+  and only then lists the running tasks (``ListTasks``): the list is at least as new as the
+  revision, and every update after the revision arrives after it;
+* a placement whose generation is not above the one known is stale (its change is already
+  in what was read) and skipped; a higher one replaces the task's generation and nodes;
+  a finish removes the task (the launcher's view of finished tasks: absent = not running,
+  its jobs are stopped);
+* a task the launcher has not read yet (placed after the list) is read once
+  (``GetTask``) before its jobs are submitted; that read is at least as new as the
+  placement that named it. A task read as finished is kept as finished until the stream
+  brings its finish (an older placement of it may still be on the way), then forgotten;
+* the stream has no gap marker, but one shows: on the ordered stream each placement of a
+  task but its finish is exactly one generation above the previous one, so a task that
+  skips a generation means updates were lost (the daemon keeps the last
+  ``RETAINED_UPDATES``), and the stream is re-opened and the tasks listed again. Placements
+  learnt from the launcher's own calls' replies (``ReportTaskRun``, ``ReportNodes``: newer
+  than what the stream has delivered so far) are applied at once, without that check. A
+  lost finish shows no gap; a report the daemon then refuses about the task (it is
+  finished) makes the launcher read the task again before it counts as running;
+* when the stream breaks (the daemon restarts, the connection drops, the daemon ends it on
+  shutdown) the state is marked not synced (a pass then fails as with the daemon down, and
+  Slurm is not touched) and the watch reconnects with the clients' backoff
+  (:class:`offcut.retry.Backoff`; reset after each successful re-list).
+
+Retention: an entry lives until its task's finish arrives or the next re-list (at most the
+daemon's unfinished tasks, plus the finished ones awaiting their finish on the stream).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
+
+from offcut.errors import NotFound, OffcutError, Unavailable
+from offcut.retry import Backoff
+
+if TYPE_CHECKING:  # pragma: no cover
+    from offcut.v1 import decision_pb2, tasks_pb2
+
+log = logging.getLogger("offcut.slurm.launcher")
+
+#: how the watch reconnects after its stream broke: waits from 0.1 s doubling to 5 s
+#: (jittered), reset after each successful re-list; the deadline is not used (it never gives up)
+RECONNECT_BACKOFF = Backoff(initial_backoff_s=0.1, max_backoff_s=5.0)
+
+#: ``PlacementChange`` names of a finish (the task's nodes are released for good)
+_FINISHES = frozenset({"PLACEMENT_CHANGE_COMPLETED", "PLACEMENT_CHANGE_CANCELLED",
+                       "PLACEMENT_CHANGE_FAILED"})
+#: ``TaskState`` names of a finished task
+_FINISHED = frozenset({"TASK_STATE_COMPLETED", "TASK_STATE_CANCELLED", "TASK_STATE_FAILED"})
+
+
+def _is_finish(placement: "decision_pb2.Placement") -> bool:
+    from offcut.v1 import decision_pb2
+
+    return decision_pb2.PlacementChange.Name(placement.change) in _FINISHES
+
+
+def _is_finished(task: "tasks_pb2.Task") -> bool:
+    from offcut.v1 import tasks_pb2
+
+    return tasks_pb2.TaskState.Name(task.state) in _FINISHED
+
+
+#: one running task: its last read (``offcut.v1.Task``: spec, owner, submit time), its current
+#: generation and its nodes (sorted)
+Running = tuple["tasks_pb2.Task", int, tuple[str, ...]]
+
+
+class Snapshot(NamedTuple):
+    """What :meth:`DesiredState.running` saw at one instant."""
+
+    ready: dict[str, Running]   # task id -> the running task
+    unread: list[str]           # tasks that hold nodes but were not read yet
+    version: int                # :attr:`DesiredState.version` then
+
+
+@dataclass
+class _Entry:
+    """What the launcher knows of one task: its generation and nodes (sorted; empty: it holds
+    none now), its last full read (None: to be read), and whether it was read finished."""
+
+    generation: int
+    nodes: tuple[str, ...]
+    task: "tasks_pb2.Task | None" = None
+    finished: bool = False
+
+
+class DesiredState:
+    """Every task's current generation and nodes, as placements and reads tell them
+    (thread-safe: the watch's thread applies the stream, the launcher's passes read it).
+
+    Attributes:
+        synced: whether the state was read (listed) and followed since: False before the
+            first list and while the stream is broken.
+        revision: the daemon revision of the newest update applied (or of the last list).
+        version: bumped on every change of what :meth:`running` returns, and of ``synced``
+            (what :meth:`wait` waits for).
+        resets: how many times the state was listed afresh (:meth:`reset`).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._entries: dict[str, _Entry] = {}
+        self.synced = False
+        self.revision = 0
+        self.version = 0
+        self.resets = 0
+
+    def _changed(self) -> None:
+        """(lock held) A change: wake :meth:`wait`."""
+        self.version += 1
+        self._cond.notify_all()
+
+    def reset(self, tasks: Iterable["tasks_pb2.Task"], revision: int = 0) -> None:
+        """Replace everything by ``tasks`` (``ListTasks`` of the running tasks, read at or
+        after ``revision``); the state is synced from now on."""
+        entries = {t.task_id: _Entry(int(t.generation), tuple(sorted(t.nodes)), t)
+                   for t in tasks if not _is_finished(t)}
+        with self._cond:
+            self._entries = entries
+            self.synced = True
+            self.revision = revision
+            self.resets += 1
+            self._changed()
+
+    def lose(self) -> None:
+        """The stream broke: not synced until the next :meth:`reset` (what is known is
+        dropped: it will be listed again)."""
+        with self._cond:
+            if self.synced or self._entries:
+                self._entries = {}
+                self.synced = False
+                self._changed()
+
+    def apply(self, placements: Iterable["decision_pb2.Placement"], revision: int = 0,
+              ordered: bool = True) -> str:
+        """Apply the placements of one update (or one reply's decision) of ``revision``
+        (0: none to note); ``ordered``: they come from the stream in revision order, so a
+        task that skips a generation is a gap. Returns "" or, on a gap, which task skipped
+        what (the state is then to be listed again)."""
+        gap = ""
+        with self._cond:
+            changed = False
+            for p in placements:
+                e = self._entries.get(p.task_id)
+                if _is_finish(p):
+                    if e is not None:
+                        del self._entries[p.task_id]
+                        changed = changed or (bool(e.nodes) and not e.finished)
+                    continue
+                generation, nodes = int(p.generation), tuple(sorted(p.nodes))
+                if e is None:
+                    self._entries[p.task_id] = _Entry(generation, nodes)
+                    changed = changed or bool(nodes)
+                elif not e.finished and generation > e.generation:
+                    if ordered and generation > e.generation + 1 and not gap:
+                        gap = (f"task {p.task_id} went from generation {e.generation} to "
+                               f"{generation} at revision {revision}")
+                    e.generation, e.nodes = generation, nodes
+                    changed = True
+            if revision > self.revision:
+                self.revision = revision
+            if changed:
+                self._changed()
+        return gap
+
+    def fill(self, task_id: str, task: "tasks_pb2.Task | None") -> None:
+        """Merge one read of ``task_id`` (``GetTask``; None: the daemon does not know it),
+        at least as new as every placement applied before the read began. Only a task still
+        followed is filled (one whose finish arrived meanwhile stays forgotten)."""
+        with self._cond:
+            e = self._entries.get(task_id)
+            if e is None or e.finished:
+                return
+            if task is None or _is_finished(task):
+                e.finished, e.task = True, None
+            else:
+                e.task = task
+                if int(task.generation) > e.generation:
+                    e.generation, e.nodes = int(task.generation), tuple(sorted(task.nodes))
+            self._changed()
+
+    def reread(self, task_id: str) -> None:
+        """Read ``task_id`` again before it counts as running (the daemon refused a report
+        about it: it may have finished with its finish lost on the way)."""
+        with self._cond:
+            e = self._entries.get(task_id)
+            if e is not None and not e.finished and e.task is not None:
+                e.task = None
+                self._changed()
+
+    def running(self) -> Snapshot:
+        """The running tasks (task id -> (its last read, current generation, nodes)), the
+        ids of tasks that hold nodes but were not read yet (to :meth:`fill`), and the
+        version they are of.
+
+        Raises:
+            Unavailable: the state is not synced (the stream is down, or never listed).
+        """
+        with self._cond:
+            if not self.synced:
+                raise Unavailable("the daemon's placement stream is not connected "
+                                  "(reconnecting)")
+            ready = {tid: (e.task, e.generation, e.nodes) for tid, e in self._entries.items()
+                     if e.nodes and not e.finished and e.task is not None}
+            unread = [tid for tid, e in self._entries.items()
+                      if e.nodes and not e.finished and e.task is None]
+            return Snapshot(ready, unread, self.version)
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        """Block until the state is synced or ``timeout_s`` [s] pass; returns :attr:`synced`."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.synced, timeout=max(timeout_s, 0.0))
+
+    def wait(self, version: int, timeout_s: float) -> int:
+        """Block until :attr:`version` differs from ``version`` or ``timeout_s`` [s] pass;
+        returns the version then."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.version != version, timeout=max(timeout_s, 0.0))
+            return self.version
+
+
+class _Resync(Exception):
+    """The stream skipped updates: list again."""
+
+
+class PlacementWatch:
+    """One long-lived ``WatchPlacements`` stream that keeps ``state`` up to date, read by a
+    daemon thread (module docstring: the order of the reads, the merge rules, reconnects).
+
+    Args:
+        client: the daemon's client (:class:`offcut.client.Client`: ``status``, ``watch``,
+            ``list_tasks``); calls from this thread and the launcher's may overlap.
+        state: what the stream keeps up to date.
+        list_running: the running tasks (``ListTasks`` of ``TASK_STATE_RUNNING``).
+        backoff: waits between reconnects (:data:`RECONNECT_BACKOFF`).
+        wait: how the thread waits between reconnects (``threading.Event.wait`` of its
+            stop event; injectable for tests).
+
+    Attributes:
+        connects: streams opened so far (each followed by one list).
+    """
+
+    def __init__(self, client, state: DesiredState,
+                 list_running: Callable[[], list["tasks_pb2.Task"]],
+                 backoff: Backoff = RECONNECT_BACKOFF,
+                 wait: Callable[[float], object] | None = None):
+        self.client = client
+        self.state = state
+        self.list_running = list_running
+        self.backoff = backoff
+        self.connects = 0
+        self._closed = threading.Event()
+        self._wait = wait or self._closed.wait
+        self._lock = threading.Lock()
+        self._stream = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "PlacementWatch":
+        """Start the reading thread (once); the state is not synced until its first list
+        (whatever was listed before is dropped)."""
+        if self._thread is None:
+            self.state.lose()
+            self._thread = threading.Thread(target=self._follow, name="offcut-placements",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop: cancel the stream, wait up to ``timeout_s`` [s] for the thread."""
+        self._closed.set()
+        with self._lock:
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.cancel()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    def __enter__(self) -> "PlacementWatch":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _follow(self) -> None:
+        """The thread: connect, list, follow; after a break, reconnect with backoff."""
+        waits = self.backoff.backoffs()
+        down = ""  # why the stream is down, logged once per outage
+        while not self._closed.is_set():
+            listed = self.state.resets
+            error: Exception | None = None
+            try:
+                self._connect()
+                why = "the daemon ended the stream (it stops)"
+            except _Resync as gap:
+                why = f"updates were lost ({gap}); listing again"
+            except OffcutError as exc:
+                why = str(exc)
+            except Exception as exc:  # a bug must not end the launcher's view for good
+                why, error = f"unexpected {type(exc).__name__}: {exc}", exc
+            self.state.lose()
+            if self._closed.is_set():
+                return
+            if self.state.resets != listed:  # it was synced: a fresh outage
+                waits, down = self.backoff.backoffs(), ""
+            if why != down:
+                log.warning("placement stream: %s; reconnecting", why, exc_info=error)
+                down = why
+            self._wait(next(waits))
+
+    def _connect(self) -> None:
+        """Open the stream from the daemon's revision, list, then apply every update."""
+        revision = int(self.client.status().revision)
+        stream = self.client.watch(after_revision=revision)
+        with self._lock:
+            if self._closed.is_set():
+                stream.cancel()
+                return
+            self._stream = stream
+        self.connects += 1
+        try:
+            self.state.reset(self.list_running(), revision)
+            if self.connects > 1:
+                log.info("placement stream reconnected at revision %d", revision)
+            for update in stream:
+                gap = self.state.apply(update.placements, int(update.revision))
+                if gap:
+                    raise _Resync(gap)
+        finally:
+            with self._lock:
+                if self._stream is stream:
+                    self._stream = None
+            stream.cancel()
+
+
+def read_unread(state: DesiredState, get_task: Callable[[str], "tasks_pb2.Task"],
+                rounds: int = 3) -> Snapshot:
+    """:meth:`DesiredState.running` after reading each task that holds nodes and was not
+    read yet (``get_task``; NotFound: unknown to the daemon), ``rounds`` times at most (a
+    task placed meanwhile and still unread is read on the next pass).
+
+    Raises:
+        Unavailable: not synced. OffcutError: a read failed (the pass is retried).
+    """
+    for _ in range(rounds):
+        snapshot = state.running()
+        if not snapshot.unread:
+            return snapshot
+        for task_id in snapshot.unread:
+            try:
+                task = get_task(task_id)
+            except NotFound:
+                task = None
+            state.fill(task_id, task)
+    return state.running()
