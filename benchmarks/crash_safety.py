@@ -24,7 +24,9 @@ compared field by field; the checks (:func:`compare_runs`): summary.json without
 (:data:`TIMING_FIELDS`), steps.csv without ``solve_ms``, placements.csv byte for byte, the
 daemon's own view (status, tasks and their work, every journal entry without its solve time:
 nothing applied twice or lost), and the Zeus job (trials, history, optimizer state) with the
-verdicts the client saw.
+verdicts the client saw. The figure lines of :func:`main` also go, with the machine and the
+command, to a new ``benchmarks/results/crash_safety-DATE-TIME.txt`` (``--no-results``: not
+written).
 
 Usage::
 
@@ -55,6 +57,9 @@ from offcut.client.retry import RetryPolicy
 from offcut.client.child_daemon import stop_offcutd
 from offcut.replay.driver import ReplayOptions, daemon_command, run_replay
 from offcut.v1 import decision_pb2, zeus_pb2
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_log import ResultsLog, add_option  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "bftrainer"
 
@@ -506,7 +511,7 @@ def crash_test(node_log, tasks, opts: ReplayOptions, workdir: Path, *, replay_ki
 
 
 # ------------------------------------------------------------------------------ CLI
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--demo", action="store_true", help="the bundled demo log instead")
@@ -519,7 +524,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--solver", default="dp")
     ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
+    add_option(ap)
+    args = ap.parse_args(argv)
+    log = ResultsLog.from_args("crash_safety", args, argv)
+    say = log.say
 
     from offcut.replay.bftrainer_data import load_node_log, load_task_set
     from offcut.replay.synth import demo_data_dir
@@ -549,30 +557,33 @@ def main() -> int:
     kinds: dict[str, int] = {}
     for p, _ in crash.fired:
         kinds[p.kind] = kinds.get(p.kind, 0) + 1
-    print(f"input: {what}, max {args.max_events} events, solver {args.solver}, seed {args.seed}")
-    print(f"replay: {ref.summary['events']} events, {ref.summary['tasks_submitted']} tasks "
-          f"({ref.summary['tasks_completed']} completed), {len(ref.calls[0])} acknowledged "
-          f"calls; Zeus: {args.recurrences} recurrences, {len(ref.calls[1])} calls")
-    print(f"kills: {len(crash.fired)} fired ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}); "
-          f"{crash.kills} SIGKILLs, {crash.starts} daemon starts, {crash.driver_restarts} driver "
-          f"restarts (resumed from last_seq), {crash.retries} client retries, "
-          f"{crash.reconciled} report_epoch answers reconciled")
+    say(f"input: {what}, max {args.max_events} events, solver {args.solver}, seed {args.seed}")
+    say(f"replay: {ref.summary['events']} events, {ref.summary['tasks_submitted']} tasks "
+        f"({ref.summary['tasks_completed']} completed), {len(ref.calls[0])} acknowledged "
+        f"calls; Zeus: {args.recurrences} recurrences, {len(ref.calls[1])} calls")
+    say(f"kills: {len(crash.fired)} fired "
+        f"({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}); "
+        f"{crash.kills} SIGKILLs, {crash.starts} daemon starts, {crash.driver_restarts} driver "
+        f"restarts (resumed from last_seq), {crash.retries} client retries, "
+        f"{crash.reconciled} report_epoch answers reconciled")
     for p, name in crash.fired:
         where = f"the first {p.call} after" if p.call else "after"
-        print(f"  {p.kind:10s} at {name:12s} ({where} {p.index} acknowledged calls)")
-    print("checked: summary.json without " + ", ".join(sorted(TIMING_FIELDS)) + "; steps.csv "
-          "without solve_ms; placements.csv; daemon status, tasks and every journal entry "
-          "(each revision once, source seqs 1..last_seq once, one submission per task); Zeus "
-          "job state, trials and the verdicts the client saw")
-    print(f"time: uninterrupted {ref.seconds:.1f} s, with kills {crash.seconds:.1f} s, "
-          f"total {total:.1f} s; outputs in {workdir}")
+        say(f"  {p.kind:10s} at {name:12s} ({where} {p.index} acknowledged calls)")
+    say("checked: summary.json without " + ", ".join(sorted(TIMING_FIELDS)) + "; steps.csv "
+        "without solve_ms; placements.csv; daemon status, tasks and every journal entry "
+        "(each revision once, source seqs 1..last_seq once, one submission per task); Zeus "
+        "job state, trials and the verdicts the client saw")
+    say(f"time: uninterrupted {ref.seconds:.1f} s, with kills {crash.seconds:.1f} s, "
+        f"total {total:.1f} s")
+    print(f"outputs in {workdir}")
     if problems:
-        print("FAILED:")
+        say("FAILED:")
         for p in problems:
-            print("  " + p)
-        return 1
-    print("OK: the crashed run equals the uninterrupted one")
-    return 0
+            say("  " + p)
+    else:
+        say("OK: the crashed run equals the uninterrupted one")
+    log.finish()
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

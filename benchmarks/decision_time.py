@@ -18,13 +18,15 @@ the child's build + solve wall time (process start excluded; killed runs: the pa
 The MILP rows include the tie-breaking stages (``offcut.daemon.solvers.ties``, the rule all
 exact backends follow); the ``<name>-noties`` rows time the same backend without them (its
 first optimum, which may differ from dp's counts), and ``same=k/n`` counts the instances whose
-counts equal dp's.
+counts equal dp's. The figure lines also go, with the machine and the command, to a new
+``benchmarks/results/decision_time-DATE-TIME.txt`` (``--no-results``: not written).
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +38,9 @@ from offcut.daemon.solvers.dp import solve_dp
 from offcut.daemon.solvers.greedy import solve_greedy
 from offcut.daemon.solvers.gurobi import choose_form, gurobi_importable, solve_gurobi
 from offcut.daemon.solvers.problem import AllocationProblem
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_log import ResultsLog, add_option  # noqa: E402
 
 SIZES = [(10, 128), (50, 512), (100, 4734)]
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -312,7 +317,7 @@ def anchor_row(label: str, probs, time_limit_s: float, dp_p99_ms: float | None,
     return f"{label:>16} {'anchor':>13} {p50:9.2f} {p99:9.2f} {rel} {gap} {note}", ratio
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5, help="instances per size (default 5)")
     ap.add_argument("--solvers", default="dp,cbc,gurobi,greedy")
@@ -331,7 +336,10 @@ def main() -> None:
     ap.add_argument("--anchor-time-limit", type=float, default=10.0,
                     help="CBC time limit of the anchor [s]; hard kill 20 s later (default 10)")
     ap.add_argument("--no-anchor", action="store_true", help="skip the node-level anchor")
-    args = ap.parse_args()
+    add_option(ap)
+    args = ap.parse_args(argv)
+    results = ResultsLog.from_args("decision_time", args, argv)
+    say = results.say
     solvers = [s.strip() for s in args.solvers.split(",") if s.strip()]
     anchor_sizes = {a.strip() for a in args.anchor_sizes.split(",") if a.strip()}
     ratios: list[str] = []
@@ -349,11 +357,12 @@ def main() -> None:
 
         sets.append((f"records:{args.records.name}", [p for _, p in read_records(args.records)]))
     if "gurobi" in solvers and not gurobi_importable():
-        print("gurobi: gurobipy not importable, skipped")
+        say("gurobi: gurobipy not importable, skipped")
         solvers.remove("gurobi")
-    print(f"task curves: {source}; {args.repeat} instances per size; times in ms (wall, in-process)")
+    say(f"task curves: {source}; {args.repeat} instances per size; times in ms (wall, "
+        f"in-process)")
     header = f"{'instances':>16} {'solver':>13} {'p50':>9} {'p99':>9} {'p50/dp':>7} {'gap_max':>8} {'note':s}"
-    print(header)
+    say(header)
     rows = []
     for name in solvers:
         rows.append(name)
@@ -383,29 +392,31 @@ def main() -> None:
                 gaps.append((best - s.objective) / max(1.0, abs(best)))
                 same += bool(np.array_equal(s.counts, ref.counts))
             if not times:
-                print(f"{label:>16} {name:>13} {'-':>9} {'-':>9} {'-':>7} {'-':>8} {note}")
+                say(f"{label:>16} {name:>13} {'-':>9} {'-':>9} {'-':>7} {'-':>8} {note}")
                 continue
             p50, p99 = np.percentile(times, 50), np.percentile(times, 99)
             if name == "dp":
                 p50_dp, p99_dp = p50, p99
             ratio = f"{p50 / p50_dp:7.1f}" if p50_dp else f"{'-':>7}"
             note = f"same={same}/{len(times)} {note}".rstrip()
-            print(f"{label:>16} {name:>13} {p50:9.2f} {p99:9.2f} {ratio} {max(gaps):8.1e} {note}")
+            say(f"{label:>16} {name:>13} {p50:9.2f} {p99:9.2f} {ratio} {max(gaps):8.1e} {note}")
         if args.no_anchor or label.startswith("records:"):
             continue
         if label not in anchor_sizes:
             J, N = (int(v) for v in label.split("x"))
-            print(f"{label:>16} {'anchor':>13} {'-':>9} {'-':>9} {'-':>7} {'-':>8} "
-                  f"not attempted ({anchor_binaries(J, N)} binaries)")
+            say(f"{label:>16} {'anchor':>13} {'-':>9} {'-':>9} {'-':>7} {'-':>8} "
+                f"not attempted ({anchor_binaries(J, N)} binaries)")
             continue
         if p99_dp is None:
             p99_dp = float(np.percentile([_time_dp(p) for p in probs], 99))
         row, ratio = anchor_row(label, probs, args.anchor_time_limit, p99_dp, p50_dp)
-        print(row, flush=True)
+        say(row)
         if ratio:
             ratios.append(ratio)
     if not args.no_anchor:
-        print("anchor time / dp p99: " + ("; ".join(ratios) if ratios else "no anchor solve finished"))
+        say("anchor time / dp p99: " + ("; ".join(ratios) if ratios else
+                                        "no anchor solve finished"))
+    results.finish()
 
 
 def _time_dp(p: AllocationProblem) -> float:

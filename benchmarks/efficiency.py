@@ -5,7 +5,9 @@ node-hours on dedicated nodes, each at its best count per node, without preempti
 rescales (BFTrainer, arXiv 2106.12091, reports up to 93 %). Replays, each through its own
 private daemon (solver dp, the replays' Tfwd 10 s, every task to its end): the hps-shufflenet
 10-task set on 128 and on 64 nodes of the real two-week log, and the ImageNet 1,001-task set
-(100 admitted at once) on the whole 4,734-node machine.
+(100 admitted at once) on the whole 4,734-node machine. The figure lines also go, with the
+machine and the command, to a new ``benchmarks/results/efficiency-DATE-TIME.txt``
+(``--no-results``: not written).
 
 Usage::
 
@@ -19,12 +21,15 @@ import tempfile
 from pathlib import Path
 
 from real_data import NODE_LOG, parser, require
+from results_log import ResultsLog, add_option
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__)
     ap.add_argument("--skip-imagenet", action="store_true", help="only the shufflenet runs")
-    args = ap.parse_args()
+    add_option(ap)
+    args = ap.parse_args(argv)
+    log = ResultsLog.from_args("efficiency", args, argv)
     require(args.data_dir, NODE_LOG, "hps-shufflenet-Jbnd-10J.pkl",
             *([] if args.skip_imagenet else ["ImageNet-imgps-Jbnd-1001J.pkl"]))
     log_path = args.data_dir / NODE_LOG
@@ -40,20 +45,21 @@ def main() -> None:
     rows = []
     for label, name, nodes, max_tasks in runs:
         tasks = load_task_set(args.data_dir / name, allow_pickle=True)
-        log = load_node_log(log_path, num_nodes=nodes, allow_pickle=True)
-        s = run_replay(log, tasks, out_root / f"{name}-{nodes or 'all'}", ReplayOptions(
+        node_log = load_node_log(log_path, num_nodes=nodes, allow_pickle=True)
+        s = run_replay(node_log, tasks, out_root / f"{name}-{nodes or 'all'}", ReplayOptions(
             solver="dp", max_tasks=max_tasks, progress=False))
         rows.append((label, s["num_nodes"], s))
         print(f"{label} on {s['num_nodes']} nodes: efficiency {s['dedicated_efficiency']:.4f}",
               flush=True)
     print(f"\noutputs in {out_root}")
-    print("| task set | nodes | samples trained | dedicated, same node-hours | efficiency | "
-          "node-hours used | tasks done |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    log.say("| task set | nodes | samples trained | dedicated, same node-hours | efficiency | "
+            "node-hours used | tasks done |")
+    log.say("|---|---:|---:|---:|---:|---:|---:|")
     for label, nodes, s in rows:
-        print(f"| {label} | {nodes:,} | {s['total_samples']:.4g} | {s['dedicated_samples']:.4g} "
-              f"| {100 * s['dedicated_efficiency']:.1f} % | {s['used_node_hours']:.0f} | "
-              f"{s['tasks_completed']} of {s['tasks_submitted']} |")
+        log.say(f"| {label} | {nodes:,} | {s['total_samples']:.4g} | "
+                f"{s['dedicated_samples']:.4g} | {100 * s['dedicated_efficiency']:.1f} % | "
+                f"{s['used_node_hours']:.0f} | {s['tasks_completed']} of {s['tasks_submitted']} |")
+    log.finish()
 
 
 if __name__ == "__main__":

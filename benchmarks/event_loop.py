@@ -6,7 +6,9 @@ made unimportable, as on a machine without it); one client sends them alternate 
 ``--batch`` trivial ``ReportNodes`` calls (one node joins or leaves a 2,000-node pool, no
 tasks), so both see the same machine speed, which varies by up to 2x over an hour here.
 Printed per loop: the daemon's CPU time per call [ms] (user + system, from /proc) and the wall
-time per call [ms]; then uvloop's over asyncio's.
+time per call [ms]; then uvloop's over asyncio's. The figure lines also go, with the machine
+and the command, to a new ``benchmarks/results/event_loop-DATE-TIME.txt`` (``--no-results``:
+not written).
 
 Usage::
 
@@ -18,10 +20,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_log import ResultsLog, add_option  # noqa: E402
 
 #: offcutd as a machine without uvloop runs it
 _WITHOUT_UVLOOP = ("import sys; sys.modules['uvloop'] = None; "
@@ -38,7 +44,7 @@ class Daemon:
         from offcut.client.child_daemon import offcutd_argv, start_offcutd
 
         self.label = label
-        folder = Path(tempfile.mkdtemp(prefix=f"offcut-loop-{label}-"))
+        self.folder = folder = Path(tempfile.mkdtemp(prefix=f"offcut-loop-{label}-"))
         address = f"unix://{folder / 'd.sock'}"
         head = offcutd_argv() if uvloop else [sys.executable, "-c", _WITHOUT_UVLOOP]
         self.proc = start_offcutd(
@@ -74,13 +80,16 @@ class Daemon:
 
         self.client.close()
         stop_offcutd(self.proc)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=12, help="batches sent to each daemon")
     ap.add_argument("--batch", type=int, default=400, help="calls per batch")
-    args = ap.parse_args()
+    add_option(ap)
+    args = ap.parse_args(argv)
+    log = ResultsLog.from_args("event_loop", args, argv)
     try:
         import uvloop  # noqa: F401
     except ImportError:
@@ -97,10 +106,12 @@ def main() -> None:
         for d in daemons:
             d.stop()
     for d in daemons:
-        print(f"{d.label:8s} daemon CPU {d.cpu_s / d.calls * 1e3:.3f} ms/call, "
-              f"wall {d.wall_s / d.calls * 1e3:.3f} ms/call ({d.calls} calls)")
+        log.say(f"{d.label:8s} daemon CPU {d.cpu_s / d.calls * 1e3:.3f} ms/call, "
+                f"wall {d.wall_s / d.calls * 1e3:.3f} ms/call ({d.calls} calls)")
     uv, aio = daemons
-    print(f"uvloop / asyncio: CPU {uv.cpu_s / aio.cpu_s:.2f}x, wall {uv.wall_s / aio.wall_s:.2f}x")
+    log.say(f"uvloop / asyncio: CPU {uv.cpu_s / aio.cpu_s:.2f}x, "
+            f"wall {uv.wall_s / aio.wall_s:.2f}x")
+    log.finish()
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@
    ``greedy`` through a private daemon over gRPC vs through the engine alone (in-process, no
    gRPC), printed as ms/event and their ratio.
 
+The figure lines also go, with the machine and the command, to a new
+``benchmarks/results/full_replay-DATE-TIME.txt`` (``--no-results``: not written).
+
 Usage::
 
     python benchmarks/full_replay.py                       # whole log, solver dp
@@ -18,9 +21,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_log import ResultsLog, add_option  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "bftrainer"
 
@@ -66,7 +73,7 @@ def engine_alone(node_log, tasks, max_events: int, max_tasks: int, solver: str) 
     return elapsed, calls + 1
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from offcut.replay.driver import ReplayOptions
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -75,14 +82,18 @@ def main() -> None:
     ap.add_argument("--max-tasks", type=int, default=100)
     ap.add_argument("--max-events", type=int, default=None, help="default: the whole log")
     ap.add_argument("--overhead-events", type=int, default=2000)
-    ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="offcut-full-")))
+    ap.add_argument("--out", type=Path, default=None, help="default: a temporary folder")
     ap.add_argument("--send-ahead", type=int, default=ReplayOptions.send_ahead,
                     help="node events sent on the StreamNodes stream before the oldest one's "
                          "Decision is read (0: one ReportNodes call per event)")
     ap.add_argument("--record-instances", type=Path, default=None,
                     help="write every allocation problem of the replay (JSONL) for "
                          "benchmarks/decision_time.py --records")
-    args = ap.parse_args()
+    add_option(ap)
+    args = ap.parse_args(argv)
+    args.out = args.out or Path(tempfile.mkdtemp(prefix="offcut-full-"))
+    results = ResultsLog.from_args("full_replay", args, argv)
+    say = results.say
 
     from offcut.replay.bftrainer_data import load_node_log, load_task_set
     from offcut.replay.driver import run_replay
@@ -94,17 +105,17 @@ def main() -> None:
     tasks = load_task_set(tasks_path, allow_pickle=True)
 
     log = load_node_log(log_path, allow_pickle=True)
-    print(f"whole machine: {len(log.node_names)} nodes, {len(tasks)} tasks, --max-tasks "
-          f"{args.max_tasks}, solver {args.solver}, --send-ahead {args.send_ahead}")
+    say(f"whole machine: {len(log.node_names)} nodes, {len(tasks)} tasks, --max-tasks "
+        f"{args.max_tasks}, solver {args.solver}, --send-ahead {args.send_ahead}")
     s = run_replay(log, tasks, args.out / "full", ReplayOptions(
         solver=args.solver, max_tasks=args.max_tasks, max_events=args.max_events,
         progress=True, until_log_end=True, send_ahead=args.send_ahead,
         record_instances=str(args.record_instances) if args.record_instances else None))
-    print(f"  events {s['events']}  wall {s['wall_s']:.1f} s (daemon start included; "
-          f"{s['drive_s']:.1f} s sending)  events/s {s['events_per_s']:.0f}  "
-          f"daemon peak RSS {s['daemon_peak_rss_mb']:.0f} MiB")
-    print(f"  tasks completed {s['tasks_completed']}/{s['tasks_submitted']}  "
-          f"decision ms p50 {s['decision_ms']['p50']:.2f} p99 {s['decision_ms']['p99']:.2f}")
+    say(f"  events {s['events']}  wall {s['wall_s']:.1f} s (daemon start included; "
+        f"{s['drive_s']:.1f} s sending)  events/s {s['events_per_s']:.0f}  "
+        f"daemon peak RSS {s['daemon_peak_rss_mb']:.0f} MiB")
+    say(f"  tasks completed {s['tasks_completed']}/{s['tasks_submitted']}  "
+        f"decision ms p50 {s['decision_ms']['p50']:.2f} p99 {s['decision_ms']['p99']:.2f}")
     print(f"  outputs: {args.out / 'full'}")
 
     n = args.overhead_events
@@ -116,9 +127,10 @@ def main() -> None:
         until_log_end=True, send_ahead=args.send_ahead))
     grpc_ms = s["drive_s"] * 1e3 / calls
     alone_ms = alone_s * 1e3 / calls
-    print(f"gRPC overhead, first {n} events + submissions ({calls} calls), solver greedy:")
-    print(f"  engine alone {alone_ms:.2f} ms/call, over gRPC {grpc_ms:.2f} ms/call "
-          f"(ratio {grpc_ms / alone_ms:.2f}, overhead {grpc_ms - alone_ms:.2f} ms/call)")
+    say(f"gRPC overhead, first {n} events + submissions ({calls} calls), solver greedy:")
+    say(f"  engine alone {alone_ms:.2f} ms/call, over gRPC {grpc_ms:.2f} ms/call "
+        f"(ratio {grpc_ms / alone_ms:.2f}, overhead {grpc_ms - alone_ms:.2f} ms/call)")
+    results.finish()
 
 
 if __name__ == "__main__":

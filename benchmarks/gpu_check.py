@@ -8,9 +8,10 @@
    at that limit, measuring each GPU's energy counter (NVML, mJ) around it,
 4. restore each GPU's default limit through the helper and read it back,
 
-and print the limits, the measured energy and samples per joule. The output also goes to
-``benchmarks/results/gpu_check-DATE.txt``. Elsewhere (no NVML, no GPU, no CUDA build of torch,
-not root) it prints why it cannot run and exits 3.
+and print the limits, the measured energy and samples per joule. The figure lines also go,
+with the machine and the command, to a new ``benchmarks/results/gpu_check-DATE-TIME.txt``
+(``--no-results``: not written). Elsewhere (no NVML, no GPU, no CUDA build of torch, not root)
+it prints why it cannot run and exits 3 (no file written).
 
     sudo python benchmarks/gpu_check.py [--samples 60000] [--limit-share 0.8] [--gpus 8]
 
@@ -20,7 +21,6 @@ Exit status: 0 every check held; 1 a check failed (printed); 3 cannot run here.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import re
 import socket
@@ -30,15 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_log import ResultsLog, add_option  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "elastic_digits" / "train.py"
 CANNOT_RUN = 3
-LINES: list[str] = []
-
-
-def say(text: str = "") -> None:
-    print(text, flush=True)
-    LINES.append(text)
 
 
 def cannot_run(why: str) -> None:
@@ -97,14 +94,16 @@ def main(argv=None) -> int:
                    help="the limit to set, as a share of the way from the GPU's minimum to its "
                         "maximum limit")
     p.add_argument("--gpus", type=int, default=8, help="use at most this many GPUs")
+    add_option(p)
     args = p.parse_args(argv)
     pynvml, gpus = preflight(args.gpus)
+    log = ResultsLog.from_args("gpu_check", args, argv)
+    say = log.say
     from offcut.client.training.zeusd import ZeusdHttpClient
 
     failures: list[str] = []
     handles = {g: pynvml.nvmlDeviceGetHandleByIndex(g) for g in gpus}
-    say(f"# gpu_check {dt.datetime.now().isoformat(timespec='seconds')}: "
-        f"{len(gpus)} GPU(s): " + ", ".join(
+    say(f"{len(gpus)} GPU(s): " + ", ".join(
             f"{g}: {pynvml.nvmlDeviceGetName(h)}" for g, h in handles.items()))
     tmp = Path(tempfile.mkdtemp(prefix="offcut-gpu-check-"))
     sock = tmp / "power.sock"
@@ -178,11 +177,7 @@ def main(argv=None) -> int:
     for f in failures:
         say(f"FAILED: {f}")
     say("all checks held" if not failures else f"{len(failures)} check(s) failed")
-    results = REPO / "benchmarks" / "results"
-    results.mkdir(exist_ok=True)
-    path = results / f"gpu_check-{dt.date.today().isoformat()}.txt"
-    path.write_text("\n".join(LINES) + "\n")
-    print(f"(written to {path})")
+    log.finish()
     return 1 if failures else 0
 
 

@@ -5,11 +5,11 @@ BFTrainer weighs every rescale against one fixed look-ahead Tfwd (arXiv 2106.120
 docs/architecture.md, "The horizon"). Slurm often knows better (the next job's start on a
 node, a reservation). Before building that, this replays the real two-week node log with an
 *oracle* that reads each idle node's true remaining idle time from the log itself
-(:class:`LogOracle`, handed as an :class:`IdleForecast` to :class:`ForecastScheduler`, this
-benchmark's own variant of the daemon's scheduler), against the fixed horizon at the daemon's
-default (60 s). The variant lives here, not in the product: offcutd never uses a forecast (it
-is neither persisted nor journaled, so a daemon using it would not re-apply its journal to the
-same placements after a restart). Variants, each a full replay through its own in-process offcutd
+(:class:`LogOracle`, handed as an :class:`IdleForecast` to :class:`ForecastRules`, this
+benchmark's own variant of the scheduler's placement rules), against the fixed horizon at the
+daemon's default (60 s). The variant lives here, not in the product: offcutd never uses a
+forecast (it is neither persisted nor journaled, so a daemon using it would not re-apply its
+journal to the same placements after a restart). Variants, each a full replay through its own in-process offcutd
 (solver dp, replay clock, every task to its end):
 
 * ``fixed``: Tfwd = 60 s, default placement (the baseline);
@@ -39,7 +39,6 @@ Usage::
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 import time
 from dataclasses import dataclass
@@ -50,8 +49,11 @@ import numpy as np
 
 from offcut.daemon.model import Task
 from offcut.daemon.scheduler import Scheduler
-from offcut.daemon.solvers.problem import AllocationProblem
+from offcut.daemon.scheduler.interfaces import Models
+from offcut.daemon.scheduler.placement_rules import PlacementRules
+from offcut.daemon.scheduler.state import SchedulerState
 from real_data import NODE_LOG, parser, require
+from results_log import ResultsLog, add_option
 
 VARIANTS = {  # name -> (oracle placement, horizon)
     "fixed": (False, "fixed"),
@@ -69,7 +71,7 @@ HORIZONS = ("fixed", "median", "mean")
 
 @dataclass(frozen=True)
 class IdleForecast:
-    """Expected remaining idle time of idle nodes, and what :class:`ForecastScheduler` does
+    """Expected remaining idle time of idle nodes, and what :class:`ForecastRules` do
     with it (docs/architecture.md, "The horizon").
 
     Attributes:
@@ -141,56 +143,61 @@ def grow_by_forecast(extra: int, free: list[str], remaining_s: Mapping[str, floa
     return sorted(free, key=lambda n: (-remaining_s[n], n))[:extra]
 
 
-class ForecastScheduler(Scheduler):
-    """The daemon's scheduler with an :class:`IdleForecast` (``forecast``; None: exactly the
-    daemon's scheduler): the count-level problem's horizon and, with ``forecast.placement``,
-    the node identities follow each idle node's expected remaining idle time. The product's
-    placement rules are methods of the scheduler's allocation (``_shrink_nodes``,
-    ``_growth_order``, ``_pick_free_nodes``); this variant overrides them.
+class ForecastRules(PlacementRules):
+    """The scheduler's placement rules with an :class:`IdleForecast` (``forecast``; None:
+    exactly the daemon's rules): the count-level problem's horizon and, with
+    ``forecast.placement``, the node identities follow each idle node's expected remaining
+    idle time. The product's rules are the methods of
+    :class:`~offcut.daemon.scheduler.placement_rules.PlacementRules`; this variant overrides
+    them, reading the scheduler's state and its task models (the dearest task to preempt:
+    Tcdw x its rate at the new count).
 
-    :func:`use_forecast` turns a running daemon's scheduler into one."""
+    :func:`use_forecast` puts them in a running daemon's scheduler."""
 
-    forecast: IdleForecast | None = None
+    def __init__(self, state: SchedulerState, models: Models,
+                 forecast: IdleForecast | None) -> None:
+        super().__init__(state)
+        self.models = models
+        self.forecast = forecast
 
-    def problem(self, tasks: list[Task], idle_nodes: int | None = None) -> AllocationProblem:
-        """The daemon's problem, over the forecast's horizon (:meth:`IdleForecast.horizon_s`
-        on the idle pool at the scheduler's clock) instead of Tfwd."""
-        problem = super().problem(tasks, idle_nodes)
-        f = self.forecast
-        if f is None or f.horizon == "fixed" or self.clock is None:
-            return problem
-        return dataclasses.replace(
-            problem, tfwd_s=f.horizon_s(list(self.pool), self.clock, self.tfwd_s), check=False)
+    def horizon_s(self) -> float:
+        """The forecast's horizon (:meth:`IdleForecast.horizon_s` on the idle pool at the
+        scheduler's clock) instead of Tfwd."""
+        f, state = self.forecast, self.state
+        if f is None or f.horizon == "fixed" or state.clock is None:
+            return super().horizon_s()
+        return f.horizon_s(list(state.pool), state.clock, state.tfwd_s)
 
     def _placing(self) -> bool:
         return self.forecast is not None and self.forecast.placement
 
-    def _shrink_nodes(self, task: Task, keep: int, t: float) -> tuple[list[str], list[str]]:
+    def shrink_nodes(self, task: Task, keep: int, t: float) -> tuple[list[str], list[str]]:
         if not self._placing():
-            return super()._shrink_nodes(task, keep, t)
+            return super().shrink_nodes(task, keep, t)
         return shrink_by_forecast(task.nodes, keep, self.forecast.by_node(task.nodes, t))
 
-    def _growth_order(self, tasks: list[Task], counts: list[int]) -> list[tuple[Task, int]]:
-        order = super()._growth_order(tasks, counts)
+    def growth_order(self, tasks: list[Task], counts: list[int]) -> list[tuple[Task, int]]:
+        order = super().growth_order(tasks, counts)
         if self._placing():  # the dearest task to preempt takes the longest-lived nodes
-            order.sort(key=lambda tn: -self.rescale_costs(tn[0])[1] * self.rate_at(*tn))
+            order.sort(key=lambda tn: -self.models.rescale_costs(tn[0])[1]
+                       * self.models.rate_at(*tn))
         return order
 
-    def _pick_free_nodes(self, task: Task, extra: int, free: list[str], t: float) -> list[str]:
+    def pick_free_nodes(self, task: Task, extra: int, free: list[str], t: float) -> list[str]:
         if not self._placing():
-            return super()._pick_free_nodes(task, extra, free, t)
+            return super().pick_free_nodes(task, extra, free, t)
         return grow_by_forecast(extra, free, self.forecast.by_node(free, t))
 
 
-def use_forecast(scheduler: Scheduler, forecast: IdleForecast | None) -> ForecastScheduler:
-    """Make a running daemon's ``scheduler`` (``OffcutServer.engine.scheduler``) a
-    :class:`ForecastScheduler` with ``forecast``, in place (its state stays; the daemon builds
-    only its own scheduler). Returns it. The daemon loses the variant when it reloads its
-    scheduler from the state file (after a failed commit): callers check
-    ``type(engine.scheduler) is ForecastScheduler`` afterwards."""
-    scheduler.__class__ = ForecastScheduler
-    scheduler.forecast = forecast
-    return scheduler
+def use_forecast(scheduler: Scheduler, forecast: IdleForecast | None) -> ForecastRules:
+    """Give a running daemon's ``scheduler`` (``OffcutServer.engine.scheduler``)
+    :class:`ForecastRules` with ``forecast`` (its state stays; the daemon builds only its own
+    scheduler). Returns the rules. The daemon loses them when it reloads its scheduler from
+    the state file (after a failed commit): callers check that ``engine.scheduler`` is the
+    same scheduler and ``scheduler.rules`` the same rules afterwards."""
+    rules = ForecastRules(scheduler.state, scheduler.models, forecast)
+    scheduler.use_placement_rules(rules)
+    return rules
 
 
 class LogOracle:
@@ -253,11 +260,12 @@ def replay_variant(node_log, tasks, out_dir: Path, variant: str, tfwd_s: float,
             forecast = None
             if variant != "fixed":
                 forecast = IdleForecast(oracle.remaining_s, placement=place, horizon=horizon)
-            scheduler = use_forecast(srv.engine.scheduler, forecast)
+            scheduler = srv.engine.scheduler
+            rules = use_forecast(scheduler, forecast)
             summary = run_replay(node_log, tasks, out_dir, ReplayOptions(
                 solver="dp", tfwd_s=tfwd_s, max_tasks=max_tasks, target=cfg.listen,
                 progress=False))
-            if srv.engine.scheduler is not scheduler or scheduler.forecast is not forecast:
+            if srv.engine.scheduler is not scheduler or scheduler.rules is not rules:
                 raise SystemExit(f"{variant}: the daemon reloaded its scheduler during the "
                                  "replay; the oracle was lost, the figures do not hold")
         finally:
@@ -287,7 +295,9 @@ def main() -> None:
                     help=f"which of {', '.join(VARIANTS)} (fixed is always run first)")
     ap.add_argument("--tfwd", type=float, default=60.0, help="the fixed horizon [s]")
     ap.add_argument("--max-tasks", type=int, default=10, help="tasks admitted at once")
+    add_option(ap)
     args = ap.parse_args()
+    log = ResultsLog.from_args("horizon_oracle", args)
     variants = ["fixed"] + [v for v in args.variants.split(",") if v and v != "fixed"]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -324,34 +334,37 @@ def main() -> None:
                   f"{s['preemptions']} preemptions, {s['rescales']} rescales "
                   f"({time.monotonic() - t0:.0f} s wall)", flush=True)
 
-    print(f"\n{args.tasks}, {args.max_tasks} admitted, fixed Tfwd {args.tfwd:g} s, solver dp; "
-          f"outputs in {out_root}")
-    print("| nodes | variant | makespan [h] | samples trained | samples/h (vs fixed) | "
-          "preemptions (vs fixed) | node events preempting | rescales (vs fixed) | "
-          "lost to rescales + preemptions [samples] |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-    gains = []
-    for nodes, runs in results.items():
-        base = runs["fixed"]
-        for variant, s in runs.items():
-            span, rate = s["makespan_h"], s["samples_per_h"]
-            print(f"| {nodes} | {variant} | {'-' if span is None else f'{span:.3f}'} | "
-                  f"{s['total_samples']:.6g} | "
-                  f"{'-' if rate is None else f'{rate:.4g}'} "
-                  f"({pct(s['samples_per_h'], base['samples_per_h'])}) | "
-                  f"{s['preemptions']} ({pct(s['preemptions'], base['preemptions'])}) | "
-                  f"{s['hit_events']} | "
-                  f"{s['rescales']} ({pct(s['rescales'], base['rescales'])}) | "
-                  f"{s['lost_samples']:.4g} |")
-            if variant != "fixed" and s["samples_per_h"] and base["samples_per_h"]:
-                gains.append((nodes, variant, s["samples_per_h"] / base["samples_per_h"] - 1.0,
-                              1.0 - s["preemptions"] / max(base["preemptions"], 1)))
-    wins = [g for g in gains if g[2] >= 0.02 or g[3] >= 0.10]
-    print("\nDecision (issue 19: build if >= 2 % more samples/h or >= 10 % fewer preemptions): "
-          + ("BUILD the real version; the oracle wins in " + ", ".join(
-              f"{v} on {n} nodes ({100 * g:+.2f} % samples/h, {100 * p:.1f} % fewer "
-              "preemptions)" for n, v, g, p in wins) if wins else
-             "do NOT build it; no oracle reaches either threshold"))
+    with log.tee():  # the report: printed and kept for the results file
+        print(f"\n{args.tasks}, {args.max_tasks} admitted, fixed Tfwd {args.tfwd:g} s, solver dp; "
+              f"outputs in {out_root}")
+        print("| nodes | variant | makespan [h] | samples trained | samples/h (vs fixed) | "
+              "preemptions (vs fixed) | node events preempting | rescales (vs fixed) | "
+              "lost to rescales + preemptions [samples] |")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+        gains = []
+        for nodes, runs in results.items():
+            base = runs["fixed"]
+            for variant, s in runs.items():
+                span, rate = s["makespan_h"], s["samples_per_h"]
+                print(f"| {nodes} | {variant} | {'-' if span is None else f'{span:.3f}'} | "
+                      f"{s['total_samples']:.6g} | "
+                      f"{'-' if rate is None else f'{rate:.4g}'} "
+                      f"({pct(s['samples_per_h'], base['samples_per_h'])}) | "
+                      f"{s['preemptions']} ({pct(s['preemptions'], base['preemptions'])}) | "
+                      f"{s['hit_events']} | "
+                      f"{s['rescales']} ({pct(s['rescales'], base['rescales'])}) | "
+                      f"{s['lost_samples']:.4g} |")
+                if variant != "fixed" and s["samples_per_h"] and base["samples_per_h"]:
+                    gains.append((nodes, variant, s["samples_per_h"] / base["samples_per_h"] - 1.0,
+                                  1.0 - s["preemptions"] / max(base["preemptions"], 1)))
+        wins = [g for g in gains if g[2] >= 0.02 or g[3] >= 0.10]
+        print("\nDecision (issue 19: build if >= 2 % more samples/h or >= 10 % fewer preemptions): "
+              + ("BUILD the real version; the oracle wins in " + ", ".join(
+                  f"{v} on {n} nodes ({100 * g:+.2f} % samples/h, {100 * p:.1f} % fewer "
+                  "preemptions)" for n, v, g, p in wins) if wins else
+                 "do NOT build it; no oracle reaches either threshold"))
+
+    log.finish()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ scalability online, and let the allocation optimise energy").
    and the trade-off (samples lost vs energy saved) against ``throughput``.
 
 Workloads: 128 nodes with the 10-task hps-shufflenet set, and 128 nodes with a 100-task
-excerpt of the ImageNet set (the first 100 tasks by submit time). Needs ../shared/data.
+excerpt of the ImageNet set (the first 100 tasks by submit time). Needs ../shared/data. The
+figure lines also go, with the machine and the command, to a new
+``benchmarks/results/learning_energy-DATE-TIME.txt`` (``--no-results``: not written).
 
 Usage::
 
@@ -23,9 +25,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_log import ResultsLog, add_option  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "bftrainer"
 
@@ -52,7 +58,7 @@ def run(log, tasks, out: Path, **opts) -> dict:
     return run_replay(log, tasks, out, ReplayOptions(progress=False, **opts))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--workloads", default="shufflenet,imagenet")
@@ -65,8 +71,12 @@ def main() -> None:
     ap.add_argument("--parts", default="learning,energy")
     ap.add_argument("--energy-tfwd", default="10,60",
                     help="look-ahead Tfwd values [s] of the energy comparison (comma-separated)")
-    ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="offcut-learn-")))
-    args = ap.parse_args()
+    ap.add_argument("--out", type=Path, default=None, help="default: a temporary folder")
+    add_option(ap)
+    args = ap.parse_args(argv)
+    args.out = args.out or Path(tempfile.mkdtemp(prefix="offcut-learn-"))
+    results = ResultsLog.from_args("learning_energy", args, argv)
+    say = results.say
     if not args.data_dir.is_dir():
         raise SystemExit(f"{args.data_dir} not found: this benchmark needs the BFTrainer data")
     parts = args.parts.split(",")
@@ -75,7 +85,7 @@ def main() -> None:
         tag = name.split()[0].lower()
         events = args.max_events or events
         common = dict(solver=args.solver, max_events=events, noise=args.noise, seed=args.seed)
-        print(f"== {name}: 128 nodes, {len(tasks)} tasks, --max-tasks {max_tasks}, "
+        say(f"== {name}: 128 nodes, {len(tasks)} tasks, --max-tasks {max_tasks}, "
               f"{events} events, noise {args.noise}, seed {args.seed}")
         if "learning" in parts:
             got = {}
@@ -84,13 +94,13 @@ def main() -> None:
                 s = run(log, tasks, args.out / tag / curves, curves=curves, max_tasks=max_tasks,
                         **common)
                 got[curves] = s
-                print(f"  curves {curves:7s} samples {s['total_samples']:.4e}  completed "
-                      f"{s['tasks_completed']:3d}/{s['tasks_submitted']}  "
-                      f"({time.perf_counter() - t0:.0f} s)")
+                say(f"  curves {curves:7s} samples {s['total_samples']:.4e}  completed "
+                    f"{s['tasks_completed']:3d}/{s['tasks_submitted']}  "
+                    f"({time.perf_counter() - t0:.0f} s)")
             known = got["known"]["total_samples"]
             hidden, linear = got["hidden"]["total_samples"], got["linear"]["total_samples"]
-            print(f"  hidden / known  = {hidden / known:.3f}   (goal >= 0.95)")
-            print(f"  hidden / linear = {hidden / linear:.3f}   (goal > 1)")
+            say(f"  hidden / known  = {hidden / known:.3f}   (goal >= 0.95)")
+            say(f"  hidden / linear = {hidden / linear:.3f}   (goal > 1)")
         if "energy" in parts:
             for tfwd in (float(x) for x in args.energy_tfwd.split(",")):
                 got = {}
@@ -99,17 +109,18 @@ def main() -> None:
                             curves="known", max_tasks=max_tasks, objective=objective, eta=eta,
                             tfwd_s=tfwd, **common)
                     got[objective] = s
-                    print(f"  Tfwd {tfwd:4g} s  objective {objective:10s} samples "
-                          f"{s['total_samples']:.4e}  energy {s['energy_j']:.4e} J  samples/J "
-                          f"{s['samples_per_joule']:.4f}")
+                    say(f"  Tfwd {tfwd:4g} s  objective {objective:10s} samples "
+                        f"{s['total_samples']:.4e}  energy {s['energy_j']:.4e} J  samples/J "
+                        f"{s['samples_per_joule']:.4f}")
                 base = got["throughput"]
                 for objective in ("zeus_cost", "energy"):
                     s = got[objective]
-                    print(f"  Tfwd {tfwd:4g} s  {objective:10s} vs throughput: samples/J x"
-                          f"{s['samples_per_joule'] / base['samples_per_joule']:.3f}, samples "
-                          f"{100 * (s['total_samples'] / base['total_samples'] - 1):+.1f} %, "
-                          f"energy {100 * (s['energy_j'] / base['energy_j'] - 1):+.1f} %")
+                    say(f"  Tfwd {tfwd:4g} s  {objective:10s} vs throughput: samples/J x"
+                        f"{s['samples_per_joule'] / base['samples_per_joule']:.3f}, samples "
+                        f"{100 * (s['total_samples'] / base['total_samples'] - 1):+.1f} %, "
+                        f"energy {100 * (s['energy_j'] / base['energy_j'] - 1):+.1f} %")
     print(f"outputs: {args.out}")
+    results.finish()
 
 
 if __name__ == "__main__":

@@ -55,7 +55,8 @@ refused, lost; the feed rate and the apply delay: the daemon's receive time minu
 stamp), a table of calls per kind with count, errors, p50 / p99 / max latency [ms], sustained
 rates and the daemon's RSS and CPU time. Exit status 1 if any node event of the feeder was
 refused or lost, any call failed, or the final state is inconsistent. ``tests/test_load.py``
-runs a bounded version.
+runs a bounded version. The figure lines (not the progress) also go, with the machine and the
+command, to a new ``benchmarks/results/load-DATE-TIME.txt`` (``--no-results``: not written).
 
 Usage::
 
@@ -92,6 +93,9 @@ import numpy as np
 from offcut.client.api import Client
 from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.v1 import tasks_pb2, zeus_pb2
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_log import ResultsLog, add_option  # noqa: E402
 
 #: the real BFTrainer node log, found like the other benchmarks find ../shared/data
 DEFAULT_NODE_LOG = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "bftrainer"
@@ -961,15 +965,17 @@ def _spec_fields(spec: tasks_pb2.TaskSpec) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- the report
 def print_report(result: LoadResult, check: StateCheck | None = None,
-                 daemon: dict[str, Any] | None = None, title: str = "") -> None:
+                 daemon: dict[str, Any] | None = None, title: str = "",
+                 log: ResultsLog | None = None) -> None:
     """Print the feeder's block (sent, acknowledged, refused, lost: ``check`` gives the lost
     count, else it reads "not checked"), the per-kind latency table and the throughput lines
-    (``daemon``: optional ``rss_mb``, ``peak_rss_mb``, ``cpu_s`` of the daemon process)."""
+    (``daemon``: optional ``rss_mb``, ``peak_rss_mb``, ``cpu_s`` of the daemon process); with
+    ``log``, also keep the printed text, as plain text, for its results file."""
     from rich.console import Console
     from rich.table import Table
 
     s = result.summary()
-    console = Console(width=110)
+    console = Console(width=110, record=log is not None)
     lost = str(check.feed.lost) if check is not None else "not checked"
     verdict = "OK" if check is not None and s["feed_refused"] == 0 and check.feed.lost == 0 \
         and not check.feed.problems else "FAILED"
@@ -1018,6 +1024,8 @@ def print_report(result: LoadResult, check: StateCheck | None = None,
             parts.append(f"CPU {daemon['cpu_s']:.1f} s "
                          f"({daemon['cpu_s'] / max(1, s['calls']) * 1e3:.2f} ms per call)")
         console.print("daemon: " + ", ".join(parts), highlight=False)
+    if log is not None:
+        log.keep(console.export_text())
 
 
 # ----------------------------------------------------------------------------- the daemon
@@ -1067,7 +1075,8 @@ def _state_bytes(path: Path) -> int:
     return sum(q.stat().st_size for q in (path, Path(f"{path}-wal")) if q.exists())
 
 
-def run_flood(feed: NodeFeed, seconds: float, durability: str) -> int:
+def run_flood(feed: NodeFeed, seconds: float, durability: str,
+              say: Callable[[str], None] = print) -> int:
     """The flood case (issue 37, finding 2; docs/security.md, "Round two: what one user makes
     the daemon keep"): beside the feeder's node events, one user submits and cancels tasks
     back to back, each with the largest command ``max_command_bytes`` allows (arguments of
@@ -1075,7 +1084,8 @@ def run_flood(feed: NodeFeed, seconds: float, durability: str) -> int:
     accepted and refused (RESOURCE_EXHAUSTED: the per-owner budget), the daemon's RSS and the
     state file's growth [MiB], and the node events' p50 / p99 latency [ms]. Returns 1 when a
     node event failed, a flood call failed otherwise than RESOURCE_EXHAUSTED, or the p99 is
-    :data:`FLOOD_P99_LIMIT_MS` or more; else 0."""
+    :data:`FLOOD_P99_LIMIT_MS` or more; else 0. The figure lines go through ``say`` (a
+    :class:`ResultsLog`'s, or print)."""
     from offcut.daemon.config import DaemonConfig
     from offcut.errors import OffcutError, ResourceExhausted
 
@@ -1133,12 +1143,12 @@ def run_flood(feed: NodeFeed, seconds: float, durability: str) -> int:
             stop_offcutd(proc)
     lat = np.array(latencies or [0.0])
     p50, p99 = float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
-    print(f"flood: {counts['accepted']} submit+cancel pairs of {size:,}-byte commands accepted, "
-          f"{counts['refused']} refused (RESOURCE_EXHAUSTED), {counts['errors']} other errors")
-    print(f"daemon RSS {rss0:.0f} -> {rss1:.0f} MiB (+{rss1 - rss0:.0f}); state file "
-          f"{state0 / 2**20:.1f} -> {state1 / 2**20:.1f} MiB (+{(state1 - state0) / 2**20:.1f})")
-    print(f"node events: {len(latencies)} sent, {counts['node_errors']} failed, p50 {p50:.1f} ms,"
-          f" p99 {p99:.1f} ms (limit {FLOOD_P99_LIMIT_MS:g} ms)")
+    say(f"flood: {counts['accepted']} submit+cancel pairs of {size:,}-byte commands accepted, "
+        f"{counts['refused']} refused (RESOURCE_EXHAUSTED), {counts['errors']} other errors")
+    say(f"daemon RSS {rss0:.0f} -> {rss1:.0f} MiB (+{rss1 - rss0:.0f}); state file "
+        f"{state0 / 2**20:.1f} -> {state1 / 2**20:.1f} MiB (+{(state1 - state0) / 2**20:.1f})")
+    say(f"node events: {len(latencies)} sent, {counts['node_errors']} failed, p50 {p50:.1f} ms,"
+        f" p99 {p99:.1f} ms (limit {FLOOD_P99_LIMIT_MS:g} ms)")
     bad = counts["node_errors"] or counts["errors"] or p99 >= FLOOD_P99_LIMIT_MS
     return 1 if bad else 0
 
@@ -1188,7 +1198,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the flood case instead (run_flood): one user submits and cancels "
                          "tasks with the largest allowed command beside the node events for "
                          "this many seconds; prints RSS, state-file growth, node-event p99")
+    add_option(ap)
     args = ap.parse_args(argv)
+    log = ResultsLog.from_args("load", args, argv)
     try:
         mix = {k.strip(): float(v) for k, v in (item.split("=") for item in args.mix.split(","))}
     except ValueError:
@@ -1204,13 +1216,15 @@ def main(argv: list[str] | None = None) -> int:
     t_load = time.perf_counter()
     feed = default_feed(args.node_log, max_events=args.max_events, skip_rows=args.skip_rows,
                         allow_pickle=True if args.allow_pickle else None, seed=args.seed)
-    print(f"feed: {feed.description}: {len(feed.events)} events to send "
-          f"({time.perf_counter() - t_load:.1f} s to load)", flush=True)
+    log.say(f"feed: {feed.description}: {len(feed.events)} events to send "
+            f"({time.perf_counter() - t_load:.1f} s to load)")
     if feed.synthetic:
-        print("NOTE: the real node log is absent; the feeder plays a SYNTHETIC log of its "
-              "burst-size distribution", flush=True)
+        log.say("NOTE: the real node log is absent; the feeder plays a SYNTHETIC log of its "
+                "burst-size distribution")
     if args.flood is not None:
-        return run_flood(feed, args.flood, args.durability)
+        rc = run_flood(feed, args.flood, args.durability, log.say)
+        log.finish()
+        return rc
     proc = None
     with tempfile.TemporaryDirectory(prefix="offcut-load-") as tmp:
         if args.address:
@@ -1231,10 +1245,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if proc is not None:
                 stop_offcutd(proc)
-    print_report(result, check, daemon)
+    print_report(result, check, daemon, log=log)
     for e in result.errors[:20]:
-        print("ERROR", e)
-    print("final state: " + ("consistent" if not check.problems else "; ".join(check.problems)))
+        log.say(f"ERROR {e}")
+    log.say("final state: " + ("consistent" if not check.problems else "; ".join(check.problems)))
+    log.finish()
     if args.json:
         args.json.write_text(json.dumps(dict(
             config=asdict(cfg), summary=result.summary(), feed_check=asdict(check.feed),

@@ -12,7 +12,8 @@ to ``listen``, each keeping ``--in-flight`` calls outstanding (a new one as soon
 answered). Prints the feeder's node-event latency p50 / p99 / max [ms] first with no junk, then
 once every sender's flood is on, the junk calls answered per second and the daemon's RSS; exit
 status 1 when a node event failed or the p99 with junk is :data:`P99_LIMIT_MS` or more. The
-lines are also appended, with the command, to ``benchmarks/results/munge_junk-DATE.txt``.
+figure lines also go, with the machine and the command, to a new
+``benchmarks/results/munge_junk-DATE-TIME.txt`` (``--no-results``: not written).
 
 Needs root (it starts munged as user ``munge`` and the junk as ``nobody``) and MUNGE installed
 (``apt-get install munge``).
@@ -43,7 +44,7 @@ from offcut import munge
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import _proc_figures  # noqa: E402  (RSS of the daemon)
-from results_log import ResultsLog  # noqa: E402
+from results_log import ResultsLog, add_option  # noqa: E402
 from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.v1 import nodes_pb2, nodes_pb2_grpc, tasks_pb2, tasks_pb2_grpc
 
@@ -182,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shared", action="store_true",
                     help="no node_listen: node events share listen with the junk (as before "
                          "issue 37)")
+    add_option(ap)
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("munge_junk.py must run as root (it starts munged and the junk as nobody)")
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--refusal-delay", str(args.refusal_delay)]
         proc = start_offcutd(cmd, address, folder / "offcutd.log")
         delay = "default" if args.refusal_delay is None else f"{args.refusal_delay:g} s"
-        log = ResultsLog("munge_junk")
+        log = ResultsLog.from_args("munge_junk", args, argv)
         say = log.say
 
         say(f"node events on {'listen (shared with the junk)' if args.shared else 'node_listen'}"
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             f"p99 < {P99_LIMIT_MS:g} ms")
         say(f"node events failed: {failures}; daemon RSS {rss0:.0f} -> {rss1:.0f} MiB "
             f"(during the junk)")
-        print(f"recorded in {log.write()}")
+        log.finish()
         return 1 if failures or p99 >= P99_LIMIT_MS else 0
     finally:
         if proc is not None:

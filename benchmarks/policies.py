@@ -17,6 +17,9 @@ daemon's model: tasks' nodes at ``node_power_w``, unused idle nodes at ``idle_no
   at the same time); while every owner still has work, a fair policy should give them equal
   node-hours.
 
+The figure lines also go, with the machine and the command, to a new
+``benchmarks/results/policies-DATE-TIME.txt`` (``--no-results``: not written).
+
 Usage::
 
     python benchmarks/policies.py                       # 128 nodes, 3 owners, solver dp
@@ -26,8 +29,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_log import ResultsLog, add_option  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "bftrainer"
 
@@ -60,7 +67,7 @@ def node_hours_until(out: Path, summary: dict, until: float) -> dict[str, float]
     return by_owner(hours, owner_of, sorted(set(owner_of.values())))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA,
@@ -73,7 +80,10 @@ def main() -> None:
     ap.add_argument("--solver", default="dp", help="allocation backend of every daemon")
     ap.add_argument("--tfwd", type=float, default=10.0, help="look-ahead Tfwd [s]")
     ap.add_argument("--out", type=Path, default=None, help="default: a temporary folder")
-    args = ap.parse_args()
+    add_option(ap)
+    args = ap.parse_args(argv)
+    results = ResultsLog.from_args("policies", args, argv)
+    say = results.say
 
     log_path = args.data_dir / "ndstat-10sdn6-evt.tar.gz"
     tasks_path = args.data_dir / "hps-shufflenet-Jbnd-10J.pkl"
@@ -100,14 +110,15 @@ def main() -> None:
     cut = min(ends) if ends else None
     first_submit = min(t.submit_time for t in tasks)
 
-    print(f"hps-shufflenet {len(tasks)} tasks, {args.num_nodes} nodes, {args.owners} owners, "
-          f"solver {args.solver}, Tfwd {args.tfwd:g} s; outputs in {out_root}")
+    print(f"outputs in {out_root}")
+    say(f"hps-shufflenet {len(tasks)} tasks, {args.num_nodes} nodes, {args.owners} owners, "
+        f"solver {args.solver}, Tfwd {args.tfwd:g} s")
     owners = sorted(next(iter(runs.values()))["owners"])
     tasks_of = {o: next(iter(runs.values()))["owners"][o]["tasks"] for o in owners}
-    print("owners: " + ", ".join(f"{o} {tasks_of[o]} tasks" for o in owners))
+    say("owners: " + ", ".join(f"{o} {tasks_of[o]} tasks" for o in owners))
     if cut is not None:
-        print(f"contended window: {first_submit} -> {pd.Timestamp(cut, unit='s').round('s')} "
-              f"(the first time an owner had finished all its tasks, earliest over the runs)")
+        say(f"contended window: {first_submit} -> {pd.Timestamp(cut, unit='s').round('s')} "
+            f"(the first time an owner had finished all its tasks, earliest over the runs)")
     rows = [("samples trained", lambda s, w: f"{s['total_samples']:.4g}"),
             ("all tasks done at", lambda s, w: str(s["all_done_at"]).replace("T", " ")),
             ("energy [kWh]", lambda s, w: f"{s['energy_j'] / 3.6e6:.1f}"),
@@ -126,11 +137,12 @@ def main() -> None:
                  ("min/max, window", lambda s, w: f"{fairness(list(w.values()))['min_max']:.3f}")]
     width = max(len(r[0]) for r in rows)
     cols = [max(len(p), 19) for p in policies]
-    print(f"| {'':{width}s} | " + " | ".join(f"{p:>{c}s}" for p, c in zip(policies, cols)) + " |")
-    print(f"|{'-' * (width + 2)}|" + "|".join("-" * (c + 2) for c in cols) + "|")
+    say(f"| {'':{width}s} | " + " | ".join(f"{p:>{c}s}" for p, c in zip(policies, cols)) + " |")
+    say(f"|{'-' * (width + 2)}|" + "|".join("-" * (c + 2) for c in cols) + "|")
     for label, cell in rows:
-        print(f"| {label:{width}s} | " + " | ".join(
+        say(f"| {label:{width}s} | " + " | ".join(
             f"{cell(runs[p], windows.get(p)):>{c}s}" for p, c in zip(policies, cols)) + " |")
+    results.finish()
 
 
 if __name__ == "__main__":

@@ -23,9 +23,9 @@ maxima, the training pause of each preemption (the first stop request of a gener
 first step of the next one; benchmarks/rescale_cost.py's measure), how many generations the
 daemon placed and how many the launcher submitted, and the goal (issue 38): the median extra
 wait is at most the median checkpoint-and-exit time + 2 s, and no job waits the scavenger
-partition's GraceTime. The figures are appended, with the command, to
-``benchmarks/results/regular_job_delay-DATE.txt``; the exit status is 0 when the goal is met,
-3 when not, 1 when the cluster cannot run here.
+partition's GraceTime. The figures also go, with the machine and the command, to a new
+``benchmarks/results/regular_job_delay-DATE-TIME.txt`` (``--no-results``: not written); the
+exit status is 0 when the goal is met, 3 when not, 1 when the cluster cannot run here.
 
     python benchmarks/regular_job_delay.py                    # 10 preemptions, ~10 min here
     python benchmarks/regular_job_delay.py --jobs 12 --keep   # keep the cluster folder (logs)
@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))  # rescale_cost's log timeline
 
 from slurm_cluster import SlurmCluster  # noqa: E402
 from rescale_cost import ClusterUnavailable, bench_cluster, timeline  # noqa: E402
-from results_log import ResultsLog  # noqa: E402
+from results_log import ResultsLog, add_option  # noqa: E402
 
 from offcut.client import make_task_spec  # noqa: E402
 from offcut.daemon.config import SlurmConfig  # noqa: E402
@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true",
                     help="keep the cluster's folder (slurmctld.log, the jobs' output) and "
                          "print its path")
+    add_option(ap)
     args = ap.parse_args(argv)
     if args.jobs < 1 or args.hold_s < 0 or args.job_s < 0:
         ap.error("--jobs must be >= 1, --hold-s and --job-s >= 0")
@@ -253,16 +254,16 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             cluster, client, root = stack.enter_context(
                 bench_cluster("offcut-regular-delay-", keep=args.keep))
-            return _measure(args, cluster, client, root, stack)
+            return _measure(args, cluster, client, root, stack,
+                            ResultsLog.from_args("regular_job_delay", args, argv))
     except ClusterUnavailable as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         return 1
 
 
-def _measure(args, cluster, client, root, stack) -> int:
+def _measure(args, cluster, client, root, stack, log: ResultsLog) -> int:
     """The baseline and the preemptions of :func:`main` on a started cluster; prints the
-    figures and appends them to the results file; the exit status (module docstring)."""
-    log = ResultsLog("regular_job_delay")
+    figures and writes them through ``log``; the exit status (module docstring)."""
     say = log.say
     keys = check_conf(cluster.conf)
     grace = grace_time(cluster.conf)
@@ -348,7 +349,7 @@ def _measure(args, cluster, client, root, stack) -> int:
         f"{_med(exits):.2f} s + {GOAL_SLACK_S:g} s: {'met' if ok_med else 'NOT met'}; "
         f"no wait reaches GraceTime {grace:g} s (max {max(waits):.2f} s): "
         f"{'met' if ok_grace else 'NOT met'}")
-    print(f"figures appended to {log.write()}")
+    log.finish()
     return 0 if ok_med and ok_grace else 3
 
 

@@ -15,8 +15,8 @@ rescale (docs/execution.md). It prints their medians next to the daemon's learne
 costs of the task (``LearnedModel.measured_rescale_*_s``, from the progress reports alone),
 converted from BFTrainer's convention (seconds of progress at the rate before the rescale,
 arXiv 2106.12091, Section 3) to seconds of pause (x r(c) / r(n), with the rates the daemon
-measured), and the ratio; the figures are also appended, with the command, to
-``benchmarks/results/rescale_cost-DATE.txt``.
+measured), and the ratio; the figures also go, with the machine and the command, to a new
+``benchmarks/results/rescale_cost-DATE-TIME.txt`` (``--no-results``: not written).
 
     python benchmarks/rescale_cost.py                 # 3 cycles, about 2 minutes here
     python benchmarks/rescale_cost.py --cycles 5 --json out/rescale.json
@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the test cluster and the example's location
 
 from slurm_cluster import SlurmCluster, skip_reason  # noqa: E402
-from results_log import ResultsLog  # noqa: E402
+from results_log import ResultsLog, add_option  # noqa: E402
 
 from offcut.client import Client, make_task_spec  # noqa: E402
 from offcut.daemon.config import DaemonConfig, SlurmConfig  # noqa: E402
@@ -148,18 +148,21 @@ def main(argv=None) -> int:
     p.add_argument("--hold-s", type=float, default=6.0,
                    help="seconds each generation trains before the next change (default 6)")
     p.add_argument("--json", type=Path, help="also write the figures here")
+    add_option(p)
     args = p.parse_args(argv)
+    log = ResultsLog.from_args("rescale_cost", args, argv)
     try:
         with contextlib.ExitStack() as stack:
             cluster, client, root = stack.enter_context(bench_cluster("offcut-rescale-"))
-            return _measure(args, cluster, client, root, stack)
+            return _measure(args, cluster, client, root, stack, log)
     except ClusterUnavailable as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         return 1
 
 
-def _measure(args, cluster, client, root, stack) -> int:
-    """The cycles of :func:`main` on a started cluster; prints (and writes) the figures."""
+def _measure(args, cluster, client, root, stack, log: ResultsLog) -> int:
+    """The cycles of :func:`main` on a started cluster; prints the figures and writes them
+    through ``log``."""
     argv_ = [sys.executable, str(EXAMPLE), "--batch-size", "64",
              "--checkpoint-every-s", "1", "--collective-timeout-s", "30"]
     # a curve that always prefers more nodes (so the task grows back); the daemon learns
@@ -203,7 +206,6 @@ def _measure(args, cluster, client, root, stack) -> int:
     result = {"cycles": args.cycles, "rates_samples_per_s": rates,
               "pause_s": {k: [round(v, 3) for v in vs] for k, vs in measured.items()},
               "learned_bftrainer_s": learned, "learned_as_pause_s": as_pause}
-    log = ResultsLog("rescale_cost")
     print()
     log.say(f"throughput measured by the daemon: {rates[2]:.0f} samples/s on 2 nodes, "
             f"{rates[4]:.0f} on 4 (4 ranks share this machine's 2 cores)")
@@ -214,7 +216,7 @@ def _measure(args, cluster, client, root, stack) -> int:
         result[f"{kind}_ratio"] = as_pause[kind] / med
         log.say(f"{kind:8} {len(measured[kind]):>2} {med:>20.2f} {learned[kind]:>24.2f} "
                 f"{as_pause[kind]:>21.2f} {as_pause[kind] / med:>6.2f}")
-    print(f"figures appended to {log.write()}")
+    log.finish()
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))

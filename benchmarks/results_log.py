@@ -1,50 +1,122 @@
 """Dated figures of a benchmark, written by the benchmark that measured them: its printed
-lines are also written, under the machine, the commit and the command that made them, to
-``benchmarks/results/NAME-DATE-TIME.txt`` (one file per run; UTC)."""
+figure lines (not its progress output) are also written, under the machine, the commit and the
+command that made them, to ``benchmarks/results/NAME-DATE-TIME.txt`` (one file per run; UTC).
+``--no-results`` (:func:`add_option`) prints them only, for smoke tests.
+
+A benchmark uses it so::
+
+    add_option(parser)
+    args = parser.parse_args(argv)
+    log = ResultsLog.from_args("name", args, argv)
+    log.say(f"p99 {p99:.1f} ms")   # printed and kept
+    log.finish()                   # written (unless --no-results); says where
+"""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import datetime as dt
+import io
 import os
 import platform
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 #: where the dated results go
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def add_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--no-results`` to ``parser``: print the figures, write no results file."""
+    parser.add_argument("--no-results", action="store_true",
+                        help="print the figures only, write no file to benchmarks/results/ "
+                             "(smoke tests)")
+
+
 class ResultsLog:
-    """Lines a benchmark prints and keeps (:meth:`say`), appended to today's results file by
-    :meth:`write`.
+    """Lines a benchmark prints and keeps (:meth:`say`, :meth:`keep`), written to a new
+    results file by :meth:`write` / :meth:`finish`.
 
     Args:
-        name: the benchmark's name (its script's stem): the file is ``NAME-DATE.txt``.
+        name: the benchmark's name (its script's stem): the file is ``NAME-DATE-TIME.txt``.
+        enabled: False: :meth:`write` writes nothing (``--no-results``).
+        argv: the benchmark's arguments as the header's command shows them (default: this
+            process's ``sys.argv[1:]``; give them when ``main(argv)`` was called with others).
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, *, enabled: bool = True, argv: list[str] | None = None):
         self.name = name
+        self.enabled = enabled
+        self.argv = None if argv is None else [str(a) for a in argv]
         self.lines: list[str] = []
+
+    @classmethod
+    def from_args(cls, name: str, args: argparse.Namespace,
+                  argv: list[str] | None = None) -> "ResultsLog":
+        """A log for ``name`` that writes unless ``args.no_results`` (:func:`add_option`)."""
+        return cls(name, enabled=not getattr(args, "no_results", False), argv=argv)
 
     def say(self, line: str = "") -> None:
         """Print ``line`` (flushed) and keep it for the results file."""
         print(line, flush=True)
         self.lines.append(line)
 
-    def write(self) -> Path:
+    def keep(self, text: str) -> None:
+        """Keep ``text`` (one or more lines, each without its trailing blanks), already shown
+        another way (a progress bar's ``tqdm.write``, a rich table), for the results file;
+        prints nothing."""
+        self.lines.extend(line.rstrip() for line in text.rstrip("\n").split("\n"))
+
+    @contextlib.contextmanager
+    def tee(self) -> Iterator[None]:
+        """While the block runs, what it prints goes to stdout as usual and is also kept for
+        the results file (a report printed by several functions)."""
+        kept = io.StringIO()
+        out = sys.stdout
+
+        class Tee(io.TextIOBase):
+            def write(self, text: str) -> int:
+                kept.write(text)
+                return out.write(text)
+
+            def flush(self) -> None:
+                out.flush()
+
+        with contextlib.redirect_stdout(Tee()):
+            try:
+                yield
+            finally:
+                if kept.getvalue():
+                    self.keep(kept.getvalue())
+
+    def write(self) -> Path | None:
         """Write the kept lines under a header (UTC time, :func:`machine`, the commit) and
         ``$ python benchmarks/NAME.py ARGS`` to a new ``benchmarks/results/NAME-DATE-TIME.txt``
-        (folder made when missing); its path. Raises OSError when it cannot be written."""
+        (folder made when missing); its path, or None when not ``enabled``. Raises OSError
+        when it cannot be written (also when that file exists: one file per run)."""
+        if not self.enabled:
+            return None
         RESULTS.mkdir(exist_ok=True)
         now = dt.datetime.now(dt.timezone.utc)
         path = RESULTS / f"{self.name}-{now.strftime('%Y-%m-%d-%H%M%S')}.txt"
+        argv = sys.argv[1:] if self.argv is None else self.argv
         header = [f"# {now.isoformat(timespec='seconds')}", f"# machine: {machine()}",
                   f"# commit: {_commit()}",
-                  f"$ python benchmarks/{self.name}.py {shlex.join(sys.argv[1:])}"]
+                  f"$ python benchmarks/{self.name}.py {shlex.join(argv)}"]
         with path.open("x") as out:
             out.write("".join(f"{line}\n" for line in header + self.lines))
+        return path
+
+    def finish(self) -> Path | None:
+        """:meth:`write`, then print where the figures went (or that ``--no-results`` kept
+        them from a file); the path or None."""
+        path = self.write()
+        print(f"figures written to {path}" if path else
+              "figures not written to benchmarks/results/ (--no-results)", flush=True)
         return path
 
 

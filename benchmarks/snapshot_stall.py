@@ -9,14 +9,10 @@ an upgrade), then applies ``--events`` node events with ``snapshot_every = --sna
 Printed: the first (full) snapshot's time, and per snapshot-carrying event the time spent in
 the snapshot (collecting the changed tasks and writing them; p50 / max [ms]), against what a
 whole-state snapshot costs at that size (``Scheduler.to_dict`` + JSON, timed once), with PASS
-when the max is under ``--goal-ms`` (50).
-
-Measured on the project's 2-core machine, shared and loaded (load average 4.5), 2026-11-25,
-the defaults: whole-state snapshot 62,396 ms (121 MiB of JSON), first incremental snapshot
-(every task) 66,480 ms; 20 snapshots: p50 2.7 ms, max 22.2 ms: PASS. Before the task rows no
-kept snapshot reads were deleted in bounded steps (``daemon/snapshot_prune.py``) the max was
-82.7-312 ms: the first snapshot after the one of every task became the older kept one read
-all of its 200,000 rows (``DELETE ... WHERE journal_id = ? AND task IS NULL``).
+when the max is under ``--goal-ms`` (50). The figure lines also go, with the machine and the
+command, to a new ``benchmarks/results/snapshot_stall-DATE-TIME.txt`` (``--no-results``: not
+written; earlier figures: benchmarks/results/earlier-measurements.md, "Snapshots with many
+tasks").
 
 Usage::
 
@@ -40,6 +36,9 @@ from offcut.daemon.model import NodeEvent, Task, TaskState
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.store import Store
 from offcut.taskspec import TaskSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_log import ResultsLog, add_option  # noqa: E402
 
 T0 = 1_767_225_600.0  # 2026-01-01
 
@@ -73,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", type=int, default=2_000, help="node events applied (default %(default)s)")
     ap.add_argument("--snapshot-every", type=int, default=100, help="journal rows between snapshots (default %(default)s)")
     ap.add_argument("--goal-ms", type=float, default=50.0, help="the goal for the slowest snapshot (default %(default)s)")
+    add_option(ap)
     a = ap.parse_args(argv)
+    log = ResultsLog.from_args("snapshot_stall", a, argv)
     with tempfile.TemporaryDirectory(prefix="offcut-snap-") as tmp:
         store = Store(Path(tmp) / "state.sqlite", snapshot_every=a.snapshot_every)
         engine = Engine(store, Allocator("dp"), max_running_tasks=10)
@@ -111,15 +112,16 @@ def main(argv: list[str] | None = None) -> int:
             engine.apply(NodeEvent(T0 + seq, "bench", seq, **kind))
         stalls = [(-times[i] + times[i + 1]) * 1000.0 for i in range(0, len(times) - 1, 2)]
         engine.close()
-    print(f"{a.tasks} tasks ({a.tasks // 2} finished, the rest queued or running): whole-state "
-          f"snapshot {whole_s * 1000:.0f} ms ({len(full) / 2**20:.0f} MiB of JSON); first "
-          f"incremental snapshot (every task) {first_s * 1000:.0f} ms")
+    log.say(f"{a.tasks} tasks ({a.tasks // 2} finished, the rest queued or running): "
+            f"whole-state snapshot {whole_s * 1000:.0f} ms ({len(full) / 2**20:.0f} MiB of "
+            f"JSON); first incremental snapshot (every task) {first_s * 1000:.0f} ms")
     worst = max(stalls) if stalls else 0.0
-    print(f"{len(stalls)} snapshots during {a.events} node events: p50 "
-          f"{np.percentile(stalls, 50):.1f} ms, max {worst:.1f} ms "
-          f"({whole_s * 1000 / max(worst, 1e-3):.0f}x less than a whole-state snapshot)")
+    log.say(f"{len(stalls)} snapshots during {a.events} node events: p50 "
+            f"{np.percentile(stalls, 50) if stalls else float('nan'):.1f} ms, max {worst:.1f} ms "
+            f"({whole_s * 1000 / max(worst, 1e-3):.0f}x less than a whole-state snapshot)")
     ok = worst < a.goal_ms
-    print("PASS" if ok else "FAIL", f"(goal: every snapshot under {a.goal_ms:g} ms)")
+    log.say(f"{'PASS' if ok else 'FAIL'} (goal: every snapshot under {a.goal_ms:g} ms)")
+    log.finish()
     return 0 if ok else 1
 
 

@@ -23,9 +23,7 @@ submissions' round trips [ms], and the snapshot stall: the p50 over the month's 
 how long each held events back, as the daemon measures it (``GetStatus``
 ``snapshots.last_ms``, read after each call whose revision is a multiple of
 ``--snapshot-every``, the events that carry a snapshot: building it, writing its rows, the
-retention after it [ms]; until 2026-11-27 this was the p50 round trip of the node events that
-carried one minus that of the others, which the events' own solve times and the machine's
-noise moved by more than the goal). Then the ratios month N / month 1 of each, with PASS when all are <= 1.2
+retention after it [ms]). Then the ratios month N / month 1 of each, with PASS when all are <= 1.2
 (the issue's goal: month 12 / month 1), and the wall time. ``--json`` writes every figure.
 
 Every table has a retention window (docs/operations.md, "Retention"); the state file is flat
@@ -34,44 +32,9 @@ year: with it the archive grows all year (about 1.4 MiB a month at 48 tasks a da
 ``archive``), as configured. ``--task-archive-retention-s 2592000`` (30 days) fills every
 window in the first month, so month 12 / month 1 measures what is not a window filling.
 
-Measured (a 2-core machine whose speed varied 2x during the run; code of cce16b3)::
-
-    python benchmarks/soak.py --task-archive-retention-s 2592000
-
-26 laps = 620,932 node events, 18,676 tasks, 1,560 Zeus trials in 2,049 s (34 min: months
-took 214 s at the slowest and 96 s at the fastest, so 21-45 min by the machine's pace).
-Month 1 -> month 12: RSS 223.9 -> 230.6 MiB (1.03), state file 30.2 -> 31.7 MiB (1.05; the
-30-day archive 1.4 -> 1.5 MiB), journal 16.6 -> 15.4 MiB (0.93), node-event p99 6.3 -> 3.9 ms,
-submit p99 12.5 -> 8.1 ms, snapshot stall 34.0 -> 24.8 ms (the machine got faster): PASS.
-With the default 400-day archive (5 months measured under heavy load): the state file grew
-1.4 MiB a month, all of it the archive filling its window; RSS and journal flat.
-
-Again with the code of 2026-11-27 (uvloop, less Python per re-allocation; same command): the
-year in 1,691 s (28.2 min). Month 1 -> month 12: RSS 227.1 -> 231.6 MiB (1.02), state file
-28.3 -> 29.5 MiB (1.04), journal 16.6 -> 15.5 MiB (0.93), node-event p99 6.6 -> 5.8 ms
-(0.88), submit p99 11.1 -> 10.0 ms (0.90), snapshot stall 11.5 -> 16.1 ms (1.41: FAIL). Month 1's
-stall was the year's lowest; months 2-13 ranged 12.3-16.6 ms with no trend. Each month's stall
-is the p50 of about ten snapshot events (one per ``--snapshot-every`` journal rows), so its
-ratio moves by more than 1.2 between runs (0.73 in the run above).
-
-Again on 2026-11-27 afternoon, with the stall as the daemon measures it (p50 of ~53 snapshots a
-month) and the journal retention's full-table read at each snapshot removed (98012e9): the
-year in 1,333 s (22.2 min); month 12 / month 1: RSS 1.01, state file 1.04, journal 0.93,
-node p99 0.74, submit p99 0.87, snapshot stall 3.4 -> 3.6 ms (1.06): PASS. With the archive's
-retention moved into the snapshot's transaction (b5c100b), the same command: 1,230 s (20.5
-min); RSS 1.01, state file 1.04, journal 0.93, node p99 1.00, submit p99 0.97, snapshot stall
-2.8 -> 3.4 ms (1.21: FAIL by 0.01). In both runs month 1's stall is the year's lowest and
-months 2-13 are flat (3.0-3.7 ms, no trend): month 1 is when the windows fill and the state
-file grows by appending pages; afterwards SQLite reuses freed pages, and a snapshot's commit
-costs about 0.15 ms more (0.46 -> 0.60 ms p50, measured by instrumenting the daemon over a
-shorter run).
-
-With the archive's deletions moved out of the snapshot's transaction into the events after it
-(5685782), the same command on 2026-11-27 evening, a slow hour: 1,636 s (27.3 min); month 12
-/ month 1: RSS 1.01, state file 1.04, journal 0.93, node p99 0.60, submit p99 0.70, snapshot
-stall 4.6 -> 4.2 ms (0.91): PASS; but month 1 was that run's slowest month (node p99 9.0 ms
-against 3.5-6.1 ms later), so the ratios below 1 say as much about the machine as the code;
-months 2-13 lie at 3.3-5.1 ms with no upward step after month 1.
+The figure lines (not the progress bar) also go, with the machine and the command, to a new
+``benchmarks/results/soak-DATE-TIME.txt`` (``--no-results``: not written); earlier runs:
+benchmarks/results/earlier-measurements.md, "A simulated year".
 
 Usage::
 
@@ -107,6 +70,7 @@ YEAR_START = 1767225600.0
 # benchmarks/load.py (the node-log feed, task specs, /proc figures): a sibling script
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import load  # noqa: E402
+from results_log import ResultsLog, add_option  # noqa: E402
 
 
 @dataclass
@@ -159,8 +123,11 @@ def _sizes(state: Path) -> tuple[float, int, float, float]:
 class Soak:
     """Drives one daemon through the simulated year (see the module docstring)."""
 
-    def __init__(self, client: Client, feed, args, state: Path, pid: int):
+    def __init__(self, client: Client, feed, args, state: Path, pid: int,
+                 log: ResultsLog | None = None):
         self.c, self.feed, self.args, self.state, self.pid = client, feed, args, state, pid
+        #: where the month lines are kept for the results file (None: printed only)
+        self.log = log
         self.rng = np.random.default_rng(args.seed)
         self.seq = {"slurm": 0, "slurm-watch": 0}
         self.idle: set[str] = set()
@@ -232,13 +199,16 @@ class Soak:
         m.snapshot_stall_ms = _p(m.snapshot_ms, 50)
         m.wall_s = time.perf_counter() - self.month_started
         self.months.append(m)
-        tqdm.write(f"month {m.month:2d}: RSS {m.rss_mb:7.1f} MiB, state {m.db_mb:7.1f} MiB "
-                   f"(archive {m.archive_mb:5.1f}), "
-                   f"journal {m.journal_rows:7d} rows {m.journal_mb:6.1f} MiB, node p99 "
-                   f"{m.node_p99_ms:6.1f} ms, submit p99 {m.submit_p99_ms:6.1f} ms, snapshot "
-                   f"stall {m.snapshot_stall_ms:6.1f} ms ({len(m.snapshot_ms)} snapshots, "
-                   f"{m.node_events} node events, "
-                   f"{m.submissions} tasks, {m.wall_s:.0f} s)")
+        line = (f"month {m.month:2d}: RSS {m.rss_mb:7.1f} MiB, state {m.db_mb:7.1f} MiB "
+                f"(archive {m.archive_mb:5.1f}), "
+                f"journal {m.journal_rows:7d} rows {m.journal_mb:6.1f} MiB, node p99 "
+                f"{m.node_p99_ms:6.1f} ms, submit p99 {m.submit_p99_ms:6.1f} ms, snapshot "
+                f"stall {m.snapshot_stall_ms:6.1f} ms ({len(m.snapshot_ms)} snapshots, "
+                f"{m.node_events} node events, "
+                f"{m.submissions} tasks, {m.wall_s:.0f} s)")
+        tqdm.write(line)  # beside the progress bar, which stays out of the results file
+        if self.log is not None:
+            self.log.keep(line)
         self.month = Month(m.month + 1)
         self.month_started = time.perf_counter()
 
@@ -332,9 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="write every figure here")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_option(ap)
     a = ap.parse_args(argv)
+    log = ResultsLog.from_args("soak", a, argv)
     feed = load.default_feed(a.node_log, max_events=a.max_events, seed=a.seed)
-    print(f"node log: {feed.description}; {len(feed.events)} events a lap, {a.laps} laps")
+    log.say(f"node log: {feed.description}; {len(feed.events)} events a lap, {a.laps} laps")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="offcut-soak-") as tmp:
         folder = Path(tmp)
@@ -353,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         proc = start_offcutd(cmd, address, folder / "offcutd.log")
         try:
             with Client(address, timeout_s=120) as client:
-                soak = Soak(client, feed, a, state, proc.pid)
+                soak = Soak(client, feed, a, state, proc.pid, log)
                 soak.run()
         finally:
             stop_offcutd(proc)
@@ -362,12 +334,15 @@ def main(argv: list[str] | None = None) -> int:
     r = ratios(months) if len(months) >= 2 else {}
     last = [m for m in months if m.complete][-1] if sum(m.complete for m in months) >= 2 else months[-1]
     ok = bool(r) and all(v <= a.max_ratio for v in r.values())
-    print(f"\n{len(months)} simulated months, {sum(m.node_events for m in months)} node events, "
-          f"{soak.submitted} tasks, {sum(soak.zeus_trials.values())} Zeus trials in {wall:.0f} s")
+    print()
+    log.say(f"{len(months)} simulated months, {sum(m.node_events for m in months)} node events, "
+            f"{soak.submitted} tasks, {sum(soak.zeus_trials.values())} Zeus trials in "
+            f"{wall:.0f} s")
     for k, v in r.items():
-        print(f"  month {last.month} / month 1, {k:18s} {v:6.2f}"
-              f"{'' if v <= a.max_ratio else '  > ' + str(a.max_ratio)}")
-    print("PASS" if ok else "FAIL", f"(goal: every ratio <= {a.max_ratio})")
+        log.say(f"  month {last.month} / month 1, {k:18s} {v:6.2f}"
+                f"{'' if v <= a.max_ratio else '  > ' + str(a.max_ratio)}")
+    log.say(f"{'PASS' if ok else 'FAIL'} (goal: every ratio <= {a.max_ratio})")
+    log.finish()
     if a.json:
         a.json.write_text(json.dumps({"months": [
             {k: v for k, v in asdict(m).items() if not k.endswith("_ms") or "p99" in k

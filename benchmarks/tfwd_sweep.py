@@ -9,7 +9,8 @@ same task set on the same nodes of the real two-week node log through its own pr
 the last task done) and its ratio to Tfwd = 10 s (BFTrainer's value and Offcut's old
 default), the samples trained per hour of it (net of rescale and preemption costs), grows and
 shrinks, and the decision p99. A task set the log cannot finish is cut at the log's end (then
-the samples trained compare).
+the samples trained compare). The figure lines also go, with the machine and the command, to a
+new ``benchmarks/results/tfwd_sweep-DATE-TIME.txt`` (``--no-results``: not written).
 
 Usage::
 
@@ -25,15 +26,19 @@ import time
 from pathlib import Path
 
 from real_data import NODE_LOG, parser, require
+from results_log import ResultsLog, add_option
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__)
     ap.add_argument("--tasks", default="hps-shufflenet-Jbnd-10J.pkl", help="task set file")
     ap.add_argument("--num-nodes", type=int, default=128, help="nodes of the log (0: all)")
     ap.add_argument("--max-tasks", type=int, default=10, help="tasks admitted at once")
     ap.add_argument("--values", default="10,30,60,120,300,600", help="Tfwd values [s]")
-    args = ap.parse_args()
+    add_option(ap)
+    args = ap.parse_args(argv)
+    results = ResultsLog.from_args("tfwd_sweep", args, argv)
+    say = results.say
     require(args.data_dir, NODE_LOG, args.tasks)
     log_path = args.data_dir / NODE_LOG
     tasks_path = args.data_dir / args.tasks
@@ -65,19 +70,21 @@ def main() -> None:
                 if s["all_done_at"] else None)
 
     base = makespan_h(runs.get(10.0, next(iter(runs.values())))[0])
-    print(f"\n{tasks_path.name}, {args.num_nodes or 'all'} nodes, max {args.max_tasks} tasks, "
-          f"solver dp; outputs in {out_root}")
-    print("| Tfwd [s] | makespan [h] | vs Tfwd 10 s | samples trained | samples/h | "
-          "grows + shrinks | decision p99 [ms] |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"\noutputs in {out_root}")
+    say(f"{tasks_path.name}, {args.num_nodes or 'all'} nodes, max {args.max_tasks} tasks, "
+        f"solver dp")
+    say("| Tfwd [s] | makespan [h] | vs Tfwd 10 s | samples trained | samples/h | "
+        "grows + shrinks | decision p99 [ms] |")
+    say("|---:|---:|---:|---:|---:|---:|---:|")
     for tfwd, (s, rescales, _) in runs.items():
         span = makespan_h(s)
         p99 = (s.get("decision_ms") or {}).get("p99")
-        print(f"| {tfwd:g} | {'-' if span is None else f'{span:.3f}'} | "
-              f"{'-' if span is None or not base else f'{span / base:.4f}'} | "
-              f"{s['total_samples']:.6g} | "
-              f"{'-' if not span else format(s['total_samples'] / span, '.4g')} | {rescales} | "
-              f"{'-' if p99 is None else f'{p99:.2f}'} |")
+        say(f"| {tfwd:g} | {'-' if span is None else f'{span:.3f}'} | "
+            f"{'-' if span is None or not base else f'{span / base:.4f}'} | "
+            f"{s['total_samples']:.6g} | "
+            f"{'-' if not span else format(s['total_samples'] / span, '.4g')} | {rescales} | "
+            f"{'-' if p99 is None else f'{p99:.2f}'} |")
+    results.finish()
 
 
 if __name__ == "__main__":

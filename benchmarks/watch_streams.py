@@ -20,7 +20,9 @@ Printed: node-event latency (the ``ReportNodes`` call's round trip) p50 / p99 / 
 both phases and their ratio, the streams' updates (how many, the delay from the event's time to
 its arrival at a stream, p50 / p99 [ms]), and the daemon's RSS and thread count without and
 with the streams (memory per open stream). Exit code 1 when a call failed, a stream did not
-open or ended early, or the p99 with streams is above ``--p99-limit-ms`` (100).
+open or ended early, or the p99 with streams is above ``--p99-limit-ms`` (100). The figure
+lines also go, with the machine and the command, to a new
+``benchmarks/results/watch_streams-DATE-TIME.txt`` (``--no-results``: not written).
 
 Usage::
 
@@ -40,7 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 import numpy as np
@@ -49,6 +51,9 @@ from offcut.client.api import Client
 from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.daemon.auth import add_token
 from offcut.v1 import tasks_pb2, tasks_pb2_grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_log import ResultsLog, add_option  # noqa: E402
 
 SOURCE = "bench-hook"
 
@@ -246,26 +251,27 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     }
 
 
-def print_figures(f: dict[str, Any], limit_ms: float) -> None:
-    """The figures as a few lines."""
+def print_figures(f: dict[str, Any], limit_ms: float,
+                  say: Callable[[str], None] = print) -> None:
+    """The figures as a few lines, each through ``say`` (a :class:`ResultsLog`'s, or print)."""
     b, w = f["baseline"], f["with_streams"]
-    print(f"offcutd, {f['users']} users, {f['nodes']} nodes, durability {f['durability']}: "
-          f"{f['events']} node events (ReportNodes, slurm role) per phase")
-    print(f"  node-event latency without streams: p50 {b['p50_ms']:.1f} ms, p99 "
-          f"{b['p99_ms']:.1f} ms, max {b['max_ms']:.1f} ms")
-    print(f"  node-event latency with {f['streams']} open streams: p50 {w['p50_ms']:.1f} ms, "
-          f"p99 {w['p99_ms']:.1f} ms, max {w['max_ms']:.1f} ms (p99 ratio {f['p99_ratio']:.2f})")
+    say(f"offcutd, {f['users']} users, {f['nodes']} nodes, durability {f['durability']}: "
+        f"{f['events']} node events (ReportNodes, slurm role) per phase")
+    say(f"  node-event latency without streams: p50 {b['p50_ms']:.1f} ms, p99 "
+        f"{b['p99_ms']:.1f} ms, max {b['max_ms']:.1f} ms")
+    say(f"  node-event latency with {f['streams']} open streams: p50 {w['p50_ms']:.1f} ms, "
+        f"p99 {w['p99_ms']:.1f} ms, max {w['max_ms']:.1f} ms (p99 ratio {f['p99_ratio']:.2f})")
     d = f["delivery"]
-    print(f"  streams: all {f['streams']} open in {f['streams_open_s']:.1f} s; "
-          f"{f['updates_received']} updates received during the run (delay from the event's "
-          f"time: p50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms)")
+    say(f"  streams: all {f['streams']} open in {f['streams_open_s']:.1f} s; "
+        f"{f['updates_received']} updates received during the run (delay from the event's "
+        f"time: p50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms)")
     q, s = f["daemon_without_streams"], f["daemon_with_streams"]
-    print(f"  daemon: RSS {q['rss_mib']:.0f} MiB, {q['threads']} threads without streams; "
-          f"RSS {s['rss_mib']:.0f} MiB, {s['threads']} threads with {f['streams']} streams "
-          f"({f['rss_per_stream_kib']:.0f} KiB per stream); peak RSS "
-          f"{f['daemon_after_events']['peak_rss_mib']:.0f} MiB")
+    say(f"  daemon: RSS {q['rss_mib']:.0f} MiB, {q['threads']} threads without streams; "
+        f"RSS {s['rss_mib']:.0f} MiB, {s['threads']} threads with {f['streams']} streams "
+        f"({f['rss_per_stream_kib']:.0f} KiB per stream); peak RSS "
+        f"{f['daemon_after_events']['peak_rss_mib']:.0f} MiB")
     verdict = "PASS" if w["p99_ms"] <= limit_ms else "FAIL"
-    print(f"  {verdict}: p99 with streams {w['p99_ms']:.1f} ms (limit {limit_ms:.0f} ms)")
+    say(f"  {verdict}: p99 with streams {w['p99_ms']:.1f} ms (limit {limit_ms:.0f} ms)")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter,
@@ -291,10 +297,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="how long the streams may take to open")
     ap.add_argument("--seed", type=int, default=0, help="seed of the node events")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    add_option(ap)
     args = ap.parse_args(argv)
+    log = ResultsLog.from_args("watch_streams", args, argv)
     with tempfile.TemporaryDirectory(prefix="offcut-streams-") as tmp:
         figures = run(args, Path(tmp))
-    print_figures(figures, args.p99_limit_ms)
+    print_figures(figures, args.p99_limit_ms, log.say)
+    log.finish()
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     ok = (figures["with_streams"]["p99_ms"] <= args.p99_limit_ms

@@ -13,94 +13,9 @@ a job has; offcutd's no longer does (a call writes O(1) rows, docs/zeus.md,
 "Storage"). Compare scenarios at the same trial count: the default stops on trials, and a scenario
 cut by ``--seconds`` first is flagged.
 
-Measured (2 CPU cores shared with other work, load average ~2; ``--no-zeus --no-tcp
---durability full --trials 4000 --seconds 120``), offcutd on a unix socket:
-
-=========================  ==========  ==========  ==============================
-                           rt/s        p50 ms      p50 first 200 / last 200 [ms]
-=========================  ==========  ==========  ==============================
-before (one JSON document)  83 (1 thr)  4.7         4.7 / 18.7 after 1,000 trials
-                            67 (4 thr)
-rows + group commit         166 (1 thr) 5.62        5.92 / 5.76 (0.97x), 4,000 trials
-                            298 (4 thr) 13.13       13.40 / 15.21 (1.14x), 4,003 trials
-bounded rows, later code    312 (1 thr) 3.05        3.80 / 2.92 (0.77x), 4,000 trials
-(a quiet hour, c1a8851)     458 (4 thr) 8.58        8.16 / 8.30 (1.02x), 4,003 trials
-gRPC floor, same hour       850 (1 thr) 1.15        (two empty calls, no state)
-                           1157 (4 thr) 3.41
-A/B in one later hour:
-  on worker threads         253 (1 thr) 3.80        3.28 / 4.08, 3,000 trials
-  (ec516ff)                 332 (4 thr) 11.86       11.51 / 13.02
-  on the event loop         363 (1 thr) 2.65        2.74 / 2.71
-  (0c8f496)                 574 (4 thr) 6.86        7.04 / 6.60 (floor 1,179)
-uvloop (25fd694), a slow    243 (1 thr) 3.91        4.36 / 3.50 (floor 450: 0.54x)
-hour, 3,000 trials          414 (4 thr) 9.41        8.69 / 10.22 (floor 772: 0.54x)
-2026-11-27 afternoon        319 (1 thr) 3.02        3.40 / 2.98 (floor 585: 0.55x)
-(92394ab), 3,000 trials     567 (4 thr) 6.96        6.87 / 6.78 (floor 1,002: 0.57x)
-2026-11-27 evening, a slow  364 (4 thr) 11.01       8.73 / 8.18 (floor 773: 0.47x)
-hour (7812362), 3,000       CPU per round trip: server 2.80 ms, client threads 0.90 ms;
-trials                      floor: server 1.35 ms, client threads 0.65 ms
-2026-11-27 night (a350a53)  274 (1 thr) 3.51        3.92 / 3.37 (floor 490: 0.56x)
-3,000 trials                441 (4 thr) 8.86        8.98 / 8.44 (floor 837: 0.53x);
-                            server CPU 2.35 ms per round trip (floor 1.22)
-16 cores (the GPU          582-717     5.2-6.5     4 runs of 3,000-4,000 trials
-machine's Xeon), a350a53   (4 thr),    (p50)       (floor 1,177-1,502: 0.44-0.53x);
-                           mean 651                server CPU 1.8-2.2 ms/rt
-656cd24 interleaved there  628-659     5.6-6.3     3 runs (floor 1,329-1,502:
-                           (4 thr)                 0.43-0.50x)
-2026-11-27, later (5cc0073) 217-231     4.10-4.25   3 runs of 3,000 trials; the floor
-2 cores, the coroutine     (1 thr)                 as now (below): 538-556 (1 thr),
-floor                      380-450     8.70-10.26  929-1,044 (4 thr): 0.40-0.44x;
-                           (4 thr)                 server CPU 2.31-2.70 ms/rt
-=========================  ==========  ==========  ==============================
-
-The ``gRPC floor`` (``--floor``, on by default): two EMPTY unary calls per round trip, from the
-same client threads, to an empty ``grpc.aio`` server that serves them as offcutd serves
-``Predict`` and ``ReportEpoch``: a coroutine on offcutd's kind of loop (uvloop). Until
-2026-11-27 (night) the floor's handler was a plain function on a migration thread pool, which
-reaches 0.6-0.8x this one's rate (683-762 against 965-1,138 rt/s from 4 threads, one hour):
-the floors and ratios in the rows above are against that former floor.
-
-Where the 700 goal stands: not met, and not reachable on 2 cores by this design (a gRPC call
-per predict and per report, each answered after its durable commit). At 700 round trips/s a
-round trip may cost ``cores / 700`` of CPU with every core busy, servers and clients
-together: 2.86 ms on 2 cores. ``--budget`` (on by default) prints that beside the parts
-measured in the same run: the floor's server and client threads, and the Zeus registry alone
-(in-process, no gRPC, its two durable commits; :func:`registry_cpu_ms`). On 2 cores
-(2026-11-27, later, 5cc0073; ``--no-zeus --no-tcp --trials 3000``, 3 runs) the parts alone took
-2.49-2.74 ms, 0.87-0.96x the budget (floor server 0.86-0.96 + its clients 0.63-0.72 + registry
-0.91-1.06), before offcutd joins them (in the first run its server 2.70 + its clients 0.89 =
-3.59 ms, 1.26x: 380 rt/s, 0.40x the floor's 960). With the client threads on cores of their
-own (16 cores, a350a53) it reached 582-717.
-
-Where the round trip goes on 2 cores (4 threads, 370-400 rt/s; per-thread CPU from /proc and
-timers patched into a daemon, scratch, not kept): the event-loop thread is 60 % busy, the
-committer 25 %, the machine 27 % idle. With 4 clients the rate is 4 / the round trip's
-latency, and of a call's ~5 ms about 2.5-3 ms is the wait for its commit: a group commit (1.45
-writes on average) takes 1.34 ms of wall time for 0.45 ms of CPU (its statements and the
-commit wait for the GIL the loop holds, and for the fsync). The durable writes of a round trip
-alone, in one thread: 0.57 ms CPU, 0.88 ms wall (``normal``: 0.34 / 0.41). A/B against the
-same tree with one change patched in (two daemons fed alternate bursts of 500 round trips from
-4 threads, 8-16 bursts each): no SQLite write at all 1.41x round trips/s (not durable: the
-ceiling of any work on the write path); durability ``normal`` 1.11x; no stored-answer lookup
-before a Predict (not retry-safe) 1.035x; the Zeus tables ``WITHOUT ROWID`` (one B-tree each,
-not a table and its key index) 1.01x and 1.00x over 16 bursts each (a first short run's 1.07x
-was noise; dropped); ``sys.setswitchinterval(0.0005)`` 0.98x; the committer woken at the end
-of the loop's iteration rather than at once (larger batches) 1.00x. Earlier: the night's
-changes of a350a53 (normals drawn as one block, the summary's spec encoded once, one query per
-request key, one summary row per object per group commit, metric children looked up once)
-1.05x and 1.06x against 656cd24; the registry served from a process of its own (a prototype,
-not kept) 652 -> 702 rt/s on 16 cores and 0.86x on 2 (the pickling and the second process's
-threads cost more CPU than they freed).
-
-The round trip on the event loop (docs/architecture.md, "Threads": ``Predict``/``ReportEpoch`` as
-coroutines, commits awaited on the committer thread) cut the server's CPU per round trip from
-3.03 to 1.81 ms and moved offcutd from 0.28x to 0.49x the former floor in that hour. The
-machine's speed varies by up to 2x over an hour (the same daemon measured 298 and 458 rt/s
-from 4 threads); compare rows taken in one run, and offcutd's ratio to the floor. Where the
-server's time went in the 2026-11-27 afternoon run (py-spy ``--gil`` over the 4-thread run):
-the gRPC/asyncio plumbing most of it; in our code the batch-size policy's Thompson sampling
-about 9 % (the seeded draws Zeus's order prescribes), the JSON of the rows written about 7 %,
-the RPC metrics about 4 %.
+Figures of earlier runs, with the changes tried and what each was worth:
+benchmarks/results/earlier-measurements.md, "Zeus round trips"; each run writes its own
+(``benchmarks/results/zeus_bso_throughput-DATE-TIME.txt``, unless ``--no-results``).
 
 - offcutd: a real daemon subprocess on a unix socket in a temporary folder with durability
   ``--durability`` (default ``full``: SQLite WAL, fsync on every commit before answering), and
@@ -135,7 +50,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
+import io
 import json
 import os
 import signal
@@ -154,6 +71,9 @@ import numpy as np
 from offcut.client.api import Client
 from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.v1 import zeus_pb2
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_log import ResultsLog, add_option  # noqa: E402 (benchmarks/results_log.py)
 
 BATCH_SIZES = [8, 16, 32, 64, 128, 256]
 DEFAULT_BS = 32
@@ -421,11 +341,11 @@ def registry_cpu_ms(folder: Path, round_trips: int, durability: str) -> float:
     ``durability``, one caller, no gRPC (each call leads its own commit: two durable commits
     per round trip, where concurrent callers share some)."""
     from offcut.daemon.auth import LOCAL_ADMIN
-    from offcut.daemon.store import Store
     from offcut.daemon.zeus.bso import BatchSizeJobSpec
     from offcut.daemon.zeus.registry import ZeusRegistry
+    from offcut.daemon.zeus.storage import ZeusStorage
 
-    registry = ZeusRegistry(Store(folder / "registry.sqlite", durability=durability))
+    registry = ZeusRegistry(ZeusStorage(folder / "registry.sqlite", durability=durability))
     job_id, rng = "bench-in-process", np.random.default_rng(0)
     registry.register(BatchSizeJobSpec.create(job_id=job_id, **JOB_SPEC), None, LOCAL_ADMIN,
                       "")
@@ -445,7 +365,7 @@ def registry_cpu_ms(folder: Path, round_trips: int, durability: str) -> float:
             round_trip()
         return 1e3 * (time.process_time() - cpu0) / round_trips
     finally:
-        registry.store.close()
+        registry.storage.close()
 
 
 def print_budget(rows: list[dict], registry_ms: float, args) -> None:
@@ -673,7 +593,9 @@ def main() -> None:
                          "the CPU per round trip this machine's cores allow at the goal against "
                          "the parts measured (default on; needs --floor for the parts)")
     ap.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    add_option(ap)
     args = ap.parse_args()
+    log = ResultsLog.from_args("zeus_bso_throughput", args)
     sys.stdout.reconfigure(line_buffering=True)
 
     folder = Path(tempfile.mkdtemp(prefix="offcut-bso-bench-"))
@@ -724,28 +646,33 @@ def main() -> None:
             finally:
                 server.close()
 
-    print()
-    print("round trip = predict + report one converging epoch"
-          f"{' + end trial' if args.end_trial else ''}; latency per round trip; first200/last200 "
-          "= p50 of the first/last 200 round trips; cpu ms/rt = server process CPU per round trip; "
-          "client = the client threads' CPU per round trip (this process)")
-    print_table(rows)
-    if zeus_note:
-        print(zeus_note)
-    compare(rows, "Zeus BSO server", "Zeus", lambda r, o: (
-        f"p50 latency {r['p50_ms']:.2f} vs {o['p50_ms']:.2f} ms"))
-    compare(rows, "grpc floor", "gRPC floor", lambda r, o: (
-        f"floor {o['rt_per_s']:.0f} rt/s, {fmt(o['server_cpu_ms_per_rt'], '.2f', 0)} ms server "
-        "CPU per round trip"))
-    goals(rows, args)
-    if registry_ms is not None:
-        print_budget(rows, registry_ms, args)
+    report = io.StringIO()  # the figures: printed, and kept for the results file
+    with contextlib.redirect_stdout(report):
+        print()
+        print("round trip = predict + report one converging epoch"
+              f"{' + end trial' if args.end_trial else ''}; latency per round trip; first200/last200 "
+              "= p50 of the first/last 200 round trips; cpu ms/rt = server process CPU per round trip; "
+              "client = the client threads' CPU per round trip (this process)")
+        print_table(rows)
+        if zeus_note:
+            print(zeus_note)
+        compare(rows, "Zeus BSO server", "Zeus", lambda r, o: (
+            f"p50 latency {r['p50_ms']:.2f} vs {o['p50_ms']:.2f} ms"))
+        compare(rows, "grpc floor", "gRPC floor", lambda r, o: (
+            f"floor {o['rt_per_s']:.0f} rt/s, {fmt(o['server_cpu_ms_per_rt'], '.2f', 0)} ms server "
+            "CPU per round trip"))
+        goals(rows, args)
+        if registry_ms is not None:
+            print_budget(rows, registry_ms, args)
+    print(report.getvalue(), end="")
+    log.keep(report.getvalue())
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                          "zeus": zeus_note, "rows": rows,
                                          "registry_cpu_ms_per_rt": registry_ms},
                                         indent=2) + "\n")
         print(f"JSON: {args.json}")
+    log.finish()
 
 
 if __name__ == "__main__":

@@ -70,6 +70,8 @@ from offcut.errors import FailedPrecondition, OffcutError
 from offcut.daemon.zeus.service import (job_spec_from_pb, plan_to_pb, power_spec_from_pb,
                                         prediction_to_pb, verdict_to_pb)
 from offcut.replay import zeus_sim
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_log import ResultsLog, add_option  # noqa: E402 (benchmarks/results_log.py)
 from offcut.replay.zeus_sim import (WORKLOADS, ZeusReplayError, ZeusReplayOptions, baseline,
                                     load_traces, run_zeus_replay)
 
@@ -419,7 +421,9 @@ def main() -> None:
     ap.add_argument("--no-diagnose", action="store_true",
                     help="skip the lockstep, counters and ablation ladder")
     ap.add_argument("--json", type=Path, help="also write every number to this JSON file")
+    add_option(ap)
     args = ap.parse_args()
+    log = ResultsLog.from_args("zeus_crosscheck", args)
     sys.stdout.reconfigure(line_buffering=True)
 
     folder = args.data_dir / "zeus-nsdi23"
@@ -501,97 +505,98 @@ def main() -> None:
     def vals(name, who, key):
         return [r[who][key] for r in results[name]["seeds"].values() if key in r[who]]
 
-    print()
-    print("Energy saving and time change vs baseline, % (mean [min,max] over seeds); "
-          "final = batch size @ power limit of the last converged run (commonest over seeds)")
-    hdr = (f"{'workload':<13}{'ours saving':>21}{'Zeus saving':>21}{'diff pp':>8}"
-           f"{'ours time':>21}{'Zeus time':>21}  {'in band':<8}{'ours final':<18}{'Zeus final':<18}")
-    print(hdr)
-    print("-" * len(hdr))
-    for name in names:
-        o, z = vals(name, "ours", "energy_saving"), vals(name, "zeus", "energy_saving")
-        diff = f"{100 * (statistics.mean(o) - statistics.mean(z)):8.1f}" if o and z else f"{'-':>8}"
-        band = ("yes" if PAPER_BAND[0] <= statistics.mean(o) <= PAPER_BAND[1] else "NO") if o else "-"
-        fo = commonest(list(zip(vals(name, "ours", "final_batch_size"),
-                                vals(name, "ours", "final_power_limit_w"))))
-        fz = commonest(list(zip(vals(name, "zeus", "final_batch_size"),
-                                vals(name, "zeus", "final_power_limit_w"))))
-        print(f"{name:<13}{spread(o)}{spread(z)}{diff}{spread(vals(name, 'ours', 'time_change'))}"
-              f"{spread(vals(name, 'zeus', 'time_change'))}  {band:<8}{fo:<18}{fz:<18}")
-        errors = [f"seed {s} {who}: {r[who]['error']}" for s, r in results[name]["seeds"].items()
-                  for who in ("ours", "zeus") if "error" in r[who]]
-        for e in errors:
-            print(f"{'':13}  ERROR {e}")
-    same = sum(r["identical_runs"] for n in names for r in results[n]["seeds"].values())
-    print(f"identical run-by-run histories (batch size, power limit, energy, time, converged), "
-          f"ours vs Zeus: {same}/{len(names) * len(seeds)} (workload, seed) pairs")
-    print(f"(paper band for batch size + power limit: {100 * PAPER_BAND[0]:.1f}%-"
-          f"{100 * PAPER_BAND[1]:.1f}%; 'in band' judges our mean saving)")
-
-    if not args.no_diagnose:
+    with log.tee():  # the report: printed and kept for the results file
         print()
-        print("Semantics counters (sums over seeds; min_cost = mean over seeds, MJ): runs, "
-              "runs not converged, tries that could not afford one epoch")
-        hdr = (f"{'workload':<13}{'ours runs':>10}{'failed':>7}{'0-ep':>6}{'Zeus runs':>10}"
-               f"{'failed':>7}{'0-ep':>6}   {'ours min_cost':>13}{'Zeus min_cost':>14}"
-               f"{'lockstep agree':>16}")
+        print("Energy saving and time change vs baseline, % (mean [min,max] over seeds); "
+              "final = batch size @ power limit of the last converged run (commonest over seeds)")
+        hdr = (f"{'workload':<13}{'ours saving':>21}{'Zeus saving':>21}{'diff pp':>8}"
+               f"{'ours time':>21}{'Zeus time':>21}  {'in band':<8}{'ours final':<18}{'Zeus final':<18}")
         print(hdr)
         print("-" * len(hdr))
         for name in names:
-            seeds_r = results[name]["seeds"].values()
-            ok_o = [r["ours"] for r in seeds_r if "error" not in r["ours"]]
-            ok_z = [r["zeus"] for r in seeds_r if "error" not in r["zeus"]]
-            agree = sum(r["lockstep"]["agree"] for r in seeds_r)
-            total = sum(r["lockstep"]["total"] for r in seeds_r)
-            mo = statistics.mean(x["min_cost_single"] for x in ok_o) / 1e6 if ok_o else math.nan
-            mz = statistics.mean(x["min_cost_acc"] for x in ok_z) / 1e6 if ok_z else math.nan
-            print(f"{name:<13}{sum(x['runs'] for x in ok_o):>10}"
-                  f"{sum(x['failed_runs'] for x in ok_o):>7}"
-                  f"{sum(x['zero_epoch_tries'] for x in ok_o):>6}"
-                  f"{sum(x['runs'] for x in ok_z):>10}{sum(x['failed_runs'] for x in ok_z):>7}"
-                  f"{sum(x['zero_epoch_tries'] for x in ok_z):>6}   {mo:>13.3f}{mz:>14.3f}"
-                  f"{f'{agree}/{total}':>16}")
-            for s, r in results[name]["seeds"].items():
-                if r["lockstep"].get("error"):
-                    print(f"{'':13}  seed {s}: lockstep failed: {r['lockstep']['error']}")
-                d = r["lockstep"]["first_disagreement"]
-                if d:
-                    print(f"{'':13}  seed {s}: first disagreement at prediction {d[0]}: "
-                          f"Zeus {d[1]}, ours {d[2]}")
-        print("(ours min_cost: cheapest converged run, what our daemon bounds with; Zeus "
-              "min_cost: cheapest recurrence's accumulated cost, what Zeus's simulator bounds "
-              "with)")
+            o, z = vals(name, "ours", "energy_saving"), vals(name, "zeus", "energy_saving")
+            diff = f"{100 * (statistics.mean(o) - statistics.mean(z)):8.1f}" if o and z else f"{'-':>8}"
+            band = ("yes" if PAPER_BAND[0] <= statistics.mean(o) <= PAPER_BAND[1] else "NO") if o else "-"
+            fo = commonest(list(zip(vals(name, "ours", "final_batch_size"),
+                                    vals(name, "ours", "final_power_limit_w"))))
+            fz = commonest(list(zip(vals(name, "zeus", "final_batch_size"),
+                                    vals(name, "zeus", "final_power_limit_w"))))
+            print(f"{name:<13}{spread(o)}{spread(z)}{diff}{spread(vals(name, 'ours', 'time_change'))}"
+                  f"{spread(vals(name, 'zeus', 'time_change'))}  {band:<8}{fo:<18}{fz:<18}")
+            errors = [f"seed {s} {who}: {r[who]['error']}" for s, r in results[name]["seeds"].items()
+                      for who in ("ours", "zeus") if "error" in r[who]]
+            for e in errors:
+                print(f"{'':13}  ERROR {e}")
+        same = sum(r["identical_runs"] for n in names for r in results[n]["seeds"].values())
+        print(f"identical run-by-run histories (batch size, power limit, energy, time, converged), "
+              f"ours vs Zeus: {same}/{len(names) * len(seeds)} (workload, seed) pairs")
+        print(f"(paper band for batch size + power limit: {100 * PAPER_BAND[0]:.1f}%-"
+              f"{100 * PAPER_BAND[1]:.1f}%; 'in band' judges our mean saving)")
 
-        print()
-        print("Ablation ladder: our driver (zeus_sim.simulate) + in-process daemon objects, "
-              "switching to Zeus's simulator semantics step by step; energy saving %, "
-              "mean over seeds")
-        head = "".join(f"{k:>9}" for k, *_ in LADDER)
-        hdr = f"{'workload':<13}{'gRPC':>9}{head}{'Zeus':>9}  {'L0==gRPC':>9} {'L4==Zeus':>9}"
-        print(hdr)
-        print("-" * len(hdr))
-        for name in names:
-            seeds_r = list(results[name]["seeds"].values())
+        if not args.no_diagnose:
+            print()
+            print("Semantics counters (sums over seeds; min_cost = mean over seeds, MJ): runs, "
+                  "runs not converged, tries that could not afford one epoch")
+            hdr = (f"{'workload':<13}{'ours runs':>10}{'failed':>7}{'0-ep':>6}{'Zeus runs':>10}"
+                   f"{'failed':>7}{'0-ep':>6}   {'ours min_cost':>13}{'Zeus min_cost':>14}"
+                   f"{'lockstep agree':>16}")
+            print(hdr)
+            print("-" * len(hdr))
+            for name in names:
+                seeds_r = results[name]["seeds"].values()
+                ok_o = [r["ours"] for r in seeds_r if "error" not in r["ours"]]
+                ok_z = [r["zeus"] for r in seeds_r if "error" not in r["zeus"]]
+                agree = sum(r["lockstep"]["agree"] for r in seeds_r)
+                total = sum(r["lockstep"]["total"] for r in seeds_r)
+                mo = statistics.mean(x["min_cost_single"] for x in ok_o) / 1e6 if ok_o else math.nan
+                mz = statistics.mean(x["min_cost_acc"] for x in ok_z) / 1e6 if ok_z else math.nan
+                print(f"{name:<13}{sum(x['runs'] for x in ok_o):>10}"
+                      f"{sum(x['failed_runs'] for x in ok_o):>7}"
+                      f"{sum(x['zero_epoch_tries'] for x in ok_o):>6}"
+                      f"{sum(x['runs'] for x in ok_z):>10}{sum(x['failed_runs'] for x in ok_z):>7}"
+                      f"{sum(x['zero_epoch_tries'] for x in ok_z):>6}   {mo:>13.3f}{mz:>14.3f}"
+                      f"{f'{agree}/{total}':>16}")
+                for s, r in results[name]["seeds"].items():
+                    if r["lockstep"].get("error"):
+                        print(f"{'':13}  seed {s}: lockstep failed: {r['lockstep']['error']}")
+                    d = r["lockstep"]["first_disagreement"]
+                    if d:
+                        print(f"{'':13}  seed {s}: first disagreement at prediction {d[0]}: "
+                              f"Zeus {d[1]}, ours {d[2]}")
+            print("(ours min_cost: cheapest converged run, what our daemon bounds with; Zeus "
+                  "min_cost: cheapest recurrence's accumulated cost, what Zeus's simulator bounds "
+                  "with)")
 
-            def mean_of(get):
-                xs = [v for v in (get(r) for r in seeds_r) if v is not None]
-                return f"{100 * statistics.mean(xs):9.1f}" if xs else f"{'err':>9}"
+            print()
+            print("Ablation ladder: our driver (zeus_sim.simulate) + in-process daemon objects, "
+                  "switching to Zeus's simulator semantics step by step; energy saving %, "
+                  "mean over seeds")
+            head = "".join(f"{k:>9}" for k, *_ in LADDER)
+            hdr = f"{'workload':<13}{'gRPC':>9}{head}{'Zeus':>9}  {'L0==gRPC':>9} {'L4==Zeus':>9}"
+            print(hdr)
+            print("-" * len(hdr))
+            for name in names:
+                seeds_r = list(results[name]["seeds"].values())
 
-            cells = "".join(mean_of(lambda r, k=k: r["ladder"][k].get("energy_saving"))
-                            for k, *_ in LADDER)
-            eq0 = sum(bool(r["ladder"]["L0"].get("equals_grpc")) for r in seeds_r)
-            eq4 = sum(bool(r["ladder"]["L4"].get("equals_zeus")) for r in seeds_r)
-            print(f"{name:<13}{mean_of(lambda r: r['ours'].get('energy_saving'))}{cells}"
-                  f"{mean_of(lambda r: r['zeus'].get('energy_saving'))}  "
-                  f"{f'{eq0}/{len(seeds_r)}':>9} {f'{eq4}/{len(seeds_r)}':>9}")
-            for s, r in results[name]["seeds"].items():
-                for k, *_ in LADDER:
-                    if "error" in r["ladder"][k]:
-                        print(f"{'':13}  seed {s} {k}: {r['ladder'][k]['error']}")
-        for key, label, *_ in LADDER:
-            print(f"  {key}: {label}")
+                def mean_of(get):
+                    xs = [v for v in (get(r) for r in seeds_r) if v is not None]
+                    return f"{100 * statistics.mean(xs):9.1f}" if xs else f"{'err':>9}"
 
-    print(f"\nwall time {time.perf_counter() - started:.0f} s; our runs' outputs under {tmp}")
+                cells = "".join(mean_of(lambda r, k=k: r["ladder"][k].get("energy_saving"))
+                                for k, *_ in LADDER)
+                eq0 = sum(bool(r["ladder"]["L0"].get("equals_grpc")) for r in seeds_r)
+                eq4 = sum(bool(r["ladder"]["L4"].get("equals_zeus")) for r in seeds_r)
+                print(f"{name:<13}{mean_of(lambda r: r['ours'].get('energy_saving'))}{cells}"
+                      f"{mean_of(lambda r: r['zeus'].get('energy_saving'))}  "
+                      f"{f'{eq0}/{len(seeds_r)}':>9} {f'{eq4}/{len(seeds_r)}':>9}")
+                for s, r in results[name]["seeds"].items():
+                    for k, *_ in LADDER:
+                        if "error" in r["ladder"][k]:
+                            print(f"{'':13}  seed {s} {k}: {r['ladder'][k]['error']}")
+            for key, label, *_ in LADDER:
+                print(f"  {key}: {label}")
+
+        print(f"\nwall time {time.perf_counter() - started:.0f} s; our runs' outputs under {tmp}")
     if args.json:
         payload = {"args": {k: str(v) if isinstance(v, Path) else v
                             for k, v in vars(args).items()},
@@ -599,6 +604,7 @@ def main() -> None:
                    "results": results}
         args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
         print(f"JSON: {args.json}")
+    log.finish()
 
 
 if __name__ == "__main__":

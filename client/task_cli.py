@@ -20,6 +20,7 @@ from typing import Iterable, List, Optional
 import hostlist
 import typer
 
+from offcut.client.cli_common import fail as _fail
 from offcut.client.json_out import json_text
 from offcut.client.settings import ClientSettings, connection_options
 from offcut.errors import InvalidArgument, NotFound, OffcutError
@@ -52,12 +53,6 @@ FORMAT_FIELDS = {
 }
 #: the default of ``offcut queue`` (``-o`` replaces it)
 DEFAULT_FORMAT = "%i  %j  %u  %T  %D  %R  %P  %e"
-
-
-def _fail(message: str, code: int = 1) -> None:
-    # a daemon's message may quote user text (a task name, a command): escaped
-    typer.echo(f"offcut: {terminal_safe(message)}", err=True)
-    raise typer.Exit(code)
 
 
 def state_name(state: int) -> str:

@@ -112,15 +112,27 @@ def serve(
     if ctx.invoked_subcommand is not None:
         return
     if print_config is not None:
-        if print_config not in ("toml", "markdown"):
-            typer.echo(f"offcutd: --print-config: {print_config!r} is not toml or markdown", err=True)
-            raise typer.Exit(2)
-        typer.echo(reference_toml() if print_config == "toml" else reference_markdown(), nl=False)
-        raise typer.Exit(0)
+        _print_reference(print_config)
+    # every parameter named like a DaemonConfig option is that option's flag
+    flags = {k: v for k, v in locals().items() if k in DaemonConfig.model_fields
+             and v != []}  # (a list flag not given is [], not None: the file's stays)
+    _run(_settings(config, flags), init)
+
+
+def _print_reference(fmt: str) -> None:
+    """``--print-config``: print every option with its default as ``fmt`` (``toml`` or
+    ``markdown``) and exit 0; exit 2 naming the flag for another format."""
+    if fmt not in ("toml", "markdown"):
+        typer.echo(f"offcutd: --print-config: {fmt!r} is not toml or markdown", err=True)
+        raise typer.Exit(2)
+    typer.echo(reference_toml() if fmt == "toml" else reference_markdown(), nl=False)
+    raise typer.Exit(0)
+
+
+def _settings(config: Optional[Path], flags: dict) -> DaemonConfig:
+    """The daemon's settings: the file ``config`` (None: none) with ``flags`` over it, the
+    allocation policy loaded; a bad setting or policy exits 2 with one line naming it."""
     try:
-        # every parameter named like a DaemonConfig option is that option's flag
-        flags = {k: v for k, v in locals().items() if k in DaemonConfig.model_fields
-                 and v != []}  # (a list flag not given is [], not None: the file's stays)
         cfg = load_config(config, flags)
     except ConfigError as exc:
         typer.echo(f"offcutd: {exc}", err=True)
@@ -132,6 +144,12 @@ def serve(
     except PolicyError as exc:
         typer.echo(f"offcutd: policy: {exc}", err=True)
         raise typer.Exit(2)
+    return cfg
+
+
+def _run(cfg: DaemonConfig, init: bool) -> None:
+    """Serve with ``cfg`` until SIGTERM/SIGINT, then stop; a start that fails (the state
+    file, a socket, the solver) exits 1 with one line, no traceback. ``init``: ``--init``."""
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from offcut.daemon.server import OffcutServer

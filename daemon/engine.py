@@ -1,8 +1,9 @@
 """The engine: one lock around the scheduler, the allocator, the store and the watchers.
 
-Order of every state-changing call: answer a repeated ``(source, seq)`` / ``request_id`` from
-the journal; otherwise apply the event to the scheduler, build the reply, commit journal row (and
-snapshot when due) in one transaction, publish placement changes, reply. A failure after the
+Order of every state-changing call (:meth:`Engine.apply`): answer a repeated
+``(source, seq)`` / ``request_id`` from the journal; otherwise apply the event to the
+scheduler, build the reply, commit journal row (and snapshot when due) in one transaction,
+publish placement changes, reply. A failure after the
 scheduler changed (a store error, a bug) reloads the scheduler from the state file, so no half-applied
 state survives.
 
@@ -14,30 +15,31 @@ lock, so the gRPC edge converts replies to messages after releasing it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from offcut.errors import FailedPrecondition, NotFound, OffcutError, ResourceExhausted
+from offcut.errors import FailedPrecondition, NotFound, OffcutError
+from offcut.daemon import engine_reads
 from offcut.daemon.decision_times import DecisionTimes
 from offcut.daemon.scheduler import Outcome, Scheduler, SolveRecord
-from offcut.daemon.scheduler.state import retained_bytes
 from offcut.daemon.model import (CancelEvent, EnergyEvent, Event, Limits, NodeEvent,
-                                 ObjectiveSettings, ProgressEvent, SubmitEvent, Task,
-                                 TaskRunEvent, TaskState, event_from_dict, event_to_dict)
+                                 ObjectiveSettings, ProgressEvent, SubmitEvent,
+                                 TaskRunEvent, TaskState, event_to_dict)
+from offcut.daemon.owner_caps import OwnerCaps
+from offcut.daemon.placement_updates import RETAINED_UPDATES, PlacementUpdates
+from offcut.daemon.recovery import journal_solves, recover
+from offcut.daemon.repeated_requests import request_key, stored_reply
 from offcut.daemon.replies import (Decision, PlacementUpdate, Reply, SnapshotStatistics,
                                    SolverStatistics, StatusView, TaskView, decision_of,
                                    task_view)
 from offcut.daemon.solvers.allocator import Allocator
 from offcut.daemon.solvers.problem import AllocationProblem
-from offcut.daemon.model import task_number
 from offcut.daemon.policies.guard import PolicyGuard
 from offcut.daemon.storage_errors import StateFull, StateReadOnly
 from offcut.daemon.store import SnapshotDelta, Store
@@ -47,52 +49,19 @@ log = logging.getLogger("offcut.daemon")
 #: the caller of requests that name none (a daemon without tokens: every caller is this one)
 LOCAL_CALLER = "local"
 
-#: placement updates kept for ``WatchPlacements(after_revision=...)``
-RETAINED_UPDATES = 4096
-
-
-class _Replayed:
-    """Allocation answers recorded in the journal, handed back in order on recovery.
-
-    A row may also carry a third-party policy's answers (entries with a ``"policy"`` key,
-    after the solves of their decision; :meth:`Allocation._allocation_counts`): a solve is
-    never handed out past one, and :meth:`policy_answer` skips to the next."""
-
-    def __init__(self, solves: list[dict]):
-        self._entries = solves
-        self._i = 0
-        #: the row carries policy answers (written since they are journaled)
-        self.replaying_answers = any("policy" in e for e in solves)
-
-    def __call__(self, problem: AllocationProblem) -> SolveRecord:
-        entries, i = self._entries, self._i
-        if i >= len(entries) or "policy" in entries[i]:
-            raise RuntimeError("journal has fewer allocation answers than the event needs")
-        self._i = i + 1
-        return SolveRecord(**entries[i])
-
-    def policy_answer(self) -> dict | None:
-        """The next policy answer of the row (the solves before it skipped), else None."""
-        entries = self._entries
-        while self._i < len(entries) and "policy" not in entries[self._i]:
-            self._i += 1
-        if self._i >= len(entries):
-            return None
-        self._i += 1
-        return entries[self._i - 1]
-
-
-def _journal_solves(out: Outcome) -> list[dict]:
-    """The journal's ``solves`` of an event: its solves in order, each policy answer at its
-    place among them."""
-    entries = [s.to_dict() for s in out.solves]
-    for at, answer in reversed(out.policy_answers):
-        entries.insert(at, answer)
-    return entries
+__all__ = ["Engine", "LOCAL_CALLER", "RETAINED_UPDATES", "clock_now"]
 
 
 class Engine:
     """Serialises events through the scheduler and makes them durable.
+
+    Its collaborators: :func:`offcut.daemon.recovery.recover` rebuilds the scheduler from the
+    state file; :mod:`offcut.daemon.repeated_requests` keys events for the journal and
+    answers repeats; :class:`~offcut.daemon.owner_caps.OwnerCaps` refuses submissions over
+    the per-owner caps; :mod:`offcut.daemon.engine_reads` builds the read-only views (under
+    this engine's lock, or after it for the archive);
+    :class:`~offcut.daemon.placement_updates.PlacementUpdates` retains the placement updates
+    and tells their listeners. The lock and the order of an event's steps stay here.
 
     Args:
         store: the state file.
@@ -138,11 +107,10 @@ class Engine:
                  max_retained_tasks_per_owner: int | None = None,
                  max_retained_task_bytes_per_owner: int | None = None):
         self.store = store
-        #: tasks / bytes of one owner the state may keep when a capped caller submits
-        self.max_retained_tasks_per_owner = max_retained_tasks_per_owner
-        self.max_retained_task_bytes_per_owner = max_retained_task_bytes_per_owner
-        #: unfinished tasks one owner may have when a capped caller submits (None: no cap)
-        self.max_active_tasks_per_owner = max_active_tasks_per_owner
+        #: what one owner may hold when a capped caller submits (None: no cap)
+        self.owner_caps = OwnerCaps(max_active_tasks=max_active_tasks_per_owner,
+                                    max_retained_tasks=max_retained_tasks_per_owner,
+                                    max_retained_task_bytes=max_retained_task_bytes_per_owner)
         self.task_archive_retention_s = float(task_archive_retention_s)
         self.journal_retention_s = float(journal_retention_s)
         self._fresh_retention_s = finished_task_retention_s
@@ -150,12 +118,10 @@ class Engine:
         self.allocator = allocator
         self.requested_solver = allocator.solver
         self.lock = threading.RLock()
-        #: the retained placement updates (:meth:`updates_after`), guarded by a lock of their
-        #: own that is held for a copy only, never across a solve: the gRPC edge's event loop
-        #: reads them without waiting for an event to be applied
-        self.updates: deque[PlacementUpdate] = deque(maxlen=RETAINED_UPDATES)
-        self._updates_lock = threading.Lock()
-        self._listeners: list[Callable[[], None]] = []
+        #: the retained placement updates (:meth:`updates_after`) and their listeners, with a
+        #: lock of their own that is held for a copy only, never across a solve: the gRPC
+        #: edge's event loop reads them without waiting for an event to be applied
+        self.placement_updates = PlacementUpdates(RETAINED_UPDATES)
         #: decision times [ms] since start, in fixed memory (quantile sketch, count, buckets)
         self.decision_times = DecisionTimes()
         #: how long each snapshot written at an event held events back [ms]: building it,
@@ -204,27 +170,9 @@ class Engine:
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> Scheduler:
-        state, rows = self.store.load()
-        if state:
-            scheduler = Scheduler.from_dict(state)
-        elif self._fresh_retention_s is not None:  # a new state: the configured retention
-            scheduler = Scheduler(finished_task_retention_s=self._fresh_retention_s)
-        else:
-            scheduler = Scheduler()
-        scheduler.policy_guard = self.policy_guard
-        n, retired = 0, []
-        for event, solves in rows:
-            retired += scheduler.apply(event_from_dict(event), _Replayed(solves)).retired
-            n += 1
-        if retired:  # archived when first applied; again in case the retention changed since
-            self.store.archive_tasks(t.to_dict() for t in retired)
-        if state and (not self.store.loaded_incremental or self.store.bad_snapshots):
-            scheduler.mark_all_changed()  # the next snapshot writes every task
-        if state or n:
-            log.info("state %s: revision %d (%d journal rows re-applied after the snapshot)",
-                     self.store.path, scheduler.revision, n)
-        scheduler.limits = self.limits  # new events only: the journal was checked when it was written
-        return scheduler
+        """The scheduler of the state file (:func:`offcut.daemon.recovery.recover`)."""
+        return recover(self.store, policy_guard=self.policy_guard, limits=self.limits,
+                       fresh_retention_s=self._fresh_retention_s)
 
     # ------------------------------------------------------------------ allocation
     def _allocate(self, problem: AllocationProblem) -> SolveRecord:
@@ -262,11 +210,11 @@ class Engine:
         with self.lock:
             if self.closed:
                 raise OffcutError("the daemon is shutting down")
-            reply = self._stored_reply(event, caller)
+            reply = stored_reply(self.store, event, caller)
             if reply is not None:
                 return reply
             if capped and isinstance(event, SubmitEvent):
-                self._check_owner_cap(event)
+                self.owner_caps.check(self.scheduler, event)
             if stamp and self.scheduler.clock is not None and event.time < self.scheduler.clock:
                 event = dataclasses.replace(event, time=self.scheduler.clock)
             try:
@@ -295,46 +243,11 @@ class Engine:
                 owners = self._owners(reply.decision.placements)
                 owners.update((tid, tasks[tid].owner) for tid, _ in out.warnings
                               if tid in tasks)
-                self._publish(PlacementUpdate(
+                self.placement_updates.publish(PlacementUpdate(
                     revision=out.revision, time=out.time, cause=out.cause,
                     placements=reply.decision.placements, owners=owners,
                     warnings=list(out.warnings)))
             return reply
-
-    def _check_owner_cap(self, event: SubmitEvent) -> None:
-        """ResourceExhausted when ``event``'s owner has as many unfinished tasks as
-        ``max_active_tasks_per_owner`` allows, as many tasks in the state as
-        ``max_retained_tasks_per_owner`` allows, or when the new task would bring the bytes
-        of its tasks in the state past ``max_retained_task_bytes_per_owner`` (the field
-        names the setting; call under the lock, before anything changes)."""
-        owner = event.owner
-        cap = self.max_active_tasks_per_owner
-        held = self.scheduler.active_owners.get(owner, 0)
-        if cap is not None and held >= cap:
-            raise ResourceExhausted(
-                f"owner {owner!r} has {held} queued or running tasks, the most this daemon "
-                f"allows ({cap}); cancel some or wait until they finish",
-                "max_active_tasks_per_owner")
-        kept, size = self.scheduler.retained_owners.get(owner, (0, 0))
-        finished = _finished_text(self.scheduler.finished_task_retention_s)
-        cap = self.max_retained_tasks_per_owner
-        if cap is not None and kept >= cap:
-            raise ResourceExhausted(
-                f"owner {owner!r} has {kept} tasks in the daemon's memory (queued, running, "
-                f"and {finished}), the most this daemon allows ({cap}); "
-                "finished tasks leave memory that long after they finished",
-                "max_retained_tasks_per_owner")
-        cap = self.max_retained_task_bytes_per_owner
-        if cap is not None:
-            new = retained_bytes(Task(task_id="", spec=event.spec, owner=owner,
-                                      submit_time=event.time, request_id=event.request_id))
-            if size + new > cap:
-                raise ResourceExhausted(
-                    f"owner {owner!r} has tasks of {size:,} bytes in the daemon's memory "
-                    f"(queued, running, and {finished}); this one's "
-                    f"{new:,} bytes would pass the {cap:,} this daemon allows; finished tasks "
-                    "leave memory that long after they finished",
-                    "max_retained_task_bytes_per_owner")
 
     def _refuse_archived(self, event: Event, exc: NotFound) -> None:
         """FAILED_PRECONDITION instead of ``exc`` when the event names a task that finished
@@ -349,17 +262,6 @@ class Engine:
                 raise FailedPrecondition(f"task {task_id} is already {stored['state']}",
                                          field) from None
 
-    def _stored_reply(self, event: Event, caller: str) -> Reply | None:
-        """The journal's reply to a repeated event (flagged duplicate), else None."""
-        if isinstance(event, NodeEvent):
-            stored = self.store.response_for_seq(event.source, event.seq)
-            return _duplicate(stored) if stored is not None else None
-        key = _request_key(event, caller)
-        if key is None:
-            return None
-        stored = self.store.response_for_request(key)
-        return _duplicate(stored) if stored is not None else None
-
     def _commit(self, event: Event, out: Outcome, raw: bytes, caller: str) -> None:
         """Journal an applied event with its stored reply (and a snapshot when due); a
         failure reloads the scheduler from the state file and is raised."""
@@ -369,10 +271,10 @@ class Engine:
             state = self._snapshot_state() if snapshot else None
             pruned = self.store.append(
                 kind=out.cause, event=event_to_dict(event),
-                solves=_journal_solves(out), response=raw,
+                solves=journal_solves(out), response=raw,
                 source=event.source if isinstance(event, NodeEvent) else None,
                 seq=event.seq if isinstance(event, NodeEvent) else None,
-                request_id=_request_key(event, caller), state=state,
+                request_id=request_key(event, caller), state=state,
                 archive=[t.to_dict() for t in out.retired],
                 prune_archive_before=(out.time - self.task_archive_retention_s
                                       if snapshot and self.task_archive_retention_s < math.inf
@@ -418,25 +320,17 @@ class Engine:
     def owner_of(self, task_id: str) -> str | None:
         """The owner of task ``task_id`` (None for an unknown id)."""
         with self.lock:
-            task = self._task_or_archived(task_id)
+            task = engine_reads.task_or_archived(self.scheduler, self.store, task_id)
             return task.owner if task is not None else None
 
     def _count_archived(self) -> dict[TaskState, int]:
         """Archived tasks per state, from the state file."""
         return {TaskState(k): n for k, n in self.store.archived_counts().items()}
 
-    def _task_or_archived(self, task_id: str) -> Task | None:
-        """Task ``task_id`` from the state, else from the archive, else None (under the lock)."""
-        task = self.scheduler.tasks.get(task_id)
-        if task is None:
-            stored = self.store.archived_task(task_id)
-            task = Task.from_dict(stored) if stored is not None else None
-        return task
-
     def task(self, task_id: str) -> TaskView:
         """One task as it is now; NotFound naming ``task_id`` for an unknown id."""
         with self.lock:
-            task = self._task_or_archived(task_id)
+            task = engine_reads.task_or_archived(self.scheduler, self.store, task_id)
             if task is None:
                 raise NotFound(f"no task {task_id!r}", "task_id")
             return task_view(task, self.scheduler)
@@ -452,50 +346,20 @@ class Engine:
         event; a task retired in between is in both and answered once."""
         with self.lock:
             scheduler = self.scheduler
-            matching = sorted((t for t in scheduler.tasks.values()
-                               if task_number(t.task_id) > after
-                               and (not states or t.state in states)
-                               and (not owner or t.owner == owner)),
-                              key=lambda t: task_number(t.task_id))
-            views = [task_view(t, scheduler)
-                     for t in (matching if limit is None else matching[:limit + 1])]
-        finished = [s.value for s in (states or TaskState) if s.finished]
-        if finished:
-            seen = {v.task_id for v in views}
-            archived = [task_view(Task.from_dict(d), scheduler)  # finished: no engine state
-                        for d in self.store.archived_tasks(
-                            finished, owner, after=after,
-                            limit=None if limit is None else limit + 1)
-                        if d["task_id"] not in seen]
-            views += archived
-        views.sort(key=lambda v: task_number(v.task_id))
-        if limit is None or len(views) <= limit:
-            return views, False
-        return views[:limit], True
+            views = engine_reads.live_task_views(scheduler, states, owner, after=after,
+                                                 limit=limit)
+        return engine_reads.with_archived(views, scheduler, self.store, states, owner,
+                                          after=after, limit=limit)
 
     def status(self, include_idle: bool, with_solver: bool = True) -> StatusView:
         """The state in figures (idle node names only when ``include_idle``; the solver
         statistics (decision-time percentiles from a fixed-size sketch) unless ``with_solver`` is False:
         the metrics scrape, which has its own histogram, skips them)."""
         with self.lock:
-            scheduler = self.scheduler
-            counts = {s: self.archived_counts.get(s, 0) for s in TaskState}
-            for task in scheduler.tasks.values():
-                counts[task.state] += 1
-            awaiting = sum(len(t.nodes) for t in scheduler.active.values() if t.awaiting_launch)
-            return StatusView(
-                clock=scheduler.clock, revision=scheduler.revision, idle_nodes=len(scheduler.pool),
-                nodes_in_use=len(scheduler.holder),
-                idle_node_names=sorted(scheduler.pool) if include_idle else [],
-                tasks_by_state=counts,
+            return engine_reads.status_view(
+                self.scheduler, self.archived_counts, include_idle=include_idle,
                 solver=self.solver_statistics() if with_solver else None,
-                last_seq=dict(scheduler.last_seq), total_samples=scheduler.total_samples,
-                idle_node_seconds=scheduler.idle_node_seconds,
-                used_node_seconds=scheduler.used_node_seconds, tfwd_s=scheduler.tfwd_s,
-                max_running_tasks=scheduler.max_running_tasks, objective=scheduler.objective.objective,
-                eta=scheduler.objective.effective_eta, task_energy_j=scheduler.task_energy_j,
-                energy_j=scheduler.energy_j, last_decision=self.last_decision,
-                snapshots=self._snapshot_statistics(), nodes_awaiting_launch=awaiting)
+                last_decision=self.last_decision, snapshots=self._snapshot_statistics())
 
     def _snapshot_statistics(self) -> SnapshotStatistics:
         """The snapshots written at events since start (under the lock)."""
@@ -522,50 +386,19 @@ class Engine:
         tasks = self.scheduler.tasks
         return {p.task_id: tasks[p.task_id].owner for p in placements if p.task_id in tasks}
 
-    def _publish(self, update: PlacementUpdate) -> None:
-        """Retain ``update`` for :meth:`updates_after` and tell the listeners."""
-        with self._updates_lock:
-            self.updates.append(update)
-        self._notify()
-
-    def _notify(self) -> None:
-        """Call every listener (see :meth:`add_listener`); a failing one is logged."""
-        for listener in list(self._listeners):
-            try:
-                listener()
-            except Exception:  # a listener's bug must not fail the event that was applied
-                log.exception("placement listener %r failed", listener)
-
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` after each applied event that published placement updates, and
         once when the engine closes. It runs on the applying thread with the engine's lock
         held, so it must only hand the news on (e.g. ``loop.call_soon_threadsafe``): never
         block, never take the lock itself."""
-        with self._updates_lock:
-            self._listeners.append(callback)
+        self.placement_updates.add_listener(callback)
 
     def updates_after(self, revision: int, task_id: str = "") -> list[PlacementUpdate]:
         """The retained placement updates with revision > ``revision``, oldest first (the
         last :data:`RETAINED_UPDATES`); with ``task_id``, only that task's placements, and
         only updates that have some. Never waits for an event being applied (the updates
         have a lock of their own); costs O(updates returned), not O(retained)."""
-        with self._updates_lock:
-            new = []
-            for update in reversed(self.updates):
-                if update.revision <= revision:
-                    break
-                new.append(update)
-        new.reverse()
-        if not task_id:
-            return new
-        mine = []
-        for update in new:
-            placements = [p for p in update.placements if p.task_id == task_id]
-            warnings = [w for w in update.warnings if w[0] == task_id]
-            if placements or warnings:
-                mine.append(dataclasses.replace(update, placements=placements,
-                                                warnings=warnings))
-        return mine
+        return self.placement_updates.after(revision, task_id)
 
     def close(self) -> None:
         """Snapshot, end the watchers (listeners are told), close the allocator and the state
@@ -574,7 +407,7 @@ class Engine:
             if self.closed:
                 return
             self.closed = True
-            self._notify()
+            self.placement_updates.notify()
             try:
                 self.store.write_snapshot(self._snapshot_state())
             finally:
@@ -582,46 +415,6 @@ class Engine:
                 self.allocator.close()
                 if self._record is not None:
                     self._record.close()
-
-
-#: the kind of each event that may carry a ``request_id`` (its idempotency namespace)
-_REQUEST_KINDS = ((SubmitEvent, "submit"), (TaskRunEvent, "run"), (ProgressEvent, "progress"),
-                  (CancelEvent, "cancel"), (EnergyEvent, "energy"))
-
-
-def _finished_text(seconds: float) -> str:
-    """Which finished tasks stay in memory, for a message: ``"finished in the last 1 day"``
-    (``seconds``: finished_task_retention_s [s])."""
-    if not math.isfinite(seconds):
-        return "finished at any time (finished_task_retention_s is unlimited)"
-    return f"finished in the last {_duration_text(seconds)}"
-
-
-def _duration_text(seconds: float) -> str:
-    """``seconds`` in words for a message: ``"1 day"``, ``"3 h"``, ``"90 s"``."""
-    if seconds >= 86400 and seconds % 86400 == 0:
-        days = int(seconds // 86400)
-        return f"{days} day" + ("s" if days != 1 else "")
-    if seconds >= 3600 and seconds % 3600 == 0:
-        return f"{int(seconds // 3600)} h"
-    return f"{seconds:g} s"
-
-
-def _request_key(event: Event, caller: str) -> str | None:
-    """The journal's idempotency key of an event with a ``request_id``: per caller and per
-    kind (``["submit", caller, id]`` as JSON), so one caller's ids can never answer, block or
-    reveal another's, and ids of different kinds never answer each other. None without one."""
-    for cls, kind in _REQUEST_KINDS:
-        if isinstance(event, cls) and event.request_id:
-            return json.dumps([kind, caller, event.request_id], separators=(",", ":"))
-    return None
-
-
-def _duplicate(stored: bytes) -> Reply:
-    """A stored reply, flagged as the answer to a repeated request."""
-    reply = Reply.from_record(stored)
-    reply.duplicate = True
-    return reply
 
 
 def _answered_task_ids(event: Event, out: Outcome) -> list[str]:

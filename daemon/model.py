@@ -153,7 +153,7 @@ class Task:
     failure_reason: str = ""  # the last failure that restarted or failed it, in words
     node_seconds: float = 0.0  # nodes held x seconds so far [node-s] (fair_share's usage)
     learner: Any = field(default=None, repr=False)  # offcut.daemon.learning.TaskLearner
-    #: what its processes measured (offcut.daemon.scheduler.energy.EnergyLedger; None: nothing
+    #: what its processes measured (offcut.daemon.scheduler.ledger.EnergyLedger; None: nothing
     #: yet); docs/execution.md, "Energy"
     energy: Any = field(default=None, repr=False)
     # wasted work (docs/execution.md, "Wasted work"; daemon/scheduler/waste.py)
@@ -199,7 +199,7 @@ class Task:
             from offcut.daemon.learning import TaskLearner
             d["learner"] = TaskLearner.from_dict(d["learner"])
         if d.get("energy") is not None:
-            from offcut.daemon.scheduler.energy import EnergyLedger
+            from offcut.daemon.scheduler.ledger import EnergyLedger
             d["energy"] = EnergyLedger.from_dict(d["energy"])
         return cls(**d)
 

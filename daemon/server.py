@@ -43,6 +43,7 @@ from offcut.daemon.store import Store, StoreError
 from offcut.daemon.streams import StreamSlots
 from offcut.daemon.workers import NODE_EVENT_WORKERS, ReservedLaneInterceptor, RpcWorkers
 from offcut.daemon.zeus.registry import ZeusRegistry
+from offcut.daemon.zeus.storage import ZeusStorage
 from offcut.daemon.zeus.service import BatchSizeOptimizerService, PowerLimitOptimizerService
 from offcut.unix_socket import SocketPathClaim
 from offcut.v1 import (nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc, tasks_pb2,
@@ -369,9 +370,10 @@ class OffcutServer:
                              max_retained_tasks_per_owner=config.max_retained_tasks_per_owner,
                              max_retained_task_bytes_per_owner=(
                                  config.max_retained_task_bytes_per_owner))
-        # The Zeus optimizers keep their own connection to the state file: their transactions
-        # must not interleave with the engine's on one connection (SQLite serialises writers).
-        self.zeus_store = Store(config.state, durability=config.durability)
+        # The Zeus optimizers keep their tables in the same file on their own connection:
+        # their transactions must not interleave with the engine's on one connection (SQLite
+        # serialises writers; docs/zeus.md, "Storage").
+        self.zeus_store = ZeusStorage(config.state, durability=config.durability)
         undo.callback(self.zeus_store.close)
         self.zeus = ZeusRegistry(self.zeus_store, limits,
                                  trial_retention=config.zeus_trial_retention,
@@ -444,8 +446,7 @@ class OffcutServer:
         except (StateReadOnly, StateFull) as exc:  # logged once by the store; no traceback
             log.error("stopped without the final snapshot (the journal holds every "
                       "acknowledged event): %s", exc)
-        self.zeus.commits.close()  # its committer thread, before the file it commits to
-        self.zeus_store.close()
+        self.zeus_store.close()  # its committer thread, then its connections
         if self._socket_claim is not None:  # only while the path is still this daemon's socket
             self._socket_claim.release()
         self.state_lock.release()

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from offcut.daemon import snapshot_prune
 from offcut.daemon.state_lock import StateOwnershipError, check_state_dir, lock_path, read_mark
-from offcut.daemon.store import (SCHEMA_VERSION, StoreError, bad_zeus_rows, check_identity,
+from offcut.daemon.store import (SCHEMA_VERSION, StoreError, check_identity,
                                  check_writable, damaged_journal_rows, inspect_file, snapshots,
                                  stored_format)
+from offcut.daemon.zeus.storage import bad_zeus_rows
 
 
 class BackupError(RuntimeError):
@@ -71,6 +72,23 @@ def _check_new_state(state: Path) -> tuple[list[str], bool]:
     return out, True
 
 
+class _Findings:
+    """The lines :func:`check_state` prints, and whether ``offcutd`` would start."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.ok = True
+
+    def add(self, line: str) -> None:
+        """One ``ok: ...`` or ``note: ...`` line."""
+        self.lines.append(line)
+
+    def fail(self, msg: str) -> None:
+        """One ``FAIL: ...`` line: ``offcutd`` would refuse to start."""
+        self.ok = False
+        self.lines.append(f"FAIL: {msg}")
+
+
 def check_state(state: str | Path) -> tuple[list[str], bool]:
     """Every start-up check of ``offcutd`` on ``state``, read-only.
 
@@ -80,114 +98,127 @@ def check_state(state: str | Path) -> tuple[list[str], bool]:
         start creates a new state there), ok when its folder passes the start's checks.
     """
     state = Path(state)
-    out: list[str] = []
-    ok = True
-
-    def fail(msg: str) -> None:
-        nonlocal ok
-        ok = False
-        out.append(f"FAIL: {msg}")
-
     if not state.exists():
         return _check_new_state(state)
+    f = _Findings()
     try:
         check_state_dir(state)
-        out.append(f"ok: folder {state.absolute().parent} is private to its owner")
+        f.add(f"ok: folder {state.absolute().parent} is private to its owner")
     except StateOwnershipError as exc:
-        fail(str(exc))
+        f.fail(str(exc))
     try:
         check_writable(state)  # as the daemon's start (for the user running this command)
-        out.append(f"ok: writable by uid {os.geteuid()}")
+        f.add(f"ok: writable by uid {os.geteuid()}")
     except StoreError as exc:
-        fail(str(exc))
-        return out, ok  # (opening it now would leave -wal/-shm files of its mode behind)
+        f.fail(str(exc))
+        return f.lines, f.ok  # (opening it now would leave -wal/-shm files of its mode behind)
     holder = _holder(state)
-    out.append(f"note: in use by offcutd pid {holder}" if holder else "note: no offcutd holds it")
+    f.add(f"note: in use by offcutd pid {holder}" if holder else "note: no offcutd holds it")
     try:
         inspect_file(state)
     except StoreError as exc:
-        fail(str(exc))
-        return out, ok
+        f.fail(str(exc))
+        return f.lines, f.ok
     try:
         db = _open_ro(state)
     except sqlite3.Error as exc:
-        fail(f"{state}: cannot be opened read-only ({exc})")
-        return out, ok
+        f.fail(f"{state}: cannot be opened read-only ({exc})")
+        return f.lines, f.ok
     try:
-        try:
-            check_identity(db, state)
-            out.append("ok: an Offcut state file")
-        except StoreError as exc:
-            fail(str(exc))
-            return out, ok
-        result = [r[0] for r in db.execute("PRAGMA quick_check")]
-        if result == ["ok"]:
-            out.append("ok: quick_check")
-        else:
-            fail(f"quick_check: {'; '.join(map(str, result[:5]))}")
-            return out, ok
-        version = stored_format(db) or SCHEMA_VERSION
-        if version < SCHEMA_VERSION:  # (a released one: check_identity refused the others)
-            out.append(f"note: format {version}; offcutd upgrades it to {SCHEMA_VERSION} at start")
-        else:
-            out.append(f"ok: format {version}")
-        first, last, n = db.execute("SELECT COALESCE(MIN(id), 1), COALESCE(MAX(id), 0), "
-                                    "COUNT(*) FROM journal").fetchone()
-        complete = first == 1 and n == last
-        out.append(f"{'ok' if complete else 'note'}: journal rows {first}..{last} ({n} rows"
-                   f"{'' if complete else ', some missing'})")
-        good, found = 0, []
-        for journal_id, state_, why in snapshots(db):  # as the daemon's start checks them
-            found.append(journal_id)
-            if state_ is None:
-                out.append(f"note: snapshot at journal row {journal_id} is corrupt ({why}); "
-                           f"offcutd falls back to an older one (or the journal's start)")
-            else:
-                good += 1
-                out.append(f"ok: snapshot at journal row {journal_id}")
-        if found and not good and not complete:
-            fail("no good snapshot and the journal does not start at row 1: restore a backup")
-        # the rows the daemon re-applies (after the newest good snapshot) must all be there
-        base = next((j for j, st, _ in snapshots(db) if st is not None), 0)
-        needed = db.execute("SELECT COUNT(*) FROM journal WHERE id > ?", (base,)).fetchone()[0]
-        if needed != max(0, last - base):
-            fail(f"journal rows after row {base} (the snapshot the daemon starts from) have "
-                 f"gaps: {needed} of {last - base} present; offcutd refuses to re-apply them: "
-                 f"restore a backup")
-        # each row the daemon re-applies is checked as its start checks it (sha256, JSON)
-        bad, count = damaged_journal_rows(db, after=base)
-        for row_id, why in bad:
-            fail(f"journal row {row_id} is damaged ({why}); offcutd refuses to re-apply it "
-                 f"(it re-applies the rows after row {base}): restore a backup")
-        if count > len(bad):
-            fail(f"{count - len(bad)} more damaged journal rows after row {base}")
-        if not count:
-            out.append(f"ok: journal rows after row {base} (re-applied at start) check out")
-        # older rows are not re-applied, but answer repeated requests and offcut history
-        older, count = damaged_journal_rows(db, after=0, upto=base, limit=5, parse=False)
-        if count:
-            out.append(f"note: {count} journal rows up to row {base} are damaged (their sha256 "
-                       f"does not match: rows {', '.join(str(i) for i, _ in older)}"
-                       f"{', ...' if count > len(older) else ''}); offcutd does not re-apply "
-                       f"them but answers repeated requests and offcut history from them: "
-                       f"restore a backup to get them back")
-        for kind, job_id, size, why in bad_zeus_rows(db):
-            fail(f"zeus_state row ({kind}, {job_id}, {size}) is damaged ({why}); offcutd "
-                 f"refuses to start on it: restore a backup")
-        waiting = snapshot_prune.backlog(db, snapshot_prune.default_cursor(db))
-        if waiting:
-            out.append(f"note: {waiting} task rows of older snapshots are still to be deleted "
-                       f"(a few hundred at each snapshot; they only take disk space)")
-        mark = read_mark(state)[1]
-        if mark is not None and not holder:
-            if last < mark:
-                fail(f"journal rows {last + 1}..{mark} were acknowledged but are gone (a "
-                     f"deleted or truncated -wal file)")
-            else:
-                out.append(f"ok: every acknowledged journal row is present (last {mark})")
+        _check_contents(db, state, holder, f)
     finally:
         db.close()
-    return out, ok
+    return f.lines, f.ok
+
+
+def _check_contents(db: sqlite3.Connection, state: Path, holder: int | None,
+                    f: _Findings) -> None:
+    """:func:`check_state` of the open file ``db``: its identity, SQLite's ``quick_check``,
+    its format, the journal and snapshots (:func:`_check_journal`), the Zeus rows, the
+    snapshot rows still to prune, and (when no daemon holds it: ``holder`` None) that every
+    acknowledged journal row is present. Stops at the first finding that makes the rest
+    meaningless (not an Offcut file, a failed ``quick_check``)."""
+    try:
+        check_identity(db, state)
+        f.add("ok: an Offcut state file")
+    except StoreError as exc:
+        f.fail(str(exc))
+        return
+    result = [r[0] for r in db.execute("PRAGMA quick_check")]
+    if result == ["ok"]:
+        f.add("ok: quick_check")
+    else:
+        f.fail(f"quick_check: {'; '.join(map(str, result[:5]))}")
+        return
+    version = stored_format(db) or SCHEMA_VERSION
+    if version < SCHEMA_VERSION:  # (a released one: check_identity refused the others)
+        f.add(f"note: format {version}; offcutd upgrades it to {SCHEMA_VERSION} at start")
+    else:
+        f.add(f"ok: format {version}")
+    last = _check_journal(db, f)
+    for kind, job_id, size, why in bad_zeus_rows(db):
+        f.fail(f"zeus_state row ({kind}, {job_id}, {size}) is damaged ({why}); offcutd "
+               f"refuses to start on it: restore a backup")
+    waiting = snapshot_prune.backlog(db, snapshot_prune.default_cursor(db))
+    if waiting:
+        f.add(f"note: {waiting} task rows of older snapshots are still to be deleted "
+              f"(a few hundred at each snapshot; they only take disk space)")
+    mark = read_mark(state)[1]
+    if mark is not None and not holder:
+        if last < mark:
+            f.fail(f"journal rows {last + 1}..{mark} were acknowledged but are gone (a "
+                   f"deleted or truncated -wal file)")
+        else:
+            f.add(f"ok: every acknowledged journal row is present (last {mark})")
+
+
+def _check_journal(db: sqlite3.Connection, f: _Findings) -> int:
+    """The journal and snapshot checks of :func:`check_state`, as the daemon's start makes
+    them: the rows present, each snapshot, the rows after the newest good snapshot (all
+    there, each row's sha256 and JSON sound: they are re-applied) and the older ones (only
+    noted: they answer repeated requests and ``offcut history``). Returns the last row's id
+    (0 for an empty journal)."""
+    first, last, n = db.execute("SELECT COALESCE(MIN(id), 1), COALESCE(MAX(id), 0), "
+                                "COUNT(*) FROM journal").fetchone()
+    complete = first == 1 and n == last
+    f.add(f"{'ok' if complete else 'note'}: journal rows {first}..{last} ({n} rows"
+          f"{'' if complete else ', some missing'})")
+    good, found = 0, []
+    for journal_id, state_, why in snapshots(db):  # as the daemon's start checks them
+        found.append(journal_id)
+        if state_ is None:
+            f.add(f"note: snapshot at journal row {journal_id} is corrupt ({why}); "
+                  f"offcutd falls back to an older one (or the journal's start)")
+        else:
+            good += 1
+            f.add(f"ok: snapshot at journal row {journal_id}")
+    if found and not good and not complete:
+        f.fail("no good snapshot and the journal does not start at row 1: restore a backup")
+    # the rows the daemon re-applies (after the newest good snapshot) must all be there
+    base = next((j for j, st, _ in snapshots(db) if st is not None), 0)
+    needed = db.execute("SELECT COUNT(*) FROM journal WHERE id > ?", (base,)).fetchone()[0]
+    if needed != max(0, last - base):
+        f.fail(f"journal rows after row {base} (the snapshot the daemon starts from) have "
+               f"gaps: {needed} of {last - base} present; offcutd refuses to re-apply them: "
+               f"restore a backup")
+    # each row the daemon re-applies is checked as its start checks it (sha256, JSON)
+    bad, count = damaged_journal_rows(db, after=base)
+    for row_id, why in bad:
+        f.fail(f"journal row {row_id} is damaged ({why}); offcutd refuses to re-apply it "
+               f"(it re-applies the rows after row {base}): restore a backup")
+    if count > len(bad):
+        f.fail(f"{count - len(bad)} more damaged journal rows after row {base}")
+    if not count:
+        f.add(f"ok: journal rows after row {base} (re-applied at start) check out")
+    # older rows are not re-applied, but answer repeated requests and offcut history
+    older, count = damaged_journal_rows(db, after=0, upto=base, limit=5, parse=False)
+    if count:
+        f.add(f"note: {count} journal rows up to row {base} are damaged (their sha256 "
+              f"does not match: rows {', '.join(str(i) for i, _ in older)}"
+              f"{', ...' if count > len(older) else ''}); offcutd does not re-apply "
+              f"them but answers repeated requests and offcut history from them: "
+              f"restore a backup to get them back")
+    return last
 
 
 def backup_state(state: str | Path, to: str | Path) -> int:

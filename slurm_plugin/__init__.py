@@ -12,7 +12,13 @@ something to send, grpc):
 * :mod:`~offcut.slurm_plugin.slurm_json`: pure parsing of Slurm's JSON and the idle rule.
 * :mod:`~offcut.slurm_plugin.slurm_cli`: ``sinfo``/``squeue``/``sbatch``/``scancel``/``scontrol``
   calls with timeouts and clear errors (shared with the launcher).
-* :mod:`~offcut.slurm_plugin.launcher`: the launcher (``offcut-slurm launch``).
+* :mod:`~offcut.slurm_plugin.launcher`: the launcher (``offcut-slurm launch``), composing
+  :mod:`~offcut.slurm_plugin.placements` (the desired state),
+  :mod:`~offcut.slurm_plugin.job_ownership` (whose job it is),
+  :mod:`~offcut.slurm_plugin.job_accounting` (jobs ended while it was away),
+  :mod:`~offcut.slurm_plugin.launch_reports` (reports to the daemon),
+  :mod:`~offcut.slurm_plugin.job_stops` and :mod:`~offcut.slurm_plugin.job_submission`,
+  over :mod:`~offcut.slurm_plugin.launch_types`.
 * :mod:`~offcut.slurm_plugin.node_run`: the per-node supervisor a job's batch script runs: the
   task's processes on the node, the stop signal forwarded, the protocol's exit code
   (``python -m offcut.slurm_plugin.node_run``; standard library only).

@@ -23,7 +23,7 @@ leaves a note in the task's checkpoint folder, :data:`~offcut.slurm_plugin.node_
   safe for a terminal (:func:`offcut.text_safety.terminal_safe`), joined by ``" | "``.
 
 What the note holds is only what the owner's own processes wrote; no secret of the launcher
-is in a job's environment (:func:`offcut.slurm_plugin.launcher.job_environment`).
+is in a job's environment (:func:`offcut.slurm_plugin.job_submission.job_environment`).
 """
 
 from __future__ import annotations

@@ -38,6 +38,8 @@ import pytest
 
 from offcut.slurm_plugin.install import HookConfig, write_hooks
 
+from daemon_helpers import wait_until
+
 SCRIPT = Path(__file__).resolve().parent / "slurm" / "start-slurm.sh"
 NODES = 4
 HOOK_TIMEOUT_S = 10.0  # generous: a loaded 2-core CI machine imports grpc slowly
@@ -246,7 +248,7 @@ class SlurmCluster:
         """The checkpoint folder of ``task_id`` under :meth:`launcher` ``(…, root)``:
         ``root/ckpt/TASKID-SUFFIX`` (the suffix from the launcher's key, ``root/launcher.key``)."""
         from offcut.daemon.config import SlurmConfig
-        from offcut.slurm_plugin.launcher import checkpoint_dir
+        from offcut.slurm_plugin.job_submission import checkpoint_dir
         from offcut.slurm_plugin.launcher_key import LauncherKey
 
         return checkpoint_dir(SlurmConfig(checkpoint_root=str(root / "ckpt")), task_id, None,
@@ -257,16 +259,11 @@ class SlurmCluster:
                  what: str = "a condition") -> Any:
         """Poll ``predicate`` until it returns something truthy; returns it. AssertionError on
         timeout (with the cluster's state)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; nodes "
-                                     f"{self.node_states()}, jobs "
-                                     f"{ {k: (v['state'], v['node_list']) for k, v in self.jobs().items()} }")
-            time.sleep(interval)
+        try:
+            return wait_until(predicate, what, timeout, every_s=interval)
+        except AssertionError as exc:
+            jobs = {k: (v["state"], v["node_list"]) for k, v in self.jobs().items()}
+            raise AssertionError(f"{exc}; nodes {self.node_states()}, jobs {jobs}") from None
 
     def wait_state(self, job_id: str, states: Iterable[str], timeout: float = 30.0) -> str:
         states = set(states)

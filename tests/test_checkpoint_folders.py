@@ -23,7 +23,8 @@ from slurm_cluster import made_local_user
 from offcut.client import Client
 from offcut.daemon.config import SlurmConfig
 from offcut.slurm_plugin import node_run
-from offcut.slurm_plugin.launcher import Launcher, checkpoint_dir
+from offcut.slurm_plugin.job_submission import checkpoint_dir
+from offcut.slurm_plugin.launcher import Launcher
 from offcut.slurm_plugin.launcher_key import LauncherKey
 from offcut.slurm_plugin.node_run import UnsafeFolder, make_private_dir
 from offcut.slurm_plugin.owners import Account

@@ -1,5 +1,6 @@
-"""The horizon oracle's scheduler variant (issue 19, part 3; benchmarks/horizon_oracle.py,
-``ForecastScheduler``, outside the product): on real in-process daemons with the replay clock,
+"""The horizon oracle's placement rules (issue 19, part 3; benchmarks/horizon_oracle.py,
+``ForecastRules``, outside the product: the scheduler's placement collaborator replaced): on
+real in-process daemons with the replay clock,
 a forecast of each node's remaining idle time changes which nodes a task takes (and so whether
 Slurm's next job preempts it) and the horizon rescales are weighed against; without one
 nothing changes. Also the benchmark's log oracle on a hand-made node log."""
@@ -35,11 +36,13 @@ def table(left: dict[str, float]):
 
 
 def start(bench, daemons, name, forecast=None, **kw):
-    """A daemon whose scheduler is the benchmark's variant with ``forecast`` (None: the
+    """A daemon whose scheduler places by the benchmark's rules with ``forecast`` (None: the
     daemon's own scheduler, untouched)."""
     srv, client = daemons.start(name, **kw)
     if forecast is not None:
-        bench.use_forecast(srv.engine.scheduler, forecast)
+        scheduler = srv.engine.scheduler
+        rules = bench.use_forecast(scheduler, forecast)
+        assert scheduler.rules is rules and scheduler.reallocator.rules is rules
     return srv, client
 
 

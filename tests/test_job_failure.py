@@ -17,7 +17,8 @@ import pytest
 from offcut.daemon.config import SlurmConfig
 from offcut.slurm_plugin.job_failure import (MAX_TAIL_CHARS, SEPARATOR, read_note,
                                              stderr_tail, tail_of)
-from offcut.slurm_plugin.launcher import Generation, batch_script, job_environment
+from offcut.slurm_plugin.job_submission import batch_script, job_environment
+from offcut.slurm_plugin.launch_types import Generation
 from offcut.slurm_plugin.launcher_key import LauncherKey
 from offcut.slurm_plugin.node_run import FAILURE_FILE, failure_note
 from offcut.slurm_plugin.owners import Account

@@ -30,9 +30,9 @@ import pytest
 from offcut.slurm_plugin.gpu_backends import StandInBackend, open_backend, write_stand_in
 from offcut.slurm_plugin.install import (PowerEpilogConfig, power_epilog_conf_line,
                                          write_power_epilog)
-from offcut.slurm_plugin.launcher import _everyone_may
 from offcut.slurm_plugin.job_gpus import (JobDirectory, JobGpus, job_by_cgroup, job_by_stepd,
                                           parse_gres_gpus, parse_index_list, parse_show_job)
+from offcut.slurm_plugin.job_submission import _everyone_may
 from offcut.slurm_plugin.power_helper import (PowerHelper, PowerHelperServer, PowerRecords,
                                               epilog_restore)
 from offcut.slurm_plugin.slurm_cli import SlurmCLI

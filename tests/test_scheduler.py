@@ -698,3 +698,26 @@ def test_a_tasks_dict_form_is_json_owns_its_lists_and_rebuilds_the_task():
     assert Task.from_dict(json.loads(json.dumps(d))) == task
     d["nodes"].append("n3")  # the dict is the caller's: the task keeps its nodes
     assert task.nodes == ["n1", "n2"]
+
+
+def test_an_energy_report_for_a_task_its_event_would_retire_is_refused_and_changes_nothing():
+    """A finished task still takes its ranks' energy reports until
+    ``finished_task_retention_s`` after its finish; a report whose event would retire it
+    first is FAILED_PRECONDITION at validation (it used to pass validation and fail half
+    applied, the task already retired)."""
+    from offcut.daemon.model import EnergyEvent
+    from offcut.daemon.scheduler.ledger import generation_world_size
+
+    core = Scheduler(finished_task_retention_s=60.0)
+    feed = Feed("r")
+    core.apply(feed(T0, idle=["n1", "n2"]), dp_record)
+    tid = core.apply(SubmitEvent(T0, core_spec("e", max_nodes=2), "alice"), dp_record).task_id
+    assert generation_world_size(core.tasks[tid], 1) == 2
+    core.apply(CancelEvent(T0 + 1, tid), dp_record)
+    core.apply(EnergyEvent(T0 + 30, tid, 1, 0, 5.0), dp_record)  # within the retention
+    assert core.tasks[tid].energy.total_j == 5.0
+    before = json.dumps(core.to_dict(), sort_keys=True), core.revision
+    with pytest.raises(FailedPrecondition) as late:
+        core.apply(EnergyEvent(T0 + 100, tid, 1, 1, 5.0), dp_record)
+    assert late.value.field == "task_id" and "finished_task_retention_s" in str(late.value)
+    assert (json.dumps(core.to_dict(), sort_keys=True), core.revision) == before

@@ -83,8 +83,8 @@ def test_a_restarted_launcher_adopts_only_its_own_tagged_jobs(running):
     again = Launcher(client, CFG, slurm, accounts=OWNERS)
     r = again.reconcile()
     assert r.adopted == 4 and not r.submitted and not r.cancelled
-    assert set(again.mine) == set(real.values())
-    assert {mine_untagged, copied} <= again.ignored
+    assert set(again.ownership.mine) == set(real.values())
+    assert {mine_untagged, copied} <= again.ownership.ignored
     # a job of a task that no longer runs is stopped only when it is the launcher's
     client.cancel(tid)
     r = again.reconcile()

@@ -23,10 +23,16 @@ from slurm_cluster import idle_set
 
 from offcut.client import Client, make_task_spec
 from offcut.daemon.config import SlurmConfig
-from offcut.slurm_plugin.launcher import (NODE_RUN, SYSTEM_PYTHON, Generation, Launcher,
-                                          _everyone_may, batch_script, checkpoint_dir, job_name,
-                                          master_port, parse_job_name, run_state,
-                                          sbatch_options, supervisor_python)
+from offcut.slurm_plugin.job_ownership import JobOwnership
+from offcut.slurm_plugin.job_stops import JobStopper
+from offcut.slurm_plugin.job_submission import (NODE_RUN, SYSTEM_PYTHON, _everyone_may,
+                                                batch_script, checkpoint_dir, master_port,
+                                                sbatch_options, supervisor_python)
+from offcut.slurm_plugin.launch_reports import run_state
+from offcut.slurm_plugin.launch_types import (Generation, OnceLog, PassResult, job_name,
+                                              parse_job_name)
+from offcut.slurm_plugin.launcher import Launcher
+from offcut.slurm_plugin.launcher_key import LauncherKey
 from offcut.slurm_plugin.owners import OwnerAccounts, RunAsPolicy
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.slurm_plugin.slurm_json import JobInfo, SlurmCommandError, SlurmError
@@ -801,3 +807,57 @@ def test_jobs_older_than_their_task_are_not_its_own(placed):
     r = Launcher(client, CFG, slurm, accounts=OWNERS).reconcile()
     assert sorted(n for _, n, _ in r.submitted) == ALL and not r.reported
     assert client.get_task(tid).failed_runs == 0
+
+
+def test_the_launchers_collaborators_work_alone(caplog):
+    """The launcher's collaborators without a Launcher or a daemon (slurm_plugin/job_stops.py,
+    job_ownership.py, launch_types.py): the stopper signals a running job, cancels it only
+    after rescale_grace_s and once, cancels a pending one at once, and forgets what squeue no
+    longer shows; whose job it is: the task's uid and a recorded id or the key's tag; an
+    error is logged once per kind until it recovers, and a gone task's kind is forgotten."""
+    slurm, mono = FakeSlurm(), Clock(1000.0)
+    taken: list[list[str]] = []
+    stops = JobStopper(CFG, slurm, clock=lambda: 0.0, monotonic=mono, report_taken=taken.append)
+    gen = Generation("t1", "elastic", 2, ("n1", "n2"), ("python", "train.py"), owner="test")
+    running = slurm.submit(["-J", job_name(CFG, "t1", 1, "n1"), "-p", CFG.partition, "-w", "n1"])
+    pending = slurm.submit(["-J", job_name(CFG, "t1", 1, "n2"), "-p", CFG.partition, "-w", "n2"])
+    slurm.jobs[pending]["job_state"] = "PENDING"
+    result = PassResult()
+    for jid in (running, pending):
+        job = JobInfo(jid, states=frozenset({slurm.jobs[jid]["job_state"]}))
+        stops.stop(jid, parse_job_name(CFG, slurm.jobs[jid]["name"]), job, result)
+    assert slurm.signals == [(running, CFG.signal)] and slurm.jobs[pending]["job_state"] == "CANCELLED"
+    assert [r[2] for r in result.signalled] == [running] and [r[2] for r in result.cancelled] == [pending]
+    job = JobInfo(running, states=frozenset({"RUNNING"}))
+    name = parse_job_name(CFG, slurm.jobs[running]["name"])
+    mono.t += CFG.rescale_grace_s - 1
+    stops.stop(running, name, job, PassResult())
+    assert slurm.jobs[running]["job_state"] == "RUNNING"  # within the grace
+    mono.t += 2
+    stops.stop(running, name, job, PassResult())
+    stops.stop(running, name, job, result)  # once
+    assert slurm.jobs[running]["job_state"] == "CANCELLED" and len(result.cancelled) == 1
+    stops.forget({running})
+    assert stops.cancelled == {running} and set(stops.signalled) == {running}
+    assert not taken  # nothing was given back
+    # whose job it is
+    key = LauncherKey(b"k" * 32)
+    rule = JobOwnership(CFG, slurm, OWNERS, lambda: key, started=time.time())
+    mine = job_name(CFG, "t1", 2, "n1")
+    tagged = JobInfo("7", name=mine, uid=1500, comment=key.job_tag(mine, 1500))
+    assert rule.not_ours(tagged, gen) == ""
+    assert "uid 1500" in rule.not_ours(JobInfo("8", name=mine, uid=0, comment=tagged.comment), gen)
+    untagged = JobInfo("9", name=mine, uid=1500)
+    assert "did not submit" in rule.not_ours(untagged, gen)
+    rule.record("9")
+    assert rule.not_ours(untagged, gen) == ""
+    # errors once per kind
+    errors = OnceLog()
+    with caplog.at_level("ERROR", logger="offcut.slurm.launcher"):
+        for _ in range(3):
+            errors.error("script-t1", "cannot launch task t1")
+        errors.ok("script-t1")
+        errors.error("script-t1", "cannot launch task t1")
+    assert caplog.text.count("cannot launch task t1") == 2
+    errors.retain(lambda kind: kind != "script-t1")
+    assert not errors.failing

@@ -16,7 +16,6 @@ import pwd
 import secrets
 import shlex
 import stat
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -31,7 +30,8 @@ from test_slurm_launcher import ALL, FakeSlurm, fake_users, offcut_jobs, passwd
 
 from offcut.client import Client
 from offcut.daemon.config import SlurmConfig
-from offcut.slurm_plugin.launcher import Launcher, checkpoint_dir, job_workdir
+from offcut.slurm_plugin.job_submission import checkpoint_dir, job_workdir
+from offcut.slurm_plugin.launcher import Launcher
 from offcut.slurm_plugin.owners import Account, OwnerAccounts, OwnerRefused, RunAsPolicy
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.v1 import tasks_pb2

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import sqlite3
 import threading
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from offcut.daemon.store import Store
 from offcut.daemon.zeus.bso import BatchSizeJob
-from offcut.daemon.zeus.registry import EXPIRY_INTERVAL_S, ZeusRegistry
+from offcut.daemon.zeus.registry import ZeusRegistry
+from offcut.daemon.zeus.storage import EXPIRY_INTERVAL_S, ZeusStorage, ZeusWrite
 from offcut.errors import FailedPrecondition
 
 from daemon_helpers import Clock, zeus_core_spec
@@ -245,12 +248,10 @@ def test_a_group_commit_writes_only_the_last_summary_of_each_object(tmp_path):
     """Of a batch's summaries of one object (the calls of one job that a group commit
     gathers) only the last is written: the rows are those of writing each in turn, with one
     statement per object; the other rows of every write are written."""
-    from offcut.daemon.store import ZeusWrite
-
-    store = Store(tmp_path / "state.sqlite", durability="normal")
+    store = ZeusStorage(tmp_path / "state.sqlite", durability="normal")
     statements: list[str] = []
     store.db.set_trace_callback(statements.append)
-    store.zeus_write([
+    store.write([
         ZeusWrite("bso", "a", 0, '{"n":1}', observations=[(0, 8, -1.0)]),
         ZeusWrite("plo", "a", 8, {"n": 2}),
         ZeusWrite("bso", "b", 0, '{"n":3}'),
@@ -273,11 +274,10 @@ def test_a_failed_commit_fails_the_writes_queued_behind_it_and_keeps_its_error(t
     the registry reloads (reset), and waiters get the storage error itself (UNAVAILABLE for a
     read-only state file), not an INTERNAL one."""
     from offcut.daemon.storage_errors import StateReadOnly
-    from offcut.daemon.store import ZeusWrite
     from offcut.daemon.zeus.group_commit import CommitFailed, GroupCommit
 
-    store = Store(tmp_path / "state.sqlite")
-    commits = GroupCommit(store)
+    store = ZeusStorage(tmp_path / "state.sqlite")
+    commits = GroupCommit(store.write)
     store.db.execute("PRAGMA query_only = ON")  # SQLite refuses every write: read-only
     first = commits.submit(ZeusWrite("plo", "j", 1, {"n": 1}))
     behind = commits.submit(ZeusWrite("plo", "j", 2, {"n": 2}))
@@ -291,7 +291,7 @@ def test_a_failed_commit_fails_the_writes_queued_behind_it_and_keeps_its_error(t
     store.db.execute("PRAGMA query_only = OFF")
     commits.reset()
     commits.wait(commits.submit(ZeusWrite("plo", "j", 4, {"n": 4})))
-    assert [(k, j, b) for k, j, b, _ in store.zeus_load()] == [("plo", "j", 4)]
+    assert [(k, j, b) for k, j, b, _ in store.load()] == [("plo", "j", 4)]
     store.close()
 
 
@@ -306,7 +306,7 @@ def test_callers_on_an_event_loop_get_their_commit_and_its_failure_from_the_comm
     from offcut.daemon.zeus.group_commit import CommitFailed
 
     path = tmp_path / "state.sqlite"
-    store = Store(path, durability="full")
+    store = ZeusStorage(path, durability="full")
     registry = ZeusRegistry(store, trial_retention=10)
     registry.register(spec(max_epochs=1), None, Admin(), "")
 
@@ -347,3 +347,54 @@ def test_callers_on_an_event_loop_get_their_commit_and_its_failure_from_the_comm
     assert not committer.is_alive()
     with pytest.raises(CommitFailed, match="stopping"):  # a late call is not left waiting
         asyncio.run(registry.predict_async("big", "late", Admin()))
+
+
+def test_the_zeus_storage_shares_the_state_file_and_keeps_its_format(tmp_path):
+    """The Zeus tables live in the daemon's state file on a connection of their own: they are
+    tables the file's identity check accepts, and the engine's store and the Zeus storage
+    together make a file of exactly the schema of a released format-4 file (the fixture of
+    tests/test_released_state.py). A file no Zeus storage opened has no Zeus tables, and
+    ``offcutd check``'s Zeus row check finds nothing wrong in it."""
+    from offcut.daemon.store import TABLES
+    from offcut.daemon.zeus.storage import ZEUS_TABLES, bad_zeus_rows
+
+    def schema(path) -> list[tuple]:
+        db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            return sorted(db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master"))
+        finally:
+            db.close()
+
+    assert ZEUS_TABLES <= TABLES
+    path = tmp_path / "state.sqlite"
+    Store(path).close()
+    assert not {name for _, name, _, _ in schema(path)} & ZEUS_TABLES
+    with sqlite3.connect(path) as db:
+        assert bad_zeus_rows(db) == []
+    ZeusStorage(path).close()
+    released = tmp_path / "released.sqlite"  # (a copy: a reader may create -wal/-shm files)
+    shutil.copyfile(Path(__file__).parent / "fixtures" / "state_format4" / "state.sqlite",
+                    released)
+    assert schema(path) == schema(released)
+
+
+def test_every_zeus_write_takes_the_one_commit_path(tmp_path):
+    """Registration, calls and deletion are all writes of the storage's group commit
+    (one commit path): DeleteJob removes every row of the job and stores its own answer in one
+    write, and its retry is answered from the file without another write."""
+    path = tmp_path / "state.sqlite"
+    registry = ZeusRegistry(ZeusStorage(path, durability="normal"))
+    registry.register(spec(), None, Admin(), "")
+    p = registry.predict("big", "p-1", Admin())
+    registry.report("big", p.trial_number, 1, 10.0, 100.0, 0.6, Admin())
+    assert registry.commits.writes == 3
+    registry.delete("big", Admin(), request_id="d-1")
+    assert registry.commits.writes == 4
+    with sqlite3.connect(path) as db:
+        rows = {t: db.execute(f"SELECT COUNT(*) FROM {t} WHERE job_id = 'big'").fetchone()[0]
+                for t in ("zeus_state", "zeus_trials", "zeus_observations", "zeus_requests")}
+    assert rows == {"zeus_state": 0, "zeus_trials": 0, "zeus_observations": 0,
+                    "zeus_requests": 1}  # (the DeleteJob's own answer)
+    registry.delete("big", Admin(), request_id="d-1")  # a retry: the first answer
+    assert registry.commits.writes == 4 and "big" not in registry.jobs
+    registry.storage.close()

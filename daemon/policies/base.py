@@ -45,7 +45,7 @@ from offcut.daemon.model import ObjectiveSettings
 from offcut.daemon.solvers.problem import AllocationProblem
 
 if TYPE_CHECKING:  # the scheduler imports this module; the record type is only named here
-    from offcut.daemon.scheduler import SolveRecord
+    from offcut.daemon.scheduler.outcome import SolveRecord
 
 #: the engine's allocator as a policy sees it: an :class:`AllocationProblem` in, a journaled
 #: ``SolveRecord`` out (``.counts``: one count per task of that problem, and ``.objective``,

@@ -12,8 +12,6 @@ from offcut.daemon.solvers.problem import AllocationProblem
 
 
 @dataclass
-
-
 class SolveRecord:
     """One allocation answer, as journaled. ``counts`` is per admitted task (submit order)."""
 
@@ -35,8 +33,6 @@ Allocate = Callable[[AllocationProblem], SolveRecord]
 
 
 @dataclass
-
-
 class PlacementChange:
     """How one task's node set changed (mirrors ``offcut.v1.Placement``)."""
 
@@ -53,8 +49,6 @@ class PlacementChange:
 
 
 @dataclass
-
-
 class Outcome:
     """What applying one event did (becomes an ``offcut.v1.Decision``)."""
 

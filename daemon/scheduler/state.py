@@ -1,5 +1,8 @@
-"""The scheduler's state: settings, event clock, idle pool, tasks, counters; its
-persistence (snapshots, docs/architecture.md, "Journal and snapshots") and the step-log figures."""
+"""The scheduler's one state object: settings, event clock, idle pool, tasks, counters; its
+persistence (snapshots, docs/architecture.md, "Journal and snapshots"), the bookkeeping every
+collaborator of :class:`~offcut.daemon.scheduler.Scheduler` shares (owners' retained tasks,
+changed tasks) and the step-log figures. The collaborators read and write it; none holds state
+of its own but caches."""
 
 from __future__ import annotations
 
@@ -9,7 +12,6 @@ from dataclasses import asdict
 from typing import Any
 
 from offcut.daemon.model import Limits, NodeKind, ObjectiveSettings, Task, TaskState, task_number
-from offcut.daemon.policies import AllocationPolicy
 from offcut.daemon.scheduler.outcome import Outcome
 
 
@@ -44,15 +46,23 @@ def retained_bytes(task: Task) -> int:
 
 
 class SchedulerState:
-    """Cluster state: idle pool, tasks, placements, accounting (owned here; the
-    concern modules of :mod:`offcut.daemon.scheduler` change it).
+    """Cluster state: idle pool, tasks, placements, accounting; the one object the
+    scheduler's collaborators share (:class:`~offcut.daemon.scheduler.Scheduler` composes
+    them over it).
+
+    Responsibility: the data and its persistence (:meth:`to_dict` / :meth:`from_dict`, the
+    snapshot format; :meth:`snapshot_changes`), and bookkeeping that is the same whoever
+    changes the state: :meth:`retain` / :meth:`release` (per-owner retained tasks),
+    :meth:`mark_changed` (tasks an event may have changed), :meth:`admitted` (the tasks the
+    allocation considers), :meth:`fill_figures` (an outcome's step-log figures). It applies no
+    event and knows none of the collaborators.
 
     Args:
         tfwd_s: BFTrainer's look-ahead Tfwd [s] used in the allocation objective.
         max_running_tasks: maxJ, tasks admitted to the allocation at once.
-        limits: size limits checked by :meth:`validate`; None = none (re-applying the
-            journal, whose events were checked against the limits of their time). Not part
-            of the persisted state: the engine sets the configured ones.
+        limits: size limits the event validation checks (:mod:`.validation`); None = none
+            (re-applying the journal, whose events were checked against the limits of their
+            time). Not part of the persisted state: the engine sets the configured ones.
         objective: what the allocation maximises (the policy's name) and the power figures
             (:class:`ObjectiveSettings`; persisted, like ``tfwd_s``).
         max_failed_generations: a task whose current generation's run fails this many times
@@ -106,36 +116,18 @@ class SchedulerState:
         #: snapshot (:meth:`snapshot_changes`; not persisted: a loaded state starts clean)
         self.changed: set[str] = set()
         self.removed: set[str] = set()
-        self._objective: dict[str, tuple] = {}  # task id -> (Ns, Os, S(n)) arrays (cache)
         self.last_seq: dict[str, int] = {}
         self.next_task_number = 1
         self.total_samples = 0.0
         self.idle_node_seconds = 0.0
         self.used_node_seconds = 0.0
-        self._learn_version = 0                 # bumped when a learner's model changes (caches)
-        self._prior_cache: tuple[int, float] | None = None
-        self._policy: tuple[str, AllocationPolicy] | None = None  # (name, instance) in use
 
-    def _retire_finished(self, t: float, out: Outcome) -> None:
-        """Take the tasks that finished ``finished_task_retention_s`` or longer before ``t``
-        (the event's time [s]) out of the state, into ``out.retired`` (oldest first; the
-        engine archives them in the same transaction as the event). Runs before the event is
-        applied: a task the event finishes is not retired by it, and an event naming a
-        finished task was refused by validation."""
-        horizon = t - self.finished_task_retention_s
-        while self.finished and self.finished[0][0] <= horizon:
-            _, task_id = self.finished.popleft()
-            task = self.tasks.pop(task_id, None)
-            if task is not None:
-                self._release(task)
-                out.retired.append(task)
-
-    def _retain(self, task: Task) -> None:
+    def retain(self, task: Task) -> None:
         """Count ``task`` (now in ``tasks``) in its owner's :attr:`retained_owners`."""
         n, size = self.retained_owners.get(task.owner, (0, 0))
         self.retained_owners[task.owner] = (n + 1, size + retained_bytes(task))
 
-    def _release(self, task: Task) -> None:
+    def release(self, task: Task) -> None:
         """Take ``task`` (gone from ``tasks``) off its owner's :attr:`retained_owners`."""
         n, size = self.retained_owners.get(task.owner, (1, 0))
         if n <= 1:
@@ -143,7 +135,7 @@ class SchedulerState:
         else:
             self.retained_owners[task.owner] = (n - 1, max(0, size - retained_bytes(task)))
 
-    def _mark_changed(self, event: Any, out: Outcome, touched: set[str]) -> None:
+    def mark_changed(self, event: Any, out: Outcome, touched: set[str]) -> None:
         """Record which tasks ``event`` may have changed: those admitted before or after it
         (``touched``: before; only admitted tasks accrue, hold nodes or are re-allocated), the
         task it names (submitted, cancelled, reported on), those it completed or placed, and
@@ -190,7 +182,10 @@ class SchedulerState:
         unused = max(0.0, self.idle_node_seconds - self.used_node_seconds)
         return self.task_energy_j + unused * self.objective.idle_node_power_w
 
-    def _fill_figures(self, out: Outcome) -> None:
+    def fill_figures(self, out: Outcome) -> None:
+        """Put the state's step-log figures in ``out`` (after the event: the model's
+        throughput of the running tasks [samples/s], admitted and running tasks, idle nodes,
+        nodes in use)."""
         admitted = [t for t in self.admitted() if t.state is not TaskState.QUEUED]
         running = [t for t in admitted if t.state is TaskState.RUNNING]
         out.rate_samples_per_s = float(sum(t.rate for t in running))
@@ -239,7 +234,7 @@ class SchedulerState:
         core.active = {k: t for k, t in core.tasks.items() if not t.state.finished}
         core.active_owners = Counter(t.owner for t in core.active.values())
         for task in core.tasks.values():
-            core._retain(task)
+            core.retain(task)
         core.finished = deque(sorted((t.finish_time or 0.0, k) for k, t in core.tasks.items()
                                      if t.state.finished))
         core.holder = {n: t.task_id for t in core.tasks.values() for n in t.nodes}

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import math
 
+from typing import Callable
+
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from offcut.daemon.model import (RUN_STATES, CancelEvent, EnergyEvent, Event, NodeEvent,
                                  ProgressEvent, SubmitEvent, TaskRunEvent, check_node_names)
+from offcut.daemon.scheduler.state import SchedulerState
 
 
 MAX_SOURCE_LEN = 200
@@ -19,11 +22,25 @@ MAX_MESSAGE_LEN = 2000
 
 
 class EventValidation:
-    """Validation of the six event kinds; pure (never changes state)."""
+    """Validation of the six event kinds; pure (never changes state).
+
+    Reads ``state.last_seq``, ``clock``, ``node_clock``, ``limits``, ``pool`` and ``tasks``
+    (and the learners' checks of a report); writes nothing. An energy report is checked by
+    ``check_energy`` (the energy reports' own :meth:`validate
+    <offcut.daemon.scheduler.energy.EnergyReports.validate>`, composed by the scheduler).
+
+    Interface: :meth:`validate`.
+    """
+
+    def __init__(self, state: SchedulerState,
+                 check_energy: Callable[[EnergyEvent], None]) -> None:
+        self.state = state
+        self.check_energy = check_energy
 
     def validate(self, event: Event) -> None:
-        """Raise InvalidArgument / FailedPrecondition / NotFound if ``event`` cannot be applied.
-        Never changes state."""
+        """Raise InvalidArgument / FailedPrecondition / NotFound / ResourceExhausted (naming
+        the field) if ``event`` cannot be applied. Never changes state."""
+        state = self.state
         if not math.isfinite(event.time) or event.time <= 0:
             raise InvalidArgument("must be a set, positive timestamp", "time")
         if isinstance(event, NodeEvent):
@@ -31,24 +48,24 @@ class EventValidation:
                 raise InvalidArgument(f"must be 1-{MAX_SOURCE_LEN} printable characters", "source")
             if event.seq < 1:
                 raise InvalidArgument("must be >= 1", "seq")
-            last = self.last_seq.get(event.source, 0)
-            if not last and len(self.last_seq) >= MAX_SOURCES:
+            last = state.last_seq.get(event.source, 0)
+            if not last and len(state.last_seq) >= MAX_SOURCES:
                 raise ResourceExhausted(f"the daemon already knows {MAX_SOURCES} sources; send "
                                         "with one of them (Slurm's side needs a few)", "source")
             if event.seq <= last:
                 raise FailedPrecondition(
                     f"{event.seq} is not after the last applied seq {last} of source "
                     f"{event.source!r}", "seq")
-            if self.clock is not None and event.time < self.clock:
+            if state.clock is not None and event.time < state.clock:
                 raise FailedPrecondition(
                     f"event at {event.time:.3f} is older than the last applied event at "
-                    f"{self.clock:.3f}", "time")
-            if self.node_clock is not None and event.observed_time < self.node_clock:
+                    f"{state.clock:.3f}", "time")
+            if state.node_clock is not None and event.observed_time < state.node_clock:
                 raise FailedPrecondition(
                     f"observed at {event.observed_time:.3f}, before the newest applied node "
-                    f"observation at {self.node_clock:.3f}: observe the nodes again", "time")
-            if self.limits is not None:
-                self._check_event_size(event, self.limits.max_event_nodes)
+                    f"observation at {state.node_clock:.3f}: observe the nodes again", "time")
+            if state.limits is not None:
+                self._check_event_size(event, state.limits.max_event_nodes)
             check_node_names(list(event.idle), "idle")
             check_node_names(list(event.preempted), "preempted")
             if event.kinds:
@@ -62,10 +79,10 @@ class EventValidation:
                 if both:
                     raise InvalidArgument(
                         f"node {sorted(both)[0]!r} is both idle and preempted", "preempted")
-            if self.limits is not None:
-                self._check_pool_size(event, self.limits.max_idle_nodes)
+            if state.limits is not None:
+                self._check_pool_size(event, state.limits.max_idle_nodes)
         elif isinstance(event, SubmitEvent):
-            event.spec.validate(self.limits)
+            event.spec.validate(state.limits)
             if event.request_id and len(event.request_id) > MAX_SOURCE_LEN:
                 raise InvalidArgument(f"must be at most {MAX_SOURCE_LEN} characters", "request_id")
             if not event.owner or len(event.owner) > MAX_SOURCE_LEN:
@@ -73,11 +90,11 @@ class EventValidation:
         elif isinstance(event, ProgressEvent):
             self._validate_progress(event)
         elif isinstance(event, EnergyEvent):
-            self._validate_energy(event)  # (offcut.daemon.scheduler.energy)
+            self.check_energy(event)  # (offcut.daemon.scheduler.energy)
         elif isinstance(event, (CancelEvent, TaskRunEvent)):
             if isinstance(event, CancelEvent) and len(event.request_id) > MAX_SOURCE_LEN:
                 raise InvalidArgument(f"must be at most {MAX_SOURCE_LEN} characters", "request_id")
-            task = self.tasks.get(event.task_id)
+            task = state.tasks.get(event.task_id)
             if task is None:
                 raise NotFound(f"no task {event.task_id!r}", "task_id")
             if isinstance(event, TaskRunEvent):
@@ -113,8 +130,9 @@ class EventValidation:
                 raise InvalidArgument(f"has {len(event.idle)} nodes, more than max_idle_nodes "
                                       f"({limit})", "idle")
             return
-        size = (len(self.pool) + sum(1 for n in event.idle if n not in self.pool)
-                - sum(1 for n in event.preempted if n in self.pool))
+        pool = self.state.pool
+        size = (len(pool) + sum(1 for n in event.idle if n not in pool)
+                - sum(1 for n in event.preempted if n in pool))
         if size > limit:
             raise FailedPrecondition(f"the idle pool would hold {size} nodes, more than "
                                      f"max_idle_nodes ({limit})", "idle")
@@ -124,7 +142,8 @@ class EventValidation:
         reports progress, once, with figures its learner accepts (``reports[i].<field>``)."""
         if not event.reports:
             raise InvalidArgument("a progress request needs at least one report", "reports")
-        limit = self.limits.max_progress_reports if self.limits is not None else None
+        limits = self.state.limits
+        limit = limits.max_progress_reports if limits is not None else None
         if limit is not None and len(event.reports) > limit:
             raise InvalidArgument(f"has {len(event.reports)} reports, more than "
                                   f"max_progress_reports ({limit})", "reports")
@@ -133,7 +152,7 @@ class EventValidation:
         seen: set[str] = set()
         for i, r in enumerate(event.reports):
             where = f"reports[{i}]."
-            task = self.tasks.get(r.task_id)
+            task = self.state.tasks.get(r.task_id)
             if task is None:
                 raise NotFound(f"no task {r.task_id!r}", where + "task_id")
             if r.task_id in seen:

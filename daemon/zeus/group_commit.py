@@ -2,11 +2,11 @@
 file in one transaction, so one fsync (``durability="full"``) makes all of them durable
 (docs/zeus.md, "Storage").
 
-A call queues its :class:`~offcut.daemon.store.ZeusWrite` with :meth:`GroupCommit.submit`
+A call queues its :class:`~offcut.daemon.zeus.storage.ZeusWrite` with :meth:`GroupCommit.submit`
 (under the registry's lock, so the queue is in the order the calls changed memory), lets go
 of the lock and waits in :meth:`GroupCommit.wait`. The first waiter that finds no commit under
 way becomes the leader: it takes every write queued so far, commits them in one transaction
-(:meth:`offcut.daemon.store.Store.zeus_write`) and wakes the others; writes queued meanwhile go
+(``commit``: :meth:`offcut.daemon.zeus.storage.ZeusStorage.write`) and wakes the others; writes queued meanwhile go
 in the next transaction. A call answers only after its own write is durable, and since
 transactions commit in queue order, every write it may have read (an earlier call on the same
 job) is durable too. A caller on a worker thread may lead a commit itself; a caller on the
@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from offcut.errors import OffcutError
-from offcut.daemon.store import Store, ZeusWrite
+
+if TYPE_CHECKING:  # (the storage imports this module)
+    from offcut.daemon.zeus.storage import ZeusWrite
 
 
 class CommitFailed(RuntimeError):
@@ -41,16 +43,18 @@ class GroupCommit:
     """The queue of writes not yet durable and its leader election (thread-safe).
 
     Args:
-        store: the state file (its ``zeus_write`` commits a batch).
+        commit: writes a batch in one transaction, with the ``expire_before`` of ``expire``
+            (:meth:`offcut.daemon.zeus.storage.ZeusStorage.write`); raises if it failed.
         expire: called by a leader before each transaction: the ``expire_before`` [s, wall
             clock] to pass along (forget older stored answers), or None for not this time.
     """
 
-    def __init__(self, store: Store, expire: Callable[[], float | None] = lambda: None):
-        self.store = store
+    def __init__(self, commit: "Callable[[list[ZeusWrite], float | None], None]",
+                 expire: Callable[[], float | None] = lambda: None):
+        self.commit = commit
         self.expire = expire
         self._cond = threading.Condition()
-        self._queue: list[tuple[int, ZeusWrite]] = []
+        self._queue: list[tuple[int, "ZeusWrite"]] = []
         self._next = 1  # the ticket of the next write
         self.settled = 0  # every ticket <= this is durable or failed
         self._failed: dict[int, BaseException] = {}  # failed ticket -> its transaction's error
@@ -65,7 +69,7 @@ class GroupCommit:
         self._committer: threading.Thread | None = None
         self._closed = False
 
-    def submit(self, write: ZeusWrite) -> int:
+    def submit(self, write: "ZeusWrite") -> int:
         """Queue ``write``; its ticket (increasing). Raises CommitFailed while ``broken`` (a
         transaction failed and the registry has not reloaded yet: ``write`` may build on
         changes that were never stored)."""
@@ -97,7 +101,7 @@ class GroupCommit:
                 self._cond.release()
                 error = None
                 try:
-                    self.store.zeus_write([w for _, w in batch], self.expire())
+                    self.commit([w for _, w in batch], self.expire())
                 except Exception as exc:  # noqa: BLE001 (reported to every waiter)
                     error = exc
                 finally:

@@ -5,9 +5,9 @@ profiles, kept durable in the state file (docs/zeus.md, "The batch-size optimize
 A mutating call changes the job in memory (the optimizers raise before changing anything), then
 writes only the rows it changed (docs/zeus.md, "Storage"): the job's small summary
 (:meth:`BatchSizeJob.summary`, O(batch sizes)), the trial records it touched and the runs it
-observed, through a group commit (:mod:`offcut.daemon.zeus.group_commit`: the writes of
-concurrent calls share one transaction and one fsync); it answers only once its write is
-durable, so a committed answer survives ``kill -9`` (and power loss with durability ``full``).
+observed, through the Zeus storage's one commit path (:mod:`offcut.daemon.zeus.storage`, a
+group commit: the writes of concurrent calls share one transaction and one fsync); it answers
+only once its write is durable, so a committed answer survives ``kill -9`` (and power loss with durability ``full``).
 A call that raises, and a failed commit, reload the job(s) from the file. The objects carry
 their seeded RNG state, so a restarted daemon continues each job's batch-size sequence exactly.
 
@@ -33,8 +33,9 @@ without tokens). Every method takes the caller (a :class:`Caller`): a caller act
 it owns, an admin on all; any other job, and its power profiles, is NOT_FOUND, checked before
 anything is read or written. The stored answer to a request id of Predict / ResumeTrial /
 DeleteJob / ReportWindow / InterruptWindow is bound to (method, caller, job[, trial or batch
-size], request id): see :func:`request_key`; a power-window call's id repeated with other
-arguments is refused (:func:`check_repeat`).
+size], request id): see :mod:`offcut.daemon.zeus.answers`. The power-limit calls are those of
+the registry's collaborator :class:`~offcut.daemon.zeus.power_profiles.PowerProfiles`
+(:attr:`ZeusRegistry.power`).
 
 Not checked here: a task's ``zeus_job_id`` (a task spec field, offcut.v1.TaskSpec) names a
 job by id only. The binding holds where the job is used, since the task's training process
@@ -45,30 +46,26 @@ user's job) belongs to ``SubmitTask`` (offcut.daemon.service), which has no regi
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Callable, TypeVar
 
 from offcut.daemon.model import Limits
-from offcut.daemon.store import Store, ZeusWrite
+from offcut.daemon.zeus.answers import Caller, request_key, stored_answer
 from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Resumed, Verdict
-from offcut.daemon.zeus.group_commit import CommitFailed, GroupCommit
-from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
 from offcut.daemon.zeus.bso_trials import OPEN
-from offcut.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound,
-                           OffcutError, ResourceExhausted)
+from offcut.daemon.zeus.group_commit import CommitFailed, GroupCommit
+from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec
+from offcut.daemon.zeus.power_profiles import PLO, PowerProfiles
+from offcut.daemon.zeus.storage import ZeusStorage, ZeusWrite
+from offcut.errors import AlreadyExists, NotFound, OffcutError, ResourceExhausted
 
 T = TypeVar("T")
 
 _BSO = "bso"
-_PLO = "plo"
-#: the version of a stored answer (``zeus_requests.response``) written by this release:
-#: ``{"format": 2, <the answer's fields>}`` (state-file format 4, the first released one)
-ANSWER_FORMAT = 2
 #: defaults of ``trial_retention`` (trial records a job holds in memory) and of
 #: ``request_retention_s`` [s] (how long a stored answer to a request id is kept); their
 #: bounds are the settings' (``DaemonConfig.zeus_trial_retention``, ``zeus_request_retention_s``)
@@ -87,59 +84,6 @@ DROP_BATCH = 1000
 #: GetJob's trials per page: default and largest page_size
 DEFAULT_TRIAL_PAGE = 100
 MAX_TRIAL_PAGE = 1000
-#: seconds between two expiries of stored answers (each a DELETE in a group commit)
-EXPIRY_INTERVAL_S = 60.0
-
-
-def stored_answer(answer: Prediction | Resumed | PowerPlan | None,
-                  request: dict | None = None) -> bytes:
-    """The stored form of an answer to a request with an id (format :data:`ANSWER_FORMAT`):
-    the answer's fields (None: an empty answer, DeleteJob's) and, for the power-window calls,
-    ``request``, the call's arguments outside its key (checked by :func:`check_repeat`)."""
-    # (the answers' fields are scalars: their __dict__ is asdict's result, without its copying)
-    fields = {} if answer is None else vars(answer)
-    if request is not None:
-        fields = {**fields, "request": request}
-    return json.dumps({"format": ANSWER_FORMAT, **fields}, separators=(",", ":")).encode()
-
-
-def _stored_fields(stored: bytes) -> dict:
-    """The answer's fields of :func:`stored_answer` (ValueError for another format)."""
-    d = json.loads(bytes(stored).decode())
-    if d.pop("format", None) != ANSWER_FORMAT:
-        raise ValueError(f"stored Zeus answer is not of format {ANSWER_FORMAT}")
-    return d
-
-
-def check_repeat(method: str, stored: dict | None, request: dict) -> None:
-    """A repeated request id must come with the arguments it was first used with
-    (``stored``: those of :func:`stored_answer`; None: stored without, nothing to check).
-
-    Raises:
-        InvalidArgument: naming ``request_id``, with the first call's arguments.
-    """
-    if stored is not None and stored != request:
-        first = ", ".join(f"{k} {v!r}" for k, v in stored.items())
-        raise InvalidArgument(f"was used for another {method} ({first}); a new call needs a "
-                              "new request id", "request_id")
-
-
-class Caller(Protocol):
-    """Who calls the registry (:class:`offcut.daemon.auth.Principal` is one)."""
-
-    @property
-    def user(self) -> str: ...
-
-    @property
-    def is_admin(self) -> bool: ...
-
-
-def request_key(method: str, who: Caller, job_id: str, *parts) -> str:
-    """The key of a stored answer: JSON ``[method, caller's user, job, *parts]`` (``parts``:
-    ResumeTrial's trial number or the power-window calls' batch size, then the request id).
-    So the same request id from another caller, for another method, job, trial or batch size
-    is another request, never the first answer."""
-    return json.dumps([method, who.user, job_id, *parts], separators=(",", ":"))
 
 
 @dataclass
@@ -199,27 +143,63 @@ class JobView:
         return self.view
 
 
+def _retention(entry: _Entry, trials: list[dict], rows_retention: int
+               ) -> tuple[list[dict], tuple[int, int] | None, list[int], set[int]]:
+    """The rows a call's retention changes (docs/operations.md): a trial that ends after its
+    number was pruned loses its row now; finished trials beyond ``rows_retention`` are
+    deleted in a bounded range (:data:`PRUNE_MIN`, :data:`PRUNE_BATCH`). Returns ``(trials
+    to write, range to prune or None, trials to drop, numbers that left memory)``; updates
+    ``entry.pruned_through`` and the ledger's records in memory."""
+    ledger = entry.job.ledger
+    drop_trials = [t["trial_number"] for t in trials if t["trial_number"]
+                   <= entry.pruned_through and t["status"] not in OPEN]
+    prune = None
+    limit = ledger.count - rows_retention
+    if limit - entry.pruned_through >= PRUNE_MIN:
+        prune = (entry.pruned_through + 1, min(limit, entry.pruned_through + PRUNE_BATCH))
+        entry.pruned_through = prune[1]
+    gone: set[int] = set()  # (the common case: nothing to prune)
+    if drop_trials or prune:
+        gone = set(drop_trials) | {n for n, t in ledger.held.items() if n
+                                   <= entry.pruned_through and t["status"] not in OPEN}
+        trials = [t for t in trials if t["trial_number"] not in gone]
+        for n in gone:
+            ledger.held.pop(n, None)
+    return trials, prune, drop_trials, gone
+
+
 class ZeusRegistry:
-    """Registered jobs and power profiles, durable in ``store`` (thread-safe).
+    """Registered jobs and their power profiles (:attr:`power`), durable in ``storage``
+    (thread-safe).
+
+    Args:
+        storage: the Zeus tables (:class:`ZeusStorage`); an engine's
+            :class:`offcut.daemon.store.Store` is taken for its file and durability (the
+            registry opens a :class:`ZeusStorage` on them).
+        limits: bound what the service accepts at registration (``max_batch_sizes``,
+            ``max_power_limits``; default: :class:`Limits`'s defaults).
+        clock: wall-clock seconds for suspended trials and stored answers (module docstring).
+        trial_retention, request_retention_s, trial_rows_retention, observation_retention,
+        max_jobs_per_owner: the bounds of the module docstring.
 
     Raises (from its methods): :class:`offcut.errors.NotFound` for unknown jobs and for jobs
     the caller may not act on (module docstring, owners), :class:`AlreadyExists` for a
-    second, different spec under a job id or an id held by another user's job,
-    :class:`FailedPrecondition` for power calls on a job registered without a power spec,
-    and whatever the optimizers raise for bad values (``InvalidArgument``), all before any
-    state changes. ``limits`` (default: :class:`Limits`'s defaults) bound what the service
-    accepts at registration (``max_batch_sizes``, ``max_power_limits``). ``clock``: wall-clock
-    seconds for suspended trials (module docstring).
+    second, different spec under a job id or an id held by another user's job, and whatever
+    the optimizers raise for bad values (``InvalidArgument``), all before any state changes;
+    the storage's errors for a write that failed (``StateReadOnly``, ``StateFull``, else
+    :class:`CommitFailed`), after memory was reloaded from the file.
     """
 
-    def __init__(self, store: Store, limits: Limits | None = None,
+    def __init__(self, storage: ZeusStorage, limits: Limits | None = None,
                  clock: Callable[[], float] = time.time, *,
                  trial_retention: int = DEFAULT_TRIAL_RETENTION,
                  request_retention_s: float = DEFAULT_REQUEST_RETENTION_S,
                  trial_rows_retention: int = DEFAULT_TRIAL_ROWS_RETENTION,
                  observation_retention: int | None = DEFAULT_OBSERVATION_RETENTION,
                  max_jobs_per_owner: int | None = None):
-        self.store = store
+        if not isinstance(storage, ZeusStorage):  # an engine's Store: its file and durability
+            storage = ZeusStorage(storage.path, storage.durability)
+        self.storage = storage
         self.clock = clock
         self.limits = limits if limits is not None else Limits()
         self.trial_retention = max(0, int(trial_retention))
@@ -229,37 +209,48 @@ class ZeusRegistry:
         #: jobs one owner may have registered when a user registers one (None: no cap)
         self.max_jobs_per_owner = max_jobs_per_owner
         self.request_retention_s = float(request_retention_s)
+        storage.retain_answers(self.request_retention_s, clock)
         self.lock = threading.RLock()
-        self.commits = GroupCommit(store, self._expiry)
-        self._last_expiry = -float("inf")
-        #: answers to request ids whose writes are not durable yet: key -> (ticket, answer)
-        self._pending: dict[str, tuple[int, Any]] = {}
-        #: (job, trial number) -> ticket of the latest write of that trial's record
-        self._row_ticket: dict[tuple[str, int], int] = {}
         self.jobs: dict[str, _Entry] = {}
-        self.profiles: dict[tuple[str, int], PowerLimitProfile] = {}
+        #: the power-limit calls (the PowerLimitOptimizer service's)
+        self.power = PowerProfiles(storage, self.lock, clock, self._entry, self._recover)
         self._load()
+
+    @property
+    def commits(self) -> GroupCommit:
+        """The storage's group commit (its counts; the daemon's stop closes it)."""
+        return self.storage.commits
+
+    @property
+    def profiles(self) -> dict[tuple[str, int], PowerLimitProfile]:
+        """The power profiles in memory: (job id, batch size) -> profile (:attr:`power`)."""
+        return self.power.profiles
 
     def _load(self) -> None:
         """(Re)build memory from the state file (call with no write pending)."""
-        self.jobs, self.profiles = {}, {}
-        self._pending.clear()
-        self._row_ticket.clear()
-        for kind, job_id, batch_size, state in self.store.zeus_load():
+        self.jobs = {}
+        self.power.profiles.clear()
+        self.storage.forget_writes()
+        for kind, job_id, batch_size, state in self.storage.load():
             if kind == _BSO:
                 self.jobs[job_id] = self._entry_from(job_id, state)
-            elif kind == _PLO:
-                self.profiles[(job_id, batch_size)] = PowerLimitProfile.from_dict(state)
+            elif kind == PLO:
+                self.power.profiles[(job_id, batch_size)] = PowerLimitProfile.from_dict(state)
+
+    def _new_job(self, job: BatchSizeJob) -> BatchSizeJob:
+        """``job`` with the registry's retention and its evicted records read from the file."""
+        job.policy.retention = self.observation_retention
+        job_id = job.spec.job_id
+        job.ledger.loader = lambda n: self.storage.trial_record(job_id, n)
+        return job
 
     def _entry_from(self, job_id: str, stored: dict) -> _Entry:
         """A job from its stored summary, observed runs and newest trial records."""
-        job = BatchSizeJob.from_parts(
-            stored["job"], self.store.zeus_observation_rows(job_id),
-            self.store.zeus_trial_records(job_id, last=self.trial_retention))
-        job.policy.retention = self.observation_retention
-        job.ledger.loader = functools.partial(self.store.zeus_trial_record, job_id)
+        job = self._new_job(BatchSizeJob.from_parts(
+            stored["job"], self.storage.observation_rows(job_id),
+            self.storage.trial_records(job_id, last=self.trial_retention)))
         job.ledger.evict(self.trial_retention)
-        first = self.store.zeus_first_finished_trial(job_id)
+        first = self.storage.first_finished_trial(job_id)
         return _Entry(job, PowerLimitSpec.from_dict(stored["power"]) if stored["power"] else None,
                       bool(stored["seed_given"]), str(stored.get("owner", "")),
                       pruned_through=max(0, (first or 1) - 1))
@@ -267,74 +258,55 @@ class ZeusRegistry:
     def _reload_job(self, job_id: str) -> None:
         """Make the job's memory the file's again, after a call that raised part-way (call
         under the lock)."""
-        self.commits.flush()
-        for key in [k for k in self._row_ticket if k[0] == job_id]:
-            del self._row_ticket[key]
-        row = [state for kind, j, _, state in self.store.zeus_load() if kind == _BSO and j == job_id]
+        self.storage.flush()
+        self.storage.forget_rows(job_id)
+        row = [state for kind, j, _, state in self.storage.load() if kind == _BSO and j == job_id]
         if row:
             self.jobs[job_id] = self._entry_from(job_id, row[0])
         else:
             self.jobs.pop(job_id, None)
 
-    def _expiry(self) -> float | None:
-        """For a group commit's leader: forget answers stored before this [s], at most every
-        :data:`EXPIRY_INTERVAL_S` (None otherwise)."""
-        now = self.clock()
-        if now - self._last_expiry < EXPIRY_INTERVAL_S:
-            return None
-        self._last_expiry = now
-        return now - self.request_retention_s
-
+    # ------------------------------------------------------------------ commits
     def _commit_now(self, write: ZeusWrite) -> None:
         """Write and wait until durable, holding the lock (rare calls: register, delete)."""
         self._recover()
-        ticket = self.commits.submit(write)
-        try:
-            self.commits.wait(ticket)
-        except Exception:
-            self._recover()
-            raise
+        ticket = self.storage.submit(write)
+        self._await(ticket, write.request_id or "")
 
     def _recover(self) -> None:
-        """After a failed commit (``commits.broken``; nothing otherwise): every pending write
-        is settled, memory reloaded from the file, writes accepted again."""
+        """After a failed commit (the storage ``broken``; nothing otherwise): every pending
+        write is settled, memory reloaded from the file, writes accepted again."""
+        if not self.storage.commits.broken:  # (the common case, without the lock)
+            return
         with self.lock:
-            if self.commits.broken:
-                self.commits.flush()
+            if self.storage.broken:
+                self.storage.flush()
                 self._load()
-                self.commits.reset()
+                self.storage.reset()
 
     def _await(self, ticket: int, key: str = "") -> None:
-        """Wait, outside the lock, until the write ``ticket`` is durable; CommitFailed (after
+        """Wait, outside the lock, until the write ``ticket`` is durable; its error (after
         reloading memory) if it failed."""
         try:
-            self.commits.wait(ticket)
+            self.storage.wait(ticket, key)
         except Exception:
             self._recover()
             raise
-        finally:
-            self._settled(ticket, key)
 
     async def _await_async(self, ticket: int, key: str = "") -> None:
-        """:meth:`_await` on the event loop: the commit runs on the committer thread
-        (:meth:`GroupCommit.wait_async`), the loop never waits for an fsync (only a failed
-        commit's reload, rare, reads the file on it)."""
+        """:meth:`_await` on the event loop: the commit runs on the storage's committer thread
+        (:meth:`GroupCommit.wait_async`, awaited here without a coroutine of its own: the
+        round trip's path), the loop never waits for an fsync (only a failed commit's
+        reload, rare, reads the file on it)."""
         try:
-            await self.commits.wait_async(ticket)
+            await self.storage.commits.wait_async(ticket)
         except Exception:
             self._recover()
             raise
         finally:
-            self._settled(ticket, key)
+            self.storage.settled(ticket, key)
 
-    def _settled(self, ticket: int, key: str) -> None:
-        """Forget the pending answer to ``key`` once its write ``ticket`` settled."""
-        if key:
-            with self.lock:
-                if self._pending.get(key, (None,))[0] == ticket:
-                    del self._pending[key]
-
-    # ------------------------------------------------------------------ batch size
+    # ------------------------------------------------------------------ jobs
     def register(self, spec: BatchSizeJobSpec, power: PowerLimitSpec | None, who: Caller,
                  owner: str, *, assign: bool = False
                  ) -> tuple[BatchSizeJob, PowerLimitSpec | None, str]:
@@ -348,6 +320,7 @@ class ZeusRegistry:
             AlreadyExists: ``spec.job_id`` is registered with a different spec, is held by a
                 job ``who`` may not act on (its spec and owner are not told), or (``assign``)
                 is owned by another user than ``owner``.
+            ResourceExhausted: a user's ``owner`` has ``max_jobs_per_owner`` jobs.
         """
         seed_given = spec.seed is not None
         with self.lock:
@@ -379,10 +352,7 @@ class ZeusRegistry:
                     raise ResourceExhausted(
                         f"owner {owner!r} has {held} Zeus jobs, the most this daemon allows "
                         f"({cap}); delete one first (DeleteJob)", "max_zeus_jobs_per_owner")
-            entry = _Entry(BatchSizeJob(spec), power, seed_given, owner)
-            entry.job.policy.retention = self.observation_retention
-            entry.job.ledger.loader = functools.partial(self.store.zeus_trial_record,
-                                                        spec.job_id)
+            entry = _Entry(self._new_job(BatchSizeJob(spec)), power, seed_given, owner)
             self._commit_now(ZeusWrite(_BSO, spec.job_id, 0, entry.stored_json()))
             self.jobs[spec.job_id] = entry
             return entry.job, entry.power, entry.owner
@@ -416,7 +386,7 @@ class ZeusRegistry:
             state = json.loads(json.dumps(state))
             held = {n: dict(t) for n, t in entry.job.ledger.held.items() if n < bound}
             spec, power, owner = entry.job.spec, entry.power, entry.owner
-        merged = {t["trial_number"]: t for t in self.store.zeus_trial_page(
+        merged = {t["trial_number"]: t for t in self.storage.trial_page(
             job_id, bound, page_size + 1)}
         merged.update(held)  # (memory's records are at least as new as the file's)
         numbers = sorted(merged, reverse=True)[:page_size + 1]
@@ -432,7 +402,7 @@ class ZeusRegistry:
         with self.lock:
             entry = self._entry(job_id, who)
             held = {n: dict(t) for n, t in entry.job.ledger.held.items()}
-            stored = self.store.zeus_trial_records(job_id)
+            stored = self.storage.trial_records(job_id)
         merged = {t["trial_number"]: t for t in stored}
         merged.update(held)
         return [merged[n] for n in sorted(merged)]
@@ -445,10 +415,11 @@ class ZeusRegistry:
         entry = self._entry(job_id, who)
         job = entry.job
         ledger = job.ledger
-        durable = self.commits.settled  # (a failed ticket leaves broken set: no eviction then)
-        for n in ledger.evict(self.trial_retention, lambda n: self._row_ticket.get(
-                (job_id, n), 0) <= durable):
-            self._row_ticket.pop((job_id, n), None)
+        # (a record leaves memory once its row is durable; a failed write leaves the storage
+        # broken: no eviction then)
+        evicted = ledger.evict(self.trial_retention, self.storage.row_durable(job_id))
+        if evicted:
+            self.storage.forget_rows(job_id, evicted)
         ledger.touched.clear()
         seen = job.policy.observed
         try:
@@ -464,23 +435,9 @@ class ZeusRegistry:
         trials = [dict(ledger.held[n]) for n in sorted(ledger.touched) if n in ledger.held]
         ledger.touched.clear()
         observed = job.policy.observations_since(seen)
-        # retention (docs/operations.md): a trial that ends after its number was pruned loses
-        # its row now; finished trials beyond trial_rows_retention are deleted in a bounded
-        # range; observed runs no decision reads any more (BatchSizePolicy.keep) likewise
-        drop_trials = [t["trial_number"] for t in trials if t["trial_number"]
-                       <= entry.pruned_through and t["status"] not in OPEN]
-        prune = None
-        limit = ledger.count - self.trial_rows_retention
-        if limit - entry.pruned_through >= PRUNE_MIN:
-            prune = (entry.pruned_through + 1, min(limit, entry.pruned_through + PRUNE_BATCH))
-            entry.pruned_through = prune[1]
-        if drop_trials or prune:
-            gone = set(drop_trials) | {n for n, t in ledger.held.items() if n
-                                       <= entry.pruned_through and t["status"] not in OPEN}
-            trials = [t for t in trials if t["trial_number"] not in gone]
-            for n in gone:
-                ledger.held.pop(n, None)
-                self._row_ticket.pop((job_id, n), None)
+        trials, prune, drop_trials, gone = _retention(entry, trials, self.trial_rows_retention)
+        if gone:
+            self.storage.forget_rows(job_id, gone)
         drop_observations = job.policy.take_dropped(DROP_BATCH)
         state = entry.stored_json()
         unchanged = state == entry._queued_state  # (e.g. a report mid-run)
@@ -490,23 +447,13 @@ class ZeusRegistry:
                           stored_answer(result) if request_key else None, self.clock(),
                           prune, drop_trials, drop_observations)
         try:
-            ticket = self.commits.submit(write)
+            ticket = self.storage.submit(write, result)
         except CommitFailed:  # a commit failed meanwhile: drop this call's change too
             self._recover()
             raise
-        for t in trials:
-            self._row_ticket[(job_id, t["trial_number"])] = ticket
-        if request_key:
-            self._pending[request_key] = (ticket, result)
         return result, ticket
 
-    def _replay(self, job_id: str, key: str) -> dict | None:
-        """The stored answer's fields under ``key`` (:func:`request_key`); answers stored for
-        another job are never returned. Call under the lock, after :meth:`_entry` allowed the
-        caller on the job."""
-        stored = self.store.zeus_response(key, job_id)
-        return None if stored is None else _stored_fields(stored)
-
+    # ------------------------------------------------------------------ batch size calls
     def predict(self, job_id: str, request_id: str, who: Caller, generation: int = 0
                 ) -> Prediction:
         """Open a trial (abandoning stale suspended ones first, see
@@ -520,7 +467,7 @@ class ZeusRegistry:
     async def predict_async(self, job_id: str, request_id: str, who: Caller,
                             generation: int = 0) -> Prediction:
         """:meth:`predict` for a caller on the event loop: the same work under the lock, and
-        the wait for its commit on :class:`GroupCommit`'s committer thread."""
+        the wait for its commit on the storage's committer thread."""
         result, ticket, key = self._begin_predict(job_id, request_id, who, generation)
         if ticket:
             await self._await_async(ticket, key)
@@ -533,13 +480,10 @@ class ZeusRegistry:
         with self.lock:
             self._entry(job_id, who)
             key = request_key("Predict", who, job_id, request_id) if request_id else ""
-            if key in self._pending:
-                ticket, result = self._pending[key]
-                return result, ticket, key
-            if key:
-                stored = self._replay(job_id, key)
-                if stored is not None:
-                    return Prediction(**stored), 0, key
+            first = self.storage.answer(key, job_id)
+            if first is not None:
+                ticket, answer = first
+                return (Prediction(**answer) if not ticket else answer), ticket, key
             now = self.clock()
             result, ticket = self._mutate_job(job_id, who, lambda job: job.predict(
                 generation, now), request_key=key)
@@ -590,13 +534,12 @@ class ZeusRegistry:
             self._entry(job_id, who)
             key = (request_key("ResumeTrial", who, job_id, trial_number, request_id)
                    if request_id else "")
-            if key in self._pending:
-                ticket, result = self._pending[key]
+            first = self.storage.answer(key, job_id)
+            if first is not None and not first[0]:
+                return Resumed(**first[1])
+            if first is not None:
+                ticket, result = first
             else:
-                if key:
-                    stored = self._replay(job_id, key)
-                    if stored is not None:
-                        return Resumed(**stored)
                 result, ticket = self._mutate_job(
                     job_id, who, lambda job: job.resume(trial_number, generation),
                     request_key=key)
@@ -611,101 +554,12 @@ class ZeusRegistry:
         instead of NOT_FOUND."""
         with self.lock:
             key = request_key("DeleteJob", who, job_id, request_id) if request_id else ""
-            if key and self.store.zeus_response(key, job_id) is not None:
+            if key and self.storage.response(key, job_id) is not None:
                 return  # (a retry: the job, if registered again since, is another one)
             self._entry(job_id, who)
-            self.commits.flush()
-            self.store.zeus_delete_job(job_id, ZeusWrite(
-                _BSO, job_id, 0, None, request_id=key, response=stored_answer(None),
-                created_at=self.clock()) if key else None)
+            self._commit_now(ZeusWrite(_BSO, job_id, 0, None, request_id=key or None,
+                                       response=stored_answer(None) if key else None,
+                                       created_at=self.clock(), delete_job=True))
             del self.jobs[job_id]
-            self._pending = {k: v for k, v in self._pending.items()
-                             if json.loads(k)[2] != job_id}  # (durable, then deleted)
-            for key in [k for k in self._row_ticket if k[0] == job_id]:
-                del self._row_ticket[key]
-            for key in [k for k in self.profiles if k[0] == job_id]:
-                del self.profiles[key]
-
-    # ------------------------------------------------------------------ power limit
-    def _profile(self, job_id: str, batch_size: int, who: Caller) -> PowerLimitProfile:
-        entry = self._entry(job_id, who)  # a job's profiles are its owner's
-        if entry.power is None:
-            raise FailedPrecondition(f"job {job_id!r} was registered without a power spec",
-                                     "job_id")
-        if batch_size not in entry.job.spec.batch_sizes:
-            raise NotFound(f"batch size {batch_size} is not one of job {job_id!r}'s "
-                           f"{list(entry.job.spec.batch_sizes)}", "batch_size")
-        if batch_size not in entry.job.ledger.predicted:
-            raise FailedPrecondition(f"batch size {batch_size} was never predicted for job "
-                                     f"{job_id!r}; call Predict first", "batch_size")
-        return (self.profiles.get((job_id, batch_size))
-                or PowerLimitProfile(entry.power, entry.job.spec.max_power_w))
-
-    def _mutate_profile(self, job_id: str, batch_size: int, who: Caller,
-                        op: Callable[[PowerLimitProfile], PowerPlan], *, request_key: str = "",
-                        request: dict | None = None) -> tuple[PowerPlan, int]:
-        """Run ``op`` on a copy of the profile, swap it in and queue its row (with the answer
-        to ``request_key`` and the call's ``request`` arguments, :func:`stored_answer`); (the
-        plan, the write's ticket for :meth:`_await`). Call under the lock."""
-        self._recover()
-        copy = PowerLimitProfile.from_dict(self._profile(job_id, batch_size, who).to_dict())
-        plan = op(copy)
-        ticket = self.commits.submit(ZeusWrite(
-            _PLO, job_id, batch_size, copy.to_dict(), request_id=request_key or None,
-            response=stored_answer(plan, request) if request_key else None,
-            created_at=self.clock()))
-        self.profiles[(job_id, batch_size)] = copy
-        if request_key:
-            self._pending[request_key] = (ticket, (plan, request))
-        return plan, ticket
-
-    def _window_call(self, method: str, job_id: str, batch_size: int, who: Caller,
-                     request_id: str, request: dict,
-                     op: Callable[[PowerLimitProfile], PowerPlan]) -> PowerPlan:
-        """A power-window call (``method`` ReportWindow / InterruptWindow, its arguments
-        outside the key ``request``): a repeated ``request_id`` of the same caller for the
-        same job and batch size returns the first plan and changes nothing (within
-        ``request_retention_s``); with other arguments it is InvalidArgument
-        (:func:`check_repeat`)."""
-        with self.lock:
-            self._entry(job_id, who)
-            key = request_key(method, who, job_id, batch_size, request_id) if request_id else ""
-            if key in self._pending:
-                ticket, (plan, asked) = self._pending[key]
-                check_repeat(method, asked, request)
-            else:
-                stored = self._replay(job_id, key) if key else None
-                if stored is not None:
-                    check_repeat(method, stored.pop("request", None), request)
-                    return PowerPlan(**stored)
-                plan, ticket = self._mutate_profile(job_id, batch_size, who, op,
-                                                    request_key=key, request=request)
-        self._await(ticket, key)
-        return plan
-
-    def power_plan(self, job_id: str, batch_size: int, who: Caller) -> PowerPlan:
-        """What to run next at this batch size: a window to profile, or the chosen limit."""
-        with self.lock:
-            return self._profile(job_id, batch_size, who).plan()
-
-    def report_window(self, job_id: str, batch_size: int, power_limit_w: float, time_s: float,
-                      energy_j: float, who: Caller, request_id: str = "") -> PowerPlan:
-        """Record a measured profiling window; returns the next plan. ``request_id``: see
-        :meth:`_window_call`."""
-        return self._window_call(
-            "ReportWindow", job_id, batch_size, who, request_id,
-            {"power_limit_w": power_limit_w, "time_s": time_s, "energy_j": energy_j},
-            lambda p: p.report_window(power_limit_w, time_s, energy_j))
-
-    def interrupt_window(self, job_id: str, batch_size: int, power_limit_w: float,
-                         who: Caller, request_id: str = "") -> PowerPlan:
-        """The window at ``power_limit_w`` was cut short: plan it again. ``request_id``: see
-        :meth:`_window_call` (a retry is not counted as another interruption)."""
-        return self._window_call("InterruptWindow", job_id, batch_size, who, request_id,
-                                 {"power_limit_w": power_limit_w},
-                                 lambda p: p.interrupt(power_limit_w))
-
-    def profile(self, job_id: str, batch_size: int, who: Caller) -> PowerLimitProfile:
-        """The (possibly unfinished) profile of a job's batch size."""
-        with self.lock:
-            return self._profile(job_id, batch_size, who)
+            self.storage.forget_job(job_id)  # (its writes are durable, then deleted)
+            self.power.forget_job(job_id)

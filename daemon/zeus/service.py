@@ -258,7 +258,7 @@ class PowerLimitOptimizerService(zeus_pb2_grpc.PowerLimitOptimizerServicer):
     @_rpc
     def GetPowerPlan(self, request, context):
         """What the training loop does next for ``(job_id, batch_size)`` (limit [W])."""
-        return plan_to_pb(self.registry.power_plan(_job_id(request.job_id), request.batch_size,
+        return plan_to_pb(self.registry.power.power_plan(_job_id(request.job_id), request.batch_size,
                                                    self.auth.of(context)))
 
     @_rpc
@@ -266,7 +266,7 @@ class PowerLimitOptimizerService(zeus_pb2_grpc.PowerLimitOptimizerServicer):
         """A profiling window's ``time_s`` [s] and ``energy_j`` [J] at ``power_limit_w`` [W]
         -> the next plan; a repeated ``request_id`` (at most 200 characters) gets the stored
         plan, with other arguments INVALID_ARGUMENT."""
-        return plan_to_pb(self.registry.report_window(
+        return plan_to_pb(self.registry.power.report_window(
             _job_id(request.job_id), request.batch_size, request.power_limit_w, request.time_s,
             request.energy_j, self.auth.of(context),
             _short_id(request.request_id, "request_id")))
@@ -275,7 +275,7 @@ class PowerLimitOptimizerService(zeus_pb2_grpc.PowerLimitOptimizerServicer):
     def InterruptWindow(self, request, context):
         """A profiling window at ``power_limit_w`` [W] was cut short -> the next plan; a
         repeated ``request_id`` as for ReportWindow."""
-        return plan_to_pb(self.registry.interrupt_window(
+        return plan_to_pb(self.registry.power.interrupt_window(
             _job_id(request.job_id), request.batch_size, request.power_limit_w,
             self.auth.of(context), _short_id(request.request_id, "request_id")))
 
@@ -283,5 +283,5 @@ class PowerLimitOptimizerService(zeus_pb2_grpc.PowerLimitOptimizerServicer):
     def GetProfile(self, request, context):
         """The power profile of ``(job_id, batch_size)``."""
         job_id = _job_id(request.job_id)
-        return profile_to_pb(job_id, request.batch_size, self.registry.profile(
+        return profile_to_pb(job_id, request.batch_size, self.registry.power.profile(
             job_id, request.batch_size, self.auth.of(context)))
