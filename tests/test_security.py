@@ -31,7 +31,7 @@ from offcut.errors import FailedPrecondition, InvalidArgument, NotFound, Permiss
 from offcut.taskspec import MAX_RESCALE_S, MAX_THROUGHPUT, MAX_WORK_SAMPLES
 from offcut.v1 import nodes_pb2, status_pb2, tasks_pb2, zeus_pb2
 
-from daemon_helpers import make_spec
+from daemon_helpers import make_spec, wait_until
 
 ALL = ["n1", "n2", "n3", "n4"]
 
@@ -383,14 +383,6 @@ def test_no_secret_of_the_launcher_reaches_a_task(slurm, cluster_daemon, tmp_pat
 
 
 # ----------------------------------------------------------------------------- starvation
-def _wait_until(predicate, timeout_s: float, what: str) -> None:
-    """Poll ``predicate`` until it is true; fail naming ``what`` after ``timeout_s`` [s]."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def _daemon_threads() -> list[str]:
     """Names of the daemon's own threads in this process (the daemon runs in-process)."""
     return [t.name for t in threading.enumerate() if t.name.startswith("offcut-")]
@@ -421,8 +413,8 @@ def test_streams_are_capped_per_caller_and_node_events_go_on(site):
         assert "max_streams_per_caller" in err.value.details()
         # a cancelled stream gives its slot back, and the caller may open another
         calls.pop().cancel()
-        _wait_until(lambda: srv.streams.open_streams() == per_caller - 1, 10,
-                    "the cancelled stream's slot")
+        wait_until(lambda: srv.streams.open_streams() == per_caller - 1,
+                   "the cancelled stream's slot", 10, every_s=0.02)
         again = mallory.tasks.WatchPlacements(tasks_pb2.WatchPlacementsRequest(), timeout=60)
         next(again)
         calls.append(again)
@@ -449,7 +441,7 @@ def test_streams_are_capped_per_caller_and_node_events_go_on(site):
         for call in calls:
             call.cancel()
     # the slots come back when the streams end
-    _wait_until(lambda: srv.streams.open_streams() == 0, 10, "every slot back")
+    wait_until(lambda: srv.streams.open_streams() == 0, "every slot back", 10, every_s=0.02)
 
 
 def test_the_total_stream_cap_holds_without_tokens(daemons):
@@ -459,7 +451,7 @@ def test_the_total_stream_cap_holds_without_tokens(daemons):
     calls = [c.tasks.WatchPlacements(tasks_pb2.WatchPlacementsRequest(), timeout=60)
              for _ in range(3)]
     try:
-        _wait_until(lambda: srv.streams.open_streams() == 3, 10, "three open streams")
+        wait_until(lambda: srv.streams.open_streams() == 3, "three open streams", 10, every_s=0.02)
         with pytest.raises(grpc.RpcError) as err:
             next(c.tasks.WatchPlacements(tasks_pb2.WatchPlacementsRequest(), timeout=10))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -467,7 +459,7 @@ def test_the_total_stream_cap_holds_without_tokens(daemons):
     finally:
         for call in calls:
             call.cancel()
-    _wait_until(lambda: srv.streams.open_streams() == 0, 10, "every slot back")
+    wait_until(lambda: srv.streams.open_streams() == 0, "every slot back", 10, every_s=0.02)
 
 
 def test_node_events_apply_promptly_while_300_streams_are_open(daemons, tmp_path):
@@ -491,7 +483,7 @@ def test_node_events_apply_promptly_while_300_streams_are_open(daemons, tmp_path
                  for _ in range(10)] for u, c in clients.items()}
     pool = ThreadPoolExecutor(max_workers=32)  # reads the streams with a deadline
     try:
-        _wait_until(lambda: srv.streams.open_streams() == 300, 30, "300 open streams")
+        wait_until(lambda: srv.streams.open_streams() == 300, "300 open streams", 30, every_s=0.02)
         assert len(_daemon_threads()) <= threads_before, _daemon_threads()
 
         seqs = itertools.count(1)
@@ -539,7 +531,7 @@ def test_node_events_apply_promptly_while_300_streams_are_open(daemons, tmp_path
         slurm.close()
         for c in clients.values():
             c.close()
-    _wait_until(lambda: srv.streams.open_streams() == 0, 30, "every slot back")
+    wait_until(lambda: srv.streams.open_streams() == 0, "every slot back", 30, every_s=0.02)
 
 
 def test_request_sizes_are_limited_per_method_before_authentication(site):

@@ -11,7 +11,6 @@ import logging
 import math
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import grpc
@@ -20,30 +19,16 @@ from offcut.client.api import Client
 from offcut.client.training.backends import MeasurementBackend
 from offcut.client.training.errors import TrialEndedError
 from offcut.errors import NotFound, Unavailable
+from offcut.trial_verdict import Verdict
 from offcut.v1 import zeus_pb2
 
 logger = logging.getLogger("offcut.training")
 
 
 # ----------------------------------------------------------------------------- verdict
-@dataclass(frozen=True)
-class Verdict:
-    """The daemon's answer to a report: ``stop`` training; ``converged`` (meaningful once
-    ``finished``: the trial reached the target within the cost bound); the trial's zeus_cost
-    ``cost_j`` [J] so far; a readable ``message``; ``finished`` (the trial is closed);
-    ``suspended`` (the run was interrupted and the trial waits for the next generation)."""
-
-    stop: bool
-    converged: bool
-    cost_j: float
-    message: str
-    finished: bool
-    suspended: bool = False
-
-    @classmethod
-    def from_pb(cls, pb: zeus_pb2.TrialVerdict) -> "Verdict":
-        """From the ``offcut.v1.TrialVerdict`` message."""
-        return cls(pb.stop, pb.converged, pb.cost_j, pb.message, pb.finished, pb.suspended)
+def verdict_from_pb(pb: zeus_pb2.TrialVerdict) -> Verdict:
+    """The :class:`~offcut.trial_verdict.Verdict` of an ``offcut.v1.TrialVerdict`` message."""
+    return Verdict(pb.stop, pb.converged, pb.cost_j, pb.message, pb.finished, pb.suspended)
 
 
 # ----------------------------------------------------------------------------- calls
@@ -263,7 +248,7 @@ class ZeusTrial:
         self.energy_j += de
         pb = _call(self.client, _Calls.report_epoch, self.job_id, self.trial_number,
                    self.epochs, self.time_s, self.energy_j, metric, generation=self.generation)
-        self.verdict = Verdict.from_pb(pb)
+        self.verdict = verdict_from_pb(pb)
         logger.info("trial %d epoch %d: %.1f s, %.1f J, metric %g -> %s", self.trial_number,
                     self.epochs, self.time_s, self.energy_j, metric, self.verdict.message)
         return self.verdict
@@ -289,7 +274,7 @@ class ZeusTrial:
             OffcutError: the daemon refused or is unreachable.
         """
         figures = {"time_s": self.time_s, "energy_j": self.energy_j} if interrupted else {}
-        self.verdict = Verdict.from_pb(_call(
+        self.verdict = verdict_from_pb(_call(
             self.client, _Calls.end_trial, self.job_id, self.trial_number,
             interrupted=interrupted, generation=self.generation, **figures))
         if interrupted:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from offcut.daemon.model import check_finite
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
+from offcut.trial_verdict import Verdict
 
 if TYPE_CHECKING:  # (bso imports this module)
     from offcut.daemon.zeus.bso import BatchSizeJobSpec
@@ -58,21 +59,6 @@ class Resumed:
     exploration: bool
     generation: int
     taken_over: bool
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The answer to a report: ``stop`` training; ``converged`` (only meaningful once
-    ``finished``); the run's cost [J] so far; a human-readable ``message``; ``suspended``:
-    the trial stays open for :meth:`offcut.daemon.zeus.bso.BatchSizeJob.resume` (an
-    interruption)."""
-
-    stop: bool
-    converged: bool
-    cost_j: float
-    message: str
-    finished: bool
-    suspended: bool = False
 
 
 class TrialLedger:
