@@ -151,12 +151,22 @@ def break_ties(problem: AllocationProblem, counts: np.ndarray, model: TieModel,
             raise SolverFailed("tie-breaking stages ran past the time limit")
         return rest
 
+    def solve(minimise, pin) -> np.ndarray | None:
+        """A stage's solve, its answer kept only when it is optimal within ``tol`` by the
+        exact evaluation: a MILP solver's feasibility tolerance (CBC's 1e-9 absolute) may
+        let a vector through the value row that is up to that much below it, more than
+        ``tol`` for small objectives; such an answer means no vector the rule accepts."""
+        sol = model.solve(minimise, pin, left())
+        if sol is None or problem.evaluate(sol) < best - tol:
+            return None
+        return sol
+
     model.require_value(best - tol)
     bound = _LagrangianBound(problem)
     need = best - 2 * tol  # a bound below it proves a stage cannot change anything
     total = int(counts.sum())
     if total and bound.best_value(total - 1, 0, 0.0, J - 1, None) >= need:
-        sol = model.solve(None, None, left())
+        sol = solve(None, None)
         if sol is not None:
             counts = sol
             total = int(counts.sum())
@@ -170,14 +180,14 @@ def break_ties(problem: AllocationProblem, counts: np.ndarray, model: TieModel,
         c_ok = c != 0 and jmin[j] <= c <= top[j]
         if c_ok and n != c and bound.best_value(total, fixed_nodes, fixed_value, j,
                                                  np.array([c])) >= need:
-            sol = model.solve((j,), (j, c), left())
+            sol = solve((j,), (j, c))
             if sol is not None:
                 counts = sol
                 n = c
         if n != 0 and not (c_ok and n == c):
             smaller = np.concatenate(([0], np.arange(jmin[j], n)))
             if bound.best_value(total, fixed_nodes, fixed_value, j, smaller) >= need:
-                sol = model.solve((j,), None, left())
+                sol = solve((j,), None)
                 if sol is not None:
                     counts = sol
                     n = int(counts[j])
