@@ -48,7 +48,8 @@ sys.path.insert(0, str(REPO / "tests"))       # the test cluster
 sys.path.insert(0, str(REPO / "benchmarks"))  # rescale_cost's log timeline
 
 from slurm_cluster import SlurmCluster  # noqa: E402
-from rescale_cost import ClusterUnavailable, bench_cluster, timeline  # noqa: E402
+from rescale_cost import (ClusterUnavailable, bench_cluster, log_time, timeline,  # noqa: E402
+                          trained_on, wait_for)
 from results_log import ResultsLog, add_option  # noqa: E402
 
 from offcut.client import make_task_spec  # noqa: E402
@@ -108,11 +109,6 @@ TASK_SCRIPT = textwrap.dedent('''\
 _STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) rank \d+ \w+ offcut\.client\.elastic: "
 STOP_RE = re.compile(_STAMP + r"rank \d+: stop requested", re.M)
 EXIT_RE = re.compile(_STAMP + r"rank \d+: exit 75", re.M)
-
-
-def _t(stamp: str) -> float:
-    """Seconds since the epoch of a logging timestamp (local time, ms)."""
-    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def docs_slurm_conf(path: Path = DEPLOYMENT) -> dict[str, str]:
@@ -175,16 +171,6 @@ def regular_job(cluster: SlurmCluster, root: Path, node: str, job_s: float, tag:
     return job, t0, stamp
 
 
-def wait_for(cond, what: str, timeout_s: float = 300.0):
-    """Poll ``cond`` every 0.1 s until truthy (returned); ``SystemExit`` after ``timeout_s``."""
-    end = time.monotonic() + timeout_s
-    while not (got := cond()):
-        if time.monotonic() > end:
-            raise SystemExit(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.1)
-    return got
-
-
 def started(cluster: SlurmCluster, job: str, stamp: Path) -> float:
     """Wait until the job's script wrote its stamp; the stamp [s since the epoch]."""
     def read():
@@ -205,7 +191,7 @@ def ckpt_exit_s(out: Path, task_id: str, generation: int, node: str) -> float | 
             text = path.read_text(errors="replace")
             stop, end = STOP_RE.search(text), EXIT_RE.search(text)
             if stop and end:
-                return _t(end.group(1)) - _t(stop.group(1))
+                return log_time(end.group(1)) - log_time(stop.group(1))
     return None
 
 
@@ -294,16 +280,10 @@ def _measure(args, cluster, client, root, stack, log: ResultsLog) -> int:
                           reports_progress=True)
     tid = client.submit(spec, owner="bench").task.task_id
 
-    def trained_on(count: int) -> bool:
-        gens = timeline(out, tid)
-        task = client.get_task(tid)
-        g = gens.get(task.generation)
-        return bool(g and g["first"] and len(task.nodes) == count
-                    and time.time() - g["first"] > args.hold_s)
-
     rows = []
     for i in range(args.jobs):
-        wait_for(lambda: trained_on(4), f"preemption {i + 1}: the task on four nodes", 300)
+        wait_for(lambda: trained_on(out, client, tid, 4, args.hold_s),
+                 f"preemption {i + 1}: the task on four nodes", 300)
         gen = client.get_task(tid).generation
         node = NODES[i % len(NODES)]
         job, t0, stamp = regular_job(cluster, root, node, args.job_s, f"pre{i}")
@@ -317,7 +297,8 @@ def _measure(args, cluster, client, root, stack, log: ResultsLog) -> int:
         print(f"  preemption {i + 1}/{args.jobs}: job {job} on {node} (generation {gen}) "
               f"waited {waited:.2f} s (+{waited - base_med:.2f} s), checkpoint-and-exit "
               f"{exit_s:.2f} s", flush=True)
-    wait_for(lambda: trained_on(4), "the task back on four nodes", 300)
+    wait_for(lambda: trained_on(out, client, tid, 4, args.hold_s),
+             "the task back on four nodes", 300)
     task = client.get_task(tid)
     placed, submitted = task.generation, submitted_generations(cluster, tid)
     client.cancel(tid)

@@ -54,7 +54,7 @@ STOP_RE = re.compile(_STAMP + r"rank \d+: stop requested", re.M)
 FIRST_RE = re.compile(_STAMP + r"rank \d+: first step of generation (\d+)", re.M)
 
 
-def _t(stamp: str) -> float:
+def log_time(stamp: str) -> float:
     """Seconds since the epoch of a logging timestamp (local time, ms)."""
     return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
@@ -72,10 +72,10 @@ def timeline(out: Path, task_id: str) -> dict[int, dict]:
         g["nodes"].append(name.node)
         text = path.read_text(errors="replace")
         for m in STOP_RE.finditer(text):
-            t = _t(m.group(1))
+            t = log_time(m.group(1))
             g["stop"] = t if g["stop"] is None else min(g["stop"], t)
         for m in FIRST_RE.finditer(text):
-            t = _t(m.group(1))
+            t = log_time(m.group(1))
             g["first"] = t if g["first"] is None else min(g["first"], t)
     return gens
 
@@ -92,7 +92,17 @@ def pauses(gens: dict[int, dict]) -> dict[str, list[float]]:
     return out
 
 
+def trained_on(out: Path, client, task_id: str, count: int, hold_s: float) -> bool:
+    """Whether ``task_id``'s current generation runs on ``count`` nodes and its first step
+    (in the jobs' output files under ``out``) is more than ``hold_s`` [s] ago."""
+    task = client.get_task(task_id)
+    g = timeline(out, task_id).get(task.generation)
+    return bool(g and g["first"] and len(task.nodes) == count
+                and time.time() - g["first"] > hold_s)
+
+
 def wait_for(cond, what: str, timeout_s: float = 300.0):
+    """Poll ``cond`` every 0.1 s until truthy (returned); ``SystemExit`` after ``timeout_s``."""
     end = time.monotonic() + timeout_s
     while not (got := cond()):
         if time.monotonic() > end:
@@ -174,22 +184,18 @@ def _measure(args, cluster, client, root, stack, log: ResultsLog) -> int:
     tid = client.submit(spec, owner="bench").task.task_id
     out = stack.enter_context(cluster.launcher(cluster.address, root))
 
-    def trained_on(count: int) -> bool:
-        gens = timeline(out, tid)
-        task = client.get_task(tid)
-        g = gens.get(task.generation)
-        return bool(g and g["first"] and len(task.nodes) == count
-                    and time.time() - g["first"] > args.hold_s)
-
-    wait_for(lambda: trained_on(4), "the first generation on four nodes")
+    wait_for(lambda: trained_on(out, client, tid, 4, args.hold_s),
+             "the first generation on four nodes")
     for cycle in range(1, args.cycles + 1):
         release = root / f"release-{cycle}"
         job = cluster.sbatch("-N2", "--exclusive",
                              wrap=f'while [ ! -e "{release}" ]; do sleep 0.2; done')
-        wait_for(lambda: trained_on(2), f"cycle {cycle}: the shrunk generation")
+        wait_for(lambda: trained_on(out, client, tid, 2, args.hold_s),
+                 f"cycle {cycle}: the shrunk generation")
         release.touch()
         cluster.wait_state(job, {"COMPLETED"}, timeout=60)
-        wait_for(lambda: trained_on(4), f"cycle {cycle}: the grown generation")
+        wait_for(lambda: trained_on(out, client, tid, 4, args.hold_s),
+                 f"cycle {cycle}: the grown generation")
         print(f"cycle {cycle}: done (generation {client.get_task(tid).generation})",
               flush=True)
     wait_for(lambda: client.get_task(tid).model.HasField("measured_rescale_up_s"),
