@@ -248,14 +248,21 @@ def format_refusal(path: Path | str, version: int) -> str | None:
     return None
 
 
-def stored_format(db: sqlite3.Connection) -> int | None:
+def stored_format(db: sqlite3.Connection, path: Path | str = "state") -> int | None:
     """The format an existing state file says it is (``meta`` ``schema_version``), or None
-    when it has no ``meta`` row yet (a new file)."""
+    when it has no ``meta`` row yet (a new file). Raises StoreError when the value is not a
+    format number (a damaged or edited ``meta``)."""
     if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
                   ).fetchone() is None:
         return None
     row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    return int(row[0]) if row else None
+    if row is None:
+        return None
+    try:
+        return int(row[0])
+    except (TypeError, ValueError):
+        raise StoreError(f"{path}: meta schema_version {row[0]!r} is not a format number: the "
+                         "file is damaged; restore a backup (docs/operations.md)") from None
 
 
 def check_identity(db: sqlite3.Connection, path: Path, *, init: bool = False) -> None:
@@ -289,7 +296,7 @@ def check_identity(db: sqlite3.Connection, path: Path, *, init: bool = False) ->
     user_version = db.execute("PRAGMA user_version").fetchone()[0]
     if user_version > SCHEMA_VERSION:
         raise StoreError(format_refusal(path, user_version))
-    version = stored_format(db)
+    version = stored_format(db, path)
     refusal = format_refusal(path, version) if version is not None else None
     if refusal:
         raise StoreError(refusal)
@@ -335,12 +342,13 @@ def open_state_file(path: Path, durability: str, schema: str, *,
         # otherwise keep its largest size for ever)
         db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
         db.execute(f"PRAGMA synchronous={durability.upper()}")
-        db.executescript(_META_SCHEMA + schema)
-        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None:
+        db.executescript(_META_SCHEMA)
+        version = stored_format(db, path)
+        if version is None:
             db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) < SCHEMA_VERSION:  # (refusals were raised by check_identity)
-            _upgrade(db, path, int(row[0]), upgrades or {})
+        elif version < SCHEMA_VERSION:  # (refusals were raised by check_identity)
+            _upgrade(db, path, version, upgrades or {})
+        db.executescript(schema)  # after any upgrade: it may name what an upgrade adds
         if db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
             db.execute(f"PRAGMA application_id={APPLICATION_ID}")
         if db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:

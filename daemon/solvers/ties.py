@@ -152,13 +152,17 @@ def break_ties(problem: AllocationProblem, counts: np.ndarray, model: TieModel,
         return rest
 
     def solve(minimise, pin) -> np.ndarray | None:
-        """A stage's solve, its answer kept only when it is optimal within ``tol`` by the
-        exact evaluation: a MILP solver's feasibility tolerance (CBC's 1e-9 absolute) may
-        let a vector through the value row that is up to that much below it, more than
-        ``tol`` for small objectives; such an answer means no vector the rule accepts."""
+        """A stage's solve. A MILP solver's feasibility tolerance (CBC's 1e-9 absolute) may
+        let a vector through the value row that is below ``best - tol`` by the exact
+        evaluation (``tol`` is smaller for small objectives); whether another vector of the
+        stage meets the row exactly, the backend cannot tell, so :class:`SolverFailed`
+        (the allocator answers with ``dp``, the rule's exact answer)."""
         sol = model.solve(minimise, pin, left())
-        if sol is None or problem.evaluate(sol) < best - tol:
-            return None
+        if sol is not None and problem.evaluate(sol) < best - tol:
+            raise SolverFailed(
+                f"a tie stage's answer is {best - problem.evaluate(sol):.3g} below the optimum, "
+                f"more than the tie tolerance {tol:.3g}: a near-tie finer than the solver's "
+                "tolerances")
         return sol
 
     model.require_value(best - tol)
@@ -195,7 +199,7 @@ def break_ties(problem: AllocationProblem, counts: np.ndarray, model: TieModel,
         model.fix(j, n)
         fixed_nodes += n
         fixed_value += float(tables[j][n])
-    if problem.evaluate(counts) < best - tol or int(counts.sum()) > total:
+    if int(counts.sum()) > total:
         raise SolverFailed("tie-breaking stages lost the optimum (solver tolerances)")
     return counts
 

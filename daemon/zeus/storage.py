@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS zeus_requests (
     response BLOB NOT NULL,
     created_at REAL NOT NULL DEFAULT 0
 );
+CREATE INDEX IF NOT EXISTS zeus_requests_created ON zeus_requests(created_at);
 CREATE TABLE IF NOT EXISTS zeus_trials (
     job_id TEXT NOT NULL,
     trial_number INTEGER NOT NULL,
@@ -159,12 +160,6 @@ class ZeusStorage:
         self.path = Path(path)
         self.durability = durability
         self.db = open_state_file(self.path, durability, _SCHEMA)
-        try:
-            self.db.execute("CREATE INDEX IF NOT EXISTS zeus_requests_created "
-                            "ON zeus_requests(created_at)")
-        except sqlite3.DatabaseError as exc:
-            self.db.close()
-            raise StoreError(f"{self.path}: not a usable Offcut state file ({exc})") from exc
         self._transactions = WriteTransactions(self.db, self.path)
         self._reader = ReadOnlyConnection(self.path)
         #: the one commit path: the queue of writes not yet durable (the registry reads its
