@@ -240,15 +240,16 @@ def _visible(engine: Engine, who: Principal, task_id: str) -> bool:
 
 
 def _decision_for(engine: Engine, who: Principal, reply: Reply) -> decision_pb2.Decision:
-    """The reply's decision as ``who`` may see it: a user's without other users' placements
-    and completions."""
+    """The reply's decision as ``who`` may see it: a user's without other users' placements,
+    completions and warnings."""
     decision = reply.decision
     if not who.sees_all_tasks:
         decision = dataclasses.replace(
             decision,
             placements=[p for p in decision.placements if _visible(engine, who, p.task_id)],
             completed_task_ids=[t for t in decision.completed_task_ids
-                                if _visible(engine, who, t)])
+                                if _visible(engine, who, t)],
+            warnings=[w for w in decision.warnings if _visible(engine, who, w["task_id"])])
     return protocol.decision_to_pb(decision, reply.duplicate)
 
 

@@ -31,7 +31,7 @@ from offcut.errors import FailedPrecondition, InvalidArgument, NotFound, Permiss
 from offcut.taskspec import MAX_RESCALE_S, MAX_THROUGHPUT, MAX_WORK_SAMPLES
 from offcut.v1 import nodes_pb2, status_pb2, tasks_pb2, zeus_pb2
 
-from daemon_helpers import make_spec, wait_until
+from daemon_helpers import make_spec, start_secured, wait_until
 
 ALL = ["n1", "n2", "n3", "n4"]
 
@@ -608,3 +608,29 @@ def test_node_events_have_workers_of_their_own(site):
         release.set()
         srv.engine.status = status
     assert all(f.result(timeout=60).revision >= 1 for f in held)
+
+
+def test_another_users_answers_carry_none_of_my_warnings(daemons, user_tokens):
+    """A warning the clock notes about alice's task (final-grace) while mallory's call is
+    applied is in the journal's decision, but mallory's answer, first or repeated, carries
+    neither it nor alice's task id; alice's and the admin's do."""
+    srv, c = start_secured(daemons, user_tokens, final_grace_s=0.2)
+    c["admin"].report_nodes(time.time(), "slurm", 1, idle=["n1", "n2", "n3"])
+    tid = c["alice"].submit(make_spec("a", max_nodes=2, work=100.0,
+                                      reports_progress=True)).task.task_id
+    c["admin"].report_task_run(tid, "started", node="n1", job_id="1", generation=1)
+    reached = time.time()
+    c["alice"].report_progress([{"task_id": tid, "time": reached, "samples_done": 100.0,
+                                 "nodes": 2}])
+    wait_until(lambda: time.time() > reached + 0.5, "the final grace to pass")
+    first = c["mallory"].submit(make_spec("m", max_nodes=1), request_id="m-1")
+    again = c["mallory"].submit(make_spec("m", max_nodes=1), request_id="m-1")
+    assert again.decision.duplicate
+    history = list(c["admin"].export_history(after_revision=first.decision.revision - 1))
+    noted = [w for e in history for w in e.decision.warnings]
+    assert [(w.task_id, w.kind) for w in noted] == [(tid, "final-grace")]  # noted then
+    for answer in (first, again):
+        assert not answer.decision.warnings
+        assert tid not in answer.decision.completed_task_ids
+        assert all(p.task_id != tid for p in answer.decision.placements)
+    assert [w.kind for w in c["alice"].get_task(tid).warnings] == ["final-grace"]
