@@ -343,15 +343,15 @@ class NodeRun:
             if last not in (0, EXIT_RESTART):
                 i = next(c for c in self.children if c.returncode == last)
                 rank = self.children.index(i)
-                # its stderr first (its last line may not have reached the output yet: the
+                self._stop_the_rest()  # at once: the peers wait for nothing of the failed rank
+                # then its stderr (its last line may not have reached the output yet: the
                 # message must not land inside it), at most DRAIN_S
                 self.tails[rank].join(DRAIN_S)
                 with self._out_lock:
                     print(f"offcut node_run: local rank {rank} failed "
-                          f"({_describe(last)}); stopping the other processes",
+                          f"({_describe(last)}); the other processes were stopped",
                           file=sys.stderr, flush=True)
                 self._note_failure(rank, last)
-                self._stop_the_rest()
                 break
         deadline = time.monotonic() + DRAIN_S  # the last lines reach the output file
         for tail in self.tails:
