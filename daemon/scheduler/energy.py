@@ -61,9 +61,8 @@ class EnergyReports:
         task = state.tasks.get(event.task_id)
         if task is None:
             raise NotFound(f"no task {event.task_id!r}", "task_id")
-        t = event.time if state.clock is None else max(event.time, state.clock)
         if task.state.finished and task.finish_time is not None \
-                and task.finish_time <= t - state.finished_task_retention_s:
+                and task.finish_time <= state.retirement_horizon(state.event_time(event.time)):
             # the event would retire it before taking the report (TaskLifecycle.retire_finished)
             raise FailedPrecondition(
                 f"task {task.task_id} finished more than finished_task_retention_s "

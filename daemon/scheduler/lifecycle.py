@@ -181,7 +181,7 @@ class TaskLifecycle:
         applied: a task the event finishes is not retired by it, and an event naming a
         finished task was refused by validation."""
         state = self.state
-        horizon = t - state.finished_task_retention_s
+        horizon = state.retirement_horizon(t)
         while state.finished and state.finished[0][0] <= horizon:
             _, task_id = state.finished.popleft()
             task = state.tasks.pop(task_id, None)

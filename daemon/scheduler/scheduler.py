@@ -165,7 +165,7 @@ class Scheduler:
         tasks finished longer ago than the retention, advance the clock to the event's time,
         apply it, re-allocate when it changed anything."""
         state = self.state
-        t = event.time if state.clock is None else max(event.time, state.clock)
+        t = state.event_time(event.time)
         out = Outcome(time=t)
         touched = {task.task_id for task in state.admitted()}  # they may change on the way
         self.lifecycle.retire_finished(t, out)

@@ -122,6 +122,16 @@ class SchedulerState:
         self.idle_node_seconds = 0.0
         self.used_node_seconds = 0.0
 
+    def event_time(self, event_time: float) -> float:
+        """The time [s] an event stamped ``event_time`` is applied at: never before the
+        clock (docs/architecture.md, "Time and events")."""
+        return event_time if self.clock is None else max(event_time, self.clock)
+
+    def retirement_horizon(self, t: float) -> float:
+        """[s] The tasks that finished at or before this time leave the state when an event
+        is applied at ``t`` (``finished_task_retention_s``)."""
+        return t - self.finished_task_retention_s
+
     def retain(self, task: Task) -> None:
         """Count ``task`` (now in ``tasks``) in its owner's :attr:`retained_owners`."""
         n, size = self.retained_owners.get(task.owner, (0, 0))
