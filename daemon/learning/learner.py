@@ -282,9 +282,6 @@ class TaskLearner:
             "stats": self._stats.to_list(),
             **self._rescales.to_dict(),
             "paused": self._timeline.paused,
-            # (after paused: came with issue 38's wasted work)
-            "rescale_lost_s": self._rescales.lost_s,
-            "rescales_valued": self._rescales.valued,
         }
 
     @classmethod
@@ -298,8 +295,6 @@ class TaskLearner:
         x._stats = ThroughputStats.from_list(d["stats"])
         x._model = ScalabilityModel(x._stats)
         x._rescales = RescaleCosts.from_dict(d)
-        x._rescales.lost_s = float(d.get("rescale_lost_s", 0.0))  # (absent before issue 38)
-        x._rescales.valued = int(d.get("rescales_valued", 0))
         # (absent in states written before generations)
         x._timeline.paused = opt_float(d.get("paused"))
         return x

@@ -104,6 +104,8 @@ class RescaleCosts:
             "pending_rescales": [dict(p) for p in self.pending],
             "rescale_up_s": list(self.up),
             "rescale_down_s": list(self.down),
+            "rescale_lost_s": self.lost_s,
+            "rescales_valued": self.valued,
         }
 
     @classmethod
@@ -115,4 +117,6 @@ class RescaleCosts:
                       "samples": float(p["samples"])} for p in d["pending_rescales"]]
         x.up = [float(v) for v in d["rescale_up_s"]]
         x.down = [float(v) for v in d["rescale_down_s"]]
+        x.lost_s = float(d.get("rescale_lost_s", 0.0))  # (absent in states before issue 38)
+        x.valued = int(d.get("rescales_valued", 0))
         return x
