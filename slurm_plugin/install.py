@@ -116,6 +116,12 @@ def write_hooks(directory: str | Path, cfg: HookConfig) -> dict[str, Path]:
     return out
 
 
+def prolog_epilog_timeout_s(timeout_s: float) -> int:
+    """slurm.conf's ``PrologEpilogTimeout`` [s] for hooks of ``--timeout-s`` ``timeout_s``
+    [s]: ``max(3 * timeout_s + 15, 30)`` (:func:`slurm_conf_lines` says why)."""
+    return max(int(timeout_s * 3 + 15), 30)
+
+
 def slurm_conf_lines(paths: dict[str, Path], timeout_s: float) -> list[str]:
     """The slurm.conf lines that wire the hooks, ``paths`` as :func:`write_hooks` returns them.
 
@@ -125,7 +131,7 @@ def slurm_conf_lines(paths: dict[str, Path], timeout_s: float) -> list[str]:
     with the default ``slurm_timeout_s`` of 5 s), plus the interpreter's start, so Slurm's
     kill is only a last resort."""
     return [f"{SLURM_KEYS[k]}={p}" for k, p in paths.items()] + [
-        f"PrologEpilogTimeout={max(int(timeout_s * 3 + 15), 30)}"]
+        f"PrologEpilogTimeout={prolog_epilog_timeout_s(timeout_s)}"]
 
 
 # ----------------------------------------------------------------------------- node epilog

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import pytest
 
-from offcut.slurm_plugin.install import HookConfig, write_hooks
+from offcut.slurm_plugin.install import HookConfig, prolog_epilog_timeout_s, write_hooks
 
 from daemon_helpers import wait_until
 
@@ -117,7 +117,7 @@ class SlurmCluster:
             "SLURM_CONF": str(self.conf), "SLURM_TEST_DIR": str(self.dir),
             "SLURM_TEST_NODES": str(nodes), "SLURM_TEST_PORT0": str(base),
             "SLURM_CTLD_PORT": str(base), "SLURM_HOOK_DIR": str(self.hook_dir),
-            "SLURM_PROLOG_EPILOG_TIMEOUT": "30", "SLURM_MIN_JOB_AGE": str(min_job_age_s),
+            "SLURM_PROLOG_EPILOG_TIMEOUT": str(prolog_epilog_timeout_s(HOOK_TIMEOUT_S)), "SLURM_MIN_JOB_AGE": str(min_job_age_s),
             "SLURM_ACCOUNTING": "1" if accounting else "0",
             # (the scheduling settings are docs/deployment.md's, in start-slurm.sh: no others)
             "SLURM_EXTRA_CONF": "\n".join(extra_conf),

@@ -190,7 +190,7 @@ PreemptType=preempt/partition_prio
 PreemptMode=CANCEL
 # the preempted job's batch shell gets its --signal at once (then GraceTime to checkpoint)
 SlurmctldParameters=preempt_send_user_signal
-# a main scheduling pass every 2 s: with an EpilogSlurmctld, Slurm 22.05 starts a job waiting
+# a main scheduling pass every second: with an EpilogSlurmctld, Slurm 22.05 starts a job waiting
 # for an ending job's nodes only at its next periodic pass (docs/deployment.md, step 3)
 SchedulerParameters=sched_interval=1
 $prolog
