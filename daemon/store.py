@@ -499,7 +499,6 @@ class Store:
                  upgrades: Mapping[int, Upgrade] | None = None, *, init: bool = False,
                  quick_check: bool = False):
         self.path = Path(path)
-        self.durability = durability
         self.snapshot_every = max(1, int(snapshot_every))
         #: called with the id of each committed journal row (the commit mark of
         #: :class:`offcut.daemon.state_lock.StateLock`), or None

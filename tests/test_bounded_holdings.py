@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from daemon_helpers import make_spec, start_secured, zeus_spec
-from offcut.daemon.store import Store
+from offcut.daemon.zeus.storage import ZeusStorage
 from offcut.daemon.zeus.bso import BatchSizeJobSpec
 from offcut.daemon.zeus.registry import ZeusRegistry
 from offcut.errors import InvalidArgument, NotFound, ResourceExhausted
@@ -155,10 +155,10 @@ def test_predictions_are_unchanged_by_pruning_where_the_policy_does_not_read_it(
                                    max_power_w=250.0, seed=3, beta_knob=None, higher_is_better=True,
                                    window_size=window)
     who = Admin()
-    small = Store(tmp_path / "small.sqlite", durability="normal")
+    small = ZeusStorage(tmp_path / "small.sqlite", durability="normal")
     pruning = ZeusRegistry(small, trial_retention=5, trial_rows_retention=150,
                            observation_retention=100)
-    keeping = ZeusRegistry(Store(tmp_path / "all.sqlite", durability="normal"),
+    keeping = ZeusRegistry(ZeusStorage(tmp_path / "all.sqlite", durability="normal"),
                            trial_retention=5, trial_rows_retention=10**6,
                            observation_retention=None)
     for r in (pruning, keeping):
@@ -172,7 +172,7 @@ def test_predictions_are_unchanged_by_pruning_where_the_policy_does_not_read_it(
     assert count(tmp_path / "small.sqlite", "zeus_trials", "j") < 150 + 100 + 1
     pruning.commits.flush()
     small.close()
-    pruning = ZeusRegistry(Store(tmp_path / "small.sqlite", durability="normal"),
+    pruning = ZeusRegistry(ZeusStorage(tmp_path / "small.sqlite", durability="normal"),
                            trial_retention=5, trial_rows_retention=150,
                            observation_retention=100)
     assert drive(pruning, "j", 200 if window else 5, random.Random(2), who) == \

@@ -90,7 +90,7 @@ def count(path, table: str) -> int:
 def test_thousands_of_trials_add_rows_keep_memory_bounded_and_decide_as_before(tmp_path):
     path = tmp_path / "state.sqlite"
     clock = Clock(1_000_000.0)  # the registry's wall clock [s]
-    registry = ZeusRegistry(Store(path, durability="normal"), clock=clock,
+    registry = ZeusRegistry(ZeusStorage(path, durability="normal"), clock=clock,
                             trial_retention=RETENTION)
     registry.register(spec(), None, Admin(), "")
     twin = BatchSizeJob(spec())
@@ -125,7 +125,7 @@ def test_thousands_of_trials_add_rows_keep_memory_bounded_and_decide_as_before(t
     assert registry.jobs["big"].job.ledger.count == TRIALS  # nothing new was opened
 
     # restart on the file: everything is back, and the sequence goes on as the twin's
-    again = ZeusRegistry(Store(path, durability="normal"), clock=clock,
+    again = ZeusRegistry(ZeusStorage(path, durability="normal"), clock=clock,
                          trial_retention=RETENTION)
     assert again.trial_records("big", Admin()) == twin.trials
     assert len(again.jobs["big"].job.ledger.held) <= RETENTION
@@ -135,7 +135,7 @@ def test_thousands_of_trials_add_rows_keep_memory_bounded_and_decide_as_before(t
 
 def test_stored_answers_expire_after_the_window_and_a_later_retry_is_new(tmp_path):
     clock = Clock(1_000_000.0)  # the registry's wall clock [s]
-    registry = ZeusRegistry(Store(tmp_path / "s.sqlite", durability="normal"), clock=clock,
+    registry = ZeusRegistry(ZeusStorage(tmp_path / "s.sqlite", durability="normal"), clock=clock,
                             request_retention_s=7200.0)
     registry.register(spec(), None, Admin(), "")
     first = registry.predict("big", "same-id", Admin())
@@ -153,7 +153,7 @@ def test_stored_answers_expire_after_the_window_and_a_later_retry_is_new(tmp_pat
 
 def test_concurrent_callers_share_commits_and_the_file_holds_every_answer(tmp_path):
     path = tmp_path / "state.sqlite"
-    registry = ZeusRegistry(Store(path, durability="full"), trial_retention=10)
+    registry = ZeusRegistry(ZeusStorage(path, durability="full"), trial_retention=10)
     registry.register(spec(max_epochs=1), None, Admin(), "")
     errors: list[BaseException] = []
     answers: list = []
@@ -179,7 +179,7 @@ def test_concurrent_callers_share_commits_and_the_file_holds_every_answer(tmp_pa
     commits = registry.commits
     assert commits.writes == 1 + 480 and commits.transactions <= commits.writes
     # the file holds what memory holds: a fresh registry on it has the same job
-    again = ZeusRegistry(Store(path, durability="full"), trial_retention=10)
+    again = ZeusRegistry(ZeusStorage(path, durability="full"), trial_retention=10)
     mem, disk = registry.jobs["big"].job, again.jobs["big"].job
     assert disk.summary() == mem.summary() and disk.observations == mem.observations
     assert again.trial_records("big", Admin()) == registry.trial_records("big", Admin())
@@ -189,7 +189,7 @@ def test_concurrent_callers_share_commits_and_the_file_holds_every_answer(tmp_pa
 
 def test_a_rejected_call_leaves_memory_and_file_as_they_were(tmp_path):
     path = tmp_path / "state.sqlite"
-    registry = ZeusRegistry(Store(path, durability="normal"))
+    registry = ZeusRegistry(ZeusStorage(path, durability="normal"))
     registry.register(spec(), None, Admin(), "")
     p = registry.predict("big", "", Admin())
     registry.report("big", p.trial_number, 1, 10.0, 100.0, 0.1, Admin())
@@ -324,7 +324,7 @@ def test_callers_on_an_event_loop_get_their_commit_and_its_failure_from_the_comm
     commits = registry.commits
     assert commits.transactions < commits.writes  # concurrent coroutines shared commits
     assert any(t.name == "offcut-zeus-commit" for t in threading.enumerate())
-    again = ZeusRegistry(Store(path, durability="full"), trial_retention=10)
+    again = ZeusRegistry(ZeusStorage(path, durability="full"), trial_retention=10)
     assert again.jobs["big"].job.summary() == registry.jobs["big"].job.summary()
     # a repeated request id is answered with the first answer, from memory or the file
     first = answers[0][0]

@@ -173,9 +173,7 @@ class ZeusRegistry:
     (thread-safe).
 
     Args:
-        storage: the Zeus tables (:class:`ZeusStorage`); an engine's
-            :class:`offcut.daemon.store.Store` is taken for its file and durability (the
-            registry opens a :class:`ZeusStorage` on them).
+        storage: the Zeus tables (:class:`ZeusStorage`; the caller closes it).
         limits: bound what the service accepts at registration (``max_batch_sizes``,
             ``max_power_limits``; default: :class:`Limits`'s defaults).
         clock: wall-clock seconds for suspended trials and stored answers (module docstring).
@@ -197,8 +195,6 @@ class ZeusRegistry:
                  trial_rows_retention: int = DEFAULT_TRIAL_ROWS_RETENTION,
                  observation_retention: int | None = DEFAULT_OBSERVATION_RETENTION,
                  max_jobs_per_owner: int | None = None):
-        if not isinstance(storage, ZeusStorage):  # an engine's Store: its file and durability
-            storage = ZeusStorage(storage.path, storage.durability)
         self.storage = storage
         self.clock = clock
         self.limits = limits if limits is not None else Limits()
