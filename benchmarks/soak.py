@@ -1,4 +1,5 @@
-"""A simulated year of service (docs/operations.md, "Retention"): does the daemon stay flat?
+"""A simulated year of service (docs/operations.md, "Retention: what is kept, and for how
+long"): does the daemon stay flat?
 
 One ``offcutd`` (a subprocess; ``--clock replay``, so the event clock is virtual and a year
 passes in minutes; solver ``dp``; durability ``full`` unless ``--durability``) gets, in
@@ -26,11 +27,12 @@ how long each held events back, as the daemon measures it (``GetStatus``
 retention after it [ms]). Then the ratios month N / month 1 of each, with PASS when all are <= 1.2
 (the issue's goal: month 12 / month 1), and the wall time. ``--json`` writes every figure.
 
-Every table has a retention window (docs/operations.md, "Retention"); the state file is flat
-once the longest window is full. The task archive's default window is 400 days, longer than the
-year: with it the archive grows all year (about 1.4 MiB a month at 48 tasks a day, shown as
-``archive``), as configured. ``--task-archive-retention-s 2592000`` (30 days) fills every
-window in the first month, so month 12 / month 1 measures what is not a window filling.
+Every table has a retention window (docs/operations.md, "Retention: what is kept, and for how
+long"); the state file is flat once the longest window is full. The task archive's default
+window is 400 days, longer than the year: with it the archive grows all year (about 1.4 MiB a
+month at 48 tasks a day, shown as ``archive``), as configured.
+``--task-archive-retention-s 2592000`` (30 days) fills every window in the first month, so
+month 12 / month 1 measures what is not a window filling.
 
 The figure lines (not the progress bar) also go, with the machine and the command, to a new
 ``benchmarks/results/soak-DATE-TIME.txt`` (``--no-results``: not written); earlier runs:

@@ -6,7 +6,7 @@ cache, so a second decode of the same credential fails (:data:`REPLAYED`).
 
 Offcut binds a credential to one call: its payload is ``offcut:`` + the full gRPC method name
 (:func:`call_payload`), so a credential made for one call (or for anything else: a Slurm
-job's) is refused for another (docs/security.md, "MUNGE"). The client sends it as
+job's) is refused for another (docs/security.md, "Threat model"). The client sends it as
 ``authorization: MUNGE CRED`` (:class:`offcut.channel.MungeCredential`); the daemon decodes it
 (:class:`offcut.daemon.auth.Authenticator`).
 

@@ -434,7 +434,7 @@ class DaemonConfig(BaseModel):
             "a second unix socket for Slurm's node events only (NodeEvents: the prolog/epilog "
             "hooks and the watcher), mode 0600 (the daemon's user, SlurmUser, and root), served "
             "on an event loop and MUNGE decoding threads of its own, so that no user's calls on "
-            "listen can delay a node event (docs/security.md, \"Round two: the node side\"); "
+            "listen can delay a node event (docs/security.md, \"Round two: junk credentials\"); "
             "unset = node events share listen"))
     metrics_listen: str | None = Field(
         None, examples=["127.0.0.1:9464"],

@@ -1,5 +1,5 @@
 """Decision-time statistics of a long-running daemon in fixed memory (docs/operations.md,
-"Retention": nothing grows with the number of events).
+"Retention: what is kept, and for how long": nothing grows with the number of events).
 
 Every decision (event in, allocation solved, journal committed) adds its wall time to
 

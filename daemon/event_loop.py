@@ -94,7 +94,7 @@ class EventLoopThread:
 
 
 #: the loop of the node side's server (``node_listen``): Slurm's node events on a loop of their
-#: own, never behind the calls on ``listen`` (docs/security.md, "Round two: the node side")
+#: own, never behind the calls on ``listen`` (docs/security.md, "Round two: junk credentials")
 NODE_LOOP = "offcut-node-loop"
 
 _shared: dict[str, EventLoopThread] = {}

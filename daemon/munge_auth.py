@@ -1,5 +1,5 @@
 """Callers identified by MUNGE credentials, as Slurm identifies its users (docs/security.md,
-"MUNGE"; the credential itself: :mod:`offcut.munge`).
+"Threat model"; the credential itself: :mod:`offcut.munge`).
 
 A call carries ``authorization: MUNGE CRED``. The daemon has its local ``munged`` decode the
 credential: that proves the uid and gid of the process that made it on any node sharing the

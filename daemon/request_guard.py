@@ -1,5 +1,5 @@
 """Requests before their handler: a size limit per method, undecodable messages, and decoding
-and encoding off the event loop (docs/security.md, "Message sizes").
+and encoding off the event loop (docs/security.md, "Streams and message sizes").
 
 Every method has a request size limit (:func:`request_limits`): node events
 (``NodeEvents/ReportNodes``, ``NodeEvents/SyncNodes``) the configured ``max_message_mb``; the

@@ -87,7 +87,8 @@ def open_state(config: DaemonConfig, lock: StateLock, *, init: bool = False) -> 
     ``lock``'s commit mark following each commit.
 
     Raises:
-        StoreError: the check that failed (docs/operations.md, "Start-up refusals").
+        StoreError: the check that failed (docs/operations.md, "Start-up checks and
+            refusals").
     """
     store = Store(config.state, snapshot_every=config.snapshot_every,
                   durability=config.durability, upgrades=UPGRADES, init=init, quick_check=True)

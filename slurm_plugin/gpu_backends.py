@@ -3,8 +3,8 @@ them: NVML on a real GPU node, or a **recording stand-in** for tests and GPU-les
 
 Both backends number the GPUs as NVML does (index 0..count-1, the numbering of zeusd's
 ``/discover`` and of Slurm's GRES indices with ``AutoDetect=nvml`` or ``File=/dev/nvidia[0-N]``
-lines in order: docs/deployment.md, "GPU power limits: the power helper") and speak milliwatts
-[mW] and millijoules [mJ], NVML's and Zeus's units.
+lines in order: docs/deployment.md, "3d. GPU power limits: the power helper") and speak
+milliwatts [mW] and millijoules [mJ], NVML's and Zeus's units.
 
 ``open_backend("nvml")``
     :class:`NvmlBackend`: nvidia-ml-py (``pip install 'offcut[gpu]'``); setting a limit needs

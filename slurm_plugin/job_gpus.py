@@ -25,8 +25,8 @@ Every fact comes from the kernel or from Slurm, never from the process itself (i
   ``JobState=RUNNING``, and one ``Nodes=HOSTLIST CPU_IDs=... Mem=... GRES=gpu:2(IDX:0-1)``
   detail per group of nodes (:func:`parse_show_job`). The ``IDX`` values are Slurm's GRES
   indices of the node, which are the NVML indices when ``gres.conf`` has ``AutoDetect=nvml``
-  or ``File=/dev/nvidia[0-N]`` lines in order (docs/deployment.md, "GPU power limits: the power
-  helper").
+  or ``File=/dev/nvidia[0-N]`` lines in order (docs/deployment.md, "3d. GPU power limits: the
+  power helper").
 
 :class:`JobDirectory` caches job lookups briefly (``ttl_s``) in a bounded table
 (``max_entries``, least recently used dropped).

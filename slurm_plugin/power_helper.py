@@ -1,7 +1,7 @@
 """The privileged power helper: sets GPU power limits for Slurm jobs, only on the GPUs Slurm gave
 them, and restores every GPU's default limit when a job ends (``offcut-slurm power-helper``,
-``offcut-slurm power-restore``; docs/deployment.md, "GPU power limits: the power helper";
-docs/security.md, "GPU power limits").
+``offcut-slurm power-restore``; docs/deployment.md, "3d. GPU power limits: the power
+helper"; docs/security.md, "GPU power limits").
 
 It speaks zeusd's HTTP API (Zeus's privileged daemon, github.com/ml-energy/zeus ``zeusd/``), so
 Zeus's own client (``zeus.utils.zeusd.ZeusdClient``, and Zeus's ``NVIDIAGPUs`` when

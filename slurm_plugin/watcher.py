@@ -10,11 +10,11 @@ FAILED_PRECONDITION; the watcher then asks Slurm again and sends the new observa
 the old one with a new time). Bad Slurm output or a failing command sends nothing: one clear
 error is logged (repeats of the same error are not), and the loop goes on.
 
-Only changes are sent (the daemon journals every snapshot; docs/operations.md, "Retention"): an
-observation equal to the last accepted one is sent again only ``resync_s`` (600 s) after that
-one, as the periodic repair of what the hooks may have missed, and at once after a snapshot
-could not be delivered (the daemon was down and may have missed hook events);
-``resync_s = 0`` sends every observation.
+Only changes are sent (the daemon journals every snapshot; docs/operations.md, "Retention: what
+is kept, and for how long"): an observation equal to the last accepted one is sent again only
+``resync_s`` (600 s) after that one, as the periodic repair of what the hooks may have missed,
+and at once after a snapshot could not be delivered (the daemon was down and may have missed
+hook events); ``resync_s = 0`` sends every observation.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Users identified by MUNGE, as Slurm identifies them (docs/security.md, "MUNGE").
+"""Users identified by MUNGE, as Slurm identifies them (docs/security.md, "Threat model").
 
 Everything here is real: the munged of the 4-node test cluster (tests/slurm_cluster.py),
 real local users made with ``useradd``, a real daemon with ``munge = true`` on a unix socket

@@ -1,5 +1,6 @@
 """The power helper's API contract and rules without Slurm (slurm_plugin/power_helper.py;
-docs/deployment.md, "GPU power limits: the power helper"; docs/security.md, "GPU power limits").
+docs/deployment.md, "3d. GPU power limits: the power helper"; docs/security.md, "GPU power
+limits").
 
 Real parts: the helper's HTTP server on a real unix socket, Zeus's own client
 (``zeus.utils.zeusd.ZeusdClient``, also through ``ZEUSD_SOCK_PATH``), the recording stand-in

@@ -1,5 +1,5 @@
 """The power helper on real Slurm (docs/security.md, "GPU power limits"; docs/deployment.md,
-"GPU power limits: the power helper"): a job may set power limits only on the GPUs Slurm gave
+"3d. GPU power limits: the power helper"): a job may set power limits only on the GPUs Slurm gave
 it on this node, and the node ``Epilog`` restores every GPU's default limit when a job ends,
 whatever ended it.
 

@@ -1,6 +1,7 @@
 """Finished tasks leave the daemon's memory and snapshots after ``finished_task_retention_s``
 and stay readable from the state file's archive until ``task_archive_retention_s``
-(docs/operations.md, "Retention"): a real daemon, real gRPC, a real SQLite file, restarts."""
+(docs/operations.md, "Retention: what is kept, and for how long"): a real daemon, real gRPC, a
+real SQLite file, restarts."""
 
 from __future__ import annotations
 

@@ -70,7 +70,8 @@ class SchedulerState:
             (docs/execution.md; persisted).
         finished_task_retention_s: a finished task leaves the state (memory and snapshots)
             this long [s of event clock] after it finished; the engine keeps it in the state
-            file's archive, where it stays readable (docs/operations.md, "Retention"; persisted).
+            file's archive, where it stays readable (docs/operations.md, "Retention: what is
+            kept, and for how long"; persisted).
         final_grace_s: how long a launched task whose report reached its work keeps its nodes
             for its processes to exit 0 [s of event clock] (docs/execution.md, "Completion";
             0: completed at the report; persisted).
