@@ -50,9 +50,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import http.client
-import io
 import json
 import os
 import signal
@@ -646,8 +644,7 @@ def main() -> None:
             finally:
                 server.close()
 
-    report = io.StringIO()  # the figures: printed, and kept for the results file
-    with contextlib.redirect_stdout(report):
+    with log.tee():  # the figures: printed, and kept for the results file
         print()
         print("round trip = predict + report one converging epoch"
               f"{' + end trial' if args.end_trial else ''}; latency per round trip; first200/last200 "
@@ -664,8 +661,6 @@ def main() -> None:
         goals(rows, args)
         if registry_ms is not None:
             print_budget(rows, registry_ms, args)
-    print(report.getvalue(), end="")
-    log.keep(report.getvalue())
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                          "zeus": zeus_note, "rows": rows,
