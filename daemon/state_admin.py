@@ -183,19 +183,19 @@ def _check_journal(db: sqlite3.Connection, f: _Findings) -> int:
     complete = first == 1 and n == last
     f.add(f"{'ok' if complete else 'note'}: journal rows {first}..{last} ({n} rows"
           f"{'' if complete else ', some missing'})")
-    good, found = 0, []
-    for journal_id, state_, why in snapshots(db):  # as the daemon's start checks them
+    good, found, base = 0, [], 0  # base: the newest good snapshot's row (the daemon's start)
+    for journal_id, state_, why in snapshots(db):  # newest first, as the daemon's start reads
         found.append(journal_id)
         if state_ is None:
             f.add(f"note: snapshot at journal row {journal_id} is corrupt ({why}); "
                   f"offcutd falls back to an older one (or the journal's start)")
         else:
+            base = base or journal_id
             good += 1
             f.add(f"ok: snapshot at journal row {journal_id}")
     if found and not good and not complete:
         f.fail("no good snapshot and the journal does not start at row 1: restore a backup")
     # the rows the daemon re-applies (after the newest good snapshot) must all be there
-    base = next((j for j, st, _ in snapshots(db) if st is not None), 0)
     needed = db.execute("SELECT COUNT(*) FROM journal WHERE id > ?", (base,)).fetchone()[0]
     if needed != max(0, last - base):
         f.fail(f"journal rows after row {base} (the snapshot the daemon starts from) have "
