@@ -69,8 +69,7 @@ PLAIN_NODE = NodeKind()
 @dataclass(frozen=True)
 class ObjectiveSettings:
     """What the allocation maximises, and the power figures of the energy objectives
-    (DaemonConfig options of the same names; docs/architecture.md, "Allocation", issue "energy-aware
-    allocation").
+    (DaemonConfig options of the same names; docs/architecture.md, "Allocation policies").
 
     Attributes:
         objective: the allocation policy's name (the ``policy`` setting; state-file format

@@ -47,9 +47,8 @@ from typing import Any, Collection
 
 import numpy as np
 
-from offcut.daemon.model import (CancelEvent, EnergyEvent, Event, Limits, NodeEvent,
-                                 ObjectiveSettings, ProgressEvent, SubmitEvent, Task,
-                                 TaskRunEvent)
+from offcut.daemon.model import (CancelEvent, EnergyEvent, Event, NodeEvent, ProgressEvent,
+                                 SubmitEvent, Task, TaskRunEvent)
 from offcut.daemon.policies import AllocationPolicy, AllocationRequest
 from offcut.daemon.policies.guard import PolicyGuard
 from offcut.daemon.scheduler.allocation import Reallocator
@@ -62,7 +61,7 @@ from offcut.daemon.scheduler.outcome import Allocate, Outcome
 from offcut.daemon.scheduler.placement_rules import PlacementRules
 from offcut.daemon.scheduler.policy_runner import PolicyRunner
 from offcut.daemon.scheduler.progress import ProgressReports
-from offcut.daemon.scheduler.state import DEFAULT_FINISHED_TASK_RETENTION_S, SchedulerState
+from offcut.daemon.scheduler.state import SchedulerState
 from offcut.daemon.scheduler.validation import EventValidation
 from offcut.daemon.solvers.problem import AllocationProblem
 
@@ -101,14 +100,8 @@ class Scheduler:
     :meth:`from_dict` compose over an existing one.
     """
 
-    def __init__(self, tfwd_s: float = 10.0, max_running_tasks: int = 10,
-                 limits: Limits | None = None, objective: ObjectiveSettings | None = None,
-                 max_failed_generations: int = 3,
-                 finished_task_retention_s: float = DEFAULT_FINISHED_TASK_RETENTION_S,
-                 final_grace_s: float = 0.0):
-        self._compose(SchedulerState(tfwd_s, max_running_tasks, limits, objective,
-                                     max_failed_generations, finished_task_retention_s,
-                                     final_grace_s))
+    def __init__(self, *args, **kwargs):
+        self._compose(SchedulerState(*args, **kwargs))  # (its arguments and defaults: one place)
 
     @classmethod
     def over(cls, state: SchedulerState) -> "Scheduler":
