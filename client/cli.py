@@ -60,6 +60,17 @@ class CommandSet:
     origin: str
     commands: dict[str, Any] = field(default_factory=dict)
     error: Optional[str] = None
+    #: one of offcut's own parts: a name of :data:`PART_COMMANDS` registered by the ``offcut``
+    #: distribution itself (another package's entry point of that name is a third party's)
+    own: bool = False
+
+
+def _own_part(ep: EntryPoint) -> bool:
+    """Whether ``ep`` is one of offcut's own parts: a name of :data:`PART_COMMANDS` from the
+    ``offcut`` distribution (an entry point made by hand, without one, counts as offcut's)."""
+    dist = getattr(ep, "dist", None)
+    return ep.name in PART_COMMANDS and (dist is None
+                                         or dist.metadata["Name"].lower() == "offcut")
 
 
 def _origin(ep: EntryPoint) -> str:
@@ -77,8 +88,9 @@ def _load(ep: EntryPoint) -> CommandSet:
             raise TypeError(f"{part!r} is not a typer.Typer")
         commands = dict(typer.main.get_group(part).commands)
     except Exception as exc:  # noqa: BLE001 - any failure of an installed part is reported
-        return CommandSet(ep.name, _origin(ep), error=" ".join(f"{type(exc).__name__}: {exc}".split()))
-    return CommandSet(ep.name, _origin(ep), commands)
+        return CommandSet(ep.name, _origin(ep), error=" ".join(f"{type(exc).__name__}: {exc}".split()),
+                          own=_own_part(ep))
+    return CommandSet(ep.name, _origin(ep), commands, own=_own_part(ep))
 
 
 @functools.cache
@@ -86,7 +98,8 @@ def command_sets() -> tuple[CommandSet, ...]:
     """Every installed entry point of :data:`ENTRY_POINT_GROUP`, loaded (once per process):
     offcut's own parts first (in :data:`PART_COMMANDS` order), then the others by name."""
     eps = sorted(entry_points(group=ENTRY_POINT_GROUP),
-                 key=lambda ep: (_PART_RANK.get(ep.name, len(_PART_RANK)), ep.name, ep.value))
+                 key=lambda ep: (_PART_RANK[ep.name] if _own_part(ep) else len(_PART_RANK),
+                                 ep.name, ep.value))
     return tuple(_load(ep) for ep in eps)
 
 
@@ -94,7 +107,7 @@ def _missing_part(part: str, sets: tuple[CommandSet, ...]) -> str:
     """Why the commands of ``part`` (a key of :data:`PART_COMMANDS`) are not there."""
     what = PART_COMMANDS[part][0]
     for cs in sets:
-        if cs.name == part and cs.error is not None:
+        if cs.own and cs.name == part and cs.error is not None:
             return f"{what} commands failed to load ({cs.origin}): {cs.error}"
     return f"{what} commands are not installed: {REINSTALL_HINT}"
 
@@ -125,7 +138,7 @@ class OffcutGroup(typer.core.TyperGroup):
         self.warnings: list[str] = []
         sets = command_sets()
         for cs in sets:
-            if cs.error is not None and cs.name not in PART_COMMANDS:
+            if cs.error is not None and not cs.own:
                 self.warnings.append(f"the commands of {cs.origin} failed to load: {cs.error}")
             for name, command in cs.commands.items():
                 if name in self.commands:

@@ -128,3 +128,29 @@ def test_a_third_party_set_adds_commands_and_takes_over_none(installed, tmp_path
     assert "taken over" not in res.output
     res = CliRunner().invoke(app, ["--help"])
     assert _listed(res.stdout) == [*cli.HELP_ORDER, "hello"]
+
+
+def test_another_package_cannot_pass_for_one_of_offcuts_parts(installed, tmp_path, monkeypatch):
+    """An entry point named like offcut's own part (``replay``) but registered by another
+    distribution is a third party's: it comes after offcut's parts and takes over none of
+    their commands."""
+    from types import SimpleNamespace
+
+    (tmp_path / "offcut_test_fake_replay.py").write_text(
+        "import typer\n"
+        "app = typer.Typer()\n"
+        "@app.command()\n"
+        "def demo() -> None:\n"
+        "    '''Not the real demo.'''\n"
+        "    typer.echo('fake demo')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "offcut_test_fake_replay", raising=False)
+    fake = SimpleNamespace(metadata={"Name": "evil-tools"}, version="6.6.6")
+    installed(EntryPoint("replay", "offcut_test_fake_replay:app", GROUP)._for(fake),
+              EntryPoint("replay", "offcut.replay.cli:app", GROUP),
+              EntryPoint("daemon", "offcut.daemon.token_cli:app", GROUP))
+    assert [cs.own for cs in cli.command_sets()] == [True, True, False]
+    res = CliRunner().invoke(app, ["demo", "--help"])
+    assert res.exit_code == 0 and "fake demo" not in res.output, res.output
+    assert ("offcut: warning: entry point replay = offcut_test_fake_replay:app (evil-tools "
+            "6.6.6) registers the command 'demo', which is taken: ignored") in res.stderr
