@@ -166,8 +166,9 @@ class ZeusStorage:
         #: ``transactions`` and ``writes`` counts; the daemon's stop closes it)
         self.commits = GroupCommit(self.write, self._expiry)
         self._lock = threading.Lock()
-        #: answers to request ids whose writes are not durable yet: key -> (ticket, answer)
-        self._pending: dict[str, tuple[int, Any]] = {}
+        #: answers to request ids whose writes are not durable yet:
+        #: key -> (ticket, answer, job id)
+        self._pending: dict[str, tuple[int, Any, str]] = {}
         #: (job, trial number) -> ticket of the latest write of that trial's record
         self._row_ticket: dict[tuple[str, int], int] = {}
         self._retention_s: float | None = None
@@ -279,7 +280,7 @@ class ZeusStorage:
             for t in write.trials:
                 self._row_ticket[(write.job_id, t["trial_number"])] = ticket
             if write.request_id:
-                self._pending[write.request_id] = (ticket, answer)
+                self._pending[write.request_id] = (ticket, answer, write.job_id)
         return ticket
 
     def answer(self, key: str, job_id: str) -> tuple[int, Any] | None:
@@ -294,7 +295,8 @@ class ZeusStorage:
         with self._lock:
             hit = self._pending.get(key)
         if hit is not None:
-            return hit
+            ticket, answer, job = hit
+            return (ticket, answer) if job == job_id else None
         stored = self.response(key, job_id)
         return None if stored is None else (0, stored_fields(stored))
 
@@ -332,8 +334,7 @@ class ZeusStorage:
     def forget_job(self, job_id: str) -> None:
         """Forget what is remembered of a deleted job's writes (they are durable)."""
         with self._lock:
-            self._pending = {k: v for k, v in self._pending.items()
-                             if json.loads(k)[2] != job_id}  # (keys: request_key)
+            self._pending = {k: v for k, v in self._pending.items() if v[2] != job_id}
             for key in [k for k in self._row_ticket if k[0] == job_id]:
                 del self._row_ticket[key]
 
