@@ -2,7 +2,7 @@
 current generation that this launcher has not seen and that ``squeue`` no longer shows (Slurm
 forgets an ended job after ``MinJobAge``) is looked up once (:class:`AccountingLookup`), so
 it is reported like one ``squeue`` shows and never submitted again (docs/deployment.md,
-"Accounting"; the launcher's rules: :mod:`offcut.slurm_plugin.launcher`).
+"3b. Accounting (slurmdbd)"; the launcher's rules: :mod:`offcut.slurm_plugin.launcher`).
 """
 
 from __future__ import annotations
@@ -73,11 +73,14 @@ class AccountingLookup:
                 self.errors.error(
                     "sacct", f"Slurm's accounting is off ({exc}); jobs that ended while the "
                              "launcher was down and that squeue no longer shows cannot be told "
-                             "from jobs never submitted (docs/deployment.md, \"Accounting\")",
+                             "from jobs never submitted (docs/deployment.md, "
+                             "\"3b. Accounting (slurmdbd)\")",
                     level=logging.WARNING)
-            self.errors.error("sacct", f"Slurm's accounting cannot be read ({exc}); jobs that "
-                                       "ended while the launcher was down and that squeue no "
-                                       "longer shows cannot be told from jobs never submitted")
+            else:
+                self.errors.error(
+                    "sacct", f"Slurm's accounting cannot be read ({exc}); jobs that ended "
+                             "while the launcher was down and that squeue no longer shows "
+                             "cannot be told from jobs never submitted")
             self.looked_up |= groups
             return {}
         found: dict[str, tuple[JobName, JobInfo]] = {}

@@ -3,8 +3,9 @@ started or ended, once (``Tasks.ReportTaskRun`` with its generation, idempotent 
 ``JOBID:STATE`` across restarts), with the run state of :func:`run_state` and, for a failure,
 the last lines of the failed process's stderr; nodes Slurm is taking back (``ReportNodes``,
 source ``slurm-launcher``); and a task that cannot run as its owner (``failed``, without a
-generation). The placements of each reply are applied to the desired state at once
-(:class:`RunReporter`).
+generation). The placements of each reply are applied to the desired state at once, and
+the task a run report's reply carries is merged into it (no later ``GetTask``;
+:class:`RunReporter`).
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ class RunReporter:
         accounts: whose account runs each task's jobs (a failure note is read as the job's
             user).
         key: the launcher's secret, asked for on first use (it names the checkpoint folders).
-        state: the desired state the replies' placements are applied to.
+        state: the desired state the replies' placements are applied to (the launcher
+            points it at each pass's state).
         clock: wall clock [s] of the run reports.
         stopped_by_us: ``(cancelled, signalled)``: the ids of the jobs this launcher
             cancelled and of those it sent the stop signal, now (a job that ended as asked
@@ -106,11 +108,14 @@ class RunReporter:
         self.refused: set[str] = set()
         self._node_seq = 0  # seq of the last node event sent (time-based, ns)
 
-    def placed(self, decision) -> None:
+    def placed(self, decision, task=None) -> None:
         """Apply the placements of a decision the launcher's own call got back (newer than
-        what the stream has brought so far; a duplicate's stored answer is old news)."""
+        what the stream has brought so far; a duplicate's stored answer is old news), and
+        merge ``task`` (``offcut.v1.Task``: a ``ReportTaskRun`` reply's, read after them)."""
         if not decision.duplicate:
             self.state.apply(decision.placements, int(decision.revision), ordered=False)
+        if task is not None and task.task_id:
+            self.state.fill(task.task_id, task)
 
     def report_runs(self, jobs: Mapping[str, tuple[JobName, JobInfo]], result: PassResult
                     ) -> tuple[dict[str, tuple[JobName, JobInfo]],
@@ -207,7 +212,7 @@ class RunReporter:
                 request_id=f"{job.job_id}:{state}", generation=name.generation or None,
                 stop_ignored=ignored)
             new = not reply.decision.duplicate  # known before a launcher restart
-            self.placed(reply.decision)
+            self.placed(reply.decision, reply.task)
         except (NotFound, FailedPrecondition) as exc:  # the task is gone or already finished,
             # or the job is not the task's (a generation it never had): nothing happened, so
             # nothing follows from it (no node is held for a refused preemption report); the
@@ -259,9 +264,10 @@ class RunReporter:
             return
         log.error("task %s not launched: %s", gen.task_id, reason)
         try:
-            self.placed(self.client.report_task_run(
+            reply = self.client.report_task_run(
                 gen.task_id, "failed", message=f"not launched: {reason}", time=self.clock(),
-                request_id=f"{gen.task_id}:not-launched").decision)
+                request_id=f"{gen.task_id}:not-launched")
+            self.placed(reply.decision, reply.task)
         except (NotFound, FailedPrecondition) as exc:  # the task is gone or already finished
             log.debug("failure report of task %s not needed: %s", gen.task_id, exc)
         self.refused.add(gen.task_id)

@@ -20,13 +20,20 @@ itself, as the owner, creates the task's checkpoint folder. A task whose owner c
 launcher) is not launched: the launcher reports it failed, without a generation, which fails
 the task at once with the reason (docs/security.md).
 
-The launcher is a level-triggered reconciler, so a restart, a missed update or a failed
-Slurm call repairs itself on the next pass:
+The launcher is a level-triggered reconciler: each pass compares what should run with what
+Slurm shows, so a launcher restart (its jobs are adopted) and a failed Slurm or daemon call
+are repaired on the next pass. A placement update the stream lost is repaired as
+:mod:`offcut.slurm_plugin.placements` says: a gap (a skipped generation) by listing again at
+once; a lost finish by re-reading the task when the daemon refuses a report about it; any
+other (a lost first placement, a finish with no report) by the full re-list every
+``resync_s`` (300 s by default) while the stream is followed.
 
 * desired = every running task's current generation and nodes, kept from one long-lived
   ``WatchPlacements`` stream (:mod:`offcut.slurm_plugin.placements`): listed
   (``ListTasks``) at start and after each reconnect, then followed placement by placement
-  (a task placed since is read once, ``GetTask``); one pass alone (``--once``) lists;
+  (a task placed since is read once, ``GetTask``), listed afresh every ``resync_s``; one
+  pass alone (``--once``) lists, and so does each pass while the stream cannot be followed
+  (see below);
 * actual = Offcut's jobs that ``squeue`` shows, recognised by partition and name, and counted
   only when Slurm says they run as the task's owner and this launcher submitted them (job id
   recorded at submit, or its key's tag in the comment: "Whose job it is",
@@ -71,7 +78,11 @@ Passes run when a placement update changes the desired state, at least every ``-
 seconds, and every second while a generation is being replaced. While the stream is down
 (the daemon restarting) the desired state is not known: passes fail as with the daemon
 unreachable, nothing is done in Slurm, and the stream reconnects with backoff and lists
-again. Errors of Slurm or the daemon are logged once per kind and retried on the next pass.
+again. While the daemon refuses the stream (``RESOURCE_EXHAUSTED``: its stream slots are
+taken, perhaps by a hostile user's streams), or once it has been down for 30 s, each pass
+lists the running tasks itself as a pass alone does (the level-triggered fallback), so the
+launcher goes on; the refusal is logged once per outage. Errors of Slurm or the daemon are
+logged once per kind and retried on the next pass.
 
 :class:`Launcher` runs the passes and composes one collaborator per concern: whose job it is
 (:mod:`~offcut.slurm_plugin.job_ownership`), the accounting lookup
@@ -101,7 +112,7 @@ from offcut.slurm_plugin.launch_types import (Generation, JobName, OnceLog, Pass
                                               generation_of, parse_job_name)
 from offcut.slurm_plugin.launcher_key import LauncherKey
 from offcut.slurm_plugin.owners import OwnerAccounts, OwnerRefused, RunAsPolicy
-from offcut.slurm_plugin.placements import DesiredState, PlacementWatch, read_unread
+from offcut.slurm_plugin.placements import RESYNC_S, DesiredState, PlacementWatch, read_unread
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.slurm_plugin.slurm_json import JobInfo, SlurmError, parse_nodes
 
@@ -135,7 +146,8 @@ class Launcher:
     Attributes:
         state: the desired state (:class:`~offcut.slurm_plugin.placements.DesiredState`),
             kept by the placement stream while :meth:`run` (or :meth:`watching`) runs, else
-            listed by each pass.
+            listed by each pass (while the stream cannot be followed, each pass lists into a
+            state of its own instead).
         ownership: whose job it is (:class:`~offcut.slurm_plugin.job_ownership.JobOwnership`).
         accounting: jobs ended while the launcher was away
             (:class:`~offcut.slurm_plugin.job_accounting.AccountingLookup`).
@@ -172,6 +184,7 @@ class Launcher:
         self.held: set[tuple[str, str]] = set()
         self._first = True
         self._watch: PlacementWatch | None = None
+        self._view = self.state  # the desired state this pass reads (:meth:`desired`)
         self._seen = 0  # the state's version of the last pass's desired state
         self.passes = 0
         self.failed_passes = 0
@@ -198,21 +211,32 @@ class Launcher:
     def desired(self) -> dict[str, Generation]:
         """task id -> the current generation of every running task: the placement stream's
         state while :meth:`watching` (tasks placed since they were listed are read first,
-        ``GetTask``), else listed now (``ListTasks``: a pass alone).
+        ``GetTask``), else listed now (``ListTasks``: a pass alone). While watching and the
+        stream cannot be followed (:meth:`PlacementWatch.must_list`: the daemon refuses it,
+        or it is down too long) listed now too, into a state of this pass's own (the
+        level-triggered fallback). The replies of the pass's reports go to the same state.
 
         Raises:
-            Unavailable: the placement stream is down (reconnecting).
+            Unavailable: the placement stream is down (reconnecting, not refused, for less
+                than :data:`~offcut.slurm_plugin.placements.FALLBACK_AFTER_S`).
             OffcutError: the daemon cannot be reached or refused a read.
         """
+        self._view = self.state
         if self._watch is None:
             self.state.reset(self.list_running())
+        elif self._watch.must_list():
+            self._view = DesiredState()
+            self._view.reset(self.list_running())
+        self.reports.state = self._view
         return self._current()
 
     def _current(self) -> dict[str, Generation]:
-        """:meth:`desired` from the state as it is (tasks placed since they were listed
-        read first); notes its version (changes after it wake :meth:`run`)."""
-        snapshot = read_unread(self.state, self.client.get_task)
-        self._seen = snapshot.version
+        """:meth:`desired` from the pass's state as it is (tasks placed since they were
+        listed read first); notes the stream state's version (changes after it wake
+        :meth:`run`)."""
+        snapshot = read_unread(self._view, self.client.get_task)
+        if self._view is self.state:
+            self._seen = snapshot.version
         return {tid: generation_of(running) for tid, running in snapshot.ready.items()}
 
     def node_addresses(self) -> dict[str, str]:
@@ -226,7 +250,8 @@ class Launcher:
 
         Raises:
             OffcutError: the daemon cannot be reached or refused a call (Unavailable also
-                while :meth:`watching` and its stream is down: nothing is done in Slurm).
+                while :meth:`watching` and its stream is briefly down: nothing is done in
+                Slurm; :meth:`desired`).
             SlurmError: squeue or sinfo failed or answered garbage (nothing is submitted then).
         """
         result = PassResult()
@@ -305,17 +330,19 @@ class Launcher:
 
     # ------------------------------------------------------------------ the loop
     def run(self, poll_s: float = 5.0, stop: threading.Event | None = None,
-            on_pass: Callable[[PassResult], None] | None = None) -> None:
+            on_pass: Callable[[PassResult], None] | None = None,
+            resync_s: float = RESYNC_S) -> None:
         """Reconcile whenever a placement update changes the desired state (one
-        ``WatchPlacements`` stream for the whole run: :meth:`watching`), at least every
-        ``poll_s`` seconds (every :data:`BUSY_POLL_S` while a generation is being replaced),
-        until ``stop`` is set (seen within :data:`STOP_CHECK_S`). The first pass waits up to
-        ``poll_s`` for the first list. Never raises for Slurm or daemon errors (logged,
-        retried); ``on_pass`` gets each successful pass's result."""
+        ``WatchPlacements`` stream for the whole run, opened afresh with a full re-list every
+        ``resync_s`` seconds: :meth:`watching`), at least every ``poll_s`` seconds (every
+        :data:`BUSY_POLL_S` while a generation is being replaced), until ``stop`` is set
+        (seen within :data:`STOP_CHECK_S`). The first pass waits up to ``poll_s`` for the
+        first list. Never raises for Slurm or daemon errors (logged, retried); ``on_pass``
+        gets each successful pass's result."""
         stop = stop or threading.Event()
         fine, identity = self.accounts.describe()
         log.log(logging.INFO if fine else logging.WARNING, "%s", identity)
-        with self.watching():
+        with self.watching(resync_s):
             end = time.monotonic() + poll_s
             while not (stop.is_set() or self.state.synced) and time.monotonic() < end:
                 self.state.wait_synced(min(STOP_CHECK_S, end - time.monotonic()))
@@ -337,17 +364,17 @@ class Launcher:
                 self._wait(wait_s, stop)
 
     @contextlib.contextmanager
-    def watching(self) -> Iterator[PlacementWatch]:
+    def watching(self, resync_s: float = RESYNC_S) -> Iterator[PlacementWatch]:
         """Keep :attr:`state` from one long-lived placement stream while the block runs
-        (:class:`~offcut.slurm_plugin.placements.PlacementWatch`: listed at start and after
-        each reconnect); passes read it instead of listing."""
-        watch = PlacementWatch(self.client, self.state, self.list_running)
-        self._watch = watch.start()
-        try:
-            yield watch
-        finally:
-            self._watch = None
-            watch.close()
+        (:class:`~offcut.slurm_plugin.placements.PlacementWatch`: listed at start, after
+        each reconnect and every ``resync_s`` [s]); passes read it instead of listing."""
+        with PlacementWatch(self.client, self.state, self.list_running,
+                            resync_s=resync_s) as watch:
+            self._watch = watch
+            try:
+                yield watch
+            finally:
+                self._watch = None
 
     def _wait(self, wait_s: float, stop: threading.Event) -> None:
         """Until the desired state changes from the last pass's view, ``wait_s`` [s] pass, or

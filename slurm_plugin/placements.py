@@ -8,7 +8,7 @@ after it and the kind of change. That is enough to follow a task once its static
 spec, owner, submit time: what a job's script needs) are known, because a placement is
 absolute (the node set and generation, not a difference) and generations are monotone:
 every change but a finish starts the next one (daemon/scheduler/lifecycle.py,
-``TaskLifecycle._change``), and a finish (``completed``, ``cancelled``, ``failed``) keeps the
+``TaskLifecycle.change``), and a finish (``completed``, ``cancelled``, ``failed``) keeps the
 generation and leaves no nodes. So:
 
 * at start and after each reconnect the launcher reads the daemon's revision
@@ -28,14 +28,26 @@ generation and leaves no nodes. So:
   task but its finish is exactly one generation above the previous one, so a task that
   skips a generation means updates were lost (the daemon keeps the last
   ``RETAINED_UPDATES``), and the stream is re-opened and the tasks listed again. Placements
-  learnt from the launcher's own calls' replies (``ReportTaskRun``, ``ReportNodes``: newer
-  than what the stream has delivered so far) are applied at once, without that check. A
-  lost finish shows no gap; a report the daemon then refuses about the task (it is
-  finished) makes the launcher read the task again before it counts as running;
+  learnt from the launcher's own calls' replies (``ReportTaskRun``, ``ReportNodes``) are
+  applied at once, without that check, when they are newer than what the stream has
+  delivered so far; a reply no newer than that (the stream was quicker) never brings back a
+  task the state does not hold (its finish may already have been applied). A
+  ``ReportTaskRun`` reply's task is merged like a read (:meth:`DesiredState.fill`);
+* what shows no gap is repaired thus: a lost finish, by a report the daemon refuses about
+  the task (it is finished: the task is read again before it counts as running), and
+  otherwise, like a lost first placement (a task never seen), by the periodic re-list: every
+  ``resync_s`` (:data:`RESYNC_S`, 300 s) while synced the stream is opened afresh at the
+  daemon's revision and the tasks listed again (the state stays synced meanwhile), so
+  nothing lost stays wrong longer than that;
 * when the stream breaks (the daemon restarts, the connection drops, the daemon ends it on
-  shutdown) the state is marked not synced (a pass then fails as with the daemon down, and
-  Slurm is not touched) and the watch reconnects with the clients' backoff
-  (:class:`offcut.retry.Backoff`; reset after each successful re-list).
+  shutdown) the state is marked not synced and the watch reconnects with the clients'
+  backoff (:class:`offcut.retry.Backoff`; reset at each new outage). A pass then fails as
+  with the daemon down (Slurm is not touched), unless the stream cannot be followed
+  (:meth:`PlacementWatch.must_list`): the daemon refuses it (``RESOURCE_EXHAUSTED``: its
+  stream slots, ``max_streams`` / ``max_streams_per_caller``, are taken, perhaps by a
+  hostile user), or it has been down for :data:`FALLBACK_AFTER_S`; then each pass lists the
+  running tasks itself, as a pass alone does (the level-triggered fallback). The reason is
+  logged once per outage.
 
 Retention: an entry lives until its task's finish arrives or the next re-list (at most the
 daemon's unfinished tasks, plus the finished ones awaiting their finish on the stream).
@@ -45,10 +57,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
 
-from offcut.errors import NotFound, OffcutError, Unavailable
+from offcut.errors import NotFound, OffcutError, ResourceExhausted, Unavailable
 from offcut.retry import Backoff
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,8 +70,15 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("offcut.slurm.launcher")
 
 #: how the watch reconnects after its stream broke: waits from 0.1 s doubling to 5 s
-#: (jittered), reset after each successful re-list; the deadline is not used (it never gives up)
+#: (jittered), reset at each new outage (not by a refusal's list); the deadline is not used
+#: (it never gives up)
 RECONNECT_BACKOFF = Backoff(initial_backoff_s=0.1, max_backoff_s=5.0)
+#: seconds between two full re-lists while synced (the stream is opened afresh): the longest
+#: a lost update that shows no gap (a first placement, a finish) stays wrong
+RESYNC_S = 300.0
+#: seconds the stream may be down (reconnecting) before passes list for themselves (a daemon
+#: restart takes a few: meanwhile passes fail, nothing is done in Slurm)
+FALLBACK_AFTER_S = 30.0
 
 #: ``PlacementChange`` names of a finish (the task's nodes are released for good)
 _FINISHES = frozenset({"PLACEMENT_CHANGE_COMPLETED", "PLACEMENT_CHANGE_CANCELLED",
@@ -110,7 +130,8 @@ class DesiredState:
     Attributes:
         synced: whether the state was read (listed) and followed since: False before the
             first list and while the stream is broken.
-        revision: the daemon revision of the newest update applied (or of the last list).
+        revision: the daemon revision up to which every update is applied: the newest of
+            the stream (or the last list's); replies do not move it.
         version: bumped on every change of what :meth:`running` returns, and of ``synced``
             (what :meth:`wait` waits for).
         resets: how many times the state was listed afresh (:meth:`reset`).
@@ -154,8 +175,10 @@ class DesiredState:
               ordered: bool = True) -> str:
         """Apply the placements of one update (or one reply's decision) of ``revision``
         (0: none to note); ``ordered``: they come from the stream in revision order, so a
-        task that skips a generation is a gap. Returns "" or, on a gap, which task skipped
-        what (the state is then to be listed again)."""
+        task that skips a generation is a gap, and :attr:`revision` moves on. Else (a reply)
+        a placement of a task the state does not hold is taken only from a reply newer than
+        :attr:`revision` (an older one may be of a task whose finish was applied). Returns ""
+        or, on a gap, which task skipped what (the state is then to be listed again)."""
         gap = ""
         with self._cond:
             changed = False
@@ -168,6 +191,8 @@ class DesiredState:
                     continue
                 generation, nodes = int(p.generation), tuple(sorted(p.nodes))
                 if e is None:
+                    if not ordered and revision <= self.revision:
+                        continue  # stale news of a task the stream has finished (or never had)
                     self._entries[p.task_id] = _Entry(generation, nodes)
                     changed = changed or bool(nodes)
                 elif not e.finished and generation > e.generation:
@@ -176,27 +201,31 @@ class DesiredState:
                                f"{generation} at revision {revision}")
                     e.generation, e.nodes = generation, nodes
                     changed = True
-            if revision > self.revision:
+            if ordered and revision > self.revision:
                 self.revision = revision
             if changed:
                 self._changed()
         return gap
 
     def fill(self, task_id: str, task: "tasks_pb2.Task | None") -> None:
-        """Merge one read of ``task_id`` (``GetTask``; None: the daemon does not know it),
-        at least as new as every placement applied before the read began. Only a task still
-        followed is filled (one whose finish arrived meanwhile stays forgotten)."""
+        """Merge one read of ``task_id`` (``GetTask``, or the task a ``ReportTaskRun`` reply
+        carries; None: the daemon does not know it), at least as new as every placement
+        applied before the read began. Only a task still followed is filled (one whose
+        finish arrived meanwhile stays forgotten)."""
         with self._cond:
             e = self._entries.get(task_id)
             if e is None or e.finished:
                 return
+            changed = e.task is None  # (a fresher read of a task known: no news)
             if task is None or _is_finished(task):
-                e.finished, e.task = True, None
+                e.finished, e.task, changed = True, None, True
             else:
                 e.task = task
                 if int(task.generation) > e.generation:
                     e.generation, e.nodes = int(task.generation), tuple(sorted(task.nodes))
-            self._changed()
+                    changed = True
+            if changed:
+                self._changed()
 
     def reread(self, task_id: str) -> None:
         """Read ``task_id`` again before it counts as running (the daemon refused a report
@@ -242,6 +271,10 @@ class _Resync(Exception):
     """The stream skipped updates: list again."""
 
 
+#: the outage's reason when the daemon refuses the stream (``RESOURCE_EXHAUSTED``)
+_REFUSED = "the daemon refuses the stream ({}); passes list the running tasks meanwhile"
+
+
 class PlacementWatch:
     """One long-lived ``WatchPlacements`` stream that keeps ``state`` up to date, read by a
     daemon thread (module docstring: the order of the reads, the merge rules, reconnects).
@@ -254,20 +287,30 @@ class PlacementWatch:
         backoff: waits between reconnects (:data:`RECONNECT_BACKOFF`).
         wait: how the thread waits between reconnects (``threading.Event.wait`` of its
             stop event; injectable for tests).
+        resync_s: while synced, the stream is opened afresh and the tasks listed again
+            every ``resync_s`` [s] (:data:`RESYNC_S`; the stream's own time limit).
+        fallback_after_s: how long [s] the stream may be down before :meth:`must_list`
+            (:data:`FALLBACK_AFTER_S`).
 
     Attributes:
         connects: streams opened so far (each followed by one list).
+        refused: while the daemon refuses the stream (``RESOURCE_EXHAUSTED``), why; else "".
     """
 
     def __init__(self, client, state: DesiredState,
                  list_running: Callable[[], list["tasks_pb2.Task"]],
                  backoff: Backoff = RECONNECT_BACKOFF,
-                 wait: Callable[[float], object] | None = None):
+                 wait: Callable[[float], object] | None = None,
+                 resync_s: float = RESYNC_S, fallback_after_s: float = FALLBACK_AFTER_S):
         self.client = client
         self.state = state
         self.list_running = list_running
         self.backoff = backoff
+        self.resync_s = resync_s
+        self.fallback_after_s = fallback_after_s
         self.connects = 0
+        self.refused = ""
+        self._down_since = time.monotonic()  # when the current outage began
         self._closed = threading.Event()
         self._wait = wait or self._closed.wait
         self._lock = threading.Lock()
@@ -279,6 +322,7 @@ class PlacementWatch:
         (whatever was listed before is dropped)."""
         if self._thread is None:
             self.state.lose()
+            self._down_since = time.monotonic()
             self._thread = threading.Thread(target=self._follow, name="offcut-placements",
                                             daemon=True)
             self._thread.start()
@@ -300,50 +344,82 @@ class PlacementWatch:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def must_list(self) -> bool:
+        """Whether a pass is to list the running tasks itself (the state is not synced and
+        the stream cannot be followed: the daemon refuses it, or it has been down for
+        ``fallback_after_s``) rather than fail until the stream is back."""
+        return not self.state.synced and bool(
+            self.refused or time.monotonic() - self._down_since >= self.fallback_after_s)
+
     def _follow(self) -> None:
         """The thread: connect, list, follow; after a break, reconnect with backoff."""
         waits = self.backoff.backoffs()
         down = ""  # why the stream is down, logged once per outage
+        planned = False  # the last stream's time was up (a re-list is no news)
         while not self._closed.is_set():
-            listed = self.state.resets
+            refused_before = self.refused
             error: Exception | None = None
+            refused = ""
             try:
-                self._connect()
+                planned = self._connect(planned)
+                if planned:
+                    continue  # the resync time is up: open afresh and list, still synced
                 why = "the daemon ended the stream (it stops)"
             except _Resync as gap:
                 why = f"updates were lost ({gap}); listing again"
+            except ResourceExhausted as exc:  # at the stream's opening (after the list)
+                why = refused = _REFUSED.format(exc)
             except OffcutError as exc:
                 why = str(exc)
             except Exception as exc:  # a bug must not end the launcher's view for good
                 why, error = f"unexpected {type(exc).__name__}: {exc}", exc
+            planned = False
+            # it was synced (listed, also before a planned re-list), unless refused again:
+            # a fresh outage
+            if self.state.synced and not (refused and refused_before):
+                waits, down = self.backoff.backoffs(), ""
+                self._down_since = time.monotonic()
+            self.refused = refused
             self.state.lose()
             if self._closed.is_set():
                 return
-            if self.state.resets != listed:  # it was synced: a fresh outage
-                waits, down = self.backoff.backoffs(), ""
             if why != down:
                 log.warning("placement stream: %s; reconnecting", why, exc_info=error)
                 down = why
             self._wait(next(waits))
 
-    def _connect(self) -> None:
-        """Open the stream from the daemon's revision, list, then apply every update."""
+    def _connect(self, planned: bool = False) -> bool:
+        """Open the stream from the daemon's revision, list, then apply every update until
+        it ends: True when its time (``resync_s``) is up, False when the daemon ended it.
+        ``planned``: the last stream's time was up (not logged as a reconnect)."""
         revision = int(self.client.status().revision)
-        stream = self.client.watch(after_revision=revision)
+        opened = time.monotonic()
+        stream = self.client.watch(after_revision=revision, timeout_s=self.resync_s)
         with self._lock:
             if self._closed.is_set():
                 stream.cancel()
-                return
+                return False
             self._stream = stream
         self.connects += 1
         try:
             self.state.reset(self.list_running(), revision)
-            if self.connects > 1:
+            if self.connects > 1 and not (self.refused or planned):  # (refused: once accepted)
                 log.info("placement stream reconnected at revision %d", revision)
+            elif planned:
+                log.debug("placement stream opened afresh, tasks listed at revision %d",
+                          revision)
             for update in stream:
+                if self.refused:
+                    log.info("placement stream accepted at revision %d", revision)
+                    self.refused = ""
                 gap = self.state.apply(update.placements, int(update.revision))
                 if gap:
                     raise _Resync(gap)
+            # (the stream's time limit, measured by gRPC from a moment later, with slack)
+            ended = time.monotonic() - opened >= 0.9 * self.resync_s
+            if ended:
+                self.refused = ""
+            return ended
         finally:
             with self._lock:
                 if self._stream is stream:

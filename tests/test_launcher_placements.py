@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,47 @@ def test_a_skipped_generation_on_the_stream_is_a_gap_but_not_in_a_reply():
     assert view(state) == {"t1": (6, ("n1",))}  # (applied all the same: placements are whole)
 
 
+def test_a_stale_reply_does_not_bring_back_a_task_the_stream_finished():
+    """Review: a reply no newer than the stream (its update and the task's finish after it
+    were applied already) does not re-create the finished task; a newer reply still adds a
+    task the state does not hold, and replies do not move the stream's revision."""
+    state = DesiredState()
+    state.reset([task("t1", 1)], revision=5)
+    state.apply([placed("t1", 1, (), "COMPLETED")], revision=7)  # the stream: its finish
+    assert state.apply([placed("t1", 1, ("n1",), "START")], revision=6, ordered=False) == ""
+    assert view(state) == {} and state.running().unread == []
+    state.apply([placed("t1", 1, ("n1",), "START")], revision=7, ordered=False)
+    assert state.running().unread == []  # (as new as the stream: still old news)
+    state.apply([placed("t2", 1, ("n2",), "START")], revision=8, ordered=False)
+    assert state.running().unread == ["t2"] and state.revision == 7
+
+
+def test_a_run_reports_reply_fills_its_task():
+    """Review: the task a ReportTaskRun reply carries is merged into the state (no GetTask
+    for a task placed since the list)."""
+    from offcut.daemon.config import SlurmConfig
+    from offcut.slurm_plugin.launch_reports import RunReporter
+    from offcut.slurm_plugin.launch_types import JobName, PassResult
+    from offcut.slurm_plugin.slurm_json import JobInfo
+
+    class Client:
+        def report_task_run(self, task_id, state, **kw):
+            return tasks_pb2.ReportTaskRunResponse(task=task(task_id, 2, ("n1", "n3")),
+                                                   decision=decision_pb2.Decision(revision=9))
+
+    state = DesiredState()
+    state.reset([], revision=5)
+    state.apply([placed("t1", 1, ("n1",), "START")], revision=6)
+    assert state.running().unread == ["t1"]
+    reporter = RunReporter(Client(), SlurmConfig(), None, lambda: None, state,
+                           clock=lambda: 0.0, stopped_by_us=lambda: ((), ()))
+    result = PassResult()
+    assert reporter.report(JobName("t1", 1, "n1"), JobInfo("41", states=frozenset({"RUNNING"})),
+                           "started", result)
+    assert state.running().unread == [] and view(state) == {"t1": (2, ("n1", "n3"))}
+    assert result.reported == [("t1", "41", "started")]
+
+
 def test_reread_after_a_refused_report():
     state = DesiredState()
     state.reset([task("t1", 1)])
@@ -149,9 +191,11 @@ def test_reread_after_a_refused_report():
 
 # ----------------------------------------------------------------------------- the watch
 class FakeStream:
-    """A WatchPlacements stream the test feeds (``put``; ``end`` ends it)."""
+    """A WatchPlacements stream the test feeds (``put``; ``end`` ends it); it ends by
+    itself after ``timeout_s`` [s] (None: never)."""
 
-    def __init__(self):
+    def __init__(self, timeout_s: float | None = None):
+        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._items: list = []
         self._cond = threading.Condition()
         self.cancelled = False
@@ -175,8 +219,9 @@ class FakeStream:
     def __iter__(self):
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._items or self.cancelled)
-                if self.cancelled:
+                left = None if self._deadline is None else self._deadline - time.monotonic()
+                self._cond.wait_for(lambda: self._items or self.cancelled, timeout=left)
+                if self.cancelled or not self._items:  # (not items: its time is up)
                     return
                 item = self._items.pop(0)
             if item is None:
@@ -200,8 +245,8 @@ class FakeClient:
             raise Unavailable("connection refused")
         return status_pb2.StatusResponse(revision=self.revision)
 
-    def watch(self, after_revision: int = 0):
-        stream = FakeStream()
+    def watch(self, after_revision: int = 0, timeout_s: float | None = None):
+        stream = FakeStream(timeout_s)
         self.streams.append((after_revision, stream))
         return stream
 
@@ -245,6 +290,52 @@ def test_the_watch_lists_once_per_stream_and_reconnects_with_backoff():
         assert waits[-1] == 0.1  # a fresh outage starts from the first wait
     assert client.streams[3][1].cancelled  # closing the watch cancels its stream
     assert watch.connects == 4
+
+
+def test_the_watch_lists_afresh_every_resync_s_and_stays_synced():
+    """Review: while synced, the stream is opened afresh at the daemon's revision and the
+    tasks listed again every resync_s (a lost first placement or finish is repaired), with
+    no outage: the state never stops being synced, nothing waits."""
+    client = FakeClient()
+    state = DesiredState()
+    waits: list[float] = []
+    watch = PlacementWatch(client, state, client.list_running, wait=waits.append,
+                           resync_s=0.2)
+    unsynced = []
+
+    def watcher():  # any moment the state is not synced after the first list
+        version = state.version
+        while not stop.is_set():
+            version = state.wait(version, 0.05)
+            if state.resets and not state.synced:
+                unsynced.append(version)
+
+    stop = threading.Event()
+    th = threading.Thread(target=watcher, daemon=True)
+    with watch:
+        wait_until(lambda: state.synced, "the first list")
+        th.start()
+        client.streams[0][1].put(11, placed("t2", 1, ("n3",), "START"))  # a stream update
+        client.revision, client.tasks = 12, [task("t3", 1, ("n4",))]  # (t1's finish lost)
+        wait_until(lambda: client.lists >= 3, "two re-lists")
+        assert view(state) == {"t3": (1, ("n4",))}  # the list repaired the lost finish
+        assert [after for after, _ in client.streams][-1] == 12
+        stop.set()
+        th.join(DEADLINE_S)
+    assert not waits and not unsynced and state.resets >= 3 and watch.connects >= 3
+
+
+def test_the_watch_lists_afresh_on_a_real_daemon(daemon, caplog):
+    """The stream's own time limit (resync_s) ends it quietly on a real daemon: opened
+    afresh and listed again, no outage logged, one stream open at a time."""
+    srv, client = daemon
+    state = DesiredState()
+    with PlacementWatch(client, state, lambda: client.list_tasks(states=[RUNNING]),
+                        resync_s=0.3) as watch:
+        wait_until(lambda: state.resets >= 3, "two re-lists")
+        wait_until(lambda: srv.streams.open_streams() == 1, "the old stream's slot back")
+        assert state.synced and not watch.refused
+    assert "reconnecting" not in caplog.text and watch.connects >= 3
 
 
 def test_the_state_wakes_waiters_on_changes_only():

@@ -576,6 +576,50 @@ def test_the_launcher_follows_one_placement_stream_and_lists_again_after_a_break
     assert not th.is_alive()
 
 
+def test_a_launcher_whose_stream_is_refused_lists_each_pass(daemons, caplog):
+    """Review: another caller's streams fill the daemon's stream slots (here max_streams = 1,
+    one stream open), so the launcher's WatchPlacements is refused (RESOURCE_EXHAUSTED) at
+    every reconnect: its passes list the running tasks themselves and go on (the refusal is
+    logged once); once a slot is free the stream is accepted and followed."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="offcut.slurm.launcher")
+    srv, client = daemons.start(max_streams=1)
+    client.sync_nodes(time.time(), "test", 1, idle=ALL)
+    tid = client.submit(spec(), owner="test").task.task_id
+    hog = Client(client.address, timeout_s=10)
+    held = hog.watch()  # (the call is open at once: it holds the only slot)
+    slurm = FakeSlurm()
+    launcher = Launcher(client, SlurmConfig(rescale_grace_s=0), slurm, accounts=OWNERS)
+    try:
+        wait_until(lambda: srv.streams.open_streams() == 1, "the other caller's stream")
+        with launcher.watching() as watch:
+            wait_until(lambda: watch.connects >= 3 and watch.must_list(), "three refusals")
+            assert set(launcher.desired()) == {tid}
+            r = launcher.reconcile()
+            assert sorted(n for _, n, _ in r.submitted) == ALL
+            assert len(launcher.reconcile().reported) == 4  # the starts, reported
+            assert caplog.text.count("the daemon refuses the stream") == 1
+            assert "max_streams" in caplog.text and srv.streams.open_streams() == 1
+            # the slot comes free: the stream is accepted, then followed
+            held.cancel()
+
+            def following() -> bool:  # synced, on one stream for a while (not a refusal's list)
+                connects = watch.connects
+                if not launcher.state.synced:
+                    return False
+                time.sleep(0.3)
+                return launcher.state.synced and watch.connects == connects
+
+            wait_until(following, "the launcher's stream")
+            client.report_nodes(time.time(), "test", 2, preempted=["n4"])
+            wait_until(lambda: "placement stream accepted" in caplog.text, "the shrink's update")
+            assert launcher.desired()[tid].nodes == ("n1", "n2", "n3")
+            assert caplog.text.count("the daemon refuses the stream") == 1
+    finally:
+        hog.close()
+
+
 def test_task_without_command_is_not_launched(daemon, caplog):
     srv, client = daemon
     client.sync_nodes(time.time(), "test", 1, idle=ALL)
