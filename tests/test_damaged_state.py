@@ -218,3 +218,22 @@ def test_check_of_a_state_not_yet_created_passes_as_the_start_does(tmp_path):
                      "--solver", "dp")
     assert start.returncode == 1 and "writable by group or others" in start.stderr, start.stderr
     assert not state.exists()
+
+
+@needs_setpriv
+def test_a_damaged_format_number_is_refused_in_one_line(tmp_path):
+    """``meta``'s schema_version that is not a number (an edited or damaged file): the start
+    and ``offcutd check`` refuse it in one line naming it, no traceback."""
+    cfg = _config(tmp_path / "a")
+    _made_state(cfg)
+    db = sqlite3.connect(cfg.state)
+    with db:
+        db.execute("UPDATE meta SET value = '4x' WHERE key = 'schema_version'")
+    db.close()
+    out = _offcutd("check", "--state", cfg.state)
+    assert out.returncode == 1 and "meta schema_version '4x' is not a format number" in \
+        out.stdout, out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+    start = _offcutd("--state", cfg.state, "--listen", cfg.listen, "--solver", "dp")
+    assert start.returncode == 1 and "is not a format number" in start.stderr, start.stderr
+    assert "Traceback" not in start.stderr
