@@ -15,7 +15,7 @@ the child's build + solve wall time (process start excluded; killed runs: the pa
     python benchmarks/decision_time.py [--repeat 5] [--solvers dp,cbc,gurobi,greedy]
                                        [--anchor-sizes 10x128] [--anchor-time-limit 10]
 
-The MILP rows include the tie-breaking stages (``offcut.daemon.solvers.ties``, the rule all
+The MILP rows include the tie-breaking stages (``offcut.daemon.app.solvers.ties``, the rule all
 exact backends follow); the ``<name>-noties`` rows time the same backend without them (its
 first optimum, which may differ from dp's counts), and ``same=k/n`` counts the instances whose
 counts equal dp's. The figure lines also go, with the machine and the command, to a new
@@ -32,12 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from offcut.daemon.solvers.base import SolverFailed
-from offcut.daemon.solvers.cbc import solve_cbc
-from offcut.daemon.solvers.dp import solve_dp
-from offcut.daemon.solvers.greedy import solve_greedy
-from offcut.daemon.solvers.gurobi import choose_form, gurobi_importable, solve_gurobi
-from offcut.daemon.solvers.problem import AllocationProblem
+from offcut.daemon.app.solvers.base import SolverFailed
+from offcut.daemon.app.solvers.cbc import solve_cbc
+from offcut.daemon.app.solvers.dp import solve_dp
+from offcut.daemon.app.solvers.greedy import solve_greedy
+from offcut.daemon.app.solvers.gurobi import choose_form, gurobi_importable, solve_gurobi
+from offcut.daemon.app.solvers.problem import AllocationProblem
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_log import ResultsLog, add_option  # noqa: E402
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
         args.records = record_real_replay(args.data_dir / "bftrainer", args.replay_nodes,
                                           args.replay_events)
     if args.records:
-        from offcut.daemon.solvers.records import read_records
+        from offcut.daemon.app.solvers.records import read_records
 
         sets.append((f"records:{args.records.name}", [p for _, p in read_records(args.records)]))
     if "gurobi" in solvers and not gurobi_importable():

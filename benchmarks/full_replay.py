@@ -35,11 +35,11 @@ DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / 
 def engine_alone(node_log, tasks, max_events: int, max_tasks: int, solver: str) -> tuple[float, int]:
     """Apply the same submissions and events to an in-process engine (no gRPC); returns
     (seconds, calls)."""
-    from offcut.daemon.engine import Engine
-    from offcut.daemon.model import NodeEvent, SubmitEvent
-    from offcut.daemon.protocol import spec_from_pb
-    from offcut.daemon.solvers.allocator import Allocator
-    from offcut.daemon.store import Store
+    from offcut.daemon.app.engine import Engine
+    from offcut.daemon.app.model import NodeEvent, SubmitEvent
+    from offcut.daemon.edge.protocol import spec_from_pb
+    from offcut.daemon.app.solvers.allocator import Allocator
+    from offcut.daemon.app.store import Store
     from offcut.replay.driver import task_spec, to_epoch
 
     tmp = tempfile.mkdtemp(prefix="offcut-bench-")

@@ -47,11 +47,11 @@ from typing import Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from offcut.daemon.model import Task
-from offcut.daemon.scheduler import Scheduler
-from offcut.daemon.scheduler.interfaces import Models
-from offcut.daemon.scheduler.placement_rules import PlacementRules
-from offcut.daemon.scheduler.state import SchedulerState
+from offcut.daemon.app.model import Task
+from offcut.daemon.app.scheduler import Scheduler
+from offcut.daemon.app.scheduler.interfaces import Models
+from offcut.daemon.app.scheduler.placement_rules import PlacementRules
+from offcut.daemon.app.scheduler.state import SchedulerState
 from real_data import NODE_LOG, parser, require
 from results_log import ResultsLog, add_option
 
@@ -148,7 +148,7 @@ class ForecastRules(PlacementRules):
     exactly the daemon's rules): the count-level problem's horizon and, with
     ``forecast.placement``, the node identities follow each idle node's expected remaining
     idle time. The product's rules are the methods of
-    :class:`~offcut.daemon.scheduler.placement_rules.PlacementRules`; this variant overrides
+    :class:`~offcut.daemon.app.scheduler.placement_rules.PlacementRules`; this variant overrides
     them, reading the scheduler's state and its task models (the dearest task to preempt:
     Tcdw x its rate at the new count).
 
@@ -245,7 +245,7 @@ def replay_variant(node_log, tasks, out_dir: Path, variant: str, tfwd_s: float,
     import pandas as pd
 
     from offcut.daemon.config import DaemonConfig
-    from offcut.daemon.server import OffcutServer
+    from offcut.daemon.edge.server import OffcutServer
     from offcut.replay.driver import ReplayOptions, run_replay
 
     place, horizon = VARIANTS[variant]

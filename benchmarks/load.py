@@ -292,7 +292,7 @@ def client_source(index: int) -> str:
 def make_tokens(path: Path, clients: int) -> Tokens:
     """Write a tokens file (mode 0600) at ``path`` with an admin, a slurm and one user per
     client (named :func:`client_source`); returns the tokens."""
-    from offcut.daemon.auth import add_token
+    from offcut.daemon.edge.auth import add_token
 
     return Tokens(admin=add_token(path, "load-admin", "admin"),
                   slurm=add_token(path, "load-slurm", "slurm"),

@@ -45,7 +45,7 @@ from results_log import ResultsLog, add_option  # noqa: E402
 from offcut.client import Client, make_task_spec  # noqa: E402
 from offcut.daemon.config import DaemonConfig, SlurmConfig  # noqa: E402
 from offcut.slurm_plugin.launcher import parse_job_name  # noqa: E402
-from offcut.daemon.server import OffcutServer  # noqa: E402
+from offcut.daemon.edge.server import OffcutServer  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "elastic_digits" / "train.py"
 NODES = ["n1", "n2", "n3", "n4"]

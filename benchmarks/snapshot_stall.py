@@ -2,7 +2,7 @@
 snapshot holds the engine's lock when the daemon holds ``--tasks`` tasks (default 200,000: half
 finished within the retention, the rest queued, ``max_running_tasks`` running).
 
-An :class:`~offcut.daemon.engine.Engine` on a real SQLite file (durability ``full``) gets the
+An :class:`~offcut.daemon.app.engine.Engine` on a real SQLite file (durability ``full``) gets the
 tasks put into its state (building them through 200,000 submissions would take minutes and
 measure the submissions), writes the first snapshot (every task: what a daemon does once after
 an upgrade), then applies ``--events`` node events with ``snapshot_every = --snapshot-every``.
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from offcut.daemon.engine import Engine
-from offcut.daemon.model import NodeEvent, Task, TaskState
-from offcut.daemon.solvers.allocator import Allocator
-from offcut.daemon.store import Store
+from offcut.daemon.app.engine import Engine
+from offcut.daemon.app.model import NodeEvent, Task, TaskState
+from offcut.daemon.app.solvers.allocator import Allocator
+from offcut.daemon.app.store import Store
 from offcut.taskspec import TaskSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -49,7 +49,7 @@ import numpy as np
 
 from offcut.client.api import Client
 from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
-from offcut.daemon.auth import add_token
+from offcut.daemon.edge.auth import add_token
 from offcut.v1 import tasks_pb2, tasks_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

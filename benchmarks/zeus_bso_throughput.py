@@ -270,7 +270,7 @@ def offcut_scenario(daemon: Offcutd, transport: str, threads: int, args) -> Resu
 
 # ---------------------------------------------------------------------- the gRPC floor
 #: an empty gRPC server as offcutd serves the Zeus round trip: grpc.aio on offcutd's kind of
-#: event loop (``offcut.daemon.event_loop.new_loop``: uvloop where importable), the unary
+#: event loop (``offcut.daemon.edge.event_loop.new_loop``: uvloop where importable), the unary
 #: handler a coroutine on that loop (as ``Predict`` and ``ReportEpoch``, docs/architecture.md,
 #: "Threads"); it answers gRPC health ``Check`` and does nothing else (no interceptors, no
 #: state, no fsync)
@@ -278,7 +278,7 @@ FLOOR_SERVER = r"""
 import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from offcut.daemon.event_loop import new_loop
+from offcut.daemon.edge.event_loop import new_loop
 
 class Empty(health_pb2_grpc.HealthServicer):
     async def Check(self, request, context):
@@ -338,7 +338,7 @@ def registry_cpu_ms(folder: Path, round_trips: int, durability: str) -> float:
     calls as :func:`offcut_scenario` on a ``ZeusRegistry`` over its own state file with
     ``durability``, one caller, no gRPC (each call leads its own commit: two durable commits
     per round trip, where concurrent callers share some)."""
-    from offcut.daemon.auth import LOCAL_ADMIN
+    from offcut.daemon.edge.auth import LOCAL_ADMIN
     from offcut.daemon.zeus.bso import BatchSizeJobSpec
     from offcut.daemon.zeus.registry import ZeusRegistry
     from offcut.daemon.zeus.storage import ZeusStorage

@@ -2,7 +2,7 @@
 commands of :mod:`offcut.client.task_cli`, ``recur`` and ``status``) and those the other parts
 register as entry points of the group ``offcut.commands`` (``pyproject.toml``): the replay's
 (``demo``, ``replay ...``, ``solve``, ``report``, ``history``: :mod:`offcut.replay.cli`) and
-the daemon's admin commands (``token``: :mod:`offcut.daemon.token_cli`). The client imports
+the daemon's admin commands (``token``: :mod:`offcut.daemon.edge.token_cli`). The client imports
 neither part (docs/architecture.md, "Layers"): it finds their commands as the daemon finds
 third-party policies, through entry points.
 

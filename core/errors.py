@@ -2,7 +2,7 @@
 
 The application raises these; each names the status the RPC edge answers with (``status``,
 a gRPC status code name such as ``INVALID_ARGUMENT``). This module imports neither grpc nor
-protobuf: the daemon's servicers map ``status`` to ``grpc.StatusCode`` (offcut.daemon.service),
+protobuf: the daemon's servicers map ``status`` to ``grpc.StatusCode`` (offcut.daemon.edge.service),
 and clients turn a failed call back into one of these with :func:`from_rpc_error`.
 """
 
@@ -78,7 +78,7 @@ class Unavailable(OffcutError):
 
 
 #: how an UNAVAILABLE raised by the daemon itself (e.g. its state cannot be written:
-#: offcut.daemon.storage_errors) begins, so a client tells it from a daemon it cannot reach
+#: offcut.daemon.app.storage_errors) begins, so a client tells it from a daemon it cannot reach
 DAEMON_SAYS = "offcutd: "
 
 _BY_STATUS = {cls.status: cls for cls in (InvalidArgument, NotFound, FailedPrecondition,

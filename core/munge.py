@@ -8,7 +8,7 @@ Offcut binds a credential to one call: its payload is ``offcut:`` + the full gRP
 (:func:`call_payload`), so a credential made for one call (or for anything else: a Slurm
 job's) is refused for another (docs/security.md, "Threat model"). The client sends it as
 ``authorization: MUNGE CRED`` (:class:`offcut.channel.MungeCredential`); the daemon decodes it
-(:class:`offcut.daemon.auth.Authenticator`).
+(:class:`offcut.daemon.edge.auth.Authenticator`).
 
 This module talks to ``libmunge.so.2`` (package ``libmunge2``; the ``munge`` package brings it
 and ``munged``) through :mod:`ctypes`: no compiled extension, and the calls release the GIL

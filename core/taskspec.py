@@ -126,7 +126,7 @@ class TaskSpec:
 
     A spec without ``node_counts``/``throughputs`` (both empty) is *learned*: the daemon
     allocates it with the scalability model it fits from the task's progress reports
-    (``offcut.daemon.learning``), and learns its rescale costs too (``rescale_up_s`` /
+    (``offcut.daemon.app.learning``), and learns its rescale costs too (``rescale_up_s`` /
     ``rescale_down_s`` are then the prior used until a rescale has been measured).
     """
 

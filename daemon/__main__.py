@@ -137,7 +137,7 @@ def _settings(config: Optional[Path], flags: dict) -> DaemonConfig:
     except ConfigError as exc:
         typer.echo(f"offcutd: {exc}", err=True)
         raise typer.Exit(2)
-    from offcut.daemon.policies import PolicyError
+    from offcut.daemon.app.policies import PolicyError
 
     try:
         cfg.check_policy()  # an unknown or broken policy refuses the start, naming the others
@@ -152,13 +152,13 @@ def _run(cfg: DaemonConfig, init: bool) -> None:
     file, a socket, the solver) exits 1 with one line, no traceback. ``init``: ``--init``."""
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from offcut.daemon.server import OffcutServer
-    from offcut.daemon.store import StoreError
+    from offcut.daemon.edge.server import OffcutServer
+    from offcut.daemon.app.store import StoreError
     from offcut.errors import OffcutError
 
-    from offcut.daemon.memory import fix_mmap_threshold
+    from offcut.daemon.edge.memory import fix_mmap_threshold
 
-    fix_mmap_threshold()  # large requests' buffers go back to the system (daemon/memory.py)
+    fix_mmap_threshold()  # large requests' buffers go back to the system (daemon/edge/memory.py)
     try:
         server = OffcutServer(cfg, init=init)
     except (StoreError, RuntimeError, OSError, OffcutError) as exc:  # one line, no traceback
@@ -181,7 +181,7 @@ def _run(cfg: DaemonConfig, init: bool) -> None:
 def check(state: Path = typer.Option(..., "--state", help="the state file to check")) -> None:
     """Run every start-up check on a state file without changing it (works while offcutd
     runs); print the findings; exit 0 when offcutd would start on it, 1 otherwise."""
-    from offcut.daemon.state_admin import check_state
+    from offcut.daemon.app.state_admin import check_state
 
     findings, ok = check_state(state)
     for line in findings:
@@ -194,7 +194,7 @@ def backup(state: Path = typer.Option(..., "--state", help="the state file to co
            to: Path = typer.Option(..., "--to", help="the copy to write (mode 0600; must not exist)")) -> None:
     """Copy a state file consistently with SQLite's online backup (works while offcutd runs;
     restore by stopping offcutd and putting the copy in the state file's place)."""
-    from offcut.daemon.state_admin import BackupError, backup_state
+    from offcut.daemon.app.state_admin import BackupError, backup_state
 
     try:
         pages = backup_state(state, to)

@@ -64,7 +64,7 @@ COMMAND_PLACEHOLDERS = ("command", "task_id", "task_name", "node", "rank", "node
                         "checkpoint_dir")
 
 
-#: worker threads of the daemon's unary calls (offcut.daemon.workers; node events have
+#: worker threads of the daemon's unary calls (offcut.daemon.edge.workers; node events have
 #: threads of their own besides, and streams wait on the event loop, holding none)
 RPC_WORKERS = 32
 
@@ -227,8 +227,8 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-#: the built-in allocation policies (``policy``; offcut.daemon.model.ObjectiveSettings,
-#: offcut.daemon.policies.BUILTIN_POLICIES); third-party ones come from entry points
+#: the built-in allocation policies (``policy``; offcut.daemon.app.model.ObjectiveSettings,
+#: offcut.daemon.app.policies.BUILTIN_POLICIES); third-party ones come from entry points
 OBJECTIVES = ("throughput", "energy", "zeus_cost", "fair_share")
 #: what a policy name looks like (an entry-point name)
 POLICY_NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,100}$"
@@ -236,7 +236,7 @@ POLICY_NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,100}$"
 
 class PowerConfig(BaseModel):
     """Power figures of the site's nodes for the energy objectives (``[power]`` in
-    offcut.toml; :class:`offcut.daemon.model.ObjectiveSettings`)."""
+    offcut.toml; :class:`offcut.daemon.app.model.ObjectiveSettings`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -249,7 +249,7 @@ class PowerConfig(BaseModel):
         "maximum power of one node, W (Zeus's MAXPOWER in zeus_cost, per node)"))
 
 
-#: the DaemonConfig options that are request size limits (offcut.daemon.model.Limits)
+#: the DaemonConfig options that are request size limits (offcut.daemon.app.model.Limits)
 LIMIT_FIELDS = ("max_event_nodes", "max_idle_nodes", "max_task_nodes", "max_curve_points",
                 "max_command_args", "max_command_bytes", "max_batch_sizes", "max_power_limits",
                 "max_progress_reports")
@@ -402,7 +402,7 @@ class DaemonConfig(BaseModel):
         "events (ReportNodes, SyncNodes); every other method has a smaller one (1 MiB, or what "
         "its configured list limits need; docs/security.md); a larger request is answered "
         "RESOURCE_EXHAUSTED"))
-    # Request size limits (offcut.daemon.model.Limits): a request over one is answered
+    # Request size limits (offcut.daemon.app.model.Limits): a request over one is answered
     # INVALID_ARGUMENT naming the field and the limit, and changes nothing.
     max_event_nodes: int = Field(200_000, ge=1, description=(
         "most node names in one ReportNodes (idle + preempted) or SyncNodes request (the "
@@ -543,26 +543,26 @@ class DaemonConfig(BaseModel):
 
     def limits(self):
         """The request size limits as the engine and the Zeus registry take them
-        (:class:`offcut.daemon.model.Limits`)."""
-        from offcut.daemon.model import Limits
+        (:class:`offcut.daemon.app.model.Limits`)."""
+        from offcut.daemon.app.model import Limits
 
         return Limits(**{name: getattr(self, name) for name in LIMIT_FIELDS})
 
     def check_policy(self) -> None:
         """Check that ``policy`` names an available allocation policy (a built-in or an
         installed entry point that loads). Raises
-        :class:`offcut.daemon.policies.PolicyError` (a RuntimeError) whose message lists the
+        :class:`offcut.daemon.app.policies.PolicyError` (a RuntimeError) whose message lists the
         available names. Done when the daemon starts, not when the file is read (the Slurm
         launcher reads this file too, where the policy's package may be absent)."""
-        from offcut.daemon.policies import policy_class
+        from offcut.daemon.app.policies import policy_class
 
         policy_class(self.policy)
 
     def objective_settings(self):
         """The allocation policy and power figures as the core takes them
-        (:class:`offcut.daemon.model.ObjectiveSettings`; its ``objective`` is the policy's
+        (:class:`offcut.daemon.app.model.ObjectiveSettings`; its ``objective`` is the policy's
         name). Checks the policy first (:meth:`check_policy`)."""
-        from offcut.daemon.model import ObjectiveSettings
+        from offcut.daemon.app.model import ObjectiveSettings
 
         self.check_policy()
         return ObjectiveSettings(

@@ -366,7 +366,7 @@ def solve(
 
     Example: offcut solve instances.jsonl --solver dp
     """
-    from offcut.daemon.solvers.records import solve_records
+    from offcut.daemon.app.solvers.records import solve_records
 
     if not records.is_file():
         fail(f"{records}: no such file", 2)

@@ -394,7 +394,7 @@ class Recorder:
 def check_policy(name: str) -> None:
     """Raise ``ValueError`` (naming the objective/policy option and the available policies)
     unless ``name`` is an allocation policy this environment's ``offcutd`` can load."""
-    from offcut.daemon.policies import PolicyError, policy_class
+    from offcut.daemon.app.policies import PolicyError, policy_class
 
     try:
         policy_class(name)

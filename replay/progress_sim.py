@@ -149,7 +149,7 @@ class ProgressSimulator:
     def _rate(truth: _Truth, n: int) -> float:
         """True throughput Ps(n) [samples/s] of ``truth``'s task on ``n`` nodes, without
         noise: the curve linearly interpolated, 0 below Jmin (as
-        :meth:`offcut.daemon.model.TaskSpec.throughput_at`)."""
+        :meth:`offcut.daemon.app.model.TaskSpec.throughput_at`)."""
         r = truth.record
         if n < r.min_nodes or n <= 0:
             return 0.0

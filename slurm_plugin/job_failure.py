@@ -43,7 +43,7 @@ log = logging.getLogger("offcut.slurm.launcher")
 #: seconds the reading of a note may take before ``dd`` is killed
 READ_TIMEOUT_S = 5.0
 #: characters of stderr lines in a report at most (within the daemon's 2,000 for a run
-#: report's message: offcut.daemon.scheduler.validation.MAX_MESSAGE_LEN)
+#: report's message: offcut.daemon.app.scheduler.validation.MAX_MESSAGE_LEN)
 MAX_TAIL_CHARS = 1000
 #: the separator of the lines in a report
 SEPARATOR = " | "

@@ -7,13 +7,13 @@ What the stream carries (protos/offcut/v1/tasks.proto ``PlacementUpdate``, decis
 after it and the kind of change. That is enough to follow a task once its static parts (its
 spec, owner, submit time: what a job's script needs) are known, because a placement is
 absolute (the node set and generation, not a difference) and generations are monotone:
-every change but a finish starts the next one (daemon/scheduler/lifecycle.py,
+every change but a finish starts the next one (daemon/app/scheduler/lifecycle.py,
 ``TaskLifecycle.change``), and a finish (``completed``, ``cancelled``, ``failed``) keeps the
 generation and leaves no nodes. So:
 
 * at start and after each reconnect the launcher reads the daemon's revision
   (``GetStatus``), opens the stream from it (``after_revision``: the daemon replays the
-  updates it retains after it, then streams new ones; daemon/engine.py ``updates_after``),
+  updates it retains after it, then streams new ones; daemon/app/engine.py ``updates_after``),
   and only then lists the running tasks (``ListTasks``): the list is at least as new as the
   revision, and every update after the revision arrives after it;
 * a placement whose generation is not above the one known is stale (its change is already

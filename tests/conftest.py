@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from offcut.client import Client
-from offcut.daemon.auth import add_token
+from offcut.daemon.edge.auth import add_token
 from offcut.daemon.config import DaemonConfig
-from offcut.daemon.server import OffcutServer
+from offcut.daemon.edge.server import OffcutServer
 from slurm_cluster import (cluster_daemon, slurm, slurm_site,  # noqa: F401 - fixtures
                            slurm_cluster)  # (real Slurm)
 

@@ -8,9 +8,9 @@ import time
 from typing import Callable, TypeVar
 
 from offcut.client import Client
-from offcut.daemon.model import NodeEvent
-from offcut.daemon.scheduler import SolveRecord
-from offcut.daemon.solvers.dp import solve_dp
+from offcut.daemon.app.model import NodeEvent
+from offcut.daemon.app.scheduler import SolveRecord
+from offcut.daemon.app.solvers.dp import solve_dp
 from offcut.daemon.zeus.bso import BatchSizeJobSpec
 from offcut.taskspec import TaskSpec
 from offcut.v1 import decision_pb2, tasks_pb2, zeus_pb2

@@ -380,7 +380,7 @@ def cluster_daemon(slurm_cluster, tmp_path):
     """``(server, client)`` of a daemon on ``slurm_cluster.address``."""
     from offcut.client import Client
     from offcut.daemon.config import DaemonConfig
-    from offcut.daemon.server import OffcutServer
+    from offcut.daemon.edge.server import OffcutServer
 
     cfg = DaemonConfig(listen=slurm_cluster.address, state=str(tmp_path / "state.sqlite"),
                        solver="dp")

@@ -7,7 +7,7 @@ import itertools
 import math
 from typing import Iterator
 
-from offcut.daemon.solvers.problem import AllocationProblem
+from offcut.daemon.app.solvers.problem import AllocationProblem
 
 
 def count_vectors(p: AllocationProblem) -> Iterator[tuple[int, ...]]:
@@ -46,7 +46,7 @@ def rel_close(a: float, b: float, rtol: float = 1e-9) -> bool:
 
 def rule_counts(p: AllocationProblem) -> tuple[int, ...]:
     """The exact backends' tie rule (docs/architecture.md, "The tie rule",
-    ``offcut.daemon.solvers.ties``) by enumeration, written from its statement: every task's own
+    ``offcut.daemon.app.solvers.ties``) by enumeration, written from its statement: every task's own
     best count (ties: c_j, then fewer nodes) when they fit in N; else among the vectors within 1e-12
     (1 + sum_j max_{A_j} |f_j|) of the optimum the fewest total nodes, then, from the last task
     backwards, c_j first, then fewer nodes."""

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from offcut.client import Client
 from offcut.client.cli import app
-from offcut.daemon.auth import add_token, load_tokens, TokensFileError
+from offcut.daemon.edge.auth import add_token, load_tokens, TokensFileError
 from offcut.daemon.config import DaemonConfig
-from offcut.daemon.server import OffcutServer
+from offcut.daemon.edge.server import OffcutServer
 from offcut.errors import (InvalidArgument, NotFound, PermissionDenied, Unauthenticated,
                            Unavailable)
 from offcut.v1 import tasks_pb2
@@ -143,7 +143,7 @@ def test_users_see_and_act_on_their_own_tasks_only(secured):
 
 def test_each_call_hashes_its_token_once(secured, monkeypatch):
     # the interceptor resolves the caller; the handler reuses it (no second SHA-256 per call)
-    from offcut.daemon import auth
+    from offcut.daemon.edge import auth
 
     _, c, _ = secured
     hashed = []
@@ -314,7 +314,7 @@ def refused_by_interceptor(method: str, role: str) -> bool:
 
     import grpc
 
-    from offcut.daemon.auth import AuthInterceptor, Authenticator, Principal, token_digest
+    from offcut.daemon.edge.auth import AuthInterceptor, Authenticator, Principal, token_digest
 
     ran, read = [], []
     handler = grpc.unary_unary_rpc_method_handler(lambda request, context: ran.append(1))
@@ -351,7 +351,7 @@ def refused_by_interceptor(method: str, role: str) -> bool:
 
 
 def test_every_offcut_v1_method_is_classified():
-    from offcut.daemon.auth import ADMIN, METHOD_ROLES, ROLES, Principal
+    from offcut.daemon.edge.auth import ADMIN, METHOD_ROLES, ROLES, Principal
 
     methods = offcut_v1_methods()
     assert len(methods) >= 22 and "/offcut.v1.Tasks/ReportTaskRun" in methods
@@ -381,7 +381,7 @@ def test_every_served_method_is_classified_or_open(slurm_secured):
     from google.protobuf import descriptor_pool
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-    from offcut.daemon.auth import METHOD_ROLES, OPEN_PREFIXES
+    from offcut.daemon.edge.auth import METHOD_ROLES, OPEN_PREFIXES
 
     _, c, _ = slurm_secured
     refl = reflection_pb2_grpc.ServerReflectionStub(c["admin"].channel)
@@ -474,7 +474,7 @@ def test_the_launcher_runs_with_a_slurm_token(slurm_secured, tmp_path):
 
 
 def test_slurm_role_may_do_nothing_else(slurm_secured):
-    from offcut.daemon.auth import METHOD_ROLES
+    from offcut.daemon.edge.auth import METHOD_ROLES
     import grpc
 
     _, c, _ = slurm_secured
@@ -515,7 +515,7 @@ def test_slurm_role_may_do_nothing_else(slurm_secured):
 
 
 def test_users_may_not_send_node_events_or_run_reports(slurm_secured):
-    from offcut.daemon.auth import METHOD_ROLES
+    from offcut.daemon.edge.auth import METHOD_ROLES
     import grpc
 
     _, c, _ = slurm_secured

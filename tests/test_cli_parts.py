@@ -111,7 +111,7 @@ def test_a_third_party_set_adds_commands_and_takes_over_none(installed, tmp_path
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "offcut_test_extra_commands", raising=False)
     installed(EntryPoint("replay", "offcut.replay.cli:app", GROUP),
-              EntryPoint("daemon", "offcut.daemon.token_cli:app", GROUP),
+              EntryPoint("daemon", "offcut.daemon.edge.token_cli:app", GROUP),
               EntryPoint("extra", "offcut_test_extra_commands:app", GROUP),
               EntryPoint("broken", "offcut_no_such_module:app", GROUP))
     res = CliRunner().invoke(app, ["hello"])
@@ -148,7 +148,7 @@ def test_another_package_cannot_pass_for_one_of_offcuts_parts(installed, tmp_pat
     fake = SimpleNamespace(metadata={"Name": "evil-tools"}, version="6.6.6")
     installed(EntryPoint("replay", "offcut_test_fake_replay:app", GROUP)._for(fake),
               EntryPoint("replay", "offcut.replay.cli:app", GROUP),
-              EntryPoint("daemon", "offcut.daemon.token_cli:app", GROUP))
+              EntryPoint("daemon", "offcut.daemon.edge.token_cli:app", GROUP))
     assert [cs.own for cs in cli.command_sets()] == [True, True, False]
     res = CliRunner().invoke(app, ["demo", "--help"])
     assert res.exit_code == 0 and "fake demo" not in res.output, res.output

@@ -82,8 +82,8 @@ def test_the_default_solver_is_dp_and_gurobi_without_gurobipy_is_refused(tmp_pat
     """dp is the default (exact, the same on every install); asking for gurobi where gurobipy
     is missing stops offcutd with the reason, instead of answering with another backend, and
     leaves nothing held (the same state then starts with dp)."""
-    from offcut.daemon.server import OffcutServer
-    from offcut.daemon.solvers import gurobi
+    from offcut.daemon.edge.server import OffcutServer
+    from offcut.daemon.app.solvers import gurobi
 
     assert DaemonConfig().solver == "dp"
     monkeypatch.setattr(gurobi, "gurobi_importable", lambda: False)

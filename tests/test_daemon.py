@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from offcut.client import Client
 from offcut.daemon.config import DaemonConfig
-from offcut.daemon.server import OffcutServer
+from offcut.daemon.edge.server import OffcutServer
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 from offcut.v1 import decision_pb2, tasks_pb2
 

@@ -1,4 +1,4 @@
-"""The daemon's heap under large requests (daemon/memory.py; docs/security.md, "Round two: what
+"""The daemon's heap under large requests (daemon/edge/memory.py; docs/security.md, "Round two: what
 one user makes the daemon keep"): with the mmap threshold fixed, every large block is mmapped
 (and unmapped when freed) even after large blocks were freed before, which glibc's dynamic
 threshold would otherwise keep in the heap. Measured with glibc's own counter of mmapped
@@ -13,7 +13,7 @@ import pytest
 
 PROBE = """
 import ctypes, sys
-from offcut.daemon.memory import fix_mmap_threshold
+from offcut.daemon.edge.memory import fix_mmap_threshold
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
                 "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]

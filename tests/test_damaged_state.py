@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from offcut.daemon.config import DaemonConfig
-from offcut.daemon.server import OffcutServer
+from offcut.daemon.edge.server import OffcutServer
 from offcut.errors import Unavailable
 
 from daemon_helpers import T0, make_spec

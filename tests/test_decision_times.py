@@ -1,5 +1,5 @@
 """Decision-time statistics stay accurate and fixed-size however many decisions a daemon
-makes (daemon/decision_times.py)."""
+makes (daemon/app/decision_times.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 
-from offcut.daemon.decision_times import (BIN_LIMIT, LATENCY_BUCKETS_S, RELATIVE_ACCURACY,
+from offcut.daemon.app.decision_times import (BIN_LIMIT, LATENCY_BUCKETS_S, RELATIVE_ACCURACY,
                                           DecisionTimes)
 
 

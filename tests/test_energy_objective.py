@@ -1,6 +1,6 @@
 """Tests of the energy-aware objective: per-task cost curves in the allocation problem
 (every exact backend stays exact with them) and the ratio objective N / D solved by
-Dinkelbach's method (``offcut.daemon.solvers.fractional``), against exhaustive enumeration."""
+Dinkelbach's method (``offcut.daemon.app.solvers.fractional``), against exhaustive enumeration."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from offcut.daemon.solvers.allocator import Allocator
-from offcut.daemon.solvers.cbc import solve_cbc
-from offcut.daemon.solvers.dp import _solve_dp_reference, solve_dp
-from offcut.daemon.solvers.fractional import (
+from offcut.daemon.app.solvers.allocator import Allocator
+from offcut.daemon.app.solvers.cbc import solve_cbc
+from offcut.daemon.app.solvers.dp import _solve_dp_reference, solve_dp
+from offcut.daemon.app.solvers.fractional import (
     EnergyTerms, RatioResult, energy_j, samples, solve_ratio)
-from offcut.daemon.solvers.greedy import solve_greedy
-from offcut.daemon.solvers.gurobi import gurobi_importable, solve_gurobi
-from offcut.daemon.solvers.problem import AllocationProblem, interpolate
+from offcut.daemon.app.solvers.greedy import solve_greedy
+from offcut.daemon.app.solvers.gurobi import gurobi_importable, solve_gurobi
+from offcut.daemon.app.solvers.problem import AllocationProblem, interpolate
 from offcut.errors import InvalidArgument
 from solver_helpers import brute_force, count_vectors, fit_current, rel_close as close
 
@@ -138,7 +138,7 @@ def test_dp_with_costs_equals_brute_force():
 
 def test_dp_with_costs_larger_pools_match_reference(monkeypatch):
     """Longer free segments (both the enumerated and the sliding-window path)."""
-    import offcut.daemon.solvers.dp as dp_mod
+    import offcut.daemon.app.solvers.dp as dp_mod
 
     rng = np.random.default_rng(12)
     for width in (32, 1):

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from offcut.client import Client
 from offcut.client.child_daemon import offcutd_argv, start_offcutd
 from offcut.client.cli import app
-from offcut.daemon.auth import add_token
-from offcut.daemon.scheduler.energy import KEPT_GENERATIONS, MAX_RANK_ENERGY_J
+from offcut.daemon.edge.auth import add_token
+from offcut.daemon.app.scheduler.energy import KEPT_GENERATIONS, MAX_RANK_ENERGY_J
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from offcut.v1 import tasks_pb2
 

@@ -1,4 +1,4 @@
-"""The gRPC event loop (offcut.daemon.event_loop): uvloop where it can be imported, asyncio's
+"""The gRPC event loop (offcut.daemon.edge.event_loop): uvloop where it can be imported, asyncio's
 own loop where it cannot, and the same behaviour on both."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from offcut.daemon.event_loop import EventLoopThread, new_loop, shared_loop
+from offcut.daemon.edge.event_loop import EventLoopThread, new_loop, shared_loop
 
 
 def _block_uvloop(monkeypatch) -> None:

@@ -39,7 +39,7 @@ from hypothesis.errors import InvalidArgument as HypothesisInvalidArgument
 
 from offcut.client import Client
 from offcut.daemon.config import DaemonConfig
-from offcut.daemon.server import OffcutServer
+from offcut.daemon.edge.server import OffcutServer
 from offcut.v1 import nodes_pb2, status_pb2, tasks_pb2, zeus_pb2
 
 from daemon_helpers import T0, make_spec, status_key
@@ -927,7 +927,7 @@ def test_a_message_over_the_size_limit_is_resource_exhausted(fresh):
 
 # ----------------------------------------------------------------------------- limits
 def test_limit_defaults_match_the_engine_defaults():
-    from offcut.daemon.model import Limits
+    from offcut.daemon.app.model import Limits
 
     assert DaemonConfig().limits() == Limits()
     assert DaemonConfig(max_event_nodes=5, max_power_limits=7).limits() == Limits(
@@ -1056,10 +1056,10 @@ def test_a_time_beyond_year_9999_is_invalid_argument_and_the_daemon_keeps_answer
 def test_a_failure_after_the_core_changed_reloads_the_state(tmp_path, monkeypatch):
     """Was: a failure while building the reply (after the core applied the event) left the
     half-applied change in memory, unjournaled."""
-    from offcut.daemon.engine import Engine
-    from offcut.daemon.model import NodeEvent
-    from offcut.daemon.solvers.allocator import Allocator
-    from offcut.daemon.store import Store
+    from offcut.daemon.app.engine import Engine
+    from offcut.daemon.app.model import NodeEvent
+    from offcut.daemon.app.solvers.allocator import Allocator
+    from offcut.daemon.app.store import Store
 
     engine = Engine(Store(tmp_path / "s.sqlite"), Allocator("dp"))
     try:
@@ -1068,7 +1068,7 @@ def test_a_failure_after_the_core_changed_reloads_the_state(tmp_path, monkeypatc
         def broken(out, requested_solver, sent_time=None):
             raise RuntimeError("reply cannot be built")
 
-        monkeypatch.setattr("offcut.daemon.engine.decision_of", broken)
+        monkeypatch.setattr("offcut.daemon.app.engine.decision_of", broken)
         with pytest.raises(RuntimeError):
             engine.apply(NodeEvent(T0, "w", 1, idle=("n1",)))
         assert engine.scheduler.fingerprint() == before

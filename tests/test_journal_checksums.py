@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from offcut.daemon.config import DaemonConfig
-from offcut.daemon.server import OffcutServer
-from offcut.daemon.store import Store, StoreError, journal_checksum
+from offcut.daemon.edge.server import OffcutServer
+from offcut.daemon.app.store import Store, StoreError, journal_checksum
 
 from daemon_helpers import T0
 

@@ -15,10 +15,10 @@ import grpc
 import pytest
 
 from offcut.client import Client
-from offcut.daemon.auth import RefusalDelay, add_token
+from offcut.daemon.edge.auth import RefusalDelay, add_token
 from offcut.daemon.config import DaemonConfig
-from offcut.daemon.event_loop import shared_loop
-from offcut.daemon.server import OffcutServer
+from offcut.daemon.edge.event_loop import shared_loop
+from offcut.daemon.edge.server import OffcutServer
 from offcut.errors import Unavailable
 from offcut.v1 import nodes_pb2, nodes_pb2_grpc, tasks_pb2, tasks_pb2_grpc
 

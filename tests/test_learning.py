@@ -1,4 +1,4 @@
-"""The per-task online model (``offcut.daemon.learning``): rates, curve and exploration rule,
+"""The per-task online model (``offcut.daemon.app.learning``): rates, curve and exploration rule,
 rescale costs, power, rejection of bad reports, persistence, and property tests."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from offcut.daemon.learning import ProgressReport, TaskLearner
+from offcut.daemon.app.learning import ProgressReport, TaskLearner
 from offcut.errors import FailedPrecondition, InvalidArgument
 
 #: these tests drive the event clock with explicit times (a replay daemon: docs/security.md)
@@ -549,8 +549,8 @@ def test_a_pause_before_the_change_starts_the_loss_and_is_never_a_clean_interval
 def test_measured_rescale_costs_are_used_for_a_task_with_a_curve_too():
     """Issue 38: a task that declares its curve and reports its progress gets its measured
     Tcup/Tcdw in the allocation (measured beats declared), the spec's until one is measured."""
-    from offcut.daemon.model import Task
-    from offcut.daemon.scheduler import Scheduler
+    from offcut.daemon.app.model import Task
+    from offcut.daemon.app.scheduler import Scheduler
     from offcut.taskspec import TaskSpec
 
     sim = Sim(amdahl(100.0, 0.05), up_s=30.0, down_s=10.0, noise=0.01, seed=11)

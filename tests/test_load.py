@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2
 
 from offcut.client import Client
 from offcut.daemon.config import DaemonConfig
-from offcut.daemon.server import OffcutServer
+from offcut.daemon.edge.server import OffcutServer
 
 from daemon_helpers import load_benchmark
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from offcut.daemon.__main__ import app as offcutd_app
 from offcut.daemon.config import ConfigError, load_config, split_host_port
-from offcut.daemon.metrics import RpcMetricsInterceptor
+from offcut.daemon.edge.metrics import RpcMetricsInterceptor
 from offcut.errors import InvalidArgument, NotFound
 from offcut.v1 import tasks_pb2
 

@@ -27,7 +27,7 @@ from slurm_cluster import idle_set, made_local_user
 from offcut import munge
 from offcut.client import Client
 from offcut.daemon.config import DaemonConfig
-from offcut.daemon.server import OffcutServer
+from offcut.daemon.edge.server import OffcutServer
 from offcut.v1 import nodes_pb2, nodes_pb2_grpc, tasks_pb2, tasks_pb2_grpc
 
 LIST = "/offcut.v1.Tasks/ListTasks"

@@ -11,7 +11,7 @@ import pytest
 from daemon_helpers import make_spec
 
 from offcut.client.taskspec import make_task_spec, parse_constraint
-from offcut.daemon.model import NodeEvent, NodeKind, event_from_dict, event_to_dict
+from offcut.daemon.app.model import NodeEvent, NodeKind, event_from_dict, event_to_dict
 from offcut.errors import InvalidArgument
 
 CPU = ["c1", "c2", "c3"]

@@ -13,11 +13,11 @@ import os
 import pytest
 
 from daemon_helpers import T0, core_spec, make_spec, start_secured
-from offcut.daemon.engine import Engine
-from offcut.daemon.model import CancelEvent, NodeEvent, SubmitEvent, Task
-from offcut.daemon.scheduler.state import retained_bytes
-from offcut.daemon.solvers.allocator import Allocator
-from offcut.daemon.store import Store
+from offcut.daemon.app.engine import Engine
+from offcut.daemon.app.model import CancelEvent, NodeEvent, SubmitEvent, Task
+from offcut.daemon.app.scheduler.state import retained_bytes
+from offcut.daemon.app.solvers.allocator import Allocator
+from offcut.daemon.app.store import Store
 from offcut.errors import ResourceExhausted
 
 MIB = 1 << 20

@@ -21,17 +21,17 @@ from offcut.client import Client
 from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.daemon.__main__ import app as offcutd
 from offcut.daemon.config import OBJECTIVES, ConfigError, DaemonConfig, load_config
-from offcut.daemon.scheduler import Scheduler, SolveRecord
-from offcut.daemon.model import ObjectiveSettings, SubmitEvent, Task, TaskSpec
-from offcut.daemon.policies import (BUILTIN_POLICIES, AllocationPolicy, AllocationRequest,
+from offcut.daemon.app.scheduler import Scheduler, SolveRecord
+from offcut.daemon.app.model import ObjectiveSettings, SubmitEvent, Task, TaskSpec
+from offcut.daemon.app.policies import (BUILTIN_POLICIES, AllocationPolicy, AllocationRequest,
                                     PolicyError, PolicyTask, available_policies, check_counts,
                                     get_policy, policy_class, subproblem)
-from offcut.daemon.policies.energy import EnergyPolicy, ZeusCostPolicy
-from offcut.daemon.policies.fair_share import FairSharePolicy, water_fill
-from offcut.daemon.policies.throughput import ThroughputPolicy
-from offcut.daemon.solvers.dp import solve_dp
-from offcut.daemon.solvers.fractional import EnergyTerms, solve_ratio
-from offcut.daemon.solvers.problem import AllocationProblem
+from offcut.daemon.app.policies.energy import EnergyPolicy, ZeusCostPolicy
+from offcut.daemon.app.policies.fair_share import FairSharePolicy, water_fill
+from offcut.daemon.app.policies.throughput import ThroughputPolicy
+from offcut.daemon.app.solvers.dp import solve_dp
+from offcut.daemon.app.solvers.fractional import EnergyTerms, solve_ratio
+from offcut.daemon.app.solvers.problem import AllocationProblem
 from offcut.replay.owners import NodeTime, assign_owners, fairness
 from solver_helpers import fit_current
 
@@ -205,7 +205,7 @@ def test_energy_policies_are_dinkelbach_on_the_requests_power(policy, eta):
 
 
 class LegacyScheduler(Scheduler):
-    """The core's allocation rule before policies existed (daemon/core.py at 3593fb3, now offcut.daemon.scheduler), verbatim
+    """The core's allocation rule before policies existed (daemon/core.py at 3593fb3, now offcut.daemon.app.scheduler), verbatim
     but for the hook it now lives in."""
 
     def _allocation_counts(self, tasks, t, out, allocate, idle_nodes=None):
@@ -416,7 +416,7 @@ def test_node_seconds_are_persisted_and_old_snapshots_load_as_zero():
 
 # ----------------------------------------------------------------------------- plugins
 PLUGIN = '''
-from offcut.daemon.policies import AllocationPolicy
+from offcut.daemon.app.policies import AllocationPolicy
 
 
 class NewestFirst(AllocationPolicy):
@@ -491,7 +491,7 @@ def test_entry_point_policies_are_found_by_name(plugin_dir):
                                           r" 0\.1.*ImportError: no such GPU library"):
         policy_class("test_broken")
     with pytest.raises(PolicyError, match="'test_not_a_policy'.*not a subclass of "
-                                          "offcut.daemon.policies.AllocationPolicy"):
+                                          "offcut.daemon.app.policies.AllocationPolicy"):
         policy_class("test_not_a_policy")
     with pytest.raises(PolicyError, match="available: .*test_newest_first"):
         policy_class("test_nope")

@@ -19,13 +19,13 @@ import pytest
 
 from offcut.client import Client
 from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
-from offcut.daemon.engine import Engine
-from offcut.daemon.metrics import EngineCollector
-from offcut.daemon.model import NodeEvent, ObjectiveSettings, SubmitEvent
-from offcut.daemon.policies.guard import PolicyGuard
-from offcut.daemon.scheduler import Scheduler
-from offcut.daemon.solvers.allocator import Allocator
-from offcut.daemon.store import Store
+from offcut.daemon.app.engine import Engine
+from offcut.daemon.edge.metrics import EngineCollector
+from offcut.daemon.app.model import NodeEvent, ObjectiveSettings, SubmitEvent
+from offcut.daemon.app.policies.guard import PolicyGuard
+from offcut.daemon.app.scheduler import Scheduler
+from offcut.daemon.app.solvers.allocator import Allocator
+from offcut.daemon.app.store import Store
 
 from daemon_helpers import T0, core_spec, dp_record, make_spec
 
@@ -35,7 +35,7 @@ PLUGIN = '''
 import itertools
 import threading
 
-from offcut.daemon.policies import AllocationPolicy
+from offcut.daemon.app.policies import AllocationPolicy
 
 RELEASE = threading.Event()   # the tests set it to end the hanging threads they leave
 

@@ -182,7 +182,7 @@ def test_journal_rows_past_the_window_are_deleted_a_few_per_event(tmp_path):
     deletes in any transaction of its event); each following append deletes at most JOURNAL_DELETES_PER_APPEND of them,
     never a row the older kept snapshot needs, until none is left; a reopened store has
     forgotten the mark (the next snapshot marks again)."""
-    from offcut.daemon.store import JOURNAL_DELETES_PER_APPEND as K, Store
+    from offcut.daemon.app.store import JOURNAL_DELETES_PER_APPEND as K, Store
 
     def append(store, t, state=None):
         store.append(kind="nodes", event={"kind": "nodes", "time": t}, solves=[],
@@ -224,7 +224,7 @@ def test_marking_the_journal_reads_no_journal_row_but_the_probes(tmp_path):
     statement it runs on the journal is a lookup by id (SQLite's query plan: SEARCH), never a
     pass over the whole journal, whose size is a week of events (one select of MIN and MAX
     together is such a pass: it was most of a snapshot's stall in the soak)."""
-    from offcut.daemon.store import Store
+    from offcut.daemon.app.store import Store
 
     store = Store(tmp_path / "s.sqlite", snapshot_every=10**9)
     for i in range(300):
@@ -249,8 +249,8 @@ def test_the_archive_is_pruned_a_few_tasks_per_event_after_a_snapshot(tmp_path, 
     deletes none; each following event's transaction (one BEGIN, one commit, none of its
     own; a later snapshot's too) deletes up to ARCHIVE_DELETES_PER_APPEND of them, oldest
     first, and says how many of each state went (the engine's counts), until none is left."""
-    from offcut.daemon import store as store_mod
-    from offcut.daemon.store import Store
+    from offcut.daemon.app import store as store_mod
+    from offcut.daemon.app.store import Store
 
     def done(n: int, t: float, state: str = "completed") -> dict:
         return {"task_id": f"t{n:06d}", "owner": "u", "state": state, "finish_time": t}

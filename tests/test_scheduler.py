@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from offcut.daemon import placement
-from offcut.daemon.scheduler import Scheduler, SolveRecord
-from offcut.daemon.model import CancelEvent, NodeEvent, SubmitEvent, TaskSpec, TaskState
+from offcut.daemon.app import placement
+from offcut.daemon.app.scheduler import Scheduler, SolveRecord
+from offcut.daemon.app.model import CancelEvent, NodeEvent, SubmitEvent, TaskSpec, TaskState
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound, OffcutError
 
 from daemon_helpers import Feed, core_spec, dp_record
@@ -330,7 +330,7 @@ def test_a_decisions_stored_form_is_asdicts_without_the_copies():
     """``Decision.to_dict`` (the journal's stored reply, once per event) equals
     ``dataclasses.asdict`` field for field and in order, for decisions with placements of
     every kind of change, completions and ignored nodes; and it reads back equal."""
-    from offcut.daemon.replies import Decision, decision_of
+    from offcut.daemon.app.replies import Decision, decision_of
 
     core, feed = Scheduler(), Feed("src")
     events = [submit(T0, spec()), submit(T0 + 1, spec(), owner="bob"),
@@ -353,7 +353,7 @@ def test_a_decisions_stored_form_is_asdicts_without_the_copies():
 def test_sources_are_bounded(busy_core):
     """No sender grows the state by inventing node-event sources: past MAX_SOURCES a new
     source is RESOURCE_EXHAUSTED and changes nothing; known sources go on."""
-    from offcut.daemon.scheduler.validation import MAX_SOURCES
+    from offcut.daemon.app.scheduler.validation import MAX_SOURCES
     from offcut.errors import ResourceExhausted
 
     core, _ = busy_core
@@ -680,7 +680,7 @@ def test_changed_tasks_cover_every_task_an_event_changes(ops, max_running):
 
 
 def test_a_tasks_dict_form_is_json_owns_its_lists_and_rebuilds_the_task():
-    from offcut.daemon.model import Task
+    from offcut.daemon.app.model import Task
 
     spec = TaskSpec.create(name="resnet", min_nodes=2, max_nodes=8, node_counts=(0, 2, 4, 8),
                            throughputs=(0.0, 10.0, 18.0, 30.0), rescale_up_s=5.0,
@@ -705,8 +705,8 @@ def test_an_energy_report_for_a_task_its_event_would_retire_is_refused_and_chang
     ``finished_task_retention_s`` after its finish; a report whose event would retire it
     first is FAILED_PRECONDITION at validation (it used to pass validation and fail half
     applied, the task already retired)."""
-    from offcut.daemon.model import EnergyEvent
-    from offcut.daemon.scheduler.ledger import generation_world_size
+    from offcut.daemon.app.model import EnergyEvent
+    from offcut.daemon.app.scheduler.ledger import generation_world_size
 
     core = Scheduler(finished_task_retention_s=60.0)
     feed = Feed("r")

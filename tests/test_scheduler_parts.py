@@ -1,5 +1,5 @@
 """Each collaborator of the scheduler driven alone, without a :class:`Scheduler`
-(docs/architecture.md, "Modules"; daemon/scheduler/interfaces.py): the state and its books, the
+(docs/architecture.md, "Modules"; daemon/app/scheduler/interfaces.py): the state and its books, the
 task models, the task lifecycle, the node pool, the progress model, the progress and energy
 reports, the event validation, the policy runner, the re-allocator and the placement rules,
 each over a hand-made :class:`SchedulerState` with real or stand-in neighbours (stand-ins
@@ -19,25 +19,25 @@ from collections import Counter, deque
 import pytest
 
 from daemon_helpers import T0, core_spec
-from offcut.daemon.learning import TaskLearner
-from offcut.daemon.model import (CancelEvent, EnergyEvent, NodeEvent, NodeKind, ObjectiveSettings,
+from offcut.daemon.app.learning import TaskLearner
+from offcut.daemon.app.model import (CancelEvent, EnergyEvent, NodeEvent, NodeKind, ObjectiveSettings,
                                  ProgressEvent, ProgressItem, ProgressReport, SubmitEvent, Task,
                                  TaskState)
-from offcut.daemon.policies import PolicyError
-from offcut.daemon.policies.guard import PolicyGuard
-from offcut.daemon.scheduler import Outcome, PlacementChange, Scheduler, SolveRecord
-from offcut.daemon.scheduler.allocation import Reallocator
-from offcut.daemon.scheduler.clock import ProgressModel
-from offcut.daemon.scheduler.energy import EnergyReports
-from offcut.daemon.scheduler.ledger import ledger_of
-from offcut.daemon.scheduler.lifecycle import TaskLifecycle
-from offcut.daemon.scheduler.models import TaskModels
-from offcut.daemon.scheduler.nodes import NodePool
-from offcut.daemon.scheduler.placement_rules import PlacementRules
-from offcut.daemon.scheduler.policy_runner import PolicyRunner
-from offcut.daemon.scheduler.progress import ProgressReports
-from offcut.daemon.scheduler.state import SchedulerState, retained_bytes
-from offcut.daemon.scheduler.validation import EventValidation
+from offcut.daemon.app.policies import PolicyError
+from offcut.daemon.app.policies.guard import PolicyGuard
+from offcut.daemon.app.scheduler import Outcome, PlacementChange, Scheduler, SolveRecord
+from offcut.daemon.app.scheduler.allocation import Reallocator
+from offcut.daemon.app.scheduler.clock import ProgressModel
+from offcut.daemon.app.scheduler.energy import EnergyReports
+from offcut.daemon.app.scheduler.ledger import ledger_of
+from offcut.daemon.app.scheduler.lifecycle import TaskLifecycle
+from offcut.daemon.app.scheduler.models import TaskModels
+from offcut.daemon.app.scheduler.nodes import NodePool
+from offcut.daemon.app.scheduler.placement_rules import PlacementRules
+from offcut.daemon.app.scheduler.policy_runner import PolicyRunner
+from offcut.daemon.app.scheduler.progress import ProgressReports
+from offcut.daemon.app.scheduler.state import SchedulerState, retained_bytes
+from offcut.daemon.app.scheduler.validation import EventValidation
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 
 
@@ -61,7 +61,7 @@ def add_task(state: SchedulerState, task_id: str, nodes=(), owner="alice", **spe
 
 
 class RecordingModels:
-    """A :class:`~offcut.daemon.scheduler.interfaces.Models` stand-in: the spec's curve, no
+    """A :class:`~offcut.daemon.app.scheduler.interfaces.Models` stand-in: the spec's curve, no
     power, no learner; records :meth:`forget`."""
 
     def __init__(self) -> None:
@@ -78,7 +78,7 @@ class RecordingModels:
 
 
 class RecordingLifecycle:
-    """A :class:`~offcut.daemon.scheduler.interfaces.Lifecycle` stand-in: charges every cost
+    """A :class:`~offcut.daemon.app.scheduler.interfaces.Lifecycle` stand-in: charges every cost
     whole, rate from the spec, no generations; records each call."""
 
     def __init__(self) -> None:

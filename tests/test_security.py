@@ -24,9 +24,9 @@ from grpc_health.v1 import health_pb2
 
 from offcut.addresses import untrusted_socket_dir
 from offcut.client import Client
-from offcut.daemon.auth import add_token
+from offcut.daemon.edge.auth import add_token
 from offcut.daemon.config import RPC_WORKERS, DaemonConfig
-from offcut.daemon.server import OffcutServer
+from offcut.daemon.edge.server import OffcutServer
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from offcut.taskspec import MAX_RESCALE_S, MAX_THROUGHPUT, MAX_WORK_SAMPLES
 from offcut.v1 import nodes_pb2, status_pb2, tasks_pb2, zeus_pb2

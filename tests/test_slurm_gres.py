@@ -18,7 +18,7 @@ from test_slurm_launcher import AS_LAUNCHER, offcut_jobs
 from offcut.client import Client
 from offcut.client.taskspec import make_task_spec
 from offcut.daemon.config import DaemonConfig, SlurmConfig
-from offcut.daemon.server import OffcutServer
+from offcut.daemon.edge.server import OffcutServer
 from offcut.slurm_plugin.launcher import Launcher
 from offcut.slurm_plugin.rpc import NodeEventSender
 from offcut.slurm_plugin.slurm_cli import SlurmCLI

@@ -1,5 +1,5 @@
 """The task rows of incremental snapshots that no kept snapshot reads are deleted a bounded
-number per snapshot (daemon/snapshot_prune.py, docs/architecture.md, "Journal and snapshots"): every
+number per snapshot (daemon/app/snapshot_prune.py, docs/architecture.md, "Journal and snapshots"): every
 kept snapshot always reads exactly the tasks it was written with, each snapshot walks at most its
 budget of rows, the unread rows are gone eventually (also across a reopen), and a row saying a task
 left goes only once no older row of that task is left to bring it back."""
@@ -11,8 +11,8 @@ import sqlite3
 
 import pytest
 
-from offcut.daemon import snapshot_prune
-from offcut.daemon.store import SnapshotDelta, Store, snapshots
+from offcut.daemon.app import snapshot_prune
+from offcut.daemon.app.store import SnapshotDelta, Store, snapshots
 
 #: rows walked per snapshot beyond the rows it writes, in these tests (the daemon's is 256)
 BUDGET = 7
@@ -128,7 +128,7 @@ def test_a_snapshot_of_every_task_is_pruned_in_bounded_steps_and_never_too_early
 def test_offcutd_check_reports_the_rows_still_to_delete(tmp_path):
     """``offcutd check`` tells an operator how many unread snapshot rows wait (disk only),
     and stops telling once the walk has caught up."""
-    from offcut.daemon.state_admin import check_state
+    from offcut.daemon.app.state_admin import check_state
 
     m = Model(tmp_path / "state.sqlite")
     m.submit(60)

@@ -25,7 +25,7 @@ import pytest
 from offcut.client import Client
 from offcut.client.settings import SettingsError, load_client_settings
 from offcut.daemon.config import DaemonConfig
-from offcut.daemon.server import OffcutServer
+from offcut.daemon.edge.server import OffcutServer
 from offcut.errors import InvalidArgument, OffcutError
 from offcut.slurm_plugin import hooks
 from offcut.slurm_plugin.power_helper import PowerHelperServer

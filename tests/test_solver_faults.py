@@ -50,11 +50,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from offcut.client import Client
 from offcut.daemon.config import DaemonConfig
-from offcut.daemon.server import OffcutServer
-from offcut.daemon.solvers import guard
-from offcut.daemon.solvers.dp import solve_dp
-from offcut.daemon.solvers.gurobi import gurobi_importable
-from offcut.daemon.solvers.problem import AllocationProblem
+from offcut.daemon.edge.server import OffcutServer
+from offcut.daemon.app.solvers import guard
+from offcut.daemon.app.solvers.dp import solve_dp
+from offcut.daemon.app.solvers.gurobi import gurobi_importable
+from offcut.daemon.app.solvers.problem import AllocationProblem
 from offcut.v1 import tasks_pb2, zeus_pb2
 
 from daemon_helpers import T0, make_spec, wait_until
@@ -74,7 +74,7 @@ def _sos2_node_level_cbc(problem: AllocationProblem, time_limit_s: float, prepro
 
     import mip
 
-    from offcut.daemon.solvers.base import milp_solution
+    from offcut.daemon.app.solvers.base import milp_solution
 
     sys.path.insert(0, str(BENCHMARKS))
     from decision_time import build_anchor_model

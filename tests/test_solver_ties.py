@@ -1,5 +1,5 @@
 """The one tie-breaking rule of the exact backends (docs/architecture.md, "The tie rule",
-``offcut.daemon.solvers.ties``): dp, gurobi (both forms) and cbc return the same counts on
+``offcut.daemon.app.solvers.ties``): dp, gurobi (both forms) and cbc return the same counts on
 problems with deliberate ties, on random problems full of ties (against an enumeration of
 the rule, ``solver_helpers.rule_counts``) and on the problems of a real replay."""
 
@@ -12,12 +12,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from offcut.daemon.solvers.base import SolverFailed
-from offcut.daemon.solvers.cbc import solve_cbc
-from offcut.daemon.solvers.dp import solve_dp
-from offcut.daemon.solvers.gurobi import gurobi_importable, solve_gurobi
-from offcut.daemon.solvers.problem import AllocationProblem
-from offcut.daemon.solvers.ties import tie_tolerance
+from offcut.daemon.app.solvers.base import SolverFailed
+from offcut.daemon.app.solvers.cbc import solve_cbc
+from offcut.daemon.app.solvers.dp import solve_dp
+from offcut.daemon.app.solvers.gurobi import gurobi_importable, solve_gurobi
+from offcut.daemon.app.solvers.problem import AllocationProblem
+from offcut.daemon.app.solvers.ties import tie_tolerance
 from solver_helpers import fit_current, rule_counts
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -163,7 +163,7 @@ def identical_kinds(rng: np.random.Generator) -> AllocationProblem:
 def test_identical_kinds_milp_backends_equal_the_reference_dp():
     # too large to enumerate; the numpy reference DP (choice tables, exact comparisons: the
     # rule on exact ties) is the reference
-    from offcut.daemon.solvers.dp import _solve_dp_reference
+    from offcut.daemon.app.solvers.dp import _solve_dp_reference
 
     rng = np.random.default_rng(7)
     for _ in range(60):
@@ -174,7 +174,7 @@ def test_identical_kinds_milp_backends_equal_the_reference_dp():
 
 
 def test_identical_kinds_dp_equals_the_reference_dp():
-    from offcut.daemon.solvers.dp import _solve_dp_reference
+    from offcut.daemon.app.solvers.dp import _solve_dp_reference
 
     rng = np.random.default_rng(7)  # 6 of the first 150 differ (measured)
     for _ in range(150):
@@ -189,7 +189,7 @@ def test_tie_tolerance_scale():
 
 
 def test_tie_stages_past_the_time_limit_fail_not_answer_otherwise(monkeypatch):
-    import offcut.daemon.solvers.ties as ties_mod
+    import offcut.daemon.app.solvers.ties as ties_mod
 
     # 14 identical tasks: many optimal splits, so the stages run
     p = lin(40, [0] * 14, [1] * 14, [8] * 14, [[0, 8]] * 14, [[0, 8]] * 14)
@@ -224,7 +224,7 @@ def test_real_replay_problems_every_backend_same_counts():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from decision_time import record_real_replay
 
-    from offcut.daemon.solvers.records import read_records
+    from offcut.daemon.app.solvers.records import read_records
 
     problems = [p for _, p in read_records(record_real_replay(folder, 128, 200))]
     assert len(problems) > 100
@@ -239,7 +239,7 @@ def test_real_replay_problems_every_backend_same_counts():
 
 @pytest.mark.skipif(not HAS_GUROBI, reason="gurobipy is not importable")
 def test_licence_check_counts_the_tie_rows(monkeypatch):
-    import offcut.daemon.solvers.gurobi as g
+    import offcut.daemon.app.solvers.gurobi as g
 
     monkeypatch.delenv("OFFCUT_GUROBI_FULL_LICENSE", raising=False)
     p = lin(12, [0, 0, 0], [1, 1, 1], [8, 8, 8], [[0, 8]] * 3, [[0, 8]] * 3)
@@ -262,7 +262,7 @@ def test_a_near_tie_finer_than_the_milp_tolerance_falls_back_to_the_exact_rule()
     naming the near-tie, and the allocator answers with dp's [4, 0] (the rule's answer),
     never with a vector the rule would not give. (This is the case behind the rare failures
     of ``test_allocator_isolated_cbc_equals_brute_force`` under random seeds.)"""
-    from offcut.daemon.solvers.allocator import Allocator
+    from offcut.daemon.app.solvers.allocator import Allocator
 
     h = float.fromhex
     p = AllocationProblem(

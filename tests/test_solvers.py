@@ -14,15 +14,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from offcut.daemon.solvers.allocator import Allocator
-from offcut.daemon.solvers.base import SOLVER_NAMES, SolverFailed, SolverUnavailable
-from offcut.daemon.solvers.cbc import solve_cbc
-from offcut.daemon.solvers.dp import solve_dp
-from offcut.daemon.solvers.greedy import solve_greedy
-from offcut.daemon.solvers.gurobi import choose_form, gurobi_importable, solve_gurobi
-from offcut.daemon.solvers.guard import GuardedWorker
-from offcut.daemon.solvers.problem import AllocationProblem
-from offcut.daemon.solvers.records import solve_records
+from offcut.daemon.app.solvers.allocator import Allocator
+from offcut.daemon.app.solvers.base import SOLVER_NAMES, SolverFailed, SolverUnavailable
+from offcut.daemon.app.solvers.cbc import solve_cbc
+from offcut.daemon.app.solvers.dp import solve_dp
+from offcut.daemon.app.solvers.greedy import solve_greedy
+from offcut.daemon.app.solvers.gurobi import choose_form, gurobi_importable, solve_gurobi
+from offcut.daemon.app.solvers.guard import GuardedWorker
+from offcut.daemon.app.solvers.problem import AllocationProblem
+from offcut.daemon.app.solvers.records import solve_records
 from offcut.errors import InvalidArgument
 from solver_helpers import brute_force, fit_current, rel_close
 
@@ -226,7 +226,7 @@ def test_allocator_falls_back_when_backend_dies(hook):
 
 
 def test_allocator_falls_back_on_unavailable_gurobi(monkeypatch):
-    import offcut.daemon.solvers.gurobi as g
+    import offcut.daemon.app.solvers.gurobi as g
 
     monkeypatch.setattr(g, "SIZE_LIMIT_VARS", 1)
     with pytest.raises(SolverUnavailable, match="variables"):
@@ -238,8 +238,8 @@ def test_allocator_falls_back_on_unavailable_gurobi(monkeypatch):
 
 
 def test_allocator_falls_back_on_infeasible_answer(monkeypatch):
-    import offcut.daemon.solvers.cbc as cbc_mod
-    from offcut.daemon.solvers.problem import Solution
+    import offcut.daemon.app.solvers.cbc as cbc_mod
+    from offcut.daemon.app.solvers.problem import Solution
 
     def bad(problem, limit):
         return Solution(np.array([9, 9]), 0.0, 0.0, 0.0, "cbc", "optimal")
@@ -355,7 +355,7 @@ def _check_dp_against(p: AllocationProblem, opt: float) -> None:
 @pytest.fixture
 def window_everywhere(monkeypatch):
     """Force the sliding-window path for every free segment longer than one count."""
-    import offcut.daemon.solvers.dp as dp_mod
+    import offcut.daemon.app.solvers.dp as dp_mod
 
     monkeypatch.setattr(dp_mod, "_BRUTE_WIDTH", 1)
 
@@ -369,7 +369,7 @@ def test_breakpoint_dp_equals_brute_force_hard(p):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hard_problems(max_tasks=7, max_nodes=60))
 def test_breakpoint_dp_equals_reference(p):
-    from offcut.daemon.solvers.dp import _solve_dp_reference
+    from offcut.daemon.app.solvers.dp import _solve_dp_reference
 
     ref = _solve_dp_reference(p)
     _check_dp_against(p, ref.objective)
@@ -379,7 +379,7 @@ def test_breakpoint_dp_equals_reference(p):
                                                                   HealthCheck.function_scoped_fixture])
 @given(hard_problems(max_tasks=7, max_nodes=60))
 def test_breakpoint_dp_window_path_equals_reference(window_everywhere, p):
-    from offcut.daemon.solvers.dp import _solve_dp_reference
+    from offcut.daemon.app.solvers.dp import _solve_dp_reference
 
     _check_dp_against(p, _solve_dp_reference(p).objective)
 
@@ -387,7 +387,7 @@ def test_breakpoint_dp_window_path_equals_reference(window_everywhere, p):
 @settings(max_examples=100, deadline=None)
 @given(problems(max_nodes=30))
 def test_reference_loop_and_block_paths_agree(p):
-    import offcut.daemon.solvers.dp as dp_mod
+    import offcut.daemon.app.solvers.dp as dp_mod
 
     block = dp_mod._solve_dp_reference(p)
     old = dp_mod._LOOP_MIN_NODES
@@ -451,7 +451,7 @@ def _random_large(J: int, N: int, seed: int) -> AllocationProblem:
 @pytest.mark.parametrize("J, N, seed", [(30, 800, 0), (30, 800, 1), (100, 4734, 2),
                                         (100, 4734, 3)])
 def test_breakpoint_dp_large_benchmark_like(J, N, seed):
-    from offcut.daemon.solvers.dp import _solve_dp_reference
+    from offcut.daemon.app.solvers.dp import _solve_dp_reference
 
     p = _benchmark_like(J, N, seed)
     _check_dp_against(p, _solve_dp_reference(p).objective)
@@ -460,8 +460,8 @@ def test_breakpoint_dp_large_benchmark_like(J, N, seed):
 @pytest.mark.parametrize("J, N, seed", [(30, 800, 0), (30, 800, 1), (12, 1500, 2)])
 @pytest.mark.parametrize("window", [False, True])
 def test_breakpoint_dp_large_random(J, N, seed, window, monkeypatch):
-    import offcut.daemon.solvers.dp as dp_mod
-    from offcut.daemon.solvers.dp import _solve_dp_reference
+    import offcut.daemon.app.solvers.dp as dp_mod
+    from offcut.daemon.app.solvers.dp import _solve_dp_reference
 
     if window:
         monkeypatch.setattr(dp_mod, "_BRUTE_WIDTH", 1)
@@ -474,7 +474,7 @@ def test_breakpoint_dp_real_curves_100x4734():
     folder = DATA / "bftrainer"
     if not (folder / "ImageNet-imgps-JNPs-1001J.pkl").exists():
         pytest.skip(f"real BFTrainer data not found at {folder}")
-    from offcut.daemon.solvers.dp import _solve_dp_reference
+    from offcut.daemon.app.solvers.dp import _solve_dp_reference
 
     nps = pd.read_pickle(folder / "ImageNet-imgps-JNPs-1001J.pkl")
     bnd = pd.read_pickle(folder / "ImageNet-imgps-Jbnd-1001J.pkl").loc[nps.index]
@@ -495,8 +495,8 @@ def test_breakpoint_dp_real_curves_100x4734():
 
 def _price(p: AllocationProblem):
     """dp_kernel._capacity_price on ``p`` (plain Python): (lambda, thr, lb, tables)."""
-    import offcut.daemon.solvers.dp as dp_mod
-    from offcut.daemon.solvers import dp_kernel
+    import offcut.daemon.app.solvers.dp as dp_mod
+    from offcut.daemon.app.solvers import dp_kernel
 
     tab, tab_off, ns, ns_off = dp_mod._pack(p)
     bp_all, bp_off = dp_kernel._all_breakpoints(tab_off, ns, ns_off, p.min_nodes,
@@ -513,7 +513,7 @@ def test_capacity_price_keeps_every_optimal_count():
     passes its threshold, and the lower bound is a value some feasible vector reaches (<= the
     optimum). A third of them have optima off the relaxation's choices, where a threshold
     without the gap UB - LB would drop an optimal count."""
-    from offcut.daemon.solvers.dp import _solve_dp_reference
+    from offcut.daemon.app.solvers.dp import _solve_dp_reference
 
     rng = np.random.default_rng(17)
     checked = loose = 0
@@ -548,7 +548,7 @@ def test_capacity_price_fixes_most_counts_of_a_contested_pool():
     """On a pool the tasks contest (100 Amdahl tasks, 2,700 nodes; own best counts sum to
     far more) the fixing leaves a small part of the counts, so the DP's rows shrink to a band
     near N; the answer is still the reference DP's."""
-    from offcut.daemon.solvers.dp import _solve_dp_reference
+    from offcut.daemon.app.solvers.dp import _solve_dp_reference
 
     for seed in (4, 5):
         p = _benchmark_like(100, 2700, seed)
@@ -568,8 +568,8 @@ def test_dp_kernel_solves_without_the_fixing_when_it_fails(monkeypatch, defeat):
     """Should float rounding make the fixing drop every count of a task, or a count every
     optimal vector needs (the DP then misses the known feasible value), the kernel solves
     again without it and answers the reference optimum (plain-Python kernel)."""
-    import offcut.daemon.solvers.dp as dp_mod
-    from offcut.daemon.solvers import dp_kernel
+    import offcut.daemon.app.solvers.dp as dp_mod
+    from offcut.daemon.app.solvers import dp_kernel
 
     true_price = dp_kernel._capacity_price
 
@@ -602,7 +602,7 @@ def test_dp_kernel_without_cache_locator(monkeypatch):
     """A read-only install with no writable cache folder must not crash: the kernel is then
     compiled per process (numba's NullCache) instead of cached on disk."""
     numba_caching = pytest.importorskip("numba.core.caching")
-    import offcut.daemon.solvers.dp as dp_mod
+    import offcut.daemon.app.solvers.dp as dp_mod
 
     monkeypatch.setattr(numba_caching.CacheImpl, "_locator_classes", [])
     monkeypatch.setattr(dp_mod, "_KERNEL", None)
@@ -626,7 +626,7 @@ def test_dp_keeps_the_rows_of_the_previous_solve_and_answers_as_a_fresh_solve():
     rows of the previous solve (dp_kernel._common_prefix) and must answer exactly what a
     solve from nothing answers, whatever changed after the shared tasks (a task's c_j, a task
     replaced, one more task, fewer later tasks)."""
-    import offcut.daemon.solvers.dp as dp_mod
+    import offcut.daemon.app.solvers.dp as dp_mod
 
     kernel = dp_mod._get_kernel()
     if kernel is None:

@@ -20,9 +20,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from offcut.client import Client
 from offcut.daemon.config import DaemonConfig
-from offcut.daemon.server import STATE_HEALTH, OffcutServer
-from offcut.daemon.state_lock import StateOwnershipError
-from offcut.daemon.store import APPLICATION_ID, SCHEMA_VERSION, Store, StoreError
+from offcut.daemon.edge.server import STATE_HEALTH, OffcutServer
+from offcut.daemon.app.state_lock import StateOwnershipError
+from offcut.daemon.app.store import APPLICATION_ID, SCHEMA_VERSION, Store, StoreError
 from offcut.errors import ResourceExhausted, Unavailable
 
 from daemon_helpers import T0, make_spec, wait_until
@@ -380,7 +380,7 @@ def test_check_and_backup_while_the_daemon_runs(tmp_path):
 def test_a_damaged_lock_file_is_read_as_no_mark(tmp_path):
     """A lock file with non-ASCII digits or bytes that are not text is no mark, not a
     start-up traceback."""
-    from offcut.daemon.state_lock import lock_path, read_mark
+    from offcut.daemon.app.state_lock import lock_path, read_mark
 
     state = tmp_path / "state.sqlite"
     lock_path(state).write_bytes("pid ²\nlast_journal_id 7\xb2\n".encode() + b"\xff\xfe\n")
@@ -392,7 +392,7 @@ def test_a_damaged_lock_file_is_read_as_no_mark(tmp_path):
 def test_a_linked_lock_file_is_refused_and_direct_stores_make_private_folders(tmp_path):
     """A symbolic link planted as the lock file is refused with its name, never written
     through; a Store opened directly (replay, tools) makes its missing folders 0700."""
-    from offcut.daemon.state_lock import StateLock, lock_path
+    from offcut.daemon.app.state_lock import StateLock, lock_path
 
     state = tmp_path / "state.sqlite"
     target = tmp_path / "elsewhere"

@@ -1,4 +1,4 @@
-"""State-file formats (CHANGELOG.md; offcut.daemon.migrations, offcut.daemon.store): format 4
+"""State-file formats (CHANGELOG.md; offcut.daemon.app.migrations, offcut.daemon.app.store): format 4
 is the first released one; a state file of a later released format is upgraded in place
 through the registry of upgrades (one per format step, each in its own transaction, after a
 copy), shown here with a synthetic format 5; a file of a pre-release format (1-3) is refused
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from offcut.daemon import migrations, store as store_module
-from offcut.daemon.server import OffcutServer
-from offcut.daemon.store import (FIRST_RELEASED_FORMAT, SCHEMA_VERSION, Store, StoreError,
+from offcut.daemon.app import migrations, store as store_module
+from offcut.daemon.edge.server import OffcutServer
+from offcut.daemon.app.store import (FIRST_RELEASED_FORMAT, SCHEMA_VERSION, Store, StoreError,
                                  format_refusal)
 
 from daemon_helpers import T0, make_spec

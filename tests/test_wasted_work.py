@@ -178,7 +178,7 @@ def test_offcut_history_exports_every_warning_with_its_decision(daemons, tmp_pat
     from typer.testing import CliRunner
 
     from offcut.client.cli import app
-    from offcut.daemon.scheduler.waste import MAX_TASK_WARNINGS
+    from offcut.daemon.app.scheduler.waste import MAX_TASK_WARNINGS
 
     srv, c = daemons.start("a")
     tid = launched_task(c, work=10_000.0)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from offcut.daemon.store import Store
+from offcut.daemon.app.store import Store
 from offcut.daemon.zeus.bso import BatchSizeJob
 from offcut.daemon.zeus.registry import ZeusRegistry
 from offcut.daemon.zeus.storage import EXPIRY_INTERVAL_S, ZeusStorage, ZeusWrite
@@ -273,7 +273,7 @@ def test_a_failed_commit_fails_the_writes_queued_behind_it_and_keeps_its_error(t
     changes: it fails too (it must never land without them), later writes are refused until
     the registry reloads (reset), and waiters get the storage error itself (UNAVAILABLE for a
     read-only state file), not an INTERNAL one."""
-    from offcut.daemon.storage_errors import StateReadOnly
+    from offcut.daemon.app.storage_errors import StateReadOnly
     from offcut.daemon.zeus.group_commit import CommitFailed, GroupCommit
 
     store = ZeusStorage(tmp_path / "state.sqlite")
@@ -302,7 +302,7 @@ def test_callers_on_an_event_loop_get_their_commit_and_its_failure_from_the_comm
     registry's async calls recover as the threaded ones do."""
     import asyncio
 
-    from offcut.daemon.storage_errors import StateReadOnly
+    from offcut.daemon.app.storage_errors import StateReadOnly
     from offcut.daemon.zeus.group_commit import CommitFailed
 
     path = tmp_path / "state.sqlite"
@@ -355,7 +355,7 @@ def test_the_zeus_storage_shares_the_state_file_and_keeps_its_format(tmp_path):
     together make a file of exactly the schema of a released format-4 file (the fixture of
     tests/test_released_state.py). A file no Zeus storage opened has no Zeus tables, and
     ``offcutd check``'s Zeus row check finds nothing wrong in it."""
-    from offcut.daemon.store import TABLES
+    from offcut.daemon.app.store import TABLES
     from offcut.daemon.zeus.storage import ZEUS_TABLES, bad_zeus_rows
 
     def schema(path) -> list[tuple]:

@@ -57,7 +57,7 @@ def check_repeat(method: str, stored: dict | None, request: dict) -> None:
 
 
 class Caller(Protocol):
-    """Who calls the registry (:class:`offcut.daemon.auth.Principal` is one)."""
+    """Who calls the registry (:class:`offcut.daemon.edge.auth.Principal` is one)."""
 
     @property
     def user(self) -> str: ...

@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from offcut.daemon.model import check_finite
+from offcut.daemon.app.model import check_finite
 from offcut.daemon.zeus.bso_policy import EXHAUSTED, MAB, PRUNING, BatchSizePolicy
 from offcut.daemon.zeus.bso_trials import (ABANDONED, CONVERGED, FAILED, MAX_COST_J,
                                            MAX_GENERATION, OPEN, RUNNING, SUSPENDED, Resumed,

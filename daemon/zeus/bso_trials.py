@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from offcut.daemon.model import check_finite
+from offcut.daemon.app.model import check_finite
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 from offcut.trial_verdict import Verdict
 

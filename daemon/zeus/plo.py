@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from offcut.daemon.model import check_finite
+from offcut.daemon.app.model import check_finite
 from offcut.daemon.zeus.cost import zeus_cost
 from offcut.errors import FailedPrecondition, InvalidArgument
 

@@ -40,7 +40,7 @@ the registry's collaborator :class:`~offcut.daemon.zeus.power_profiles.PowerProf
 Not checked here: a task's ``zeus_job_id`` (a task spec field, offcut.v1.TaskSpec) names a
 job by id only. The binding holds where the job is used, since the task's training process
 calls these methods as its own caller; a check at submission (a user's task naming another
-user's job) belongs to ``SubmitTask`` (offcut.daemon.service), which has no registry.
+user's job) belongs to ``SubmitTask`` (offcut.daemon.edge.service), which has no registry.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
-from offcut.daemon.model import Limits
+from offcut.daemon.app.model import Limits
 from offcut.daemon.zeus.answers import Caller, request_key, stored_answer
 from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Resumed, Verdict
 from offcut.daemon.zeus.bso_trials import OPEN

@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import math
 
-from offcut.daemon.auth import Authenticator
-from offcut.daemon.service import _rpc, _rpc_async
+from offcut.daemon.edge.auth import Authenticator
+from offcut.daemon.edge.service import _rpc, _rpc_async
 from offcut.daemon.zeus.bso import BatchSizeJobSpec, Prediction, Resumed, Verdict
 from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec, PowerPlan
 from offcut.daemon.zeus.registry import (DEFAULT_TRIAL_PAGE, MAX_TRIAL_PAGE, JobView,
                                          ZeusRegistry)
-from offcut.daemon.model import Limits
+from offcut.daemon.app.model import Limits
 from offcut.errors import InvalidArgument, PermissionDenied
 from offcut.v1 import zeus_pb2, zeus_pb2_grpc
 

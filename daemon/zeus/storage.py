@@ -10,7 +10,7 @@ whatever the job's history.
 
 The tables live in the daemon's state file (one file to back up, check and restore; format 4
 unchanged: docs/architecture.md, "Durability"), on a connection of their own: the engine's
-transactions (:class:`offcut.daemon.store.Store`) and these never interleave on one
+transactions (:class:`offcut.daemon.app.store.Store`) and these never interleave on one
 connection, and SQLite serialises the two writers. Every write, a job's registration and
 deletion included, goes through one :class:`~offcut.daemon.zeus.group_commit.GroupCommit`:
 a call queues its :class:`ZeusWrite` (:meth:`ZeusStorage.submit`) and answers once it is
@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from offcut.daemon.store import ReadOnlyConnection, StoreError, WriteTransactions, open_state_file
+from offcut.daemon.app.store import ReadOnlyConnection, StoreError, WriteTransactions, open_state_file
 from offcut.daemon.zeus.answers import stored_fields
 from offcut.daemon.zeus.group_commit import GroupCommit
 
-#: the Zeus optimizers' tables (each must be named in :data:`offcut.daemon.store.TABLES`, the
+#: the Zeus optimizers' tables (each must be named in :data:`offcut.daemon.app.store.TABLES`, the
 #: tables an Offcut state file may hold: tests/test_zeus_rows.py checks it)
 ZEUS_TABLES = frozenset({"zeus_state", "zeus_trials", "zeus_observations", "zeus_requests"})
 
@@ -151,8 +151,8 @@ class ZeusStorage:
     ``kill -9`` only). Thread-safe.
 
     Raises:
-        StoreError, StateNotWritable: as :class:`offcut.daemon.store.Store` (the file is
-            checked and opened by :func:`offcut.daemon.store.open_state_file`; a file of an
+        StoreError, StateNotWritable: as :class:`offcut.daemon.app.store.Store` (the file is
+            checked and opened by :func:`offcut.daemon.app.store.open_state_file`; a file of an
             older format is refused here: the engine's store upgrades it first).
     """
 
@@ -179,7 +179,7 @@ class ZeusStorage:
     @property
     def on_storage(self) -> Callable[[str | None], None] | None:
         """Called with the reason when a write fails for lack of writable storage, and with
-        None at the next write that succeeds (:class:`offcut.daemon.store.WriteTransactions`)."""
+        None at the next write that succeeds (:class:`offcut.daemon.app.store.WriteTransactions`)."""
         return self._transactions.on_storage
 
     @on_storage.setter

@@ -5,7 +5,7 @@ while idle nodes are left; a task that would get fewer than its Jmin gets none. 
 pure deterministic computation on the request (rescale costs are ignored).
 """
 
-from offcut.daemon.policies import AllocationPolicy, AllocationRequest, Solve
+from offcut.daemon.app.policies import AllocationPolicy, AllocationRequest, Solve
 
 
 class OldestFirst(AllocationPolicy):

@@ -1,8 +1,0 @@
-"""The application core: the deterministic scheduler and what applying an event yields
-(docs/architecture.md, "Time and events", "Tasks and the progress model" and "Allocation"). No I/O,
-no wall clock, no wire types."""
-
-from offcut.daemon.scheduler.outcome import Allocate, Outcome, PlacementChange, SolveRecord
-from offcut.daemon.scheduler.scheduler import Scheduler
-
-__all__ = ["Allocate", "Outcome", "PlacementChange", "Scheduler", "SolveRecord"]
