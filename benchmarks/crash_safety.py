@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import random
 import signal
 import subprocess
@@ -56,7 +55,8 @@ from offcut.client.api import Client
 from offcut.client.retry import RetryPolicy
 from offcut.client.child_daemon import stop_offcutd
 from offcut.replay.driver import ReplayOptions, daemon_command, run_replay
-from offcut.v1 import decision_pb2, zeus_pb2
+from offcut.v1 import decision_pb2, tasks_pb2, zeus_pb2
+from offcut.wire import tasks as tasks_wire
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_log import ResultsLog, add_option  # noqa: E402
@@ -319,23 +319,25 @@ def daemon_view(client: Client, job_id: str | None = None) -> dict:
     st = client.status(include_idle_nodes=True)
     journal = []
     for e in client.export_history():
-        d = decision_pb2.Decision.FromString(e.decision.SerializeToString())
+        d = tasks_wire.decision_to_pb(e.decision)
         d.solve.ClearField("solve_ms")
         d.ClearField("duplicate")
+        task = tasks_wire.task_to_pb(e.task) if e.task is not None else tasks_pb2.Task()
         journal.append((e.revision, e.kind, d.SerializeToString(deterministic=True),
-                        e.task.SerializeToString(deterministic=True)))
+                        task.SerializeToString(deterministic=True)))
     view = {
-        "revision": st.revision, "clock": (st.clock.seconds, st.clock.nanos),
+        "revision": st.revision, "clock": st.clock,
         "last_seq": dict(st.last_seq), "idle": list(st.idle_node_names),
         "counts": (st.queued_tasks, st.admitted_tasks, st.running_tasks, st.completed_tasks,
                    st.cancelled_tasks, st.failed_tasks, st.nodes_in_use),
         "totals": (st.total_samples, st.idle_node_seconds, st.used_node_seconds),
-        "tasks": [t.SerializeToString(deterministic=True) for t in client.list_tasks()],
+        "tasks": [tasks_wire.task_to_pb(t).SerializeToString(deterministic=True)
+                  for t in client.list_tasks()],
         "journal": journal,
     }
     if job_id:
         job = client.get_zeus_job(job_id)
-        view["zeus"] = (job.SerializeToString(deterministic=True), json.loads(job.state_json))
+        view["zeus"] = (job, job.state())  # (a frozen ZeusJob: every field compared)
     return view
 
 

@@ -37,7 +37,7 @@ def engine_alone(node_log, tasks, max_events: int, max_tasks: int, solver: str) 
     (seconds, calls)."""
     from offcut.daemon.app.engine import Engine
     from offcut.daemon.app.model import NodeEvent, SubmitEvent
-    from offcut.daemon.edge.protocol import spec_from_pb
+    from offcut.wire.specs import spec_from_pb
     from offcut.daemon.app.solvers.allocator import Allocator
     from offcut.daemon.app.store import Store
     from offcut.replay.driver import task_spec, to_epoch

@@ -649,10 +649,10 @@ def _feed(feed: NodeFeed, run: FeedRun, client: Client, cfg: LoadConfig, observe
             run.definite.append(True)
             run.duplicates += int(d.duplicate)
             run.ignored_nodes += len(d.ignored_nodes)
-            sent = d.sent_time.seconds + d.sent_time.nanos * 1e-9 if d.HasField("sent_time") else None
+            sent = d.sent_time
             if sent is None or abs(sent - t) > 2e-6:
                 run.sent_time_not_echoed += 1
-            run.apply_delay_ms.append((d.time.seconds + d.time.nanos * 1e-9 - t) * 1e3)
+            run.apply_delay_ms.append((d.time - t) * 1e3)
         else:
             run.acked.append(None)
             run.definite.append(status in DEFINITE_REFUSALS)
@@ -799,7 +799,7 @@ def check_feed(admin: Client, result: LoadResult, pool: set[str], last_seq: dict
     for entry in admin.export_history(timeout_s=timeout_s):
         d = entry.decision
         if entry.kind in ("nodes", "snapshot") and d.source == f.source:
-            sent = d.sent_time.seconds + d.sent_time.nanos * 1e-9 if d.HasField("sent_time") else None
+            sent = d.sent_time
             seen.setdefault(int(d.seq), []).append((int(entry.revision), sent))
     out.journal = sum(len(v) for v in seen.values())
     applied = []
@@ -870,7 +870,7 @@ def check_state(address: str, result: LoadResult, timeout_s: float = 600.0) -> S
         pool = set(st.idle_node_names)
         if st.clock_mode != "live":
             problems.append(f"the daemon runs clock {st.clock_mode!r}, not live")
-        clock = st.clock.seconds + st.clock.nanos * 1e-9
+        clock = st.clock or 0.0
         if clock > checked_at + 60.0:
             problems.append(f"the daemon's clock is {clock - checked_at:.0f} s ahead of the wall "
                             "clock: a sender's time moved it")

@@ -43,6 +43,7 @@ from slurm_cluster import SlurmCluster, skip_reason  # noqa: E402
 from results_log import ResultsLog, add_option  # noqa: E402
 
 from offcut.client import Client, make_task_spec  # noqa: E402
+from offcut.views import ModelView  # noqa: E402
 from offcut.daemon.config import DaemonConfig, SlurmConfig  # noqa: E402
 from offcut.slurm_plugin.launcher import parse_job_name  # noqa: E402
 from offcut.daemon.edge.server import OffcutServer  # noqa: E402
@@ -198,7 +199,8 @@ def _measure(args, cluster, client, root, stack, log: ResultsLog) -> int:
                  f"cycle {cycle}: the grown generation")
         print(f"cycle {cycle}: done (generation {client.get_task(tid).generation})",
               flush=True)
-    wait_for(lambda: client.get_task(tid).model.HasField("measured_rescale_up_s"),
+    wait_for(lambda: (client.get_task(tid).model or ModelView(0.0, 0.0)).measured_rescale_up_s
+             is not None,
              "the daemon's first grow estimate", 60)
     task = client.get_task(tid)
     client.cancel(tid)

@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from offcut.daemon.app.engine import Engine
-from offcut.daemon.app.model import NodeEvent, Task, TaskState
+from offcut.daemon.app.model import NodeEvent, Task
+from offcut.views import TaskState
 from offcut.daemon.app.solvers.allocator import Allocator
 from offcut.daemon.app.store import Store
 from offcut.taskspec import TaskSpec

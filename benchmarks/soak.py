@@ -162,7 +162,7 @@ class Soak:
         if revision % self.args.snapshot_every:
             return
         snaps = self.c.status().snapshots
-        if snaps.last_revision == revision:
+        if snaps is not None and snaps.last_revision == revision:
             self.month.snapshot_ms.append(snaps.last_ms)
 
     def submit(self, t: float) -> None:

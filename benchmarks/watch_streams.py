@@ -114,7 +114,7 @@ async def _hold_streams(address: str, tokens: dict[str, str], per_user: int, sin
                     if first[0] == n:
                         opened.set()
                 if update.revision > since:
-                    delays.append(time.time() - update.time.ToNanoseconds() / 1e9)
+                    delays.append(time.time() - update.time)
                 received[i] += 1
             ended.append(f"stream {i} ended")
         except grpc.aio.AioRpcError as err:

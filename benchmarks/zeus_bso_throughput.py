@@ -339,7 +339,7 @@ def registry_cpu_ms(folder: Path, round_trips: int, durability: str) -> float:
     ``durability``, one caller, no gRPC (each call leads its own commit: two durable commits
     per round trip, where concurrent callers share some)."""
     from offcut.daemon.edge.auth import LOCAL_ADMIN
-    from offcut.daemon.zeus.bso import BatchSizeJobSpec
+    from offcut.zeus_views import BatchSizeJobSpec
     from offcut.daemon.zeus.registry import ZeusRegistry
     from offcut.daemon.zeus.storage import ZeusStorage
 

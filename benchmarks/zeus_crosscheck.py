@@ -67,8 +67,7 @@ import pandas as pd
 from offcut.daemon.zeus.bso import BatchSizeJob
 from offcut.daemon.zeus.plo import PowerLimitProfile
 from offcut.errors import FailedPrecondition, OffcutError
-from offcut.daemon.zeus.service import (job_spec_from_pb, plan_to_pb, power_spec_from_pb,
-                                        prediction_to_pb, verdict_to_pb)
+from offcut.wire.zeus import job_spec_from_pb, power_spec_from_pb
 from offcut.replay import zeus_sim
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_log import ResultsLog, add_option  # noqa: E402 (benchmarks/results_log.py)
@@ -223,7 +222,8 @@ def make_tee(Z, w, df: pd.DataFrame, opts: ZeusReplayOptions):
 # ---------------------------------------------------------------------- ablation ladder
 class InProcessDaemon:
     """Stands in for ``offcut.client.Client`` in ``zeus_sim.simulate``: the daemon's own
-    optimizer objects and proto conversions, no gRPC, no SQLite. Flags switch to Zeus's
+    optimizer objects, which answer in the client's forms (:mod:`offcut.zeus_views`), the spec
+    read by the wire's conversion; no gRPC, no SQLite. Flags switch to Zeus's
     simulator semantics: ``zero_epoch`` (a try that cannot afford one epoch is observed as a
     failed run of cost 100 * beta * min_cost; ours: the cost of that one epoch, judged over the
     bound), ``path_verdict`` (the BSO gets no beta, so "converged" is whether the recorded run
@@ -255,16 +255,16 @@ class InProcessDaemon:
         p = self.job.predict()
         if self.path_verdict and self.beta is not None:
             p = dataclasses.replace(p, cost_bound_j=self.beta * self._min_cost())
-        return prediction_to_pb(p)
+        return p
 
     def _profile(self, bs):
         return self.profiles.setdefault(bs, PowerLimitProfile(self.power, self.job.spec.max_power_w))
 
     def power_plan(self, job_id, bs):
-        return plan_to_pb(self._profile(bs).plan())
+        return self._profile(bs).plan()
 
     def report_power_window(self, job_id, bs, limit, t, e):
-        return plan_to_pb(self._profile(bs).report_window(limit, t, e))
+        return self._profile(bs).report_window(limit, t, e)
 
     def _count(self, v, ran: bool):
         if v.finished and ran:
@@ -284,7 +284,7 @@ class InProcessDaemon:
         v = self.job.report(trial, 1, seconds, energy, _miss(s))
         if not v.finished:
             v = self.job.end_trial(trial)
-        return verdict_to_pb(v)
+        return v
 
     def report_epoch(self, job_id, trial, epoch, t, e, metric, batch_size=0):
         zero = self.probe.get("epochs") == 0
@@ -294,7 +294,7 @@ class InProcessDaemon:
                 return self._zeus_zero_epoch(trial)
         v = self.job.report(trial, epoch, t, e, metric, batch_size)
         self._count(v, ran=not zero)
-        return verdict_to_pb(v)
+        return v
 
     def end_trial(self, job_id, trial):
         t = self.job.trials[trial - 1]
@@ -306,7 +306,7 @@ class InProcessDaemon:
         ran = t["epochs"] > 0 and t["status"] == "running"
         v = self.job.end_trial(trial)
         self._count(v, ran)
-        return verdict_to_pb(v)
+        return v
 
 
 def _miss(spec) -> float:

@@ -27,8 +27,15 @@ from offcut.channel import open_channel, resolve_token
 from offcut.client.retry import RetryPolicy
 from offcut.errors import (DAEMON_SAYS, InvalidArgument, OffcutError, Unavailable,
                            from_rpc_error)
-from offcut.v1 import (decision_pb2, nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc,
+from offcut.taskspec import TaskSpec
+from offcut.v1 import (nodes_pb2, nodes_pb2_grpc, status_pb2, status_pb2_grpc,
                        tasks_pb2, tasks_pb2_grpc, zeus_pb2, zeus_pb2_grpc)
+from offcut.wire.specs import spec_to_pb
+from offcut.wire import tasks as tasks_wire
+from offcut.views import Decision, ProgressReply, StatusView, TaskReply, TaskState, TaskView
+from offcut.wire import zeus as zeus_wire
+from offcut.zeus_views import (BatchSizeJobSpec, PowerLimitSpec, PowerPlan, PowerProfile,
+                               Prediction, Verdict, ZeusJob, ZeusTrial)
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
@@ -78,20 +85,26 @@ def _fresh_request_id(method):
 
 
 class Stream:
-    """A server stream of the daemon: iterate it for the messages; ``cancel()`` (from any
+    """A server stream of the daemon: iterate it for its items (the views of its messages,
+    :mod:`offcut.views`); ``cancel()`` (from any
     thread) ends the iteration quietly, and so does the stream's own time limit
     (``timed=True``: a ``timeout_s`` the caller gave). Other gRPC errors are raised while
     iterating as :mod:`offcut.errors` exceptions."""
 
-    def __init__(self, client: "Client", call, timed: bool = False):
+    def __init__(self, client: "Client", call, timed: bool = False, view=None):
         self._client = client
         self._call = call
         self._cancelled = False
         self._timed = timed
+        self._view = view  # message -> the view yielded (None: the message itself)
 
     def __iter__(self):
         try:
-            yield from self._call
+            if self._view is None:
+                yield from self._call
+            else:
+                for message in self._call:
+                    yield self._view(message)
         except grpc.RpcError as err:
             if self._cancelled and err.code() == grpc.StatusCode.CANCELLED:
                 return
@@ -148,8 +161,9 @@ class NodeStream:
         self._outbox.put(node_event(time, source, seq, idle, preempted))
         self.pending += 1
 
-    def receive(self) -> decision_pb2.Decision:
-        """The Decision of the oldest event sent and not answered (blocks until it comes).
+    def receive(self) -> Decision:
+        """The :class:`~offcut.views.Decision` of the oldest event sent and not answered
+        (blocks until it comes).
 
         Raises:
             InvalidArgument: nothing sent is unanswered.
@@ -166,7 +180,7 @@ class NodeStream:
             raise Unavailable(f"offcutd at {self._client.address} ended the node event "
                               "stream") from None
         self.pending -= 1
-        return decision
+        return tasks_wire.decision_from_pb(decision)
 
     def close(self) -> None:
         """End the stream: at once when every event sent was answered, else cancelled (the
@@ -267,10 +281,12 @@ class Client:
     # ------------------------------------------------------------------ nodes
     @_translate
     def report_nodes(self, time: float | datetime, source: str, seq: int, *,
-                     idle: Iterable[str] = (), preempted: Iterable[str] = ()):
-        """Report nodes that became idle / idle nodes taken back; returns the ``Decision``."""
-        return self.nodes.ReportNodes(node_event(time, source, seq, idle, preempted),
-                                      timeout=self.timeout_s)
+                     idle: Iterable[str] = (), preempted: Iterable[str] = ()) -> Decision:
+        """Report nodes that became idle / idle nodes taken back; returns the
+        :class:`~offcut.views.Decision` (``duplicate`` when this ``(source, seq)`` was applied
+        before)."""
+        return tasks_wire.decision_from_pb(self.nodes.ReportNodes(
+            node_event(time, source, seq, idle, preempted), timeout=self.timeout_s))
 
     def stream_nodes(self) -> NodeStream:
         """Open a ``StreamNodes`` call for many node events in a row (the replay): send them
@@ -280,43 +296,56 @@ class Client:
 
     @_translate
     def sync_nodes(self, time: float | datetime, source: str, seq: int, idle: Iterable[str],
-                   kinds: Mapping[str, tuple[int, Iterable[str]]] | None = None):
+                   kinds: Mapping[str, tuple[int, Iterable[str]]] | None = None) -> Decision:
         """Send the full idle set; the daemon diffs it. ``kinds``: node -> (GPUs, features)
         of every node known (replaces the daemon's table of node kinds; None: unchanged).
-        Returns the ``Decision``."""
-        return self.nodes.SyncNodes(nodes_pb2.NodeSnapshot(
+        Returns the :class:`~offcut.views.Decision`."""
+        return tasks_wire.decision_from_pb(self.nodes.SyncNodes(nodes_pb2.NodeSnapshot(
             time=to_timestamp(time), source=source, seq=seq, idle=list(idle),
             kinds=[nodes_pb2.NodeKind(node=n, gpus=g, features=list(f))
                    for n, (g, f) in (kinds or {}).items()]),
-            timeout=self.timeout_s)
+            timeout=self.timeout_s))
 
     # ------------------------------------------------------------------ tasks
     @_translate
-    def submit(self, spec: tasks_pb2.TaskSpec, *, submit_time: float | datetime | None = None,
-               owner: str = "", request_id: str = "") -> tasks_pb2.SubmitTaskResponse:
-        """Submit a task; ``request_id`` makes retries idempotent."""
+    def submit(self, spec: TaskSpec | tasks_pb2.TaskSpec, *,
+               submit_time: float | datetime | None = None,
+               owner: str = "", request_id: str = "") -> TaskReply:
+        """Submit a task; ``request_id`` makes retries idempotent.
+
+        ``spec``: a core :class:`offcut.taskspec.TaskSpec` (as :func:`make_task_spec` builds
+        it, validated once), sent in its wire form (:func:`offcut.wire.specs.spec_to_pb`); or
+        an ``offcut.v1.TaskSpec`` message, sent as is, unchecked (the daemon checks it: a test
+        of the daemon's own rules, a replay's recorded spec). Returns the task as submitted
+        and the decision (:class:`~offcut.views.TaskReply`; times [s since epoch])."""
+        if isinstance(spec, TaskSpec):
+            spec = spec_to_pb(spec)
         req = tasks_pb2.SubmitTaskRequest(spec=spec, owner=owner, request_id=request_id)
         if submit_time is not None:
             req.submit_time.CopyFrom(to_timestamp(submit_time))
-        return self.tasks.SubmitTask(req, timeout=self.timeout_s)
+        return tasks_wire.task_reply_from_pb(self.tasks.SubmitTask(req, timeout=self.timeout_s))
 
     @_translate
-    def get_task(self, task_id: str) -> tasks_pb2.Task:
-        """One task by id; raises NotFound for an unknown id."""
-        return self.tasks.GetTask(tasks_pb2.GetTaskRequest(task_id=task_id), timeout=self.timeout_s)
+    def get_task(self, task_id: str) -> TaskView:
+        """One task by id (:class:`~offcut.views.TaskView`: times [s since epoch], work
+        [samples], rates [samples/s], energy [J]); raises NotFound for an unknown id."""
+        return tasks_wire.task_from_pb(self.tasks.GetTask(tasks_pb2.GetTaskRequest(
+            task_id=task_id), timeout=self.timeout_s))
 
     @_translate
-    def list_tasks(self, states: Iterable[int] = (), owner: str = "",
-                   page_size: int = 0) -> list[tasks_pb2.Task]:
-        """Tasks in submit order, optionally filtered by ``offcut.v1.TaskState`` values and
+    def list_tasks(self, states: Iterable[TaskState | int] = (), owner: str = "",
+                   page_size: int = 0) -> list[TaskView]:
+        """Tasks in submit order (:class:`~offcut.views.TaskView`), optionally filtered by
+        state (:class:`~offcut.views.TaskState` or ``offcut.v1.TaskState`` numbers) and
         owner: every page of ListTasks (``page_size`` tasks a call; 0: the daemon's default,
         1,000), read one after the other."""
-        request = tasks_pb2.ListTasksRequest(states=list(states), owner=owner,
-                                             page_size=page_size)
-        tasks: list[tasks_pb2.Task] = []
+        request = tasks_pb2.ListTasksRequest(
+            states=[tasks_wire.STATE_TO_PB[s] if isinstance(s, TaskState) else s
+                    for s in states], owner=owner, page_size=page_size)
+        tasks: list[TaskView] = []
         while True:
             page = self.tasks.ListTasks(request, timeout=self.timeout_s)
-            tasks.extend(page.tasks)
+            tasks.extend(tasks_wire.task_from_pb(t) for t in page.tasks)
             if not page.next_page_token:
                 return tasks
             request.page_token = page.next_page_token
@@ -324,22 +353,22 @@ class Client:
     @_fresh_request_id
     @_translate
     def cancel(self, task_id: str, time: float | datetime | None = None, *,
-               request_id: str | None = None) -> tasks_pb2.CancelTaskResponse:
+               request_id: str | None = None) -> TaskReply:
         """Cancel a task (releases its nodes); NotFound / FailedPrecondition for unknown or
         finished tasks. ``request_id`` (None: a fresh one; "": none) makes a retry of this
         call return the stored reply (and lets a retry policy repeat it), while a second
-        call finds the task cancelled."""
+        call finds the task cancelled. Returns the task after it and the decision."""
         req = tasks_pb2.CancelTaskRequest(task_id=task_id, request_id=request_id)
         if time is not None:
             req.time.CopyFrom(to_timestamp(time))
-        return self.tasks.CancelTask(req, timeout=self.timeout_s)
+        return tasks_wire.task_reply_from_pb(self.tasks.CancelTask(req, timeout=self.timeout_s))
 
     @_translate
     def report_task_run(self, task_id: str, state: str, *, node: str = "", job_id: str = "",
                         exit_code: int = 0, message: str = "",
                         time: float | datetime | None = None, request_id: str = "",
                         generation: int | None = None,
-                        stop_ignored: bool = False) -> tasks_pb2.ReportTaskRunResponse:
+                        stop_ignored: bool = False) -> TaskReply:
         """Report what happened to a run of a task (launchers): ``state`` is ``started``,
         ``preempted``, ``finished`` (completes the task), ``interrupted`` (checkpointed, exit
         75) or ``failed``. ``generation`` is the run's generation (docs/execution.md): with it,
@@ -347,9 +376,9 @@ class Client:
         (``failed`` fails it after ``max_failed_generations`` in a row) and reports of
         earlier generations are only recorded; without it, ``failed`` fails the task.
         ``stop_ignored``: the run was killed after the grace time (a warning on the task).
-        ``request_id`` makes a retry return the stored reply. Raises NotFound (unknown task),
-        FailedPrecondition (task already finished, or a generation it never had),
-        InvalidArgument."""
+        ``request_id`` makes a retry return the stored reply. Returns the task after it and the
+        decision. Raises NotFound (unknown task), FailedPrecondition (task already finished,
+        or a generation it never had), InvalidArgument."""
         if state not in _RUN_STATES:
             raise InvalidArgument(f"{state!r} is not one of {', '.join(_RUN_STATES)}", "state")
         req = tasks_pb2.TaskRunReport(task_id=task_id, state=_RUN_STATES[state], node=node,
@@ -358,16 +387,18 @@ class Client:
                                       stop_ignored=stop_ignored)
         if time is not None:
             req.time.CopyFrom(to_timestamp(time))
-        return self.tasks.ReportTaskRun(req, timeout=self.timeout_s)
+        return tasks_wire.task_reply_from_pb(self.tasks.ReportTaskRun(req,
+                                                                      timeout=self.timeout_s))
 
     @_translate
     def report_progress(self, reports: list[dict], *, request_id: str = ""
-                        ) -> tasks_pb2.ReportProgressResponse:
+                        ) -> ProgressReply:
         """Report measured progress of running tasks, applied together. Each report is a
         dict: ``task_id``, ``time`` (s since epoch or datetime), ``samples_done`` (cumulative
         samples, never decreasing), ``nodes`` (count it ran on since its previous report),
         optional ``energy_j`` (cumulative J). A report reaching the task's total work completes
-        it. ``request_id`` makes a retry return the stored reply. Raises NotFound (unknown task),
+        it. ``request_id`` makes a retry return the stored reply. Returns the decision and the
+        reported tasks after it (:class:`~offcut.views.ProgressReply`). Raises NotFound (unknown task),
         FailedPrecondition (finished task, task without reports_progress, figures that go
         backwards, a node count it never held), InvalidArgument (malformed figures)."""
         req = tasks_pb2.ReportProgressRequest(request_id=request_id)
@@ -377,12 +408,13 @@ class Client:
             msg.time.CopyFrom(to_timestamp(r["time"]))
             if r.get("energy_j") is not None:
                 msg.energy_j = float(r["energy_j"])
-        return self.tasks.ReportProgress(req, timeout=self.timeout_s)
+        return tasks_wire.progress_reply_from_pb(self.tasks.ReportProgress(
+            req, timeout=self.timeout_s))
 
     @_fresh_request_id
     @_translate
     def report_energy(self, task_id: str, generation: int, rank: int, joules: float, *,
-                      request_id: str | None = None) -> tasks_pb2.ReportEnergyResponse:
+                      request_id: str | None = None) -> TaskReply:
         """Report what the GPUs of process ``rank`` of ``generation`` of a task drew since it
         started, ``joules`` [J] (cumulative; docs/execution.md, "Energy"). The largest figure
         per (generation, rank) counts, so a repeat changes nothing; ``request_id`` (None: a
@@ -391,77 +423,91 @@ class Client:
         task, or another user's), FailedPrecondition (a generation after the current one or
         no longer kept), InvalidArgument (``joules`` not finite or outside 0 .. 1e13,
         ``generation`` 0, ``rank`` not below the generation's world size)."""
-        return self.tasks.ReportEnergy(tasks_pb2.EnergyReport(
+        return tasks_wire.task_reply_from_pb(self.tasks.ReportEnergy(tasks_pb2.EnergyReport(
             task_id=task_id, generation=generation, rank=rank, joules=joules,
-            request_id=request_id), timeout=self.timeout_s)
+            request_id=request_id), timeout=self.timeout_s))
 
     def watch(self, task_id: str = "", after_revision: int = 0,
               timeout_s: float | None = None) -> "Stream":
         """Placement updates as they are decided (retained ones after ``after_revision``
-        first): a blocking iterable :class:`Stream` that ends, without an error, after
+        first), each a :class:`~offcut.views.PlacementUpdate` (time [s since epoch], the
+        changes and warnings): a blocking iterable :class:`Stream` that ends, without an error, after
         ``timeout_s`` seconds (None: never) or when ``.cancel()`` is called (from any thread).
 
         Raises, while iterating: :class:`NotFound` (unknown ``task_id``), :class:`Unavailable`.
         """
         return Stream(self, self.tasks.WatchPlacements(tasks_pb2.WatchPlacementsRequest(
             task_id=task_id, after_revision=after_revision), timeout=timeout_s),
-            timed=timeout_s is not None)
+            timed=timeout_s is not None, view=tasks_wire.update_from_pb)
 
     # ------------------------------------------------------------------ status
     @_translate
-    def status(self, include_idle_nodes: bool = False) -> status_pb2.StatusResponse:
-        """The daemon status: clock, idle pool, tasks by state, solver statistics, node-seconds."""
-        return self.status_stub.GetStatus(status_pb2.GetStatusRequest(
-            include_idle_nodes=include_idle_nodes), timeout=self.timeout_s)
+    def status(self, include_idle_nodes: bool = False) -> StatusView:
+        """The daemon status (:class:`~offcut.views.StatusView`): clock [s since epoch; None
+        before any event], idle pool, tasks by state, solver statistics [ms], node-seconds,
+        energy [J]."""
+        return tasks_wire.status_from_pb(self.status_stub.GetStatus(status_pb2.GetStatusRequest(
+            include_idle_nodes=include_idle_nodes), timeout=self.timeout_s))
 
     # ------------------------------------------------------------------ Zeus optimizers
     @_translate
-    def register_zeus_job(self, spec: zeus_pb2.BatchSizeJobSpec, owner: str = ""
-                          ) -> zeus_pb2.ZeusJob:
+    def register_zeus_job(self, spec: BatchSizeJobSpec | zeus_pb2.BatchSizeJobSpec,
+                          owner: str = "", *, power: PowerLimitSpec | None = None) -> ZeusJob:
         """Register a recurring job with the batch-size optimizer (idempotent for the same
         spec; AlreadyExists for a different one, or a job id another user's job holds). It
-        belongs to ``owner``, "" = the caller (only admins may name another user). Returns
-        the stored job."""
-        return self.bso.RegisterJob(zeus_pb2.RegisterJobRequest(spec=spec, owner=owner),
-                                    timeout=self.timeout_s)
+        belongs to ``owner``, "" = the caller (only admins may name another user). ``spec``: a
+        :class:`~offcut.zeus_views.BatchSizeJobSpec` with its ``power`` spec (None: the job
+        does not use the power-limit optimizer), or an ``offcut.v1.BatchSizeJobSpec`` message
+        (its ``power`` field; then ``power`` must be None). Returns the stored job (defaults
+        and seed filled in) as a :class:`~offcut.zeus_views.ZeusJob`."""
+        if isinstance(spec, BatchSizeJobSpec):
+            spec = zeus_wire.job_spec_to_pb(spec, power)
+        elif power is not None:
+            raise InvalidArgument("is given twice: as the message's field and as power=",
+                                  "spec.power")
+        return zeus_wire.job_from_pb(self.bso.RegisterJob(
+            zeus_pb2.RegisterJobRequest(spec=spec, owner=owner), timeout=self.timeout_s))
 
     @_translate
-    def predict_batch_size(self, job_id: str, request_id: str = "") -> zeus_pb2.Prediction:
-        """Batch size and trial number of the next run; ``request_id`` makes a retry return
-        the same trial."""
-        return self.bso.Predict(zeus_pb2.PredictRequest(job_id=job_id, request_id=request_id),
-                                timeout=self.timeout_s)
+    def predict_batch_size(self, job_id: str, request_id: str = "") -> Prediction:
+        """Batch size and trial number of the next run (its cost bound [J]); ``request_id``
+        makes a retry return the same trial."""
+        return zeus_wire.prediction_from_pb(self.bso.Predict(
+            zeus_pb2.PredictRequest(job_id=job_id, request_id=request_id), timeout=self.timeout_s))
 
     @_translate
     def report_epoch(self, job_id: str, trial_number: int, epoch: int, time_s: float,
-                     energy_j: float, metric: float, batch_size: int = 0) -> zeus_pb2.TrialVerdict:
+                     energy_j: float, metric: float, batch_size: int = 0) -> Verdict:
         """Cumulative time [s] and energy [J] of the trial after ``epoch``, with the
-        validation metric; the verdict says whether to stop. ``batch_size`` (optional) is
-        checked against the trial's (FailedPrecondition if it differs)."""
-        return self.bso.ReportEpoch(zeus_pb2.ReportEpochRequest(
+        validation metric; the :class:`~offcut.trial_verdict.Verdict` says whether to stop.
+        ``batch_size`` (optional) is checked against the trial's (FailedPrecondition if it
+        differs)."""
+        return zeus_wire.verdict_from_pb(self.bso.ReportEpoch(zeus_pb2.ReportEpochRequest(
             job_id=job_id, trial_number=trial_number, epoch=epoch, time_s=time_s,
-            energy_j=energy_j, metric=metric, batch_size=batch_size), timeout=self.timeout_s)
+            energy_j=energy_j, metric=metric, batch_size=batch_size), timeout=self.timeout_s))
 
     @_translate
-    def end_trial(self, job_id: str, trial_number: int) -> zeus_pb2.TrialVerdict:
-        """Close a trial that ended without a stopping verdict."""
-        return self.bso.EndTrial(zeus_pb2.EndTrialRequest(job_id=job_id, trial_number=trial_number),
-                                 timeout=self.timeout_s)
+    def end_trial(self, job_id: str, trial_number: int) -> Verdict:
+        """Close a trial that ended without a stopping verdict; its final
+        :class:`~offcut.trial_verdict.Verdict`."""
+        return zeus_wire.verdict_from_pb(self.bso.EndTrial(
+            zeus_pb2.EndTrialRequest(job_id=job_id, trial_number=trial_number),
+            timeout=self.timeout_s))
 
     @_translate
     def get_zeus_job(self, job_id: str, page_size: int = 0,
-                     before_trial_number: int = 0) -> zeus_pb2.ZeusJob:
+                     before_trial_number: int = 0) -> ZeusJob:
         """The job's spec, owner and optimizer state with one page of trials: the newest
         ``page_size`` (0 = 100, at most 1000) numbered below ``before_trial_number`` (0 = from
         the newest); the reply's ``next_before_trial_number`` asks for the next older page (0:
         none). NotFound if unknown or another user's."""
-        return self.bso.GetJob(zeus_pb2.GetJobRequest(
+        return zeus_wire.job_from_pb(self.bso.GetJob(zeus_pb2.GetJobRequest(
             job_id=job_id, page_size=page_size, before_trial_number=before_trial_number),
-            timeout=self.timeout_s)
+            timeout=self.timeout_s))
 
-    def zeus_trials(self, job_id: str, page_size: int = 1000):
-        """Every kept trial of the job, newest page first (each page ascending), reading page
-        by page (GetJob)."""
+    def zeus_trials(self, job_id: str, page_size: int = 1000) -> Iterable[ZeusTrial]:
+        """Every kept trial of the job (:class:`~offcut.zeus_views.ZeusTrial`), newest page
+        first (each page ascending), reading page by page (GetJob)."""
         before = 0
         while True:
             page = self.get_zeus_job(job_id, page_size=page_size, before_trial_number=before)
@@ -479,45 +525,48 @@ class Client:
                            timeout=self.timeout_s)
 
     @_translate
-    def power_plan(self, job_id: str, batch_size: int) -> zeus_pb2.PowerPlan:
+    def power_plan(self, job_id: str, batch_size: int) -> PowerPlan:
         """The power limit [W] to use, or the next window to profile."""
-        return self.plo.GetPowerPlan(zeus_pb2.PowerPlanRequest(job_id=job_id, batch_size=batch_size),
-                                     timeout=self.timeout_s)
+        return zeus_wire.plan_from_pb(self.plo.GetPowerPlan(
+            zeus_pb2.PowerPlanRequest(job_id=job_id, batch_size=batch_size),
+            timeout=self.timeout_s))
 
     @_fresh_request_id
     @_translate
     def report_power_window(self, job_id: str, batch_size: int, power_limit_w: float,
                             time_s: float, energy_j: float, *, request_id: str | None = None
-                            ) -> zeus_pb2.PowerPlan:
+                            ) -> PowerPlan:
         """A measured profiling window (time [s], energy [J]); returns the next plan.
         ``request_id`` (None: a fresh one; "": none) makes a retry of this call get the same
         plan without recording the window twice."""
-        return self.plo.ReportWindow(zeus_pb2.ReportWindowRequest(
+        return zeus_wire.plan_from_pb(self.plo.ReportWindow(zeus_pb2.ReportWindowRequest(
             job_id=job_id, batch_size=batch_size, power_limit_w=power_limit_w, time_s=time_s,
-            energy_j=energy_j, request_id=request_id), timeout=self.timeout_s)
+            energy_j=energy_j, request_id=request_id), timeout=self.timeout_s))
 
     @_fresh_request_id
     @_translate
     def interrupt_power_window(self, job_id: str, batch_size: int, power_limit_w: float, *,
-                               request_id: str | None = None) -> zeus_pb2.PowerPlan:
-        """The window at ``power_limit_w`` was cut short; it is planned again. ``request_id``
-        as for :meth:`report_power_window` (a retry is not a second interruption)."""
-        return self.plo.InterruptWindow(zeus_pb2.InterruptWindowRequest(
+                               request_id: str | None = None) -> PowerPlan:
+        """The window at ``power_limit_w`` [W] was cut short; it is planned again; returns
+        the next plan. ``request_id`` as for :meth:`report_power_window` (a retry is not a
+        second interruption)."""
+        return zeus_wire.plan_from_pb(self.plo.InterruptWindow(zeus_pb2.InterruptWindowRequest(
             job_id=job_id, batch_size=batch_size, power_limit_w=power_limit_w,
-            request_id=request_id), timeout=self.timeout_s)
+            request_id=request_id), timeout=self.timeout_s))
 
     @_translate
-    def power_profile(self, job_id: str, batch_size: int) -> zeus_pb2.PowerProfile:
-        """Measurements and chosen limit of a job's batch size."""
-        return self.plo.GetProfile(zeus_pb2.GetProfileRequest(job_id=job_id, batch_size=batch_size),
-                                   timeout=self.timeout_s)
+    def power_profile(self, job_id: str, batch_size: int) -> PowerProfile:
+        """Measurements and chosen limit [W] (0 until done) of a job's batch size."""
+        return zeus_wire.profile_from_pb(self.plo.GetProfile(
+            zeus_pb2.GetProfileRequest(job_id=job_id, batch_size=batch_size),
+            timeout=self.timeout_s))
 
     # ------------------------------------------------------------------ history
     def export_history(self, after_revision: int = 0, limit: int = 0,
                        timeout_s: float | None = None) -> "Stream":
-        """The daemon's journal, oldest first: one ``offcut.v1.HistoryEntry`` (revision, kind
-        ``nodes | snapshot | submit | cancel``, the decision, the task of a submission or
-        cancellation) per applied event with revision > ``after_revision``, at most ``limit``
+        """The daemon's journal, oldest first: one :class:`~offcut.views.HistoryEntry`
+        (revision, kind ``nodes | snapshot | submit | cancel | run | progress | energy``, the
+        decision, the task of an event about one task, else None) per applied event with revision > ``after_revision``, at most ``limit``
         entries (0: all), up to the revision current when the export began. A blocking
         iterable :class:`Stream`; ``timeout_s`` bounds the whole export [s] (None: no limit).
 
@@ -525,4 +574,5 @@ class Client:
         ``DEADLINE_EXCEEDED`` when ``timeout_s`` passes.
         """
         return Stream(self, self.status_stub.ExportHistory(status_pb2.ExportHistoryRequest(
-            after_revision=after_revision, limit=limit), timeout=timeout_s))
+            after_revision=after_revision, limit=limit), timeout=timeout_s),
+            view=tasks_wire.history_entry_from_pb)

@@ -285,15 +285,20 @@ def status(
             st = c.status(include_idle_nodes=idle_nodes)
     except OffcutError as exc:
         fail(str(exc))
-    has_clock = bool(st.clock.seconds or st.clock.nanos)
-    lag_s = time.time() - st.clock.ToNanoseconds() / 1e9 if has_clock else None
+    from offcut.views import SolverStatistics
+    from offcut.wire.tasks import status_to_pb, time_to_pb
+
+    has_clock = st.clock is not None
+    lag_s = time.time() - st.clock if has_clock else None
     if as_json:
-        doc = to_json(st)
+        doc = to_json(status_to_pb(st))
         doc["event_lag_s"] = lag_s
         typer.echo(json_text(doc, indent=2))
         return
-    s, last = st.solver, st.last_decision
-    typer.echo(f"clock        {st.clock.ToJsonString() if has_clock else '-'} (revision {st.revision}; "
+    # (a user's status has no last decision; the figures read 0 where the daemon sent none)
+    s = st.solver or SolverStatistics("", 0, 0.0, 0.0, 0.0, 0.0, 0, {}, "")
+    last = st.last_decision
+    typer.echo(f"clock        {time_to_pb(st.clock).ToJsonString() if has_clock else '-'} (revision {st.revision}; "
                f"event lag {task_cli.format_duration(lag_s)}; "
                f"{terminal_safe(st.clock_mode or 'live')})")
     typer.echo(f"nodes        {st.idle_nodes} in the idle pool, {st.nodes_in_use} of them in use by tasks")
@@ -307,12 +312,12 @@ def status(
     typer.echo(f"solver       {terminal_safe(s.configured_solver)}: {s.decisions} decisions, p50 {s.decision_ms_p50:.2f} ms, "
                f"p99 {s.decision_ms_p99:.2f} ms, max {s.decision_ms_max:.2f} ms, {s.fallbacks} fallbacks")
     snaps = st.snapshots
-    if snaps.count:
+    if snaps is not None and snaps.count:
         typer.echo(f"snapshots    {snaps.count} since start, each holding events back p50 "
                    f"{snaps.ms_p50:.2f} ms, p99 {snaps.ms_p99:.2f} ms, max {snaps.ms_max:.2f} ms "
                    f"(the last at revision {snaps.last_revision}: {snaps.last_ms:.2f} ms)")
-    if last.revision:  # the event's source and the solver's words: escaped
-        typer.echo(terminal_safe(f"last         {last.source or 'task request'} at {last.time.ToJsonString()}: {last.solve.status} by "
+    if last is not None and last.revision:  # the event's source and the solver's words: escaped
+        typer.echo(terminal_safe(f"last         {last.source or 'task request'} at {time_to_pb(last.time).ToJsonString()}: {last.solve.status} by "
                    f"{last.solve.solver or '-'} in {last.solve.solve_ms:.2f} ms, "
                    f"{len(last.placements)} placement change(s)"))
     if s.last_fallback_reason:

@@ -7,23 +7,23 @@ start from 0 nodes costs nothing) and, when it shrinks, ``Tcdw * S(c)``. So, com
 aside, growing from ``c`` to ``n`` pays exactly when ``Tfwd * (S(n) - S(c)) > Tcup * S(c)``.
 This module states that comparison for the task's own numbers: the idle nodes free now, the
 horizon ``Tfwd``, its rescale-up cost, its curve, and what would change the outcome (the
-horizon or the cost at which growing starts to pay). Pure: it reads a ``Task`` and a
-``StatusResponse`` and returns lines.
+horizon or the cost at which growing starts to pay). Pure: it reads a task's and the status'
+views (:mod:`offcut.views`) and returns lines.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from offcut.v1 import status_pb2, tasks_pb2
+from offcut.views import StatusView, TaskView
 
 __all__ = ["explain", "curve_of"]
 
 
-def curve_of(task: tasks_pb2.Task) -> tuple[list[int], list[float]]:
+def curve_of(task: TaskView) -> tuple[list[int], list[float]]:
     """The curve the allocation uses for ``task``: node counts and S(n) [samples/s] (the
     learned curve for a learned task, else ``objective_values`` or ``throughputs``)."""
-    if task.HasField("model") and len(task.model.curve_node_counts):
+    if task.model is not None and len(task.model.curve_node_counts):
         return list(task.model.curve_node_counts), list(task.model.curve_throughputs)
     s = task.spec
     return list(s.node_counts), list(s.objective_values or s.throughputs)
@@ -36,11 +36,11 @@ def _s(counts: list[int], values: list[float], n: int, min_nodes: int) -> float:
     return float(np.interp(n, counts, values))
 
 
-def explain(task: tasks_pb2.Task, status: status_pb2.StatusResponse) -> list[str]:
+def explain(task: TaskView, status: StatusView) -> list[str]:
     """Lines that say why ``task`` holds ``len(task.nodes)`` nodes now and what would
     change it (module docstring: the comparison of the throughput policy, BFTrainer, Section 3).
     ``status``: the daemon's status (idle nodes, nodes in use, ``tfwd_s``, the policy)."""
-    state = tasks_pb2.TaskState.Name(task.state).removeprefix("TASK_STATE_").lower()
+    state = task.state.value
     spec = task.spec
     held = len(task.nodes)
     free = max(status.idle_nodes - status.nodes_in_use, 0)
@@ -66,7 +66,7 @@ def explain(task: tasks_pb2.Task, status: status_pb2.StatusResponse) -> list[str
         return lines
     counts, values = curve_of(task)
     tfwd = status.tfwd_s
-    up = (task.model.rescale_up_s if task.HasField("model") and task.model.rescale_up_s
+    up = (task.model.rescale_up_s if task.model is not None and task.model.rescale_up_s
           else spec.rescale_up_s)
     if held == 0:
         need = spec.min_nodes

@@ -81,11 +81,12 @@ class ProgressReporter:
         self.task_id, self.nodes, self.every_s = task_id, int(nodes), float(every_s)
         self._energy_fn, self._clock = energy_j, clock
         model = self.client.get_task(task_id).model
+        reported = model is not None and model.has_report
         if samples_done is None:
-            samples_done = model.last_samples_done if model.has_report else 0.0
+            samples_done = model.last_samples_done if reported else 0.0
         self._base_samples = samples_done
         self._base_energy = (model.last_energy_j
-                             if model.has_report and model.HasField("last_energy_j") else 0.0)
+                             if reported and model.last_energy_j is not None else 0.0)
         self.samples = 0.0  # processed by this process since the base (set_samples_done)
         self._last_sent = self._clock()
         self.reports = 0
@@ -137,7 +138,7 @@ class ProgressReporter:
                 log.warning("progress report for %s failed: %s", self.task_id, exc)
 
     def report(self):
-        """Send a report now; returns the daemon's ``ReportProgressResponse``. Raises
+        """Send a report now; returns the daemon's answer (:class:`~offcut.views.ProgressReply`). Raises
         :class:`OffcutError` (e.g. FailedPrecondition once the task is finished)."""
         now = self._clock()
         r = {"task_id": self.task_id, "time": now, "samples_done": self.samples_done,

@@ -68,6 +68,7 @@ from offcut.client.training import (ENV_ADDRESS, ENV_BATCH_SIZE, ENV_JOB_ID, ENV
 from offcut.errors import AlreadyExists, FailedPrecondition, Unavailable
 from offcut.text_safety import csv_writer
 from offcut.v1 import zeus_pb2
+from offcut.zeus_views import Prediction, ZeusTrial
 
 PLACEHOLDERS = ("batch_size", "learning_rate", "trial", "recurrence", "seed")
 LR_SCALINGS = ("linear", "sqrt", "none")
@@ -461,9 +462,9 @@ class RecurDriver:
             job = self.client.register_zeus_job(self.opts.job_spec(self.job_id))
         except AlreadyExists as exc:
             raise RecurError(f"{exc}; pass another --job-id to start a new job") from None
-        power = (f", power limits {job.spec.power.min_power_limit_w:g}-"
-                 f"{job.spec.power.max_power_limit_w:g} W step {job.spec.power.step_w:g}"
-                 if job.spec.HasField("power") else "")
+        power = (f", power limits {job.power.min_power_limit_w:g}-"
+                 f"{job.power.max_power_limit_w:g} W step {job.power.step_w:g}"
+                 if job.power is not None else "")
         self.echo(f"job {self.job_id}: batch sizes {list(job.spec.batch_sizes)}, default "
                   f"{job.spec.default_batch_size}, phase {job.phase}, {job.trial_count} earlier "
                   f"trials{power}")
@@ -472,7 +473,7 @@ class RecurDriver:
                       f"{self.opts.observer_limit_w:g} W; the optimizers measure, the batch "
                       "size still follows the batch-size optimizer")
 
-    def _predict(self, recurrence: int, attempt: int) -> zeus_pb2.Prediction:
+    def _predict(self, recurrence: int, attempt: int) -> Prediction:
         request_id = f"recur-{self.session}-r{recurrence}-t{attempt}"
         for delay in (0.5, 1.0, 2.0, None):
             try:
@@ -483,7 +484,7 @@ class RecurDriver:
                 time.sleep(delay)  # the same request_id: a retry cannot open a second trial
         raise AssertionError("unreachable")
 
-    def _trial(self, trial_number: int) -> zeus_pb2.ZeusTrial:
+    def _trial(self, trial_number: int) -> ZeusTrial:
         job = self.client.get_zeus_job(self.job_id, page_size=1,
                                        before_trial_number=trial_number + 1)
         for trial in job.trials:

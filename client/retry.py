@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -47,6 +46,7 @@ import grpc
 
 from offcut.errors import FailedPrecondition, OffcutError
 from offcut.retry import Backoff, is_unavailable
+from offcut.trial_verdict import Verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     from offcut.client.api import Client
@@ -140,8 +140,6 @@ def _reconcile_report_epoch(client: "Client", a: dict[str, Any], exc: OffcutErro
     holds exactly this report and still runs, the lost answer was "keep training"."""
     if not isinstance(exc, FailedPrecondition) or not str(exc).startswith("epoch:"):
         return None  # (the daemon names the offending field first in the details)
-    from offcut.v1 import zeus_pb2
-
     job = client.get_zeus_job(a["job_id"], page_size=1,  # (the page of that trial)
                               before_trial_number=int(a["trial_number"]) + 1)
     trial = next((t for t in job.trials if t.trial_number == a["trial_number"]), None)
@@ -149,7 +147,7 @@ def _reconcile_report_epoch(client: "Client", a: dict[str, Any], exc: OffcutErro
             or trial.time_s != a["time_s"] or trial.energy_j != a["energy_j"]):
         return None
     try:  # the metric is only in the optimizer's state dump; compare it when present
-        state = json.loads(job.state_json)
+        state = job.state()
         stored = next(t for t in state.get("trials", [])
                       if t.get("trial_number") == a["trial_number"])
         if "metric" in stored and stored["metric"] != a["metric"]:
@@ -158,8 +156,8 @@ def _reconcile_report_epoch(client: "Client", a: dict[str, Any], exc: OffcutErro
         pass
     log.info("report_epoch: epoch %d of trial %d was applied before the daemon restarted",
              a["epoch"], a["trial_number"])
-    return zeus_pb2.TrialVerdict(stop=False, converged=False, cost_j=trial.cost_j,
-                                 message="keep training", finished=False)
+    return Verdict(stop=False, converged=False, cost_j=trial.cost_j, message="keep training",
+                   finished=False)
 
 
 _RECONCILERS: dict[str, Callable[["Client", dict[str, Any], OffcutError], Any]] = {

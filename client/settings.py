@@ -29,7 +29,6 @@ import functools
 import inspect
 import os
 import stat
-import tomllib
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, get_args
@@ -40,6 +39,7 @@ from pydantic_settings import (BaseSettings, InitSettingsSource, PydanticBaseSet
 
 from offcut.client.api import Client
 from offcut.client.retry import RetryPolicy
+from offcut.toml_file import TomlFileError, read_toml
 
 ENV_PREFIX = "OFFCUT_"
 #: the config file's values for the settings being built (:func:`load_client_settings`)
@@ -220,15 +220,10 @@ def load_client_settings(flags: Mapping[str, Any] | None = None,
     path = Path(config) if config is not None else default_config_file()
     if config is not None or path.exists():
         try:
-            with open(path, "rb") as fh:
-                problem = config_file_problem(path, os.fstat(fh.fileno()))
-                if problem:
-                    raise SettingsError(f"config {path}: refused: {problem}")
-                values = tomllib.load(fh)
-        except OSError as exc:
-            raise SettingsError(f"cannot read config {path}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise SettingsError(f"config {path}: not valid TOML: {exc}") from None
+            values = read_toml(path, "config",
+                               check=functools.partial(config_file_problem, path))
+        except TomlFileError as exc:
+            raise SettingsError(str(exc)) from None
         keys = set(values)
         if "token" in keys:
             raise SettingsError(f"config {path}: token: not read from a file; put the token "

@@ -26,6 +26,8 @@ from offcut.client.settings import ClientSettings, connection_options
 from offcut.errors import InvalidArgument, NotFound, OffcutError
 from offcut.text_safety import terminal_safe
 from offcut.v1 import decision_pb2, tasks_pb2
+from offcut.views import PlacementUpdate, TaskReply, TaskState, TaskView
+from offcut.wire import tasks as tasks_wire
 
 ACTIVE_STATES = ("queued", "admitted", "running")
 ALL_STATES = ACTIVE_STATES + ("completed", "cancelled", "failed")
@@ -55,13 +57,19 @@ FORMAT_FIELDS = {
 DEFAULT_FORMAT = "%i  %j  %u  %T  %D  %R  %P  %e"
 
 
-def state_name(state: int) -> str:
-    """``TASK_STATE_RUNNING`` -> ``running``."""
+def state_name(state: TaskState | int) -> str:
+    """A task state's name: ``TaskState.RUNNING`` (or ``offcut.v1``'s ``TASK_STATE_RUNNING``)
+    -> ``running``."""
+    if isinstance(state, TaskState):
+        return state.value
     return tasks_pb2.TaskState.Name(state).removeprefix("TASK_STATE_").lower()
 
 
-def change_name(change: int) -> str:
-    """``PLACEMENT_CHANGE_GROW`` -> ``grow``."""
+def change_name(change: str | int) -> str:
+    """A placement change's name: ``grow`` as is (a view's), or ``offcut.v1``'s
+    ``PLACEMENT_CHANGE_GROW`` -> ``grow``."""
+    if isinstance(change, str):
+        return change
     return decision_pb2.PlacementChange.Name(change).removeprefix("PLACEMENT_CHANGE_").lower()
 
 
@@ -75,22 +83,23 @@ def format_duration(seconds: float | None) -> str:
     return f"{days}-{text}" if days else text
 
 
-def _ts(ts) -> str:
-    return ts.ToJsonString() if (ts.seconds or ts.nanos) else "-"
+def _ts(t: float | None) -> str:
+    """A time [s since epoch] in RFC 3339 UTC, as the JSON output writes it; ``-`` for None."""
+    return tasks_wire.time_to_pb(t).ToJsonString() if t is not None else "-"
 
 
-def eta_seconds(task: tasks_pb2.Task) -> float | None:
+def eta_seconds(task: TaskView) -> float | None:
     """Seconds to completion at the task's current rate (None when it earns nothing now, or
     when it reports its progress and has not reported yet: its rate is then only the prior)."""
     remaining = task.spec.total_work_samples - task.work_done_samples
-    if task.state != tasks_pb2.TASK_STATE_RUNNING or task.rate_samples_per_s <= 0:
+    if task.state != TaskState.RUNNING or task.rate_samples_per_s <= 0:
         return None
-    if reports_progress(task) and not task.model.has_report:
+    if reports_progress(task) and not (task.model is not None and task.model.has_report):
         return None
     return max(remaining, 0.0) / task.rate_samples_per_s
 
 
-def progress_pct(task: tasks_pb2.Task) -> float:
+def progress_pct(task: TaskView) -> float:
     """The daemon's modelled work done in % of the task's total work, within [0, 100] (the
     progress model subtracts rescale and preemption costs, so a task that lost more than it
     earned has negative work done; ``work_done_samples`` keeps the signed figure). What the
@@ -99,7 +108,7 @@ def progress_pct(task: tasks_pb2.Task) -> float:
     return 100.0 * min(max(task.work_done_samples / total, 0.0), 1.0) if total > 0 else 0.0
 
 
-def reports_progress(task: tasks_pb2.Task) -> bool:
+def reports_progress(task: TaskView) -> bool:
     """True when the task's progress comes from its own reports (``Tasks.ReportProgress``):
     submitted with ``reports_progress``, or without a curve (learned), as the daemon decides
     (``TaskSpec.reports`` of offcut.core.taskspec)."""
@@ -140,7 +149,7 @@ class Progress:
         return None if self.report_time is None else max(now - self.report_time, 0.0)
 
 
-def shown_progress(task: tasks_pb2.Task) -> Progress:
+def shown_progress(task: TaskView) -> Progress:
     """The progress ``offcut show`` and ``queue`` print for ``task``: a reporting task's last
     reported figure (or none before its first report); a task that does not report, the
     daemon's modelled figure, an estimate. Never raises (a total of 0 is 0 %)."""
@@ -152,9 +161,9 @@ def shown_progress(task: tasks_pb2.Task) -> Progress:
     if not reports_progress(task):
         return Progress(ESTIMATE, pct(task.work_done_samples), task.work_done_samples, None)
     m = task.model
-    if not (task.HasField("model") and m.has_report):
+    if m is None or not m.has_report:
         return Progress(NO_REPORT, None, None, None)
-    at = m.last_report_time.seconds + m.last_report_time.nanos / 1e9
+    at = m.last_report_time
     return Progress(MEASURED, pct(m.last_samples_done), m.last_samples_done, at)
 
 
@@ -168,7 +177,7 @@ def format_age(seconds: float) -> str:
     return f"{s} s"
 
 
-def progress_cell(task: tasks_pb2.Task, now: float | None = None) -> str:
+def progress_cell(task: TaskView, now: float | None = None) -> str:
     """``offcut queue``'s PROGRESS: ``3.6% (2 min ago)`` (reported), ``~11.2% (est.)``
     (modelled), ``- (no report)``. ``now`` [s since the epoch] defaults to this clock."""
     p = shown_progress(task)
@@ -180,7 +189,7 @@ def progress_cell(task: tasks_pb2.Task, now: float | None = None) -> str:
     return f"{p.pct:.1f}% ({format_age(p.age_s(now))} ago)"
 
 
-def progress_text(task: tasks_pb2.Task, now: float | None = None) -> str:
+def progress_text(task: TaskView, now: float | None = None) -> str:
     """``offcut show``'s Progress line: the reported figure, its samples and when (``3.60%
     (36000 of 1e+06 samples, reported 2 min ago at 2026-...Z)``), the modelled figure marked
     as an estimate, or that the task has not reported yet. ``now`` [s since the epoch]
@@ -198,16 +207,16 @@ def progress_text(task: tasks_pb2.Task, now: float | None = None) -> str:
             f"{format_age(p.age_s(now))} ago at {_ts(task.model.last_report_time)})")
 
 
-def generation_text(task: tasks_pb2.Task, clock_mode: str = "live",
+def generation_text(task: TaskView, clock_mode: str = "live",
                     now: float | None = None) -> str:
     """``offcut show``'s Generation line: the number, when it was placed, and on a live
     daemon whether its jobs run: ``5 (placed 12 s ago at ...; started)`` or ``5 (placed ...;
     waiting for the launcher: ...)`` while no launcher reported a run of it started
     (docs/execution.md, "Waiting for the launcher"). ``now`` [s since the epoch] defaults
     to this clock."""
-    if not task.HasField("generation_time"):
+    if task.generation_time is None:
         return str(task.generation)
-    placed = task.generation_time.seconds + task.generation_time.nanos / 1e9
+    placed = task.generation_time
     now = time.time() if now is None else now
     text = (f"{task.generation} (placed {format_age(max(now - placed, 0.0))} ago at "
             f"{_ts(task.generation_time)}")
@@ -221,18 +230,18 @@ def generation_text(task: tasks_pb2.Task, clock_mode: str = "live",
             "Slurm has not started them yet)")
 
 
-def energy_figures(task: tasks_pb2.Task) -> tuple[float, float, str]:
+def energy_figures(task: TaskView) -> tuple[float, float, str]:
     """``(joules [J], samples per joule [samples/J], source)`` of a task as the daemon shows
     it (``Task.energy``; docs/execution.md, "Energy"): source ``measured`` (its processes'
     GPUs) or ``modelled`` (an estimate); a daemon before that answers energy_j, modelled."""
-    if task.HasField("energy"):
+    if task.energy is not None:
         e = task.energy
         return e.joules, e.samples_per_joule, e.source
     j = task.energy_j
     return j, (task.work_done_samples / j if j > 0 else 0.0), "modelled"
 
 
-def energy_text(task: tasks_pb2.Task) -> str:
+def energy_text(task: TaskView) -> str:
     """The ``Energy`` line of ``offcut show``: joules, their source and what stands behind
     them (the newest generation's ranks that reported; the modelled power now)."""
     joules, _, source = energy_figures(task)
@@ -259,13 +268,13 @@ class TaskEnergyRows:
     id seen (the export's tasks)."""
 
     def __init__(self) -> None:
-        self.tasks: dict[str, tuple[float, tasks_pb2.Task]] = {}
+        self.tasks: dict[str, tuple[float, TaskView]] = {}
 
     def entry(self, e) -> None:
-        """Note one ``offcut.v1.HistoryEntry`` (entries without a task are skipped)."""
-        if e.HasField("task") and e.task.task_id:
-            t = e.decision.time
-            self.tasks[e.task.task_id] = (t.seconds + t.nanos / 1e9, e.task)
+        """Note one :class:`~offcut.views.HistoryEntry` (entries without a task are
+        skipped)."""
+        if e.task is not None and e.task.task_id and e.decision is not None:
+            self.tasks[e.task.task_id] = (e.decision.time, e.task)
 
     @property
     def measured(self) -> int:
@@ -312,11 +321,11 @@ class TaskWarningRows:
         self._out.writerow(TASK_WARNING_COLUMNS)
 
     def entry(self, e) -> None:
-        """Write the warnings of one ``offcut.v1.HistoryEntry``'s decision."""
+        """Write the warnings of one :class:`~offcut.views.HistoryEntry`'s decision."""
         from datetime import datetime, timezone
 
-        for w in e.decision.warnings:
-            at = datetime.fromtimestamp(w.time.seconds + w.time.nanos / 1e9, timezone.utc)
+        for w in e.decision.warnings if e.decision is not None else ():
+            at = datetime.fromtimestamp(w.time, timezone.utc)
             self._out.writerow([at.isoformat(timespec="seconds"), w.task_id, w.generation,
                                 w.kind, w.message])
             self.count += 1
@@ -332,9 +341,9 @@ class TaskWarningRows:
         self.close()
 
 
-def task_json(task: tasks_pb2.Task) -> dict:
-    """A task as ``offcut queue --json`` and ``offcut show --json`` print it: the ``Task``
-    message in the one JSON form (:mod:`offcut.client.json_out`) plus the progress as shown
+def task_json(task: TaskView) -> dict:
+    """A task as ``offcut queue --json`` and ``offcut show --json`` print it: its ``Task``
+    message (:func:`offcut.wire.tasks.task_to_pb`) in the one JSON form (:mod:`offcut.client.json_out`) plus the progress as shown
     (:func:`shown_progress`): ``progress_pct`` (% of its work done, 0-100; null when a
     reporting task has not reported yet), ``progress_source`` (``measured``: its last report;
     ``estimate``: the daemon's model, the task does not report; ``none``: no report yet),
@@ -344,15 +353,15 @@ def task_json(task: tasks_pb2.Task) -> dict:
     from offcut.client.json_out import to_json
 
     p = shown_progress(task)
-    return {**to_json(task),
+    return {**to_json(tasks_wire.task_to_pb(task)),
             "progress_pct": None if p.pct is None else round(p.pct, 2),
             "progress_source": p.source,
-            "progress_report_time": (task.model.last_report_time.ToJsonString()
+            "progress_report_time": (_ts(task.model.last_report_time)
                                      if p.source == MEASURED else None),
             "eta_s": eta_seconds(task)}
 
 
-def task_reason(task: tasks_pb2.Task) -> str:
+def task_reason(task: TaskView) -> str:
     """squeue's ``%R`` of a task: its node list while it holds nodes, else why not, in
     parentheses: ``(MaxRunningTasks)`` (queued: the daemon admits at most
     ``max_running_tasks``), ``(Resources)`` (admitted, no idle node it fits is free), the
@@ -426,7 +435,7 @@ _FORMAT_RE = re.compile(r"%(?P<dot>\.?)(?P<size>\d*)(?P<letter>[A-Za-z])")
 
 
 def render_format(parts: list[tuple[str, str, int | None, bool]],
-                  tasks: Iterable[tasks_pb2.Task], header: bool = True) -> str:
+                  tasks: Iterable[TaskView], header: bool = True) -> str:
     """Lines of ``tasks`` in a :func:`parse_format` format, as squeue prints them: a field
     with a size is padded to it (right-justified with ``.``) and cut to it, one without is
     as wide as its column's longest value; the header line first unless ``header`` is
@@ -494,9 +503,8 @@ def submit(
                               rescale_up_s=rescale_up, rescale_down_s=rescale_down,
                               objective=objective, command=command or [],
                               gpus_per_node=gpus_per_node, constraint=constraint,
-                              procs_per_node=procs_per_node)
-        spec.reports_progress = reports_progress
-        spec.zeus_job_id = zeus_job
+                              procs_per_node=procs_per_node, reports_progress=reports_progress,
+                              zeus_job_id=zeus_job)
     except InvalidArgument as exc:
         _fail(_cli_field(str(exc)), 2)
     try:
@@ -524,21 +532,20 @@ def _cli_field(message: str) -> str:
                         ("rescale_up:", "--rescale-up:"), ("rescale_down:", "--rescale-down:"),
                         ("objective:", "--objective:"), ("constraint:", "--constraint:"),
                         ("gpus_per_node:", "--gpus-per-node:"),
-                        ("procs_per_node:", "--procs-per-node:"),
-                        ("spec.procs_per_node:", "--procs-per-node:")):
+                        ("procs_per_node:", "--procs-per-node:")):
         if message.startswith(api):
             return option + message[len(api):]
     return message
 
 
-def _states(values: list[str] | None, all_states: bool) -> list[int]:
+def _states(values: list[str] | None, all_states: bool) -> list[TaskState]:
     if all_states:
         return []
     names = values or list(ACTIVE_STATES)
     codes = {}
     for state, code in STATE_CODES.items():
         codes.setdefault(code.lower(), []).append(state)
-    out: list[int] = []
+    out: list[TaskState] = []
     for n in names:
         for part in n.split(","):
             part = part.strip().lower()
@@ -549,8 +556,7 @@ def _states(values: list[str] | None, all_states: bool) -> list[int]:
             if not chosen:
                 _fail(f"--state: {part!r} is not a state ({', '.join(ALL_STATES)}), a code "
                       f"({', '.join(sorted(set(STATE_CODES.values())))}), pending or all", 2)
-            out += [tasks_pb2.TaskState.Value(f"TASK_STATE_{s.upper()}") for s in chosen
-                    if tasks_pb2.TaskState.Value(f"TASK_STATE_{s.upper()}") not in out]
+            out += [TaskState(s) for s in chosen if TaskState(s) not in out]
     return out
 
 
@@ -632,7 +638,7 @@ def show(
                          "fails at max_failed_generations)"),
         ("SamplesRedone", f"{task.samples_redone:.6g}"),
         ("Finishing", f"since {_ts(task.work_reached_time)} (the work is reached; COMPLETED "
-                      "when its processes exit 0)" if task.HasField("work_reached_time")
+                      "when its processes exit 0)" if task.work_reached_time is not None
          else "-"),
         ("Reason", task.failure_reason or "-"),
         ("RescaleUp", f"{s.rescale_up_s:g} s"), ("RescaleDown", f"{s.rescale_down_s:g} s"),
@@ -641,7 +647,7 @@ def show(
         ("Energy", energy_text(task)),
         ("SamplesPerJ", "{1:.6g} ({2})".format(*energy_figures(task))),
     ]
-    if task.HasField("model"):
+    if task.model is not None:
         m = task.model
         fields += [
             ("Measured", " ".join(f"{x.nodes}:{x.samples_per_s:.6g}" for x in m.measured) or "-"),
@@ -650,7 +656,7 @@ def show(
             ("RescaleInUse", f"up {m.rescale_up_s:.3g} s, down {m.rescale_down_s:.3g} s"),
             ("RescaleMeasured", " ".join(
                 f"{k} {getattr(m, f'measured_rescale_{k}_s'):.3g} s" for k in ("up", "down")
-                if m.HasField(f"measured_rescale_{k}_s")) or "-"),
+                if getattr(m, f"measured_rescale_{k}_s") is not None) or "-"),
             ("RescaleLost", f"{m.measured_rescale_lost_s:.3g} s over {m.measured_rescales} "
                             "measured rescales and preemptions (seconds of progress at the "
                             "rate before each)" if m.measured_rescales else "- (none measured)"),
@@ -671,13 +677,13 @@ def show(
         typer.echo(f"{'Why' if i == 0 else '':12s} {terminal_safe(line)}")
 
 
-def cancel_text(reply: tasks_pb2.CancelTaskResponse) -> str:
+def cancel_text(reply: TaskReply) -> str:
     """What ``offcut cancel`` says of one cancelled task: a task that held nodes is CANCELLED
     at once (its nodes re-allocated), but its jobs still end: each gets the stop signal to
     checkpoint and exit, and the launcher cancels it after ``rescale_grace_s`` at most (docs/
     execution.md, "Signals and exit codes")."""
     task_id = terminal_safe(reply.task.task_id)
-    held = [p.previous_node_count for p in reply.decision.placements
+    held = [p.previous_count for p in reply.decision.placements
             if p.task_id == reply.task.task_id]
     if held and held[0] > 0:
         return (f"Cancelled task {task_id}; its jobs on {held[0]} node(s) are ending: the "
@@ -719,7 +725,7 @@ def cancel(
         raise typer.Exit(1)
 
 
-def format_update(update: tasks_pb2.PlacementUpdate) -> list[str]:
+def format_update(update: PlacementUpdate) -> list[str]:
     """One line per placement change of an update (``generation N`` once the task has one:
     docs/execution.md), then one per warning noted (docs/execution.md, "Wasted work"), each
     :func:`~offcut.text_safety.terminal_safe` (task names, causes and texts escaped)."""
@@ -729,7 +735,7 @@ def format_update(update: tasks_pb2.PlacementUpdate) -> list[str]:
         gen = f"  generation {p.generation}" if p.generation else ""
         lines.append(terminal_safe(
             f"{_ts(p.time)}  rev {update.revision:<6d} {update.cause:10s} {p.task_id}  "
-            f"{p.task_name}  {change_name(p.change)} {p.previous_node_count}->"
+            f"{p.task_name}  {change_name(p.change)} {p.previous_count}->"
             f"{len(p.nodes)}  {nodes}{gen}"))
     for w in update.warnings:
         lines.append(terminal_safe(
@@ -765,7 +771,7 @@ def watch(
 
             for update in c.watch(task_id or "", after_revision=after_revision, timeout_s=timeout):
                 if as_json:
-                    typer.echo(json_text(to_json(update)))
+                    typer.echo(json_text(to_json(tasks_wire.update_to_pb(update))))
                 else:
                     for line in format_update(update):
                         typer.echo(line)

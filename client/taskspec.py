@@ -1,4 +1,5 @@
-"""Building a task's ``offcut.v1.TaskSpec`` from what a researcher knows.
+"""Building a task's spec (the core :class:`offcut.taskspec.TaskSpec`) from what a researcher
+knows.
 
 A task (docs/architecture.md, "Tasks and the progress model") is an elastic training job: a node
 range (``sbatch --nodes MIN-MAX`` syntax), its total work in samples, and a scalability curve:
@@ -22,7 +23,9 @@ Example::
         task = c.submit(spec).task
 
 Every error is :class:`offcut.errors.InvalidArgument` naming the field (or the file, line
-and column) that is wrong.
+and column) that is wrong. The spec's rules are checked once, by the one validator
+(:meth:`offcut.taskspec.TaskSpec.create`); :meth:`offcut.client.Client.submit` sends the spec
+in its wire form (:func:`offcut.wire.specs.spec_to_pb`).
 """
 
 from __future__ import annotations
@@ -34,10 +37,9 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 from offcut.errors import InvalidArgument
-from offcut.taskspec import MAX_GPUS_PER_NODE, MAX_PROCS_PER_NODE, TaskSpec
-from offcut.v1 import tasks_pb2
+from offcut.taskspec import TaskSpec
 
-__all__ = ["OBJECTIVES", "Scalability", "check_spec", "make_task_spec", "parse_node_range",
+__all__ = ["OBJECTIVES", "Scalability", "make_task_spec", "parse_node_range",
            "read_scalability_csv"]
 
 #: ``throughput``: maximise samples/s (BFTrainer's default, Os = Ps); ``speedup``: maximise
@@ -144,8 +146,8 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
                    command: Sequence[str] = (), zeus_job_id: str = "",
                    reports_progress: bool = False, gpus_per_node: int = 0,
                    constraint: str | Sequence[str] = (),
-                   procs_per_node: int = 0) -> tasks_pb2.TaskSpec:
-    """The ``TaskSpec`` of a task.
+                   procs_per_node: int = 0) -> TaskSpec:
+    """The validated spec of a task, ready for :meth:`offcut.client.Client.submit`.
 
     Args:
         name: task name (shown by ``offcut queue``).
@@ -170,50 +172,52 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
             process; docs/execution.md, "Processes per node"); 0: ``gpus_per_node`` when
             set (one process per GPU), else 1.
 
+    Returns:
+        the core :class:`offcut.taskspec.TaskSpec`, checked once by :meth:`TaskSpec.create`
+        (the rules the daemon applies; the daemon also checks its size limits).
+
     Raises:
-        InvalidArgument: naming ``nodes``, ``work``, ``scalability``, ``rescale_up``,
-            ``rescale_down`` or ``objective``, else ``spec.<field>`` for the rules the daemon
-            applies too (:func:`check_spec`; the daemon also checks its size limits).
+        InvalidArgument: naming the argument (``nodes``, ``work``, ``scalability``,
+            ``rescale_up``, ``rescale_down``, ``objective``, ``gpus_per_node``,
+            ``procs_per_node``, ``constraint``) when one argument's value is wrong, else
+            ``spec.<field>`` (``spec.name``, ``spec.throughputs``, ``spec.command``, ...).
     """
     low, high = parse_node_range(nodes) if isinstance(nodes, str) else nodes
-    if not (isinstance(work_samples, (int, float)) and math.isfinite(work_samples)
-            and work_samples > 0):
-        raise InvalidArgument(f"must be a finite number of samples > 0, got {work_samples}", "work")
-    for field, value in (("rescale_up", rescale_up_s), ("rescale_down", rescale_down_s)):
-        if not (math.isfinite(value) and value >= 0):
-            raise InvalidArgument(f"must be finite seconds >= 0, got {value}", field)
     if objective not in OBJECTIVES:
         raise InvalidArgument(f"{objective!r} is not one of {', '.join(OBJECTIVES)}", "objective")
-    if not 0 <= gpus_per_node <= MAX_GPUS_PER_NODE:
-        raise InvalidArgument(f"must be 0 to {MAX_GPUS_PER_NODE}, got {gpus_per_node}",
-                              "gpus_per_node")
-    if not 0 <= procs_per_node <= MAX_PROCS_PER_NODE:
-        raise InvalidArgument(f"must be 0 to {MAX_PROCS_PER_NODE}, got {procs_per_node}",
-                              "procs_per_node")
-    spec = tasks_pb2.TaskSpec(name=name, min_nodes=low, max_nodes=high,
-                              total_work_samples=float(work_samples), rescale_up_s=rescale_up_s,
-                              rescale_down_s=rescale_down_s, command=list(command),
-                              zeus_job_id=zeus_job_id, reports_progress=reports_progress,
-                              gpus_per_node=gpus_per_node,
-                              constraint=parse_constraint(constraint),
-                              procs_per_node=procs_per_node)
-    if scalability is not None:
-        _add_curve(spec, scalability, objective)
-    check_spec(spec)
-    return spec
+    counts, rates, objective_values = (([], [], []) if scalability is None
+                                       else _curve(scalability, high, objective))
+    try:
+        return TaskSpec.create(
+            name=name, min_nodes=low, max_nodes=high, node_counts=counts, throughputs=rates,
+            objective_values=objective_values,
+            total_work_samples=_number(work_samples, "work"),
+            rescale_up_s=_number(rescale_up_s, "rescale_up"),
+            rescale_down_s=_number(rescale_down_s, "rescale_down"), command=command,
+            zeus_job_id=zeus_job_id, reports_progress=reports_progress,
+            gpus_per_node=gpus_per_node, constraint=parse_constraint(constraint),
+            procs_per_node=procs_per_node)
+    except InvalidArgument as exc:
+        argument = _ARGUMENT_OF.get(exc.field or "")
+        if argument is None:
+            raise
+        raise InvalidArgument(str(exc)[len(exc.field or "") + 2:], argument) from None
 
 
-def check_spec(spec: tasks_pb2.TaskSpec) -> None:
-    """Check ``spec`` by the rules the daemon applies (:class:`offcut.taskspec.TaskSpec`, the
-    one validator); raises :class:`InvalidArgument` naming ``spec.<field>``."""
-    TaskSpec.create(name=spec.name, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
-                    node_counts=list(spec.node_counts), throughputs=list(spec.throughputs),
-                    objective_values=list(spec.objective_values),
-                    rescale_up_s=spec.rescale_up_s, rescale_down_s=spec.rescale_down_s,
-                    total_work_samples=spec.total_work_samples, command=list(spec.command),
-                    reports_progress=spec.reports_progress, power_w=list(spec.power_w),
-                    zeus_job_id=spec.zeus_job_id, gpus_per_node=spec.gpus_per_node,
-                    constraint=list(spec.constraint), procs_per_node=spec.procs_per_node)
+#: spec fields set from one argument of :func:`make_task_spec` of another name (or that the CLI
+#: offers as an option): their errors name the argument, as the argument's own checks do
+_ARGUMENT_OF = {"spec.min_nodes": "nodes", "spec.max_nodes": "nodes",
+                "spec.total_work_samples": "work", "spec.rescale_up_s": "rescale_up",
+                "spec.rescale_down_s": "rescale_down", "spec.gpus_per_node": "gpus_per_node",
+                "spec.procs_per_node": "procs_per_node", "spec.constraint": "constraint"}
+
+
+def _number(value: object, argument: str) -> float:
+    """``value`` as a float (its range is :meth:`TaskSpec.create`'s to check); InvalidArgument
+    naming ``argument`` when it is not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgument(f"must be a number, got {value!r}", argument)
+    return float(value)
 
 
 def parse_constraint(constraint: str | Sequence[str]) -> list[str]:
@@ -233,19 +237,22 @@ def parse_constraint(constraint: str | Sequence[str]) -> list[str]:
     return sorted(set(names))
 
 
-def _add_curve(spec: tasks_pb2.TaskSpec, scalability: Scalability, objective: str) -> None:
-    """Add ``(node_counts, throughputs)`` (and the speedup objective) to ``spec``."""
-    high = spec.max_nodes
+def _curve(scalability: Scalability, high: int,
+           objective: str) -> tuple[list[int], list[float], list[float]]:
+    """``(node_counts, throughputs, objective_values)`` of the spec: the measured curve with
+    the point ``(0, 0)`` in front, and for ``speedup`` the throughputs over the first one
+    (empty for ``throughput``). InvalidArgument naming ``scalability`` when the curve ends
+    below ``high`` [nodes] or ``speedup`` has no throughput > 0 to divide by."""
     counts, rates = scalability
     if counts[-1] < high:
         raise InvalidArgument(f"the curve ends at {counts[-1]} nodes but the task may use up to "
                               f"{high}: measure up to {high} nodes or lower the maximum",
                               "scalability")
-    spec.node_counts.extend([0] + list(counts))
-    spec.throughputs.extend([0.0] + [float(p) for p in rates])
+    objective_values: list[float] = []
     if objective == "speedup":
         base = rates[0]
         if base <= 0:
             raise InvalidArgument(f"objective speedup needs a throughput > 0 at {counts[0]} "
                                   "node(s)", "scalability")
-        spec.objective_values.extend([0.0] + [p / base for p in rates])
+        objective_values = [0.0] + [p / base for p in rates]
+    return [0] + list(counts), [0.0] + [float(p) for p in rates], objective_values

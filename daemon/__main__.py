@@ -153,7 +153,7 @@ def _run(cfg: DaemonConfig, init: bool) -> None:
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from offcut.daemon.edge.server import OffcutServer
-    from offcut.daemon.app.store import StoreError
+    from offcut.daemon.app.state_file import StoreError
     from offcut.errors import OffcutError
 
     from offcut.daemon.edge.memory import fix_mmap_threshold

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from pathlib import Path
 from typing import Literal
 
 from offcut.addresses import default_socket, normalize_address
+from offcut.toml_file import TomlFileError, read_toml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
@@ -249,7 +249,7 @@ class PowerConfig(BaseModel):
         "maximum power of one node, W (Zeus's MAXPOWER in zeus_cost, per node)"))
 
 
-#: the DaemonConfig options that are request size limits (offcut.daemon.app.model.Limits)
+#: the DaemonConfig options that are request size limits (offcut.taskspec.Limits)
 LIMIT_FIELDS = ("max_event_nodes", "max_idle_nodes", "max_task_nodes", "max_curve_points",
                 "max_command_args", "max_command_bytes", "max_batch_sizes", "max_power_limits",
                 "max_progress_reports")
@@ -402,7 +402,7 @@ class DaemonConfig(BaseModel):
         "events (ReportNodes, SyncNodes); every other method has a smaller one (1 MiB, or what "
         "its configured list limits need; docs/security.md); a larger request is answered "
         "RESOURCE_EXHAUSTED"))
-    # Request size limits (offcut.daemon.app.model.Limits): a request over one is answered
+    # Request size limits (offcut.taskspec.Limits): a request over one is answered
     # INVALID_ARGUMENT naming the field and the limit, and changes nothing.
     max_event_nodes: int = Field(200_000, ge=1, description=(
         "most node names in one ReportNodes (idle + preempted) or SyncNodes request (the "
@@ -543,8 +543,8 @@ class DaemonConfig(BaseModel):
 
     def limits(self):
         """The request size limits as the engine and the Zeus registry take them
-        (:class:`offcut.daemon.app.model.Limits`)."""
-        from offcut.daemon.app.model import Limits
+        (:class:`offcut.taskspec.Limits`)."""
+        from offcut.taskspec import Limits
 
         return Limits(**{name: getattr(self, name) for name in LIMIT_FIELDS})
 
@@ -596,12 +596,9 @@ def load_config(path: str | Path | None, overrides: dict) -> DaemonConfig:
     data: dict = {}
     if path is not None:
         try:
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
-        except OSError as exc:
-            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
+            data = read_toml(path, "config")
+        except TomlFileError as exc:
+            raise ConfigError(str(exc)) from None
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return DaemonConfig(**data)

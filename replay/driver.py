@@ -70,8 +70,9 @@ from offcut.replay.progress_sim import PowerModel, ProgressSimulator
 # steps.csv / placements.csv are written by the writer shared with ``offcut history``; the
 # names stay importable from here
 from offcut.replay.history import (NODE_EVENT_KINDS, PLACEMENT_COLUMNS, STEP_COLUMNS,
-                                   HistoryWriter, iso, seconds)
-from offcut.v1 import decision_pb2, status_pb2, tasks_pb2
+                                   HistoryWriter, iso)
+from offcut.v1 import tasks_pb2
+from offcut.views import Decision, HistoryEntry, StatusView, TaskState, TaskView
 
 log = logging.getLogger("offcut.replay")
 
@@ -232,8 +233,8 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
     (:func:`offcut.replay.efficiency.dedicated_efficiency`)."""
     status = client.status()
     tasks = client.list_tasks()
-    completed = [t for t in tasks if t.state == tasks_pb2.TASK_STATE_COMPLETED]
-    finish = [seconds(t.finish_time) for t in completed]
+    completed = [t for t in tasks if t.state == TaskState.COMPLETED]
+    finish = [t.finish_time for t in completed]
     all_done = len(completed) == submitted and submitted > 0
     idle_h = status.idle_node_seconds / 3600.0
     used_h = status.used_node_seconds / 3600.0
@@ -254,14 +255,14 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
                              else solver_fallbacks),
         "num_nodes": len(node_log.node_names),
         "first_event": iso(to_epoch(node_log.initial_time)),
-        "last_event": iso(seconds(status.clock)),
+        "last_event": iso(status.clock),
         "options": {k: v for k, v in asdict(opts).items() if k != "progress"},
         "wall_s": wall_s,
         "events_per_s": events / wall_s if wall_s > 0 else None,
         "tasks": [{"task_id": t.task_id, "name": t.spec.name, "owner": t.owner,
-                   "state": tasks_pb2.TaskState.Name(t.state).removeprefix("TASK_STATE_").lower(),
+                   "state": t.state.value,
                    "work_done_samples": t.work_done_samples,
-                   "finish_time": iso(seconds(t.finish_time)) if t.finish_time.seconds else None}
+                   "finish_time": iso(t.finish_time)}
                   for t in tasks],
     }
     summary.update(energy_summary(status, sim, opts))
@@ -271,7 +272,7 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
     return summary
 
 
-def owner_summary(tasks: list[tasks_pb2.Task], node_seconds: dict[str, float]) -> dict:
+def owner_summary(tasks: list[TaskView], node_seconds: dict[str, float]) -> dict:
     """``owners``: per task owner (name order) its ``tasks``, ``tasks_completed``,
     ``node_hours`` (from ``node_seconds`` [node-s] per task id), ``samples`` (work done) and
     ``task_energy_j`` [J, the daemon's figures]; ``fairness``: Jain's index and min/max of the
@@ -283,13 +284,13 @@ def owner_summary(tasks: list[tasks_pb2.Task], node_seconds: dict[str, float]) -
     energy = by_owner({t.task_id: t.energy_j for t in tasks}, owner_of, names)
     owners = {o: {"tasks": sum(1 for t in tasks if t.owner == o),
                   "tasks_completed": sum(1 for t in tasks if t.owner == o
-                                         and t.state == tasks_pb2.TASK_STATE_COMPLETED),
+                                         and t.state == TaskState.COMPLETED),
                   "node_hours": hours[o], "samples": samples[o], "task_energy_j": energy[o]}
               for o in names}
     return {"owners": owners, "fairness": fairness(list(hours.values()))}
 
 
-def energy_summary(status: status_pb2.StatusResponse, sim: ProgressSimulator | None,
+def energy_summary(status: StatusView, sim: ProgressSimulator | None,
                    opts: ReplayOptions) -> dict:
     """Energy figures of ``summary.json``: ``energy_j`` (the tasks' nodes plus the unused idle
     nodes) [J], ``task_energy_j`` [J], ``samples_per_joule``; with a
@@ -341,7 +342,7 @@ class Recorder:
         self.solves_by_backend: dict[str, int] = {}
         self.fallbacks = 0
 
-    def _new(self, d: decision_pb2.Decision) -> bool:
+    def _new(self, d: Decision) -> bool:
         if d.revision <= self.last_revision:
             return False
         self.last_revision = d.revision
@@ -352,7 +353,7 @@ class Recorder:
             self.fallbacks += 1
         return True
 
-    def submission(self, task: tasks_pb2.Task, d: decision_pb2.Decision) -> bool:
+    def submission(self, task: TaskView, d: Decision) -> bool:
         """A submission's answer: a ``submitted`` row and its placement rows; False (nothing
         written) for a repeat."""
         if not self._new(d):
@@ -361,7 +362,7 @@ class Recorder:
         self.writers.decision(d, None)
         return True
 
-    def node_event(self, d: decision_pb2.Decision) -> bool:
+    def node_event(self, d: Decision) -> bool:
         """A node event's answer: a steps.csv row (``evt`` = rows so far) and its placement
         rows; False (nothing written) for a repeat."""
         if not self._new(d):
@@ -369,7 +370,7 @@ class Recorder:
         self.writers.node_event(d)
         return True
 
-    def progress(self, d: decision_pb2.Decision) -> bool:
+    def progress(self, d: Decision) -> bool:
         """A progress report's answer: its placement rows (completions and the re-allocation
         they caused); False (nothing written) for a repeat."""
         if not self._new(d):
@@ -377,15 +378,15 @@ class Recorder:
         self.writers.decision(d, None)
         return True
 
-    def entry(self, e: status_pb2.HistoryEntry) -> bool:
+    def entry(self, e: HistoryEntry) -> bool:
         """A journal entry (``ExportHistory``), written if it is this replay's (a node event of
         its source, or a submission of one of its task names by the owner the replay gives
         it) and newer than the last written decision."""
-        if not e.HasField("decision"):
+        if e.decision is None:
             return False
         if e.kind in NODE_EVENT_KINDS:
             return e.decision.source == self.source and self.node_event(e.decision)
-        if (e.kind == "submit" and e.HasField("task") and e.task.spec.name in self.task_names
+        if (e.kind == "submit" and e.task is not None and e.task.spec.name in self.task_names
                 and e.task.owner == self.owners.get(e.task.spec.name)):
             return self.submission(e.task, e.decision)
         return False
@@ -466,7 +467,7 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
                                 solves_by_backend=rec.solves_by_backend,
                                 solver_fallbacks=rec.fallbacks, sim=driver.sim,
                                 node_seconds=writers.node_time.seconds(
-                                    seconds(client.status().clock)))
+                                    client.status().clock))
             summary["stop_reason"] = stop_reason
             summary["drive_s"] = drive_s  # sending events and submissions, no daemon start
             summary["daemon_peak_rss_mb"] = peak_rss_mb(daemon_pid)
@@ -521,7 +522,7 @@ class _Driver:
         self.send_ahead = max(0, int(opts.send_ahead)) if self.sim is None else 0
         self.stream: NodeStream | None = None
         self.in_flight: deque = deque()  # (seq, change) sent on the stream, not answered
-        self.last_decision: decision_pb2.Decision | None = None
+        self.last_decision: Decision | None = None
 
     # ------------------------------------------------------------------ resume rule
     def _resume(self, check: bool, in_flight: int = 1) -> None:
@@ -649,8 +650,7 @@ class _Driver:
         self.rec.progress(resp.decision)
         sim.apply(resp.decision)
 
-    def _node(self, seq: int, send: Callable[[], decision_pb2.Decision]
-              ) -> decision_pb2.Decision | None:
+    def _node(self, seq: int, send: Callable[[], Decision]) -> Decision | None:
         d = self._call(send, seq)
         self._acknowledged(seq, d)
         return d
@@ -710,7 +710,7 @@ class _Driver:
         while self.in_flight:
             self._stream_receive()
 
-    def _acknowledged(self, seq: int, d: decision_pb2.Decision | None) -> None:
+    def _acknowledged(self, seq: int, d: Decision | None) -> None:
         """Node event ``seq`` answered with ``d`` (None: applied before a restart): record its
         row, and check that the rows match the events."""
         if d is not None:

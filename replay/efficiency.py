@@ -21,12 +21,13 @@ from typing import Iterable
 
 import numpy as np
 
-from offcut.v1 import tasks_pb2
+from offcut.taskspec import TaskSpec
+from offcut.views import TaskView
 
 __all__ = ["best_rate_per_node", "dedicated_efficiency"]
 
 
-def best_rate_per_node(spec: tasks_pb2.TaskSpec) -> float | None:
+def best_rate_per_node(spec: TaskSpec) -> float | None:
     """``r*`` = max over n in [min_nodes, max_nodes] of P(n) / n [samples/(node s)], P
     interpolated linearly on the spec's curve; None without a curve."""
     if len(spec.node_counts) < 2:
@@ -37,7 +38,7 @@ def best_rate_per_node(spec: tasks_pb2.TaskSpec) -> float | None:
     return float(np.max(rate / n))
 
 
-def dedicated_efficiency(tasks: Iterable[tasks_pb2.Task],
+def dedicated_efficiency(tasks: Iterable[TaskView],
                          node_seconds: dict[str, float]) -> dict:
     """``dedicated_efficiency`` (E of the module docstring; None when no task counts),
     ``dedicated_samples`` [samples] (its denominator) and ``dedicated_tasks_left_out``, for

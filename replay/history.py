@@ -22,10 +22,9 @@ from pathlib import Path
 
 from offcut.replay.owners import NodeTime
 from offcut.text_safety import csv_writer
-from offcut.v1 import decision_pb2, status_pb2, tasks_pb2
+from offcut.views import Decision, HistoryEntry, TaskView
 
-__all__ = ["STEP_COLUMNS", "PLACEMENT_COLUMNS", "NODE_EVENT_KINDS", "HistoryWriter", "iso",
-           "seconds"]
+__all__ = ["STEP_COLUMNS", "PLACEMENT_COLUMNS", "NODE_EVENT_KINDS", "HistoryWriter", "iso"]
 
 STEP_COLUMNS = ["evtTime", "Thr", "Rate", "ReScost", "evt", "Nleft", "Npre", "Njoin", "nJob",
                 "nNd", "nJrun", "nNrun", "PreCost", "solve_ms"]
@@ -33,11 +32,6 @@ PLACEMENT_COLUMNS = ["time", "task_id", "task_name", "change", "nodes", "work_do
                      "total_work_samples"]
 #: journal kinds (``HistoryEntry.kind``) whose decision answers a node event
 NODE_EVENT_KINDS = frozenset({"nodes", "snapshot"})
-
-
-def seconds(ts) -> float:
-    """Seconds since the epoch of a protobuf Timestamp."""
-    return ts.seconds + ts.nanos / 1e9
 
 
 def iso(t: float | None) -> str | None:
@@ -83,49 +77,48 @@ class HistoryWriter:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def decision(self, d: decision_pb2.Decision, index: int | None) -> None:
+    def decision(self, d: Decision, index: int | None) -> None:
         """Record a decision: its placement changes, and a steps.csv row with ``evt = index``
         unless ``index`` is None (decisions answering a submission or a cancellation)."""
         self.completed.update(d.completed_task_ids)
         for p in d.placements:
-            change = decision_pb2.PlacementChange.Name(p.change).removeprefix("PLACEMENT_CHANGE_").lower()
-            self.pl.writerow([iso(seconds(p.time)), p.task_id, p.task_name, change, len(p.nodes),
-                              repr(p.work_done_samples), repr(p.total_work_samples)])
-            self.node_time.change(p.task_id, seconds(p.time), len(p.nodes))
+            self.pl.writerow([iso(p.time), p.task_id, p.task_name, p.change, len(p.nodes),
+                              repr(p.work_done), repr(p.total_work)])
+            self.node_time.change(p.task_id, p.time, len(p.nodes))
         if d.solve.solves:
             self.solve_ms.append(d.solve.solve_ms)
         if index is None:
             return
         s = d.stats
-        self.steps.writerow([iso(seconds(d.time)), f"{s.progress_samples:.6f}",
+        self.steps.writerow([iso(d.time), f"{s.progress_samples:.6f}",
                              f"{s.rate_samples_per_s:.6f}", f"{s.rescale_cost_samples:.6f}", index,
                              s.nodes_left, s.tasks_preempted, s.nodes_joined, s.admitted_tasks,
                              s.idle_nodes, s.running_tasks, s.nodes_in_use,
                              f"{s.preemption_cost_samples:.6f}", f"{d.solve.solve_ms:.3f}"])
         self.node_events += 1
 
-    def node_event(self, d: decision_pb2.Decision) -> None:
+    def node_event(self, d: Decision) -> None:
         """Record the decision of a node event, numbered after the previous ones (``evt`` =
         :attr:`node_events`: 0, 1, 2 ...)."""
         self.decision(d, self.node_events)
 
-    def submitted(self, task: tasks_pb2.Task) -> None:
+    def submitted(self, task: TaskView) -> None:
         """A placements.csv row at the task's submit time (0 % progress)."""
-        t = iso(seconds(task.submit_time))
+        t = iso(task.submit_time)
         self.pl.writerow([t, task.task_id, task.spec.name, "submitted", 0, "0.0",
                           repr(task.spec.total_work_samples)])
 
-    def entry(self, e: status_pb2.HistoryEntry) -> None:
+    def entry(self, e: HistoryEntry) -> None:
         """Record one exported journal entry (``Status.ExportHistory``) as a replay would
         have: node events and snapshots get a step row; a submission gets its ``submitted``
         row then its decision's placement rows; a cancellation or a run report its placement rows. Entries
         without a decision (journal kinds this writer does not know) are skipped."""
-        if not e.HasField("decision"):
+        if e.decision is None:
             return
         if e.kind in NODE_EVENT_KINDS:
             self.node_event(e.decision)
             return
-        if e.kind == "submit" and e.HasField("task"):
+        if e.kind == "submit" and e.task is not None:
             self.submitted(e.task)
         self.decision(e.decision, None)
 

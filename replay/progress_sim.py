@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from offcut.replay.bftrainer_data import TaskRecord
-from offcut.v1 import decision_pb2
+from offcut.views import Decision
 
 #: node-event intervals of noise drawn per task at once
 _NOISE_BLOCK = 1024
@@ -149,7 +149,7 @@ class ProgressSimulator:
     def _rate(truth: _Truth, n: int) -> float:
         """True throughput Ps(n) [samples/s] of ``truth``'s task on ``n`` nodes, without
         noise: the curve linearly interpolated, 0 below Jmin (as
-        :meth:`offcut.daemon.app.model.TaskSpec.throughput_at`)."""
+        :meth:`offcut.taskspec.TaskSpec.throughput_at`)."""
         r = truth.record
         if n < r.min_nodes or n <= 0:
             return 0.0
@@ -193,18 +193,16 @@ class ProgressSimulator:
         return best
 
     # ------------------------------------------------------------------ placements
-    def apply(self, d: decision_pb2.Decision) -> None:
+    def apply(self, d: Decision) -> None:
         """Take the daemon's placement changes of one reply (in order, at their times)."""
         for p in d.placements:
             truth = self.by_id.get(p.task_id)
             if truth is None or truth.done:
                 continue
-            t = p.time.seconds + p.time.nanos / 1e9
+            t = p.time
             self._advance_one(truth, t)
             c, n = truth.nodes, len(p.nodes)
-            change = decision_pb2.PlacementChange.Name(p.change)
-            if change in ("PLACEMENT_CHANGE_COMPLETED", "PLACEMENT_CHANGE_CANCELLED",
-                          "PLACEMENT_CHANGE_FAILED"):
+            if p.change in ("completed", "cancelled", "failed"):
                 truth.nodes, truth.done = 0, True
                 continue
             if c > 0 and n > 0 and n != c:

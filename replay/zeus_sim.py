@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from offcut.client.api import Client
-from offcut.daemon.zeus.cost import zeus_cost
+from offcut.zeus_views import zeus_cost
 from offcut.text_safety import csv_cell
 from offcut.v1 import zeus_pb2
 

@@ -111,7 +111,7 @@ class RunReporter:
     def placed(self, decision, task=None) -> None:
         """Apply the placements of a decision the launcher's own call got back (newer than
         what the stream has brought so far; a duplicate's stored answer is old news), and
-        merge ``task`` (``offcut.v1.Task``: a ``ReportTaskRun`` reply's, read after them)."""
+        merge ``task`` (a :class:`~offcut.views.TaskView`: a ``ReportTaskRun`` reply's, read after them)."""
         if not decision.duplicate:
             self.state.apply(decision.placements, int(decision.revision), ordered=False)
         if task is not None and task.task_id:

@@ -70,7 +70,7 @@ def generation_of(running: Running) -> Generation:
     current generation and nodes: :data:`offcut.slurm_plugin.placements.Running`)."""
     t, generation, nodes = running
     return Generation(t.task_id, t.spec.name, generation, nodes, tuple(t.spec.command),
-                      t.spec.zeus_job_id, t.submit_time.seconds + t.submit_time.nanos / 1e9,
+                      t.spec.zeus_job_id, t.submit_time,
                       t.owner, t.spec.gpus_per_node, tuple(t.spec.constraint),
                       t.spec.procs_per_node or t.spec.gpus_per_node or 1,
                       t.spec.total_work_samples)

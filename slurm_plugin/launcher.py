@@ -202,11 +202,11 @@ class Launcher:
         return self._key
 
     # ------------------------------------------------------------------ what to run, where
-    def list_running(self) -> list:  # of offcut.v1.Task
-        """The running tasks (``ListTasks`` of ``TASK_STATE_RUNNING``, every page)."""
-        from offcut.v1 import tasks_pb2
+    def list_running(self) -> list:  # of offcut.views.TaskView
+        """The running tasks (``ListTasks`` of the running state, every page)."""
+        from offcut.views import TaskState
 
-        return self.client.list_tasks(states=[tasks_pb2.TASK_STATE_RUNNING])
+        return self.client.list_tasks(states=[TaskState.RUNNING])
 
     def desired(self) -> dict[str, Generation]:
         """task id -> the current generation of every running task: the placement stream's

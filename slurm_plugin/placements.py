@@ -65,7 +65,7 @@ from offcut.errors import NotFound, OffcutError, ResourceExhausted, Unavailable
 from offcut.retry import Backoff
 
 if TYPE_CHECKING:  # pragma: no cover
-    from offcut.v1 import decision_pb2, tasks_pb2
+    from offcut.views import PlacementChange, TaskView
 
 log = logging.getLogger("offcut.slurm.launcher")
 
@@ -80,28 +80,21 @@ RESYNC_S = 300.0
 #: restart takes a few: meanwhile passes fail, nothing is done in Slurm)
 FALLBACK_AFTER_S = 30.0
 
-#: ``PlacementChange`` names of a finish (the task's nodes are released for good)
-_FINISHES = frozenset({"PLACEMENT_CHANGE_COMPLETED", "PLACEMENT_CHANGE_CANCELLED",
-                       "PLACEMENT_CHANGE_FAILED"})
-#: ``TaskState`` names of a finished task
-_FINISHED = frozenset({"TASK_STATE_COMPLETED", "TASK_STATE_CANCELLED", "TASK_STATE_FAILED"})
+#: ``PlacementChange.change`` names of a finish (the task's nodes are released for good)
+_FINISHES = frozenset({"completed", "cancelled", "failed"})
 
 
-def _is_finish(placement: "decision_pb2.Placement") -> bool:
-    from offcut.v1 import decision_pb2
-
-    return decision_pb2.PlacementChange.Name(placement.change) in _FINISHES
+def _is_finish(placement: "PlacementChange") -> bool:
+    return placement.change in _FINISHES
 
 
-def _is_finished(task: "tasks_pb2.Task") -> bool:
-    from offcut.v1 import tasks_pb2
-
-    return tasks_pb2.TaskState.Name(task.state) in _FINISHED
+def _is_finished(task: "TaskView") -> bool:
+    return task.state.finished
 
 
-#: one running task: its last read (``offcut.v1.Task``: spec, owner, submit time), its current
-#: generation and its nodes (sorted)
-Running = tuple["tasks_pb2.Task", int, tuple[str, ...]]
+#: one running task: its last read (a :class:`~offcut.views.TaskView`: spec, owner, submit
+#: time), its current generation and its nodes (sorted)
+Running = tuple["TaskView", int, tuple[str, ...]]
 
 
 class Snapshot(NamedTuple):
@@ -119,7 +112,7 @@ class _Entry:
 
     generation: int
     nodes: tuple[str, ...]
-    task: "tasks_pb2.Task | None" = None
+    task: "TaskView | None" = None
     finished: bool = False
 
 
@@ -150,7 +143,7 @@ class DesiredState:
         self.version += 1
         self._cond.notify_all()
 
-    def reset(self, tasks: Iterable["tasks_pb2.Task"], revision: int = 0) -> None:
+    def reset(self, tasks: Iterable["TaskView"], revision: int = 0) -> None:
         """Replace everything by ``tasks`` (``ListTasks`` of the running tasks, read at or
         after ``revision``); the state is synced from now on."""
         entries = {t.task_id: _Entry(int(t.generation), tuple(sorted(t.nodes)), t)
@@ -171,7 +164,7 @@ class DesiredState:
                 self.synced = False
                 self._changed()
 
-    def apply(self, placements: Iterable["decision_pb2.Placement"], revision: int = 0,
+    def apply(self, placements: Iterable["PlacementChange"], revision: int = 0,
               ordered: bool = True) -> str:
         """Apply the placements of one update (or one reply's decision) of ``revision``
         (0: none to note); ``ordered``: they come from the stream in revision order, so a
@@ -207,7 +200,7 @@ class DesiredState:
                 self._changed()
         return gap
 
-    def fill(self, task_id: str, task: "tasks_pb2.Task | None") -> None:
+    def fill(self, task_id: str, task: "TaskView | None") -> None:
         """Merge one read of ``task_id`` (``GetTask``, or the task a ``ReportTaskRun`` reply
         carries; None: the daemon does not know it), at least as new as every placement
         applied before the read began. Only a task still followed is filled (one whose
@@ -298,7 +291,7 @@ class PlacementWatch:
     """
 
     def __init__(self, client, state: DesiredState,
-                 list_running: Callable[[], list["tasks_pb2.Task"]],
+                 list_running: Callable[[], list["TaskView"]],
                  backoff: Backoff = RECONNECT_BACKOFF,
                  wait: Callable[[float], object] | None = None,
                  resync_s: float = RESYNC_S, fallback_after_s: float = FALLBACK_AFTER_S):
@@ -427,7 +420,7 @@ class PlacementWatch:
             stream.cancel()
 
 
-def read_unread(state: DesiredState, get_task: Callable[[str], "tasks_pb2.Task"],
+def read_unread(state: DesiredState, get_task: Callable[[str], "TaskView"],
                 rounds: int = 3) -> Snapshot:
     """:meth:`DesiredState.running` after reading each task that holds nodes and was not
     read yet (``get_task``; NotFound: unknown to the daemon), ``rounds`` times at most (a

@@ -11,9 +11,11 @@ from offcut.client import Client
 from offcut.daemon.app.model import NodeEvent
 from offcut.daemon.app.scheduler import SolveRecord
 from offcut.daemon.app.solvers.dp import solve_dp
-from offcut.daemon.zeus.bso import BatchSizeJobSpec
+from offcut.zeus_views import BatchSizeJobSpec
 from offcut.taskspec import TaskSpec
-from offcut.v1 import decision_pb2, tasks_pb2, zeus_pb2
+from offcut.v1 import tasks_pb2, zeus_pb2
+from offcut.views import Decision
+from offcut.wire.tasks import decision_to_pb, task_to_pb
 
 T0 = 1_600_000_000.0  # well before "now": explicit times everywhere keep runs deterministic
 
@@ -133,18 +135,19 @@ def start_secured(daemons, tokens, name="sec", **kw):
 def status_key(client: Client):
     """Everything about the state that must survive a restart (no timing statistics)."""
     st = client.status(include_idle_nodes=True)
-    fields = (st.revision, st.clock.seconds, st.clock.nanos, st.idle_nodes, st.nodes_in_use,
+    fields = (st.revision, st.clock, st.idle_nodes, st.nodes_in_use,
               tuple(st.idle_node_names), st.queued_tasks, st.admitted_tasks, st.running_tasks,
               st.completed_tasks, st.cancelled_tasks, st.failed_tasks, tuple(sorted(st.last_seq.items())),
               round(st.total_samples, 6), round(st.idle_node_seconds, 6),
               round(st.used_node_seconds, 6), st.tfwd_s, st.max_running_tasks)
-    tasks = [t.SerializeToString(deterministic=True) for t in client.list_tasks()]
+    tasks = [task_to_pb(t).SerializeToString(deterministic=True) for t in client.list_tasks()]
     return fields, tasks
 
 
-def decision_key(d: decision_pb2.Decision) -> bytes:
-    """A decision's bytes without its timing and duplicate flag (for equality checks)."""
-    d = decision_pb2.Decision.FromString(d.SerializeToString())
+def decision_key(d: Decision) -> bytes:
+    """A decision's bytes (its wire form) without its timing and duplicate flag (for equality
+    checks)."""
+    d = decision_to_pb(d)
     d.solve.ClearField("solve_ms")
     d.ClearField("duplicate")
     return d.SerializeToString(deterministic=True)

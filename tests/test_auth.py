@@ -22,6 +22,7 @@ from offcut.daemon.edge.server import OffcutServer
 from offcut.errors import (InvalidArgument, NotFound, PermissionDenied, Unauthenticated,
                            Unavailable)
 from offcut.v1 import tasks_pb2
+from offcut.views import TaskState
 
 from daemon_helpers import make_spec, status_key, zeus_spec
 
@@ -122,7 +123,7 @@ def test_users_see_and_act_on_their_own_tasks_only(secured):
     assert status_key(admin) == key
     # a user's status is aggregate only
     st = alice.status(include_idle_nodes=True)
-    assert st.idle_nodes == 4 and not st.idle_node_names and not st.last_decision.revision
+    assert st.idle_nodes == 4 and not st.idle_node_names and st.last_decision is None
     assert not st.last_seq
     assert admin.status(include_idle_nodes=True).idle_node_names
     # decisions shown to a user carry only their own placements
@@ -138,7 +139,7 @@ def test_users_see_and_act_on_their_own_tasks_only(secured):
     r = alice.cancel(ta.task_id)
     assert {p.task_id for p in r.decision.placements} <= {ta.task_id}
     assert admin.status().revision == rev + 1
-    assert admin.get_task(tb.task_id).state == tasks_pb2.TASK_STATE_RUNNING
+    assert admin.get_task(tb.task_id).state == TaskState.RUNNING
 
 
 def test_each_call_hashes_its_token_once(secured, monkeypatch):
@@ -484,7 +485,7 @@ def test_slurm_role_may_do_nothing_else(slurm_secured):
     assert zeus == "zj"
 
     def state():
-        return status_key(admin), admin.get_zeus_job(zeus).SerializeToString(deterministic=True)
+        return status_key(admin), admin.get_zeus_job(zeus)  # (a frozen ZeusJob: every field)
 
     before = state()
     for call in (lambda: slurm.submit(make_spec("x")),
@@ -543,7 +544,7 @@ def test_users_may_not_send_node_events_or_run_reports(slurm_secured):
     for name in sorted(refused):
         assert raw_call(alice, name) == grpc.StatusCode.PERMISSION_DENIED, name
     assert status_key(admin) == key
-    assert admin.get_task(ta.task_id).state == tasks_pb2.TASK_STATE_RUNNING
+    assert admin.get_task(ta.task_id).state == TaskState.RUNNING
 
 
 def test_token_new_mints_a_slurm_token(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 
 from daemon_helpers import make_spec, start_secured, zeus_spec
 from offcut.daemon.zeus.storage import ZeusStorage
-from offcut.daemon.zeus.bso import BatchSizeJobSpec
+from offcut.zeus_views import BatchSizeJobSpec
 from offcut.daemon.zeus.registry import ZeusRegistry
 from offcut.errors import InvalidArgument, NotFound, ResourceExhausted
 

@@ -30,6 +30,7 @@ from offcut.slurm_plugin.node_run import UnsafeFolder, make_private_dir
 from offcut.slurm_plugin.owners import Account
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.v1 import tasks_pb2
+from offcut.views import TaskState
 
 OWNER, OTHER = 1500, 1600
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="makes folders of other users (root)")
@@ -172,7 +173,7 @@ def test_a_link_planted_at_the_owners_scratch_folder_does_not_get_the_checkpoint
             found = planted(attacker)
             assert not found, found  # no checkpoint folder or file in the attacker's tree
             task = client.get_task(tid)
-            assert task.state != tasks_pb2.TASK_STATE_COMPLETED
+            assert task.state != TaskState.COMPLETED
             outs = "".join(p.read_text(errors="replace") for p in attacker.rglob("*.out"))
             assert "cannot use the checkpoint folder" in outs and "is a link" in outs
         finally:

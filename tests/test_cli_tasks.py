@@ -19,6 +19,8 @@ from daemon_helpers import make_spec, wait_until
 from offcut.client.cli import app
 from offcut.client.taskspec import make_task_spec, parse_node_range, read_scalability_csv
 from offcut.errors import InvalidArgument
+from offcut.views import TaskState
+from offcut.wire.tasks import time_to_pb
 
 runner = CliRunner()
 
@@ -266,7 +268,7 @@ def test_researcher_session(daemons, curve):
     assert res.exit_code == 0 and f"Cancelled task {ids[1]}" in res.stdout
     # (issue 38) a task that held nodes is said to be ending, not gone
     assert ran_on > 0 and f"its jobs on {ran_on} node(s) are ending" in res.stdout
-    assert client.get_task(ids[1]).state == 5  # TASK_STATE_CANCELLED
+    assert client.get_task(ids[1]).state == TaskState.CANCELLED  # TASK_STATE_CANCELLED (5)
     assert len(client.get_task(ids[0]).nodes) == 4  # its nodes went to the other task
     res = run("cancel", ids[1], "t-nope", "--address", addr)
     assert res.exit_code == 1 and res.stderr.count("offcut: ") == 2
@@ -396,7 +398,7 @@ def test_progress_shown_is_the_last_report_and_its_age(daemon):
     assert m, line
     assert int(before - at) - 1 <= int(m[1]) <= after - at + 1
     task = c.get_task(tid)
-    assert m[2] == task.model.last_report_time.ToJsonString()
+    assert m[2] == time_to_pb(task.model.last_report_time).ToJsonString()
     assert task.model.last_samples_done == 36_000
     row = next(r for r in run("queue", "--address", addr).stdout.splitlines()
                if r.startswith(tid))
@@ -407,7 +409,7 @@ def test_progress_shown_is_the_last_report_and_its_age(daemon):
     # the age in words, from the same task at later clocks
     from offcut.client.task_cli import progress_cell, progress_text
 
-    t = task.model.last_report_time.seconds + task.model.last_report_time.nanos / 1e9
+    t = task.model.last_report_time
     assert "reported 2 min ago" in progress_text(task, now=t + 150)
     assert progress_cell(task, now=t + 3 * 3600 + 5) == "3.6% (3 h ago)"
     assert progress_cell(task, now=t - 10) == "3.6% (0 s ago)"  # a clock behind the report

@@ -26,6 +26,7 @@ from offcut.daemon.config import DaemonConfig
 from offcut.daemon.edge.server import OffcutServer
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 from offcut.v1 import decision_pb2, tasks_pb2
+from offcut.views import PlacementUpdate, TaskState
 
 from daemon_helpers import T0, decision_key, make_spec, status_key, wait_until
 
@@ -72,20 +73,20 @@ def test_submit_get_list_cancel(daemon):
     assert len(set(ids)) == 3
     got = c.get_task(ids[1])
     assert got.spec.name == "two" and got.owner == "bob"
-    assert got.state == STATES.TASK_STATE_ADMITTED
-    assert got.submit_time.seconds == int(T0 + 1)
+    assert got.state == TaskState.ADMITTED
+    assert int(got.submit_time) == int(T0 + 1)
     assert [t.task_id for t in c.list_tasks()] == ids
     assert [t.task_id for t in c.list_tasks(owner="alice")] == [ids[0], ids[2]]
     assert c.list_tasks(owner="nobody") == []
 
     out = c.cancel(ids[0], time=T0 + 3)
-    assert out.task.state == STATES.TASK_STATE_CANCELLED
-    assert out.task.finish_time.seconds == int(T0 + 3)
-    assert [t.task_id for t in c.list_tasks(states=[STATES.TASK_STATE_CANCELLED])] == [ids[0]]
-    assert [t.task_id for t in c.list_tasks(states=[STATES.TASK_STATE_ADMITTED], owner="alice")] \
+    assert out.task.state == TaskState.CANCELLED
+    assert int(out.task.finish_time) == int(T0 + 3)
+    assert [t.task_id for t in c.list_tasks(states=[TaskState.CANCELLED])] == [ids[0]]
+    assert [t.task_id for t in c.list_tasks(states=[TaskState.ADMITTED], owner="alice")] \
         == [ids[2]]
-    assert len(c.list_tasks(states=[STATES.TASK_STATE_ADMITTED,
-                                    STATES.TASK_STATE_CANCELLED])) == 3
+    assert len(c.list_tasks(states=[TaskState.ADMITTED,
+                                    TaskState.CANCELLED])) == 3
     st = c.status()
     assert (st.cancelled_tasks, st.admitted_tasks, st.revision) == (1, 2, 4)
 
@@ -106,8 +107,8 @@ def test_cancel_completed_task_is_failed_precondition(daemon):
     d = c.report_nodes(T0 + 60, "w", 2, idle=["n3"])
     assert list(d.completed_task_ids) == [tid]
     task = c.get_task(tid)
-    assert task.state == STATES.TASK_STATE_COMPLETED
-    assert task.finish_time.seconds == int(T0 + 5)
+    assert task.state == TaskState.COMPLETED
+    assert int(task.finish_time) == int(T0 + 5)
     assert task.work_done_samples == pytest.approx(90.0)
     assert list(task.nodes) == []
     rev = c.status().revision
@@ -214,7 +215,7 @@ def test_restart_resumes_identically(daemons):
     assert dup.duplicate and dup.revision == 3
     # the workload exercised completion and the admission of later tasks
     final = {t.spec.name: t for t in cb.list_tasks()}
-    assert final["a"].state == STATES.TASK_STATE_COMPLETED
+    assert final["a"].state == TaskState.COMPLETED
 
 
 def _spawn(cfg: DaemonConfig, log: Path) -> subprocess.Popen:
@@ -280,11 +281,11 @@ def test_watch_streams_live_updates_and_replays(daemon):
         wait_until(lambda: srv.streams.open_streams() == 1, "the watch stream to open", 10)
         d = c.report_nodes(T0 + 1, "w", 1, idle=["n1", "n2"])
         update = got.get(timeout=5)
-        assert isinstance(update, tasks_pb2.PlacementUpdate), update
+        assert isinstance(update, PlacementUpdate), update
         assert update.revision == d.revision == rev + 1
         assert update.cause == "nodes"
         [p] = update.placements
-        assert p.task_id == tid and p.change == decision_pb2.PLACEMENT_CHANGE_START
+        assert p.task_id == tid and p.change == "start"
         assert list(p.nodes) == ["n1", "n2"]
     finally:
         call.cancel()
@@ -391,7 +392,7 @@ def test_a_retried_cancel_is_told_from_a_second_one(daemons):
     c.report_nodes(time.time(), "test", 1, idle=["n1", "n2"])
     tid = c.submit(make_spec("x")).task.task_id
     first = c.cancel(tid, request_id="cancel-1")
-    assert first.task.state == tasks_pb2.TASK_STATE_CANCELLED
+    assert first.task.state == TaskState.CANCELLED
     again = c.cancel(tid, request_id="cancel-1")
     assert again.decision.duplicate and again.task.task_id == tid
     with pytest.raises(FailedPrecondition, match="already cancelled"):

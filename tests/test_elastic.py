@@ -22,6 +22,7 @@ from offcut.client.elastic import (EXIT_RESTART, ElasticEnv, ElasticRun, checkpo
                                    is_peer_loss, latest_checkpoint, parse_signal,
                                    write_checkpoint)
 from offcut.v1 import tasks_pb2
+from offcut.views import TaskState
 
 from daemon_helpers import wait_until
 from elastic_helpers import (LOAD_ONLY, RENDEZVOUS_ONLY, Generation, Rank, final_accuracy,
@@ -106,7 +107,7 @@ def test_stop_signal_restart_on_another_world_size_reports_and_accuracy(daemon, 
     ck = torch.load(last[1], weights_only=True)
     assert (ck["samples_done"], ck["generation"], ck["world_size"]) == (TOTAL, 2, 2)
     got = client.get_task(task.task_id)
-    assert got.state == tasks_pb2.TASK_STATE_COMPLETED
+    assert got.state == TaskState.COMPLETED
     assert got.model.last_samples_done == pytest.approx(TOTAL)
     assert 2 in [m.nodes for m in got.model.measured]
 
@@ -319,7 +320,7 @@ def test_progress_reporter_reports_the_figure_of_a_checkpoint(daemon):
     assert again.samples_done == pytest.approx(1_200.0)  # the daemon's last report
     now[0] += 10
     again.set_samples_done(2_000)
-    assert again.report().tasks[0].state == tasks_pb2.TASK_STATE_COMPLETED
+    assert again.report().tasks[0].state == TaskState.COMPLETED
     again.client.close()
 
 

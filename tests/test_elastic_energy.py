@@ -17,6 +17,7 @@ from offcut.client.elastic.energy import (GenerationEnergy, GpuEnergyMeter, open
 from offcut.client.training import ManualBackend
 from offcut.client.training.errors import BackendUnavailable
 from offcut.v1 import tasks_pb2
+from offcut.views import TaskState
 
 from elastic_helpers import Generation
 
@@ -204,7 +205,7 @@ def test_every_rank_reports_and_the_daemon_sums_the_reports(daemon, torch, tmp_p
     # rank r: 8 steps of (r + 1) x 1000 J, plus 7 J
     assert last == {"gen1-rank0": 8007.0, "gen1-rank1": 16007.0}
     got = client.get_task(task.task_id)
-    assert got.state == tasks_pb2.TASK_STATE_COMPLETED
+    assert got.state == TaskState.COMPLETED
     assert (got.energy.source, got.energy.joules) == ("measured", sum(last.values()))
     assert (got.energy.last_generation, got.energy.last_generation_ranks,
             got.energy.last_generation_world_size) == (1, 2, 2)

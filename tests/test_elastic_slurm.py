@@ -23,6 +23,7 @@ from offcut.slurm_plugin.launcher import parse_job_name
 from offcut.v1 import tasks_pb2
 
 import elastic_helpers as eh
+from offcut.views import TaskState
 
 pytestmark = pytest.mark.slow
 ALL = ["n1", "n2", "n3", "n4"]
@@ -146,14 +147,14 @@ def test_example_trains_through_preemption_of_rank_0_and_growth(example, slurm, 
         release.touch()
         slurm.wait_state(regular, {"COMPLETED"}, timeout=60)
         slurm.wait_for(lambda: running(slurm, tid).keys() == set(ALL)
-                       or client.get_task(tid).state == tasks_pb2.TASK_STATE_COMPLETED,
+                       or client.get_task(tid).state == TaskState.COMPLETED,
                        timeout=90, what="the task back on four nodes")
         states.add(client.get_task(tid).state)
-        slurm.wait_for(lambda: client.get_task(tid).state == tasks_pb2.TASK_STATE_COMPLETED,
+        slurm.wait_for(lambda: client.get_task(tid).state == TaskState.COMPLETED,
                        timeout=240, what="the task to complete")
         slurm.wait_for(lambda: not running(slurm, tid), timeout=60, what="no running job")
     task = client.get_task(tid)
-    assert tasks_pb2.TASK_STATE_FAILED not in states | {task.state}
+    assert TaskState.FAILED not in states | {task.state}
     assert task.work_done_samples == WORK and not task.nodes
     gens = generations(slurm, tid)
     grown = [g for g, jobs in gens.items() if g > gen_shrunk and set(jobs) == set(ALL)]

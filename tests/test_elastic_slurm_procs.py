@@ -27,6 +27,7 @@ from offcut.client import make_task_spec
 from offcut.daemon.config import SlurmConfig
 from offcut.slurm_plugin.launcher import parse_job_name
 from offcut.v1 import tasks_pb2
+from offcut.views import TaskState
 
 from test_elastic_slurm import (ALL, BATCH, WORK, example_argv, generations, job_logs,
                                 last_job_id, reported, running, undisturbed_accuracy)
@@ -128,17 +129,17 @@ def test_two_processes_per_node_train_through_shrink_grow_and_loss_of_rank_0(
         release.touch()
         slurm.wait_state(regular, {"COMPLETED"}, timeout=60)
         slurm.wait_for(lambda: running(slurm, tid, after).keys() == set(ALL)
-                       or client.get_task(tid).state == tasks_pb2.TASK_STATE_COMPLETED,
+                       or client.get_task(tid).state == TaskState.COMPLETED,
                        timeout=120, what="the task back on four nodes")
         states.add(client.get_task(tid).state)
-        slurm.wait_for(lambda: client.get_task(tid).state == tasks_pb2.TASK_STATE_COMPLETED,
+        slurm.wait_for(lambda: client.get_task(tid).state == TaskState.COMPLETED,
                        timeout=300, what="the task to complete")
         slurm.wait_for(lambda: not running(slurm, tid, after), timeout=60, what="no running job")
         slurm.wait_for(lambda: not task_processes(ckpt), timeout=60,
                        what="no process of the task left")
     assert not stale, f"processes outlived their generation: {stale}\n{stale_tree}"
     task = client.get_task(tid)
-    assert tasks_pb2.TASK_STATE_FAILED not in states | {task.state}
+    assert TaskState.FAILED not in states | {task.state}
     assert task.work_done_samples == WORK and task.failed_runs == 0
     gens = generations(slurm, tid, after)
     grown = [g for g, jobs in gens.items() if g > gen_shrunk and set(jobs) == set(ALL)]
@@ -205,7 +206,7 @@ def test_a_crash_of_local_rank_1_fails_the_run_and_then_the_task(torch, slurm, c
                           reports_progress=True, procs_per_node=PROCS)
     tid = client.submit(spec, owner="test").task.task_id
     with slurm.launcher(client.address, tmp_path) as out:
-        slurm.wait_for(lambda: client.get_task(tid).state == tasks_pb2.TASK_STATE_FAILED,
+        slurm.wait_for(lambda: client.get_task(tid).state == TaskState.FAILED,
                        timeout=300, what="the task to fail after its failed runs")
         slurm.wait_for(lambda: not running(slurm, tid, after), timeout=60, what="no running job")
         slurm.wait_for(lambda: not task_processes(slurm.task_checkpoints(tmp_path, tid)),

@@ -115,7 +115,7 @@ def test_an_interrupted_trial_continues_in_the_next_generation_and_prunes_nothin
     (same number, epochs numbered on, converged), their time and energy are the sums of both
     generations' measurements, and the batch sizes, statuses and surviving arms equal the
     undisturbed job's."""
-    from offcut.daemon.zeus.cost import zeus_cost
+    from offcut.zeus_views import zeus_cost
 
     srv, client = daemon
     outcome = {}

@@ -15,7 +15,9 @@ import pytest
 
 from offcut.daemon.config import DaemonConfig
 from offcut.daemon.edge.server import OffcutServer
-from offcut.daemon.app.store import Store, StoreError, journal_checksum
+from offcut.daemon.app.store import Store
+from offcut.daemon.app.state_file import StoreError
+from offcut.daemon.app.journal import journal_checksum
 
 from daemon_helpers import T0
 

@@ -26,7 +26,7 @@ def test_held_nodes_wait_for_the_launcher_until_a_run_of_the_generation_starts(d
     c.report_nodes(T0, "slurm", 1, idle=["n1", "n2"])
     tid = c.submit(make_spec("w", max_nodes=3)).task.task_id
     t = c.get_task(tid)
-    assert t.generation == 1 and t.started_generation == 0 and t.HasField("generation_time")
+    assert t.generation == 1 and t.started_generation == 0 and t.generation_time is not None
     assert c.status().nodes_awaiting_launch == 2
     line = show_line(srv.address, tid, "Generation")
     assert line.startswith("1 (placed ") and "waiting for the launcher" in line
@@ -59,13 +59,16 @@ def test_replay_mode_and_ended_tasks_show_no_wait():
     """No launcher runs in replay mode: the Generation line never says it waits; nor for a
     task that holds no nodes."""
     from offcut.v1 import tasks_pb2
+    from offcut.wire.tasks import task_from_pb
 
-    task = tasks_pb2.Task(task_id="t000001", generation=3, started_generation=2,
-                          nodes=["n1"], state=tasks_pb2.TASK_STATE_RUNNING)
-    task.generation_time.FromSeconds(int(T0))
+    msg = tasks_pb2.Task(task_id="t000001", generation=3, started_generation=2,
+                         nodes=["n1"], state=tasks_pb2.TASK_STATE_RUNNING, spec=make_spec("w"))
+    msg.generation_time.FromSeconds(int(T0))
+    task = task_from_pb(msg)
     assert "waiting for the launcher" in generation_text(task, "live", now=T0 + 5)
     assert generation_text(task, "replay", now=T0 + 5) == \
         "3 (placed 5 s ago at 2020-09-13T12:26:40Z)"
-    del task.nodes[:]
+    task.nodes.clear()
     assert "waiting" not in generation_text(task, "live", now=T0 + 5)
-    assert generation_text(tasks_pb2.Task(generation=0)) == "0"
+    assert generation_text(task_from_pb(tasks_pb2.Task(
+        generation=0, spec=make_spec("w"), state=tasks_pb2.TASK_STATE_QUEUED))) == "0"

@@ -18,21 +18,27 @@ from daemon_helpers import DEADLINE_S, wait_until
 from offcut.errors import NotFound, Unavailable
 from offcut.retry import Backoff
 from offcut.slurm_plugin.placements import DesiredState, PlacementWatch, read_unread
-from offcut.v1 import decision_pb2, status_pb2, tasks_pb2
+from offcut.taskspec import TaskSpec
+from offcut.v1 import decision_pb2, status_pb2
+from offcut.views import PlacementChange, PlacementUpdate, TaskReply, TaskState, TaskView
+from offcut.wire.tasks import decision_from_pb, status_from_pb
 
-RUNNING, COMPLETED = tasks_pb2.TASK_STATE_RUNNING, tasks_pb2.TASK_STATE_COMPLETED
-
-
-def task(task_id: str, generation: int, nodes=("n1",), state=RUNNING) -> tasks_pb2.Task:
-    return tasks_pb2.Task(task_id=task_id, generation=generation, nodes=list(nodes),
-                          state=state, owner="u", spec=tasks_pb2.TaskSpec(name=task_id))
+RUNNING, COMPLETED = TaskState.RUNNING, TaskState.COMPLETED
 
 
-def placed(task_id: str, generation: int, nodes=("n1",), change="GROW"
-           ) -> decision_pb2.Placement:
-    return decision_pb2.Placement(
-        task_id=task_id, generation=generation, nodes=list(nodes),
-        change=decision_pb2.PlacementChange.Value(f"PLACEMENT_CHANGE_{change}"))
+def task(task_id: str, generation: int, nodes=("n1",), state=RUNNING) -> TaskView:
+    return TaskView(task_id=task_id, spec=TaskSpec(task_id, 1, 1, (), ()), owner="u",
+                    state=state, submit_time=None, admit_time=None, finish_time=None,
+                    nodes=list(nodes), work_done_samples=0.0, rate_samples_per_s=0.0,
+                    rescales=0, preemptions=0, launches=0, last_run="",
+                    generation=generation, failed_runs=0, failure_reason="", energy_j=0.0,
+                    power_w=0.0)
+
+
+def placed(task_id: str, generation: int, nodes=("n1",), change="GROW") -> PlacementChange:
+    return PlacementChange(task_id=task_id, task_name="", change=change.lower(),
+                           nodes=list(nodes), previous_count=0, rate=0.0, work_done=0.0,
+                           total_work=0.0, time=0.0, generation=generation)
 
 
 def view(state: DesiredState) -> dict[str, tuple[int, tuple[str, ...]]]:
@@ -165,8 +171,8 @@ def test_a_run_reports_reply_fills_its_task():
 
     class Client:
         def report_task_run(self, task_id, state, **kw):
-            return tasks_pb2.ReportTaskRunResponse(task=task(task_id, 2, ("n1", "n3")),
-                                                   decision=decision_pb2.Decision(revision=9))
+            return TaskReply(task=task(task_id, 2, ("n1", "n3")),
+                             decision=decision_from_pb(decision_pb2.Decision(revision=9)))
 
     state = DesiredState()
     state.reset([], revision=5)
@@ -202,8 +208,8 @@ class FakeStream:
 
     def put(self, revision: int, *placements) -> None:
         with self._cond:
-            self._items.append(tasks_pb2.PlacementUpdate(revision=revision,
-                                                         placements=list(placements)))
+            self._items.append(PlacementUpdate(revision=revision, time=0.0, cause="nodes",
+                                               placements=list(placements)))
             self._cond.notify_all()
 
     def end(self) -> None:
@@ -243,7 +249,7 @@ class FakeClient:
         if self.down:
             self.down -= 1
             raise Unavailable("connection refused")
-        return status_pb2.StatusResponse(revision=self.revision)
+        return status_from_pb(status_pb2.StatusResponse(revision=self.revision))
 
     def watch(self, after_revision: int = 0, timeout_s: float | None = None):
         stream = FakeStream(timeout_s)

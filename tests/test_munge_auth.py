@@ -29,6 +29,7 @@ from offcut.client import Client
 from offcut.daemon.config import DaemonConfig
 from offcut.daemon.edge.server import OffcutServer
 from offcut.v1 import nodes_pb2, nodes_pb2_grpc, tasks_pb2, tasks_pb2_grpc
+from offcut.views import TaskState
 
 LIST = "/offcut.v1.Tasks/ListTasks"
 CANCEL = "/offcut.v1.Tasks/CancelTask"
@@ -193,7 +194,7 @@ def test_local_users_submit_list_and_cancel_only_their_own_tasks(slurm, users, m
     cancelled = offcut_as(alice, socket, address, "cancel", task)
     assert cancelled.returncode == 0, cancelled.stderr
     with Client(address, timeout_s=10, munge_socket=socket) as root:
-        assert root.get_task(task).state == tasks_pb2.TASK_STATE_CANCELLED
+        assert root.get_task(task).state == TaskState.CANCELLED
 
 
 def test_replayed_foreign_and_unknown_credentials_are_refused(slurm_cluster, users,

@@ -21,6 +21,8 @@ from offcut.client.cli import app
 from offcut.client.task_cli import format_update, parse_format, render_format
 from offcut.text_safety import csv_cell, csv_uncell, csv_writer, terminal_safe
 from offcut.v1 import decision_pb2, tasks_pb2
+from offcut.views import TaskView
+from offcut.wire.tasks import task_from_pb, update_from_pb
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,11 +79,11 @@ def test_every_csv_offcut_writes_goes_through_the_shared_writer():
 
 
 # ------------------------------------------------------------------ terminals
-def hostile_task() -> tasks_pb2.Task:
+def hostile_task() -> TaskView:
     """A task as a hostile (or older) daemon could send it: control characters everywhere."""
-    t = tasks_pb2.Task(task_id="t000001", owner="mal\x1b[2Jlory",
+    t = task_from_pb(tasks_pb2.Task(task_id="t000001", owner="mal\x1b[2Jlory",
                        state=tasks_pb2.TASK_STATE_FAILED, failure_reason="bad\x07" + PAYLOAD,
-                       spec=make_spec(name="n\x1b]2;x\x07", command=["sh", PAYLOAD]))
+                       spec=make_spec(name="n\x1b]2;x\x07", command=["sh", PAYLOAD])))
     return t
 
 
@@ -90,8 +92,8 @@ def test_queue_and_watch_lines_are_escaped():
     text = render_format(parse_format("%i %j %u %R x\x1b[1m"), [task])
     assert not RAW_CONTROL.search(text), text
     assert "n\\x1b]2;x\\x07" in text and "mal\\x1b[2Jlory" in text and "x\\x1b[1m" in text
-    upd = tasks_pb2.PlacementUpdate(revision=3, cause="nodes\x1b[A", placements=[
-        decision_pb2.Placement(task_id="t000001", task_name="n\x1b]2;x\x07", nodes=["n1"])])
+    upd = update_from_pb(tasks_pb2.PlacementUpdate(revision=3, cause="nodes\x1b[A", placements=[
+        decision_pb2.Placement(task_id="t000001", task_name="n\x1b]2;x\x07", nodes=["n1"])]))
     line, = format_update(upd)
     assert not RAW_CONTROL.search(line) and "nodes\\x1b[A" in line and "n\\x1b]2;x\\x07" in line
 

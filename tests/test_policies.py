@@ -22,7 +22,8 @@ from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.daemon.__main__ import app as offcutd
 from offcut.daemon.config import OBJECTIVES, ConfigError, DaemonConfig, load_config
 from offcut.daemon.app.scheduler import Scheduler, SolveRecord
-from offcut.daemon.app.model import ObjectiveSettings, SubmitEvent, Task, TaskSpec
+from offcut.daemon.app.model import ObjectiveSettings, SubmitEvent, Task
+from offcut.taskspec import TaskSpec
 from offcut.daemon.app.policies import (BUILTIN_POLICIES, AllocationPolicy, AllocationRequest,
                                     PolicyError, PolicyTask, available_policies, check_counts,
                                     get_policy, policy_class, subproblem)

@@ -210,25 +210,22 @@ def test_connections_are_bounded_per_user_and_in_all_but_never_roots(shared_dir)
                                  stdout=subprocess.PIPE, text=True)
             holders.append(h)
             assert h.stdout.readline().strip() == "ready"
-        deadline = time.monotonic() + 30
-        while True:  # (the server counts a connection once its thread has it)
+
+        def both_refused():  # (the server counts a connection once its thread has it)
             (s1, b1), = _as_user(nobody, server.socket_path, [("GET", "/discover")])
             (s2, b2), = _as_user(daemon, server.socket_path, [("GET", "/discover")])
-            if (s1, s2) == (503, 503) or time.monotonic() > deadline:
-                break
-        assert s1 == 503 and b1["error"].startswith(f"more than 2 connections of uid {nobody}")
-        assert s2 == 503 and b2["error"].startswith("more than 3 connections at once")
+            return (s1, s2) == (503, 503) and (b1, b2)
+
+        b1, b2 = wait_until(both_refused, "503 for both users", 30)
+        assert b1["error"].startswith(f"more than 2 connections of uid {nobody}")
+        assert b2["error"].startswith("more than 3 connections at once")
         with http(server.socket_path) as c:
             assert c.get("/discover").status_code == 200  # root is never refused
         for h in holders:
             h.stdin.close()
             h.wait(30)
-        deadline = time.monotonic() + 30
-        while True:
-            (s1, _), = _as_user(nobody, server.socket_path, [("GET", "/discover")])
-            if s1 == 200 or time.monotonic() > deadline:
-                break
-        assert s1 == 200
+        wait_until(lambda: _as_user(nobody, server.socket_path, [("GET", "/discover")])[0][0]
+                   == 200, "nobody served again once the holders went", 30)
     finally:
         for h in holders:
             h.kill()
@@ -575,10 +572,8 @@ def test_the_power_helper_command_serves_and_stops_on_sigterm(shared_dir):
             str(shared_dir / "records.json")]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not sock.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-            time.sleep(0.05)
+        wait_until(lambda: sock.exists() or proc.poll() is not None, "the helper's socket", 60)
+        assert proc.poll() is None, proc.stderr.read()
         assert os.stat(sock).st_mode & 0o777 == 0o666
         with http(str(sock)) as c:
             assert c.get("/discover").json()["gpus"][0]["id"] == 0
@@ -588,16 +583,19 @@ def test_the_power_helper_command_serves_and_stops_on_sigterm(shared_dir):
         proc.wait(30)
         assert sock.exists()
         proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        while True:
+
+        def answers() -> bool:
+            """The new helper answers on the replaced socket (or it exited)."""
+            if proc.poll() is not None:
+                return True
             try:
                 with http(str(sock)) as c:
-                    if c.get("/time").status_code == 200:
-                        break
+                    return c.get("/time").status_code == 200
             except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-            time.sleep(0.05)
+                return False
+
+        wait_until(answers, "the restarted helper's answer", 60)
+        assert proc.poll() is None, proc.stderr.read()
         proc.terminate()
         assert proc.wait(30) == 0
         assert not sock.exists()

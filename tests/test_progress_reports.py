@@ -9,6 +9,7 @@ import pytest
 
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 from offcut.v1 import tasks_pb2
+from offcut.views import TaskState
 
 from daemon_helpers import T0, make_spec, status_key
 
@@ -25,7 +26,7 @@ def learned_spec(name="learn", max_nodes=4, work=1e6, **kw) -> tasks_pb2.TaskSpe
 def start_learned(client, nodes=4):
     client.report_nodes(T0, "slurm", 1, idle=[f"n{i}" for i in range(1, nodes + 1)])
     task = client.submit(learned_spec(), submit_time=T0 + 1).task
-    assert task.state == tasks_pb2.TASK_STATE_RUNNING and task.model.curve_node_counts
+    assert task.state == TaskState.RUNNING and task.model.curve_node_counts
     return task
 
 
@@ -71,12 +72,12 @@ def test_report_reaching_total_work_completes_and_reallocates(daemon):
     assert sum(held.values()) == 4
     r = report(c, a.task_id, T0 + 50, 1000.0, held[a.task_id])
     assert list(r.decision.completed_task_ids) == [a.task_id]
-    assert r.tasks[0].state == tasks_pb2.TASK_STATE_COMPLETED
+    assert r.tasks[0].state == TaskState.COMPLETED
     assert len(c.get_task(b.task_id).nodes) == 4  # b got a's nodes
     # a modelled-but-reporting task is never completed by the model
     c.report_nodes(T0 + 1e6, "slurm", 2, idle=["n5"])
     t = c.get_task(b.task_id)
-    assert t.state == tasks_pb2.TASK_STATE_RUNNING and t.work_done_samples < 1e6
+    assert t.state == TaskState.RUNNING and t.work_done_samples < 1e6
 
 
 BAD = [
@@ -226,7 +227,7 @@ def test_training_side_reporter_reports_continues_and_completes(daemon):
         joules[0] = 1_000.0
         p.add(8_800.0)
     got = c.get_task(task.task_id)
-    assert got.state == tasks_pb2.TASK_STATE_COMPLETED
+    assert got.state == TaskState.COMPLETED
     assert got.energy_j == pytest.approx(61_000.0)
     with pytest.raises(ValueError, match="OFFCUT_TASK_ID"):
         ProgressReporter.from_env({})

@@ -210,7 +210,7 @@ def test_observer_mode_keeps_every_run_at_the_maximum_power_limit(daemon, tmp_pa
         profile = client.power_profile("toy", b)
         assert profile.done and profile.chosen_power_limit_w == 250.0
         assert {m.power_limit_w for m in profile.measurements} == {250.0}
-    spec = client.get_zeus_job("toy").spec.power
+    spec = client.get_zeus_job("toy").power
     assert (spec.min_power_limit_w, spec.max_power_limit_w) == (250.0, 250.0)
     # the optimizing job of the same command is another job by default
     assert default_job_id("python t.py") != default_job_id("python t.py", observer_mode=True)
@@ -232,7 +232,7 @@ def test_power_limits_are_profiled_and_the_chosen_limit_is_recorded(daemon, tmp_
     assert profile.done and [m.power_limit_w for m in profile.measurements] == [250, 200, 150]
     (row,) = history(out)
     assert float(row["power_limit_w"]) == profile.chosen_power_limit_w
-    assert client.get_zeus_job("toy").spec.power.profile_steps == 2
+    assert client.get_zeus_job("toy").power.profile_steps == 2
 
 
 def test_a_command_exiting_non_zero_is_a_failed_run_and_is_retried(daemon, tmp_path, script):

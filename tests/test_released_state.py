@@ -27,7 +27,8 @@ import grpc
 import pytest
 from google.protobuf.json_format import MessageToDict, ParseDict
 
-from offcut.daemon.app.store import APPLICATION_ID, FIRST_RELEASED_FORMAT, journal_checksum
+from offcut.daemon.app.state_file import APPLICATION_ID, FIRST_RELEASED_FORMAT
+from offcut.daemon.app.journal import journal_checksum
 from offcut.v1 import nodes_pb2, status_pb2, tasks_pb2, zeus_pb2
 
 #: the fixture's daemon ran on the replay clock (senders' times are the event clock)

@@ -84,12 +84,13 @@ def test_simulator_pays_rescales_as_pauses_and_draws_power(demo):
     t = tasks[0]
     sim = ProgressSimulator([t], noise=0.0, seed=0)
     from offcut.v1 import decision_pb2
+    from offcut.wire.tasks import decision_from_pb
 
     def placement(change, n, at):
         d = decision_pb2.Decision()
         p = d.placements.add(task_id="x", change=change, nodes=[f"n{i}" for i in range(n)])
         p.time.FromNanoseconds(int(at * 1e9))
-        return d
+        return decision_from_pb(d)
 
     sim.submitted(t.name, "x")
     jmin = t.min_nodes

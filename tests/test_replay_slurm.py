@@ -93,30 +93,35 @@ def test_the_replay_of_the_site_clusters_accounting_matches_what_the_watcher_saw
     seen: list[tuple[float, set[str]]] = []
     jobs = [cluster.sbatch("-p", "batch", "-w", "n1", wrap="sleep 4"),
             cluster.sbatch("-p", "scavenger", "-w", "n3", wrap="sleep 3")]
-    deadline = time.monotonic() + 120
-    second = None
-    while time.monotonic() < deadline:
+    second = []
+
+    def sample_until_done() -> bool:
+        """One live observation of the idle set (every 0.2 s: the watcher's rule); the
+        second batch job is submitted 2 s in; done when every job ended and all idle."""
         seen.append((time.time(), set(observe(source, OwnJobRule()).view.idle)))
-        if second is None and seen[-1][0] - seen[0][0] > 2:
-            jobs.append(cluster.sbatch("-p", "batch", "-w", "n2", wrap="sleep 3"))
-            second = True
-        states = [cluster.job_state(j) for j in jobs]
-        if second and all(s in ("COMPLETED", "FAILED", "CANCELLED") for s in states) \
-                and set(nodes) <= seen[-1][1]:
-            break
-        time.sleep(0.2)
+        if not second and seen[-1][0] - seen[0][0] > 2:
+            second.append(cluster.sbatch("-p", "batch", "-w", "n2", wrap="sleep 3"))
+        states = [cluster.job_state(j) for j in jobs + second]
+        return bool(second) and all(s in ("COMPLETED", "FAILED", "CANCELLED") for s in states) \
+            and set(nodes) <= seen[-1][1]
+
+    cluster.wait_for(sample_until_done, timeout=120, interval=0.2,
+                     what="the workload's jobs ended, every node idle again")
     end = pd.Timestamp(int(time.time()) + 2, unit="s")
     env = {**os.environ, "SLURM_CONF": str(cluster.conf), "SLURM_TIME_FORMAT": "%s"}
-    text = ""
-    for _ in range(50):  # slurmdbd gets the job records from slurmctld a moment later
+
+    def accounted() -> str | None:
+        """sacct's text once slurmdbd has both batch jobs' end times (it gets the job records
+        from slurmctld a moment later), else None."""
         proc = subprocess.run(sacct_command(start, end), env=env, capture_output=True,
                               text=True)
         assert proc.returncode == 0, proc.stderr
-        text = proc.stdout
-        if sum(1 for ln in text.splitlines() if "|batch|" in ln and ln.split("|")[6]
-               not in ("Unknown", "")) >= 2:
-            break
-        time.sleep(0.2)
+        ended = sum(1 for ln in proc.stdout.splitlines()
+                    if "|batch|" in ln and ln.split("|")[6] not in ("Unknown", ""))
+        return proc.stdout if ended >= 2 else None
+
+    text = cluster.wait_for(accounted, timeout=60, interval=0.2,
+                            what="slurmdbd recorded both batch jobs' ends")
     log = node_log_from_sacct(text, nodes, start, end)
     replayed = intervals(log)
     live: dict[str, list[tuple[float, float | None]]] = {n: [] for n in nodes}

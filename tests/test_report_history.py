@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from offcut.client.cli import app
 from offcut.errors import OffcutError
-from offcut.replay.history import PLACEMENT_COLUMNS, STEP_COLUMNS, iso, seconds
+from offcut.replay.history import PLACEMENT_COLUMNS, STEP_COLUMNS, iso
 from offcut.replay.report import REPORT_FILES, build_report, render_report
-from offcut.v1 import decision_pb2, tasks_pb2
+from offcut.views import Decision, PlacementChange, TaskView
 
 from daemon_helpers import T0
 from daemon_helpers import make_spec as _make_spec
@@ -33,7 +33,7 @@ runner = CliRunner()
 make_spec = functools.partial(_make_spec, up=2.0, down=3.0)  # rescales cost something here
 
 
-def drive(c) -> list[tuple[str, decision_pb2.Decision, tasks_pb2.Task | None]]:
+def drive(c) -> list[tuple[str, Decision, TaskView | None]]:
     """Node events, two submissions and a cancel (no completion: work is large); returns
     (kind, decision, task) as the client received them, in order."""
     got = [("snapshot", c.sync_nodes(T0, "s", 1, ["n1", "n2", "n3"]), None)]
@@ -50,8 +50,8 @@ def drive(c) -> list[tuple[str, decision_pb2.Decision, tasks_pb2.Task | None]]:
     return got
 
 
-def change_name(p: decision_pb2.Placement) -> str:
-    return decision_pb2.PlacementChange.Name(p.change).removeprefix("PLACEMENT_CHANGE_").lower()
+def change_name(p: PlacementChange) -> str:
+    return p.change
 
 
 def held_integral(times: list[float], values: list[float], end: float) -> float:
@@ -71,11 +71,11 @@ def test_export_history_returns_the_decisions_the_client_received(daemons):
     assert [e.kind for e in entries] == [k for k, _, _ in got]
     for e, (_, d, task) in zip(entries, got):
         assert e.decision.revision == e.revision  # journal row id == decision revision
-        assert e.decision.SerializeToString(deterministic=True) == d.SerializeToString(deterministic=True)
+        assert e.decision == d
         if task is None:
-            assert not e.HasField("task")
+            assert e.task is None
         else:
-            assert e.task.SerializeToString(deterministic=True) == task.SerializeToString(deterministic=True)
+            assert e.task == task
     # paging
     assert [e.revision for e in c.export_history(after_revision=4)] == [5, 6, 7]
     assert [e.revision for e in c.export_history(after_revision=2, limit=2)] == [3, 4]
@@ -129,7 +129,7 @@ def test_history_cli_writes_the_replay_csvs_and_a_report_that_matches_them(daemo
     assert list(steps["evt"]) == [0, 1, 2, 3]
     for row, d in zip(steps.itertuples(), node):
         s = d.stats
-        assert row.evtTime == iso(seconds(d.time))
+        assert row.evtTime == iso(d.time)
         assert (row.Nleft, row.Npre, row.Njoin, row.nJob, row.nNd, row.nJrun, row.nNrun) == (
             s.nodes_left, s.tasks_preempted, s.nodes_joined, s.admitted_tasks, s.idle_nodes,
             s.running_tasks, s.nodes_in_use)
@@ -143,8 +143,8 @@ def test_history_cli_writes_the_replay_csvs_and_a_report_that_matches_them(daemo
     expected = []
     for kind, d, task in got:
         if kind == "submit":
-            expected.append((task.task_id, "submitted", 0, iso(seconds(task.submit_time))))
-        expected += [(p.task_id, change_name(p), len(p.nodes), iso(seconds(p.time)))
+            expected.append((task.task_id, "submitted", 0, iso(task.submit_time)))
+        expected += [(p.task_id, change_name(p), len(p.nodes), iso(p.time))
                      for p in d.placements]
     plc = pd.read_csv(out / "placements.csv")
     assert list(zip(plc.task_id, plc.change, plc.nodes, plc.time)) == expected
@@ -156,7 +156,7 @@ def test_history_cli_writes_the_replay_csvs_and_a_report_that_matches_them(daemo
         assert str(out / name) in result.output
     text = (out / "summary.txt").read_text()
     assert text in result.output
-    t = [seconds(d.time) for _, d, _ in got]
+    t = [d.time for _, d, _ in got]
     idle_h = held_integral(t, [d.stats.idle_nodes for _, d, _ in got], t[-1]) / 3600
     used_h = held_integral(t, [d.stats.nodes_in_use for _, d, _ in got], t[-1]) / 3600
     assert idle_h == pytest.approx(status.idle_node_seconds / 3600, abs=1e-9)
@@ -186,7 +186,7 @@ def test_history_after_revision_skips_earlier_entries(daemons, tmp_path):
     steps = pd.read_csv(out / "steps.csv")
     later = [d for k, d, _ in got[4:] if k == "nodes"]
     assert list(steps["evt"]) == [0, 1]
-    assert list(steps["evtTime"]) == [iso(seconds(d.time)) for d in later]
+    assert list(steps["evtTime"]) == [iso(d.time) for d in later]
     assert list(steps["nNd"]) == [d.stats.idle_nodes for d in later]
     plc = pd.read_csv(out / "placements.csv")
     assert "submitted" not in set(plc.change)  # both submissions were before revision 5

@@ -20,12 +20,12 @@ import pytest
 
 from daemon_helpers import T0, core_spec
 from offcut.daemon.app.learning import TaskLearner
-from offcut.daemon.app.model import (CancelEvent, EnergyEvent, NodeEvent, NodeKind, ObjectiveSettings,
-                                 ProgressEvent, ProgressItem, ProgressReport, SubmitEvent, Task,
-                                 TaskState)
+from offcut.daemon.app.model import (CancelEvent, EnergyEvent, NodeEvent, NodeKind, ObjectiveSettings, ProgressEvent, ProgressItem, ProgressReport, SubmitEvent, Task)
+from offcut.views import TaskState
 from offcut.daemon.app.policies import PolicyError
 from offcut.daemon.app.policies.guard import PolicyGuard
-from offcut.daemon.app.scheduler import Outcome, PlacementChange, Scheduler, SolveRecord
+from offcut.daemon.app.scheduler import Outcome, Scheduler, SolveRecord
+from offcut.views import PlacementChange
 from offcut.daemon.app.scheduler.allocation import Reallocator
 from offcut.daemon.app.scheduler.clock import ProgressModel
 from offcut.daemon.app.scheduler.energy import EnergyReports

@@ -25,6 +25,7 @@ from offcut.slurm_plugin.launcher import Launcher, parse_job_name
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.slurm_plugin.slurm_json import parse_sacct
 from offcut.v1 import tasks_pb2
+from offcut.views import TaskState
 
 NODES = ["n1", "n2"]
 
@@ -75,13 +76,13 @@ def test_jobs_that_ended_while_daemon_and_launcher_were_down_are_taken_from_sacc
         daemon = spawn_offcutd(cluster.address, state, log)
         with Client(cluster.address, timeout_s=10) as client:
             client.wait_ready(30)
-            assert client.get_task(tid).state == tasks_pb2.TASK_STATE_RUNNING  # (it knows no end)
+            assert client.get_task(tid).state == TaskState.RUNNING  # (it knows no end)
             launcher = Launcher(client, cfg, cli, accounts=AS_LAUNCHER)
             passes = []
 
             def completed() -> bool:
                 passes.append(launcher.reconcile())
-                return client.get_task(tid).state == tasks_pb2.TASK_STATE_COMPLETED
+                return client.get_task(tid).state == TaskState.COMPLETED
 
             cluster.wait_for(completed, timeout=60, interval=0.5,
                              what="the task to complete from Slurm's accounting")

@@ -25,6 +25,7 @@ from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.slurm_plugin.sources import CLISource
 from offcut.slurm_plugin.watcher import Watcher
 from offcut.v1 import tasks_pb2
+from offcut.views import TaskState
 
 CPU_NODES = ["n1", "n2"]
 
@@ -98,5 +99,5 @@ def check_runs(cluster, client, tmp_path, gpu: str, cpu: str) -> None:
 
     (tmp_path / "go").touch()
     cluster.wait_for(lambda: {client.get_task(t).state for t in (gpu, cpu)}
-                     == {tasks_pb2.TASK_STATE_COMPLETED}, timeout=60,
+                     == {TaskState.COMPLETED}, timeout=60,
                      what="both tasks to complete")

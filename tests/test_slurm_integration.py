@@ -20,6 +20,7 @@ from offcut.v1 import tasks_pb2
 
 
 import slurm_cluster as _sc  # the fixtures themselves come from conftest.py
+from offcut.views import TaskState
 from slurm_cluster import idle_set
 
 pytestmark = pytest.mark.slow
@@ -65,7 +66,7 @@ def test_prolog_preempts_exactly_the_jobs_nodes_and_the_job_runs(slurm, cluster_
     assert idle_set(client) == set(ALL) - job_nodes
     assert task_nodes(client, tid) == set(ALL) - job_nodes
     task = client.get_task(tid)
-    assert task.state == tasks_pb2.TASK_STATE_RUNNING
+    assert task.state == TaskState.RUNNING
     assert any("preempted" in ln and "2 nodes left the idle pool" in ln and "1 tasks preempted" in ln
                for ln in lines), lines
     # the regular job ran to completion, on those nodes

@@ -21,6 +21,7 @@ from offcut.slurm_plugin.launcher_key import LauncherKey, LauncherKeyError, defa
 from offcut.slurm_plugin.owners import OwnerAccounts, RunAsPolicy
 from offcut.slurm_plugin.slurm_json import parse_sacct
 from offcut.v1 import tasks_pb2
+from offcut.views import TaskState
 
 MALLORY = 1600  # another user of the cluster (the task's owner "test" is uid 1500)
 
@@ -62,7 +63,7 @@ def test_another_users_ended_lookalike_does_not_complete_the_task(running, caplo
         r = launcher.reconcile()
         launcher.reconcile()
     task = client.get_task(tid)
-    assert task.state == tasks_pb2.TASK_STATE_RUNNING and task.generation == 1
+    assert task.state == TaskState.RUNNING and task.generation == 1
     assert not r.reported and not r.cancelled and not r.signalled and not r.submitted
     assert all(slurm.jobs[j]["job_state"] == "RUNNING" for j in real.values())
     assert not slurm.signals  # neither is stopped nor cancelled by the launcher
@@ -105,7 +106,7 @@ def test_accounting_records_of_another_user_are_ignored(placed):
     r = launcher.reconcile()
     assert slurm.sacct_calls  # it asked
     assert not r.reported and sorted(n for _, n, _ in r.submitted) == ALL
-    assert client.get_task(tid).state == tasks_pb2.TASK_STATE_RUNNING
+    assert client.get_task(tid).state == TaskState.RUNNING
 
 
 def test_an_accounting_record_without_a_user_id_is_not_the_tasks(placed):
@@ -131,7 +132,7 @@ def test_as_the_launchers_account_only_its_uid_counts(daemon):
     lookalike(slurm, name, comment=launcher.key.job_tag(name, MALLORY))
     r = launcher.reconcile()
     assert {s for _, _, s in r.reported} == {"started"}
-    assert client.get_task(tid).state == tasks_pb2.TASK_STATE_RUNNING
+    assert client.get_task(tid).state == TaskState.RUNNING
 
 
 def test_parse_sacct_reads_the_uid_and_the_former_columns():

@@ -37,6 +37,7 @@ from offcut.slurm_plugin.owners import OwnerAccounts, RunAsPolicy
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.slurm_plugin.slurm_json import JobInfo, SlurmCommandError, SlurmError
 from offcut.v1 import tasks_pb2
+from offcut.views import TaskState
 
 ALL = ["n1", "n2", "n3", "n4"]
 CFG = SlurmConfig()
@@ -341,7 +342,7 @@ def test_generations_through_preemption_grow_and_shrink_with_fake_slurm(placed):
     # 2 is on n1, n2 at once, submitted in the same pass, and the interruptions of generation 1
     # restart nothing more
     task = client.get_task(tid)
-    assert task.generation == 2 and task.state == tasks_pb2.TASK_STATE_RUNNING
+    assert task.generation == 2 and task.state == TaskState.RUNNING
     assert sorted(task.nodes) == ["n1", "n2"] and task.failed_runs == 0
     assert "n3" not in idle_set(client) and "n4" not in idle_set(client)
     assert sorted(n for _, n, _ in r.submitted) == ["n1", "n2"] and not r.held
@@ -380,14 +381,14 @@ def test_generations_through_preemption_grow_and_shrink_with_fake_slurm(placed):
             slurm.jobs[jid]["exit_code"] = 15  # killed by SIGTERM
     r = again.reconcile()
     assert sorted(n for _, n, _ in r.submitted) == ["n2", "n3", "n4"]
-    assert client.get_task(tid).state == tasks_pb2.TASK_STATE_RUNNING  # never a failure
+    assert client.get_task(tid).state == TaskState.RUNNING  # never a failure
 
     # the program finishes: the task completes, its other jobs are asked to stop
     done_job = slurm.end("n2", "COMPLETED", 0)
     r = again.reconcile()
     assert (tid, done_job, "finished") in r.reported
     task = client.get_task(tid)
-    assert task.state == tasks_pb2.TASK_STATE_COMPLETED and not task.nodes
+    assert task.state == TaskState.COMPLETED and not task.nodes
     assert sorted(n for _, n, _ in r.signalled) == ["n3", "n4"] and not r.submitted
 
 
@@ -449,7 +450,7 @@ def test_a_restarted_launcher_takes_ended_jobs_from_accounting_and_submits_nothi
     # the first finished run completes the task; the others' reports find it complete
     assert not r.submitted and {s for _, _, s in r.reported} == {"finished"}
     task = client.get_task(tid)
-    assert task.state == tasks_pb2.TASK_STATE_COMPLETED and task.launches == 4
+    assert task.state == TaskState.COMPLETED and task.launches == 4
     assert len(slurm.sacct_calls) == asked + 1 and len(slurm.sacct_calls[-1]) == 4
     assert not second.reconcile().submitted and len(slurm.sacct_calls) == asked + 1
 
@@ -486,9 +487,9 @@ def test_failed_runs_restart_the_generation_then_fail_the_task(placed):
         task = client.get_task(tid)
         assert task.failed_runs == attempt and "exit code 1" in task.failure_reason
         if attempt < 3:
-            assert task.state == tasks_pb2.TASK_STATE_RUNNING and task.generation == attempt + 1
+            assert task.state == TaskState.RUNNING and task.generation == attempt + 1
             assert sorted(n for _, n, _ in r.submitted) == ALL
-    assert task.state == tasks_pb2.TASK_STATE_FAILED
+    assert task.state == TaskState.FAILED
     assert task.failure_reason.startswith("3 runs in a row failed without progress")
     assert not launcher.reconcile().submitted and not slurm.active()
 
@@ -703,7 +704,7 @@ def test_a_node_taken_behind_the_daemons_back_is_given_back_on_real_slurm(
                            timeout=60, what="a new generation on n1, n3, n4")
             assert slurm.job_state(pending[0]["job_id"]) == "CANCELLED"
             assert slurm.job_state(regular) == "RUNNING"  # the regular job was never touched
-            assert client.get_task(tid).state == tasks_pb2.TASK_STATE_RUNNING
+            assert client.get_task(tid).state == TaskState.RUNNING
         finally:
             stop.set()
             th.join(10)
@@ -775,7 +776,7 @@ def test_end_to_end_on_real_slurm(slurm, cluster_daemon, tmp_path):
         assert shrunk_gen == client.get_task(tid).generation > 1
         usr1 = {p.name.removeprefix("usr1-") for p in marks.glob("usr1-*")}
         assert {u.split("-", 1)[1] for u in usr1 if u.startswith("1-")} == set(ALL)
-        assert client.get_task(tid).state == tasks_pb2.TASK_STATE_RUNNING
+        assert client.get_task(tid).state == TaskState.RUNNING
         t_shrunk = time.monotonic()
 
         # 3. the regular job ends: the epilog returns its nodes, the next generation runs on four
@@ -792,7 +793,7 @@ def test_end_to_end_on_real_slurm(slurm, cluster_daemon, tmp_path):
 
         # 4. the program finishes: the task completes and its nodes are released
         (marks / "done").touch()
-        slurm.wait_for(lambda: client.get_task(tid).state == tasks_pb2.TASK_STATE_COMPLETED,
+        slurm.wait_for(lambda: client.get_task(tid).state == TaskState.COMPLETED,
                        timeout=60, what="the task to complete")
         assert not client.get_task(tid).nodes and client.status().nodes_in_use == 0
         slurm.wait_for(lambda: not offcut_jobs(slurm, tid), timeout=60,
@@ -842,7 +843,7 @@ def test_jobs_older_than_their_task_are_not_its_own(placed):
     shows the old daemon's jobs (MinJobAge): a job submitted before the task is not the task's."""
     client, tid = placed
     slurm = FakeSlurm()
-    submitted = client.get_task(tid).submit_time.seconds
+    submitted = int(client.get_task(tid).submit_time)
     for i, node in enumerate(ALL):
         slurm.jobs[str(50 + i)] = {"job_id": 50 + i, "name": f"offcut-{tid}.1-{node}",
                                    "partition": "scavenger", "job_state": "FAILED",

@@ -35,6 +35,7 @@ from offcut.slurm_plugin.launcher import Launcher
 from offcut.slurm_plugin.owners import Account, OwnerAccounts, OwnerRefused, RunAsPolicy
 from offcut.slurm_plugin.slurm_cli import SlurmCLI
 from offcut.v1 import tasks_pb2
+from offcut.views import TaskState
 
 USERS_ACCOUNT = Account("alice", 1500, 1500, "/home/alice", True)
 USERS = fake_users(passwd("alice", 1500), passwd("bob", 1501), passwd("carol", 600),
@@ -159,11 +160,11 @@ def test_jobs_run_as_their_owners_and_other_tasks_fail(daemon, tmp_path, monkeyp
     assert sorted(t for t, _ in r.refused) == sorted(tids[o] for o in why)
     for owner, text in why.items():
         task = client.get_task(tids[owner])
-        assert task.state == tasks_pb2.TASK_STATE_FAILED and not task.nodes
+        assert task.state == TaskState.FAILED and not task.nodes
         assert task.failure_reason.startswith(f"failed - not launched: {text}")  # no exit code
     r = launcher.reconcile()  # reported once; alice's task goes on
     assert not r.refused and not r.submitted
-    assert client.get_task(tids["alice"]).state == tasks_pb2.TASK_STATE_RUNNING
+    assert client.get_task(tids["alice"]).state == TaskState.RUNNING
 
 
 def test_an_unprivileged_launcher_runs_only_its_own_tasks(daemon):
@@ -181,7 +182,7 @@ def test_an_unprivileged_launcher_runs_only_its_own_tasks(daemon):
     assert not [o for o in slurm.options[job] if o.startswith(("--uid", "--gid"))]
     assert "--chdir=/home/alice" in slurm.options[job]
     task = client.get_task(other)
-    assert task.state == tasks_pb2.TASK_STATE_FAILED
+    assert task.state == TaskState.FAILED
     assert "task owner 'bob' is not the launcher's own account 'alice'" in task.failure_reason
 
 
@@ -274,9 +275,9 @@ def test_a_task_runs_as_its_owner_on_real_slurm(slurm, cluster_daemon, local_use
         th = threading.Thread(target=launcher.run, args=(0.5, stop), daemon=True)
         th.start()
         try:
-            slurm.wait_for(lambda: client.get_task(mine).state == tasks_pb2.TASK_STATE_COMPLETED,
+            slurm.wait_for(lambda: client.get_task(mine).state == TaskState.COMPLETED,
                            timeout=90, what=f"{owner.pw_name}'s task to run and complete")
-            slurm.wait_for(lambda: all(client.get_task(t).state == tasks_pb2.TASK_STATE_FAILED
+            slurm.wait_for(lambda: all(client.get_task(t).state == TaskState.FAILED
                                        for t in refused.values()),
                            timeout=30, what="the refused tasks to fail")
         finally:

@@ -29,6 +29,7 @@ import pytest
 
 from offcut.client import make_task_spec
 from offcut.v1 import tasks_pb2
+from offcut.views import TaskState
 
 from test_elastic_slurm import last_job_id, running
 
@@ -80,7 +81,7 @@ def _script(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def _seconds(ts) -> float:
-    return ts.seconds + ts.nanos / 1e9
+    return ts
 
 
 def test_a_final_evaluation_runs_to_its_end_before_completed(torch, slurm, cluster_daemon,
@@ -98,12 +99,12 @@ def test_a_final_evaluation_runs_to_its_end_before_completed(torch, slurm, clust
                           reports_progress=True)
     tid = client.submit(spec, owner="test").task.task_id
     with slurm.launcher(client.address, tmp_path):
-        slurm.wait_for(lambda: client.get_task(tid).HasField("work_reached_time"), timeout=180,
+        slurm.wait_for(lambda: (client.get_task(tid).work_reached_time is not None), timeout=180,
                        what="the final checkpoint's report")
         task = client.get_task(tid)
-        assert task.state == tasks_pb2.TASK_STATE_RUNNING and len(task.nodes) == 2
+        assert task.state == TaskState.RUNNING and len(task.nodes) == 2
         assert not mark.exists()  # the evaluation runs
-        slurm.wait_for(lambda: client.get_task(tid).state == tasks_pb2.TASK_STATE_COMPLETED,
+        slurm.wait_for(lambda: client.get_task(tid).state == TaskState.COMPLETED,
                        timeout=240, what="the task to complete")
         slurm.wait_for(lambda: not running(slurm, tid, after), timeout=60, what="no running job")
     task = client.get_task(tid)
@@ -129,13 +130,13 @@ def test_a_rank_crashing_in_every_generation_is_counted_and_named(torch, slurm, 
     tid = client.submit(spec, owner="test").task.task_id
     with slurm.launcher(client.address, tmp_path):
         slurm.wait_for(lambda: client.get_task(tid).state in (
-            tasks_pb2.TASK_STATE_COMPLETED, tasks_pb2.TASK_STATE_FAILED), timeout=420,
+            TaskState.COMPLETED, TaskState.FAILED), timeout=420,
             what="the task to end")
         slurm.wait_for(lambda: not running(slurm, tid, after), timeout=60, what="no running job")
     task = client.get_task(tid)
     # 40 steps of 10 samples per generation with a checkpoint every 5: each generation makes
     # progress, so the task completes; but every crash counted, and named
-    assert task.state == tasks_pb2.TASK_STATE_COMPLETED, task
+    assert task.state == TaskState.COMPLETED, task
     assert task.failed_runs >= 3 and task.failures_without_progress == 1, task
     assert "crash-loop" in [w.kind for w in task.warnings], task.warnings
     assert "exit code 1" in task.failure_reason
@@ -174,7 +175,7 @@ def _fails(client, tid: str, slurm, after: int, tmp_path: Path):
     """Run the launcher until task ``tid`` is FAILED and no job of it runs; its task."""
     with slurm.launcher(client.address, tmp_path):
         slurm.wait_for(lambda: client.get_task(tid).state in (
-            tasks_pb2.TASK_STATE_FAILED, tasks_pb2.TASK_STATE_COMPLETED), timeout=300,
+            TaskState.FAILED, TaskState.COMPLETED), timeout=300,
             what="the task to fail")
         slurm.wait_for(lambda: not running(slurm, tid, after), timeout=60, what="no running job")
     return client.get_task(tid)
@@ -192,7 +193,7 @@ def test_a_wrong_interpreter_fails_the_task_naming_the_cause(slurm, cluster_daem
                           command=["/nonexistent/python3", "train.py"])
     tid = client.submit(spec, owner="test").task.task_id
     task = _fails(client, tid, slurm, after, tmp_path)
-    assert task.state == tasks_pb2.TASK_STATE_FAILED and task.failed_runs == 3, task
+    assert task.state == TaskState.FAILED and task.failed_runs == 3, task
     reason = task.failure_reason
     assert "exit code 127" in reason and "last lines of its stderr: " in reason, reason
     assert "/nonexistent/python3: No such file or directory" in reason, reason
@@ -212,7 +213,7 @@ def test_a_crashing_ranks_traceback_is_in_the_failure_reason(slurm, cluster_daem
                           command=[sys.executable, str(script)])
     tid = client.submit(spec, owner="test").task.task_id
     task = _fails(client, tid, slurm, after, tmp_path)
-    assert task.state == tasks_pb2.TASK_STATE_FAILED and task.failed_runs == 3, task
+    assert task.state == TaskState.FAILED and task.failed_runs == 3, task
     for text in (task.last_run, task.failure_reason):
         assert "exit code 1" in text and "RuntimeError: boom 42" in text, text
         assert "Traceback (most recent call last):" in text, text
@@ -258,7 +259,7 @@ def test_a_script_that_does_not_resume_from_its_checkpoint_is_named(torch, slurm
     with slurm.launcher(client.address, tmp_path):
         slurm.wait_for(lambda: reported() >= 100, timeout=180, what="reports of generation 1")
         regular = slurm.sbatch("-N1", "-w", "n1", "--exclusive", wrap="sleep 5")
-        slurm.wait_for(lambda: client.get_task(tid).state == tasks_pb2.TASK_STATE_FAILED,
+        slurm.wait_for(lambda: client.get_task(tid).state == TaskState.FAILED,
                        timeout=300, what="the task to fail")
         slurm.wait_for(lambda: not running(slurm, tid, after), timeout=60, what="no running job")
         slurm.wait_state(regular, {"COMPLETED"}, timeout=120)

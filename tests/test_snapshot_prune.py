@@ -12,7 +12,8 @@ import sqlite3
 import pytest
 
 from offcut.daemon.app import snapshot_prune
-from offcut.daemon.app.store import SnapshotDelta, Store, snapshots
+from offcut.daemon.app.snapshots import SnapshotDelta, snapshots
+from offcut.daemon.app.store import Store
 
 #: rows walked per snapshot beyond the rows it writes, in these tests (the daemon's is 256)
 BUDGET = 7

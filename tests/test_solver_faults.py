@@ -56,6 +56,7 @@ from offcut.daemon.app.solvers.dp import solve_dp
 from offcut.daemon.app.solvers.gurobi import gurobi_importable
 from offcut.daemon.app.solvers.problem import AllocationProblem
 from offcut.v1 import tasks_pb2, zeus_pb2
+from offcut.views import TaskState
 
 from daemon_helpers import T0, make_spec, wait_until
 
@@ -175,7 +176,7 @@ class Run:
         # valid placements: disjoint nodes of the pool, counts within each task's limits,
         # and the decision's objective is what these counts are worth
         tasks = [t for t in self.client.list_tasks()
-                 if t.state in (tasks_pb2.TASK_STATE_ADMITTED, tasks_pb2.TASK_STATE_RUNNING)]
+                 if t.state in (TaskState.ADMITTED, TaskState.RUNNING)]
         held = [n for t in tasks for n in t.nodes]
         assert len(held) == len(set(held)) and set(held) <= self.pool
         assert all(not t.nodes or t.spec.min_nodes <= len(t.nodes) <= t.spec.max_nodes

@@ -22,7 +22,8 @@ from offcut.client import Client
 from offcut.daemon.config import DaemonConfig
 from offcut.daemon.edge.server import STATE_HEALTH, OffcutServer
 from offcut.daemon.app.state_lock import StateOwnershipError
-from offcut.daemon.app.store import APPLICATION_ID, SCHEMA_VERSION, Store, StoreError
+from offcut.daemon.app.state_file import APPLICATION_ID, SCHEMA_VERSION, StoreError
+from offcut.daemon.app.store import Store
 from offcut.errors import ResourceExhausted, Unavailable
 
 from daemon_helpers import T0, make_spec, wait_until

@@ -1,4 +1,4 @@
-"""State-file formats (CHANGELOG.md; offcut.daemon.app.migrations, offcut.daemon.app.store): format 4
+"""State-file formats (CHANGELOG.md; offcut.daemon.app.migrations, offcut.daemon.app.state_file): format 4
 is the first released one; a state file of a later released format is upgraded in place
 through the registry of upgrades (one per format step, each in its own transaction, after a
 copy), shown here with a synthetic format 5; a file of a pre-release format (1-3) is refused
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from offcut.daemon.app import migrations, store as store_module
+from offcut.daemon.app import migrations, state_file
 from offcut.daemon.edge.server import OffcutServer
-from offcut.daemon.app.store import (FIRST_RELEASED_FORMAT, SCHEMA_VERSION, Store, StoreError,
-                                 format_refusal)
+from offcut.daemon.app.state_file import (FIRST_RELEASED_FORMAT, SCHEMA_VERSION, StoreError,
+                                         format_refusal)
+from offcut.daemon.app.store import Store
 
 from daemon_helpers import T0, make_spec
 
@@ -79,7 +80,7 @@ def test_a_next_format_registered_as_an_upgrade_is_applied_once_after_a_copy(
         db.execute("ALTER TABLE task_archive ADD COLUMN note TEXT")
         db.execute("INSERT INTO meta VALUES ('synthetic', 'format 5')")
 
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 5)
+    monkeypatch.setattr(state_file, "SCHEMA_VERSION", 5)
     monkeypatch.setitem(migrations.UPGRADES, 4, upgrade_4_to_5)  # offcutd's own registry
     caplog.set_level(logging.INFO, logger="offcut.daemon")
     srv, client = daemons.start("a")
@@ -115,7 +116,7 @@ def test_a_failing_upgrade_leaves_the_file_as_it_was(daemons, monkeypatch):
         db.execute("INSERT INTO meta VALUES ('synthetic', 'half-way')")
         raise RuntimeError("the upgrade found something it cannot convert")
 
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 5)
+    monkeypatch.setattr(state_file, "SCHEMA_VERSION", 5)
     with pytest.raises(RuntimeError, match="cannot convert"):
         Store(path, upgrades={4: broken})
     assert _meta(path) == ("4", 4)
@@ -124,14 +125,14 @@ def test_a_failing_upgrade_leaves_the_file_as_it_was(daemons, monkeypatch):
         assert db.execute("SELECT value FROM meta WHERE key = 'synthetic'").fetchone() is None
     finally:
         db.close()
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 4)
+    monkeypatch.setattr(state_file, "SCHEMA_VERSION", 4)
     _, client = daemons.start("a")
     assert client.status().revision == seen["revision"]
 
 
 def test_a_released_format_without_its_upgrade_is_refused(daemons, monkeypatch):
     path, _ = _written_by_a_daemon(daemons)
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 5)
+    monkeypatch.setattr(state_file, "SCHEMA_VERSION", 5)
     with pytest.raises(StoreError, match="state-file format 4, this offcutd writes 5"):
         Store(path, upgrades={})
     assert _meta(path) == ("4", 4)

@@ -8,7 +8,8 @@ import grpc
 import pytest
 
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
-from offcut.v1 import decision_pb2, tasks_pb2
+from offcut.v1 import tasks_pb2
+from offcut.views import TaskState
 
 from daemon_helpers import T0, make_spec, status_key
 
@@ -45,12 +46,12 @@ def test_finished_completes_and_reallocates(daemon):
     done, waiting = [i for i in ids if held[i]][0], [i for i in ids if not held[i]][0]
     r = c.report_task_run(done, "finished", node="n1", job_id="102", time=T0 + 5,
                           request_id="fin-1")
-    assert r.task.state == tasks_pb2.TASK_STATE_COMPLETED
+    assert r.task.state == TaskState.COMPLETED
     assert r.task.work_done_samples == r.task.spec.total_work_samples
     assert list(r.decision.completed_task_ids) == [done]
     changes = {p.task_id: p.change for p in r.decision.placements}
-    assert changes[done] == decision_pb2.PLACEMENT_CHANGE_COMPLETED
-    assert changes[waiting] == decision_pb2.PLACEMENT_CHANGE_START  # its nodes went on
+    assert changes[done] == "completed"
+    assert changes[waiting] == "start"  # its nodes went on
     assert len(c.get_task(waiting).nodes) == 2
     # a retry gets the stored answer and changes nothing
     key = status_key(c)
@@ -68,12 +69,12 @@ def test_failed_fails_the_task(daemon):
     ids, held = two_tasks(c)
     bad = [i for i in ids if held[i]][0]
     r = c.report_task_run(bad, "failed", node="n2", job_id="104", exit_code=3, message="OOM", time=T0 + 2)
-    assert r.task.state == tasks_pb2.TASK_STATE_FAILED and not r.task.nodes
+    assert r.task.state == TaskState.FAILED and not r.task.nodes
     assert r.task.last_run == "failed on n2 (job 104) exit code 3 - OOM"
-    assert {p.task_id: p.change for p in r.decision.placements}[bad] == decision_pb2.PLACEMENT_CHANGE_FAILED
+    assert {p.task_id: p.change for p in r.decision.placements}[bad] == "failed"
     st = c.status()
     assert st.failed_tasks == 1 and st.nodes_in_use == 4
-    assert [t.task_id for t in c.list_tasks(states=[tasks_pb2.TASK_STATE_FAILED])] == [bad]
+    assert [t.task_id for t in c.list_tasks(states=[TaskState.FAILED])] == [bad]
 
 
 @pytest.mark.parametrize("kwargs,error,field", [
@@ -126,13 +127,13 @@ def test_every_change_of_the_node_set_starts_a_generation(daemon):
     r = c.submit(make_spec("g", max_nodes=4), submit_time=T0 + 1)
     tid = r.task.task_id
     start = {p.task_id: p for p in r.decision.placements}[tid]
-    assert start.change == decision_pb2.PLACEMENT_CHANGE_START and start.generation == 1
+    assert start.change == "start" and start.generation == 1
     assert c.get_task(tid).generation == 1
     grow = c.report_nodes(T0 + 2, "slurm", 2, idle=["n3", "n4"])
     assert [p.generation for p in grow.placements if p.task_id == tid] == [2]
     shrink = c.report_nodes(T0 + 3, "slurm", 3, preempted=["n4"])
     assert [(p.change, p.generation) for p in shrink.placements if p.task_id == tid] == [
-        (decision_pb2.PLACEMENT_CHANGE_PREEMPTED, 3)]
+        ("preempted", 3)]
     # a report that leaves the task's nodes alone keeps its generation
     c.report_task_run(tid, "started", node="n1", job_id="5", generation=3, time=T0 + 4)
     assert c.get_task(tid).generation == 3 and sorted(c.get_task(tid).nodes) == ["n1", "n2", "n3"]
@@ -150,9 +151,9 @@ def test_interrupted_run_of_the_current_generation_restarts_it_on_the_same_nodes
     r = c.report_task_run(tid, "interrupted", node="n1", job_id="7", exit_code=75,
                           generation=1, time=T0 + 2)
     assert r.task.generation == 2 and sorted(r.task.nodes) == ["n1", "n2"]
-    assert r.task.state == tasks_pb2.TASK_STATE_RUNNING and r.task.failed_runs == 0
+    assert r.task.state == TaskState.RUNNING and r.task.failed_runs == 0
     (p,) = r.decision.placements
-    assert p.change == decision_pb2.PLACEMENT_CHANGE_RESTART and p.generation == 2
+    assert p.change == "restart" and p.generation == 2
     assert list(p.nodes) == ["n1", "n2"] and r.decision.revision == rev + 1
     # the other rank of generation 1 exits 75 too: superseded, recorded only
     r = c.report_task_run(tid, "interrupted", node="n2", job_id="8", exit_code=75,
@@ -168,7 +169,7 @@ def test_a_failure_of_a_superseded_generation_is_not_a_task_failure(daemon):
     assert c.get_task(tid).generation == 2
     r = c.report_task_run(tid, "failed", node="n1", job_id="9", exit_code=1, generation=1,
                           message="gloo: Connection closed by peer", time=T0 + 3)
-    assert r.task.state == tasks_pb2.TASK_STATE_RUNNING and r.task.generation == 2
+    assert r.task.state == TaskState.RUNNING and r.task.generation == 2
     assert r.task.failed_runs == 0 and not r.decision.placements
 
 
@@ -178,7 +179,7 @@ def test_repeated_failures_of_the_current_generation_fail_the_task_with_the_reas
     for gen in (1, 2):
         r = c.report_task_run(tid, "failed", node="n1", job_id=f"j{gen}", exit_code=1,
                               generation=gen, message="ImportError", time=T0 + 2)
-        assert r.task.state == tasks_pb2.TASK_STATE_RUNNING
+        assert r.task.state == TaskState.RUNNING
         assert r.task.generation == gen + 1 and r.task.failed_runs == gen
         assert r.task.failures_without_progress == gen
         assert "failed in generation" in r.task.failure_reason
@@ -191,13 +192,13 @@ def test_repeated_failures_of_the_current_generation_fail_the_task_with_the_reas
     assert (t.failed_runs, t.failures_without_progress, t.generation) == (2, 2, 4)
     r = c.report_task_run(tid, "failed", node="n2", job_id="j4", exit_code=2, generation=4,
                           message="bug", time=T0 + 3)
-    assert r.task.state == tasks_pb2.TASK_STATE_FAILED and not r.task.nodes
+    assert r.task.state == TaskState.FAILED and not r.task.nodes
     assert r.task.failed_runs == 3
     assert r.task.failure_reason.startswith(
         "3 runs in a row failed without progress beyond 0 reported samples (3 failed runs in "
         "all); the last: failed in generation 4 on n2 (job j4) exit code 2 - bug")
     assert {p.task_id: p.change for p in r.decision.placements}[tid] == \
-        decision_pb2.PLACEMENT_CHANGE_FAILED
+        "failed"
     assert c.status().nodes_in_use == 0
 
 
@@ -205,7 +206,7 @@ def test_max_failed_generations_is_configurable(daemons):
     _, c = daemons.start("a", max_failed_generations=1)
     tid = _one_task(c)
     r = c.report_task_run(tid, "failed", node="n1", exit_code=1, generation=1, time=T0 + 2)
-    assert r.task.state == tasks_pb2.TASK_STATE_FAILED
+    assert r.task.state == TaskState.FAILED
 
 
 def test_failures_count_in_a_row_only_without_progress_and_every_one_counts(daemon):
@@ -228,7 +229,7 @@ def test_failures_count_in_a_row_only_without_progress_and_every_one_counts(daem
                             "nodes": 2}])
         r = c.report_task_run(tid, "failed", node="n1", exit_code=1, generation=gen,
                               time=T0 + at + 1)
-    assert r.task.state == tasks_pb2.TASK_STATE_FAILED
+    assert r.task.state == TaskState.FAILED
     assert (r.task.failed_runs, r.task.failures_without_progress) == (4, 3)
     assert "beyond 10 reported samples (4 failed runs in all)" in r.task.failure_reason
 

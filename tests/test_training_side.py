@@ -21,7 +21,7 @@ from offcut.client.training import (ENV_ADDRESS, ENV_BATCH_SIZE, ENV_GENERATION,
                                     ManualBackend, NvmlBackend, PowerLimitError,
                                     TrainingSetupError, TrialEndedError, ZeusTraining,
                                     per_rank_batch_size)
-from offcut.daemon.zeus.cost import zeus_cost
+from offcut.zeus_views import zeus_cost
 from offcut.errors import FailedPrecondition, NotFound
 from offcut.v1 import zeus_pb2
 

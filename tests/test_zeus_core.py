@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from offcut.daemon.zeus.bso import BatchSizeJob
-from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec
+from offcut.daemon.zeus.plo import PowerLimitProfile
+from offcut.zeus_views import PowerLimitSpec
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from daemon_helpers import zeus_core_spec as spec

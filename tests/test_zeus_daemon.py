@@ -18,10 +18,11 @@ import pytest
 from typer.testing import CliRunner
 
 from offcut.client.cli import app
-from offcut.daemon.zeus.cost import zeus_cost
+from offcut.zeus_views import zeus_cost
 from offcut.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound,
                            PermissionDenied, from_rpc_error)
 from offcut.v1 import zeus_pb2
+from offcut.zeus_views import ZeusJob
 
 from daemon_helpers import start_secured, zeus_spec
 
@@ -568,9 +569,9 @@ def secured(daemons, user_tokens):
     return start_secured(daemons, user_tokens)
 
 
-def job_view(job: zeus_pb2.ZeusJob):
+def job_view(job: ZeusJob):
     """A ZeusJob with its ``state_json`` parsed (a restart may order its keys otherwise)."""
-    return job.owner, job.spec, job.phase, list(job.trials), json.loads(job.state_json)
+    return job.owner, job.spec, job.power, job.phase, list(job.trials), json.loads(job.state_json)
 
 
 def power_calls(client, job_id, batch_size):

@@ -355,7 +355,7 @@ def test_the_zeus_storage_shares_the_state_file_and_keeps_its_format(tmp_path):
     together make a file of exactly the schema of a released format-4 file (the fixture of
     tests/test_released_state.py). A file no Zeus storage opened has no Zeus tables, and
     ``offcutd check``'s Zeus row check finds nothing wrong in it."""
-    from offcut.daemon.app.store import TABLES
+    from offcut.daemon.app.state_file import TABLES
     from offcut.daemon.zeus.storage import ZEUS_TABLES, bad_zeus_rows
 
     def schema(path) -> list[tuple]:

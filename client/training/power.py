@@ -24,7 +24,7 @@ from offcut.client.training.backends import MeasurementBackend
 from offcut.client.training.errors import RankSyncError, TrainingSetupError
 from offcut.client.training.ranks import RankSync
 from offcut.errors import FailedPrecondition
-from offcut.v1 import zeus_pb2
+from offcut.zeus_views import PowerPlan, ZeusJob
 
 logger = logging.getLogger("offcut.training")
 
@@ -38,7 +38,7 @@ _KIND_ERROR, _KIND_OFF, _KIND_USE, _KIND_PROFILE = 0.0, 1.0, 2.0, 3.0
 _ACTIONS = {"use": _KIND_USE, "profile": _KIND_PROFILE}
 
 
-def _encode(plan: zeus_pb2.PowerPlan | None, max_limit_w: float | None,
+def _encode(plan: PowerPlan | None, max_limit_w: float | None,
             wait_steps: int) -> list[float]:
     """A plan (None: power limits are off) as the floats rank 0 shares."""
     if plan is None:
@@ -50,7 +50,7 @@ def _encode(plan: zeus_pb2.PowerPlan | None, max_limit_w: float | None,
             float(max_limit_w or 0.0), float(wait_steps)]
 
 
-def _decode(values: list[float]) -> tuple[zeus_pb2.PowerPlan | None, float, int]:
+def _decode(values: list[float]) -> tuple[PowerPlan | None, float, int]:
     """(plan or None when off, max_limit_w [W], wait_steps) of rank 0's shared floats.
 
     Raises:
@@ -64,11 +64,11 @@ def _decode(values: list[float]) -> tuple[zeus_pb2.PowerPlan | None, float, int]
     if kind == _KIND_OFF:
         return None, 0.0, int(wait)
     action = "use" if kind == _KIND_USE else "profile"
-    return (zeus_pb2.PowerPlan(action=action, power_limit_w=limit, warmup_steps=int(warmup),
-                               profile_steps=int(profile)), max_limit, int(wait))
+    return (PowerPlan(action=action, power_limit_w=limit, warmup_steps=int(warmup),
+                      profile_steps=int(profile)), max_limit, int(wait))
 
 
-def profiled_max_limit_w(job: zeus_pb2.ZeusJob, job_id: str, power: bool | None,
+def profiled_max_limit_w(job: ZeusJob, job_id: str, power: bool | None,
                          backend: MeasurementBackend) -> float | None:
     """The maximum power limit [W] of ``job``'s power spec when its power limits are to be
     profiled and set (``power``: None = when the job has a power spec; False = never; True =
@@ -78,13 +78,13 @@ def profiled_max_limit_w(job: zeus_pb2.ZeusJob, job_id: str, power: bool | None,
         TrainingSetupError: ``power=True`` without a power spec, or a spec's range outside the
             GPUs' (``backend.power_limit_range()``).
     """
-    has_spec = job.spec.HasField("power")
+    has_spec = job.power is not None
     if power and not has_spec:
         raise TrainingSetupError(f"power=True but job {job_id!r} was registered "
                                  "without a power spec")
     if not (has_spec if power is None else bool(power)):
         return None
-    spec = job.spec.power
+    spec = job.power
     lo, hi = backend.power_limit_range()
     if spec.min_power_limit_w < lo - 1e-6 or spec.max_power_limit_w > hi + 1e-6:
         raise TrainingSetupError(
@@ -139,7 +139,7 @@ class PowerLimitControl:
             raise ValueError("the control that talks to the daemon needs a client")
         self.current_limit_w: float | None = None
         self._phase = _IDLE if (self.enabled or sync is not None) else _OFF
-        self._plan: zeus_pb2.PowerPlan | None = None
+        self._plan: PowerPlan | None = None
         self._steps_left = 0
         self._window_open = False
 
@@ -157,7 +157,7 @@ class PowerLimitControl:
         return cls(None, backend, "", 0, None, wait_steps=0, sync=sync)
 
     # ------------------------------------------------------------------ plans
-    def _ask(self, call: Callable[[], zeus_pb2.PowerPlan]) -> zeus_pb2.PowerPlan | None:
+    def _ask(self, call: Callable[[], PowerPlan]) -> PowerPlan | None:
         """The next plan: on the main control ``call()`` (the daemon), shared with the other
         ranks (an error is shared as such, then raised); on a follower rank 0's. None: power
         limits are off (a follower's first plan only)."""
@@ -250,7 +250,7 @@ class PowerLimitControl:
                                      "power-limit backend (give every rank one)")
         self._follow(plan, wait=self.wait_steps + 1)
 
-    def _follow(self, plan: zeus_pb2.PowerPlan, wait: int | None) -> None:
+    def _follow(self, plan: PowerPlan, wait: int | None) -> None:
         """Act on a plan: ``use`` sets the limit; ``profile`` starts the warm-up now
         (``wait`` None: inside a step) or after ``wait`` more steps at the maximum limit."""
         self._plan = plan
@@ -271,7 +271,7 @@ class PowerLimitControl:
         else:
             raise RuntimeError(f"the daemon sent an unknown power plan action {plan.action!r}")
 
-    def _begin_warmup(self, plan: zeus_pb2.PowerPlan) -> None:
+    def _begin_warmup(self, plan: PowerPlan) -> None:
         self._set_limit(plan.power_limit_w)
         if plan.warmup_steps > 0:
             self._phase, self._steps_left = _WARMUP, plan.warmup_steps
@@ -283,7 +283,7 @@ class PowerLimitControl:
         self._window_open = True
         self._phase, self._steps_left = _WINDOW, max(1, self._plan.profile_steps)
 
-    def _report_window(self, time_s: float, energy_j: float) -> zeus_pb2.PowerPlan:
+    def _report_window(self, time_s: float, energy_j: float) -> PowerPlan:
         limit = self._plan.power_limit_w
         try:
             if not (math.isfinite(time_s) and math.isfinite(energy_j)
@@ -299,7 +299,7 @@ class PowerLimitControl:
             logger.info("window at %g W not recorded (%s); following the current plan", limit, exc)
             return self.client.power_plan(self.job_id, self.batch_size)
 
-    def _interrupt_window(self, limit: float) -> zeus_pb2.PowerPlan:
+    def _interrupt_window(self, limit: float) -> PowerPlan:
         try:
             return self.client.interrupt_power_window(self.job_id, self.batch_size, limit)
         except FailedPrecondition:

@@ -21,14 +21,10 @@ from offcut.client.training.errors import TrialEndedError
 from offcut.errors import NotFound, Unavailable
 from offcut.trial_verdict import Verdict
 from offcut.v1 import zeus_pb2
+from offcut.wire import zeus as zeus_wire
+from offcut.zeus_views import Prediction, Resumed, ZeusJob
 
 logger = logging.getLogger("offcut.training")
-
-
-# ----------------------------------------------------------------------------- verdict
-def verdict_from_pb(pb: zeus_pb2.TrialVerdict) -> Verdict:
-    """The :class:`~offcut.trial_verdict.Verdict` of an ``offcut.v1.TrialVerdict`` message."""
-    return Verdict(pb.stop, pb.converged, pb.cost_j, pb.message, pb.finished, pb.suspended)
 
 
 # ----------------------------------------------------------------------------- calls
@@ -42,27 +38,27 @@ class _Calls:
 
     @staticmethod
     def predict_batch_size(client: Client, job_id: str, request_id: str = "",
-                           generation: int = 0) -> zeus_pb2.Prediction:
+                           generation: int = 0) -> Prediction:
         """``Predict``: the next trial's batch size (``request_id`` makes a retry safe)."""
-        return client.bso.Predict(zeus_pb2.PredictRequest(
+        return zeus_wire.prediction_from_pb(client.bso.Predict(zeus_pb2.PredictRequest(
             job_id=job_id, request_id=request_id, generation=generation),
-            timeout=client.timeout_s)
+            timeout=client.timeout_s))
 
     @staticmethod
     def report_epoch(client: Client, job_id: str, trial_number: int, epoch: int, time_s: float,
                      energy_j: float, metric: float, batch_size: int = 0,
-                     generation: int = 0) -> zeus_pb2.TrialVerdict:
+                     generation: int = 0) -> Verdict:
         """``ReportEpoch``: cumulative ``time_s`` [s] and ``energy_j`` [J] and the metric
         after ``epoch``; the verdict (stop, converged)."""
-        return client.bso.ReportEpoch(zeus_pb2.ReportEpochRequest(
+        return zeus_wire.verdict_from_pb(client.bso.ReportEpoch(zeus_pb2.ReportEpochRequest(
             job_id=job_id, trial_number=trial_number, epoch=epoch, time_s=time_s,
             energy_j=energy_j, metric=metric, batch_size=batch_size, generation=generation),
-            timeout=client.timeout_s)
+            timeout=client.timeout_s))
 
     @staticmethod
     def end_trial(client: Client, job_id: str, trial_number: int, interrupted: bool = False,
                   time_s: float | None = None, energy_j: float | None = None,
-                  generation: int = 0) -> zeus_pb2.TrialVerdict:
+                  generation: int = 0) -> Verdict:
         """``EndTrial``: close the trial, or suspend it (``interrupted``, with its cumulative
         ``time_s`` [s] and ``energy_j`` [J] when known)."""
         request = zeus_pb2.EndTrialRequest(job_id=job_id, trial_number=trial_number,
@@ -71,15 +67,15 @@ class _Calls:
             request.time_s = time_s
         if energy_j is not None:
             request.energy_j = energy_j
-        return client.bso.EndTrial(request, timeout=client.timeout_s)
+        return zeus_wire.verdict_from_pb(client.bso.EndTrial(request, timeout=client.timeout_s))
 
     @staticmethod
     def resume_trial(client: Client, job_id: str, trial_number: int, request_id: str = "",
-                     generation: int = 0) -> zeus_pb2.ResumedTrial:
+                     generation: int = 0) -> Resumed:
         """``ResumeTrial``: reopen a suspended trial for ``generation``; its totals so far."""
-        return client.bso.ResumeTrial(zeus_pb2.ResumeTrialRequest(
+        return zeus_wire.resumed_from_pb(client.bso.ResumeTrial(zeus_pb2.ResumeTrialRequest(
             job_id=job_id, trial_number=trial_number, request_id=request_id,
-            generation=generation), timeout=client.timeout_s)
+            generation=generation), timeout=client.timeout_s))
 
 
 def _call(client: Client, method: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -143,7 +139,7 @@ class ZeusTrial:
         return self.verdict is not None and self.verdict.finished
 
     # ------------------------------------------------------------------ opening
-    def open(self, job: zeus_pb2.ZeusJob, trial_number: int | None, resume_trial: int | None,
+    def open(self, job: ZeusJob, trial_number: int | None, resume_trial: int | None,
              request_id: str) -> None:
         """Resume ``resume_trial`` (ResumeTrial), else open a trial (Predict with
         ``request_id``) when ``trial_number`` is None, else continue ``trial_number`` from
@@ -178,7 +174,7 @@ class ZeusTrial:
                     ", taken over from a replaced generation" if r.taken_over else "",
                     r.epochs, r.time_s, r.energy_j)
 
-    def _continue(self, job: zeus_pb2.ZeusJob, trial_number: int, request_id: str) -> None:
+    def _continue(self, job: ZeusJob, trial_number: int, request_id: str) -> None:
         trial = next((t for t in job.trials if t.trial_number == trial_number), None)
         if trial is None and trial_number > 0:  # (GetJob pages: an older trial, by number)
             page = self.client.get_zeus_job(self.job_id, page_size=1,
@@ -246,9 +242,9 @@ class ZeusTrial:
         self.epochs += 1
         self.time_s += dt
         self.energy_j += de
-        pb = _call(self.client, _Calls.report_epoch, self.job_id, self.trial_number,
-                   self.epochs, self.time_s, self.energy_j, metric, generation=self.generation)
-        self.verdict = verdict_from_pb(pb)
+        self.verdict = _call(self.client, _Calls.report_epoch, self.job_id, self.trial_number,
+                             self.epochs, self.time_s, self.energy_j, metric,
+                             generation=self.generation)
         logger.info("trial %d epoch %d: %.1f s, %.1f J, metric %g -> %s", self.trial_number,
                     self.epochs, self.time_s, self.energy_j, metric, self.verdict.message)
         return self.verdict
@@ -274,9 +270,8 @@ class ZeusTrial:
             OffcutError: the daemon refused or is unreachable.
         """
         figures = {"time_s": self.time_s, "energy_j": self.energy_j} if interrupted else {}
-        self.verdict = verdict_from_pb(_call(
-            self.client, _Calls.end_trial, self.job_id, self.trial_number,
-            interrupted=interrupted, generation=self.generation, **figures))
+        self.verdict = _call(self.client, _Calls.end_trial, self.job_id, self.trial_number,
+                             interrupted=interrupted, generation=self.generation, **figures)
         if interrupted:
             logger.info("trial %d suspended after epoch %d: %.1f s, %.1f J so far",
                         self.trial_number, self.epochs, self.time_s, self.energy_j)

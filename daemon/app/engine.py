@@ -28,21 +28,22 @@ from offcut.errors import FailedPrecondition, NotFound, OffcutError
 from offcut.daemon.app import engine_reads
 from offcut.daemon.app.decision_times import DecisionTimes
 from offcut.daemon.app.scheduler import Outcome, Scheduler, SolveRecord
-from offcut.daemon.app.model import (CancelEvent, EnergyEvent, Event, Limits, NodeEvent,
-                                 ObjectiveSettings, ProgressEvent, SubmitEvent,
-                                 TaskRunEvent, TaskState, event_to_dict)
+from offcut.daemon.app.model import (CancelEvent, EnergyEvent, Event, NodeEvent, ObjectiveSettings, ProgressEvent, SubmitEvent, TaskRunEvent, event_to_dict)
+from offcut.taskspec import Limits
+from offcut.views import TaskState
 from offcut.daemon.app.owner_caps import OwnerCaps
 from offcut.daemon.app.placement_updates import RETAINED_UPDATES, PlacementUpdates
 from offcut.daemon.app.recovery import journal_solves, recover
 from offcut.daemon.app.repeated_requests import request_key, stored_reply
-from offcut.daemon.app.replies import (Decision, PlacementUpdate, Reply, SnapshotStatistics,
-                                   SolverStatistics, StatusView, TaskView, decision_of,
-                                   task_view)
+from offcut.daemon.app.replies import Reply, decision_of, task_view
 from offcut.daemon.app.solvers.allocator import Allocator
 from offcut.daemon.app.solvers.problem import AllocationProblem
 from offcut.daemon.app.policies.guard import PolicyGuard
 from offcut.daemon.app.storage_errors import StateFull, StateReadOnly
-from offcut.daemon.app.store import SnapshotDelta, Store
+from offcut.daemon.app.snapshots import SnapshotDelta
+from offcut.daemon.app.store import Store
+from offcut.views import (Decision, PlacementUpdate, SnapshotStatistics, SolverStatistics,
+                          StatusView, TaskView, TaskWarning)
 
 log = logging.getLogger("offcut.daemon")
 
@@ -246,7 +247,7 @@ class Engine:
                 self.placement_updates.publish(PlacementUpdate(
                     revision=out.revision, time=out.time, cause=out.cause,
                     placements=reply.decision.placements, owners=owners,
-                    warnings=list(out.warnings)))
+                    warnings=[TaskWarning.of(tid, w) for tid, w in out.warnings]))
             return reply
 
     def _refuse_archived(self, event: Event, exc: NotFound) -> None:

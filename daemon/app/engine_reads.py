@@ -9,11 +9,12 @@ says whether it needs it; none takes it.
 
 from __future__ import annotations
 
-from offcut.daemon.app.model import Task, TaskState, task_number
-from offcut.daemon.app.replies import (Decision, SnapshotStatistics, SolverStatistics, StatusView,
-                                   TaskView, task_view)
+from offcut.daemon.app.model import Task, task_number
+from offcut.views import TaskState
+from offcut.daemon.app.replies import task_view
 from offcut.daemon.app.scheduler import Scheduler
 from offcut.daemon.app.store import Store
+from offcut.views import Decision, SnapshotStatistics, SolverStatistics, StatusView, TaskView
 
 
 def task_or_archived(scheduler: Scheduler, store: Store, task_id: str) -> Task | None:

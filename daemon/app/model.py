@@ -8,15 +8,12 @@ here reads a clock. Node counts are ints, work is in samples, throughput in samp
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from enum import Enum
 from typing import Any
 
 from offcut.errors import InvalidArgument
 from offcut.nodes import all_node_names, is_node_name
-# the task spec, its limits and its validator live in the shared core (one validator for
-# every part: the daemon, the client, the replay); re-exported for the daemon's modules
-from offcut.taskspec import (FEATURE_RE, MAX_COMMAND_ARG_LEN, MAX_NAME_LEN,  # noqa: F401
-                             Limits, TaskSpec, check_finite, check_spec_sizes)
+from offcut.taskspec import FEATURE_RE, TaskSpec
+from offcut.views import TaskState
 
 #: most gpu GRES a node may be reported with (``NodeKind.gpus``)
 MAX_NODE_GPUS = 1024
@@ -102,22 +99,6 @@ class ObjectiveSettings:
         """eta of the ratio objective: 1 for ``energy``, ``eta`` for ``zeus_cost``, 0 for
         every other policy (no ratio objective)."""
         return {"energy": 1.0, "zeus_cost": self.eta}.get(self.objective, 0.0)
-
-
-class TaskState(str, Enum):
-    """Life cycle of a task (mirrors ``offcut.v1.TaskState``)."""
-
-    QUEUED = "queued"        # waiting for admission (max_running_tasks)
-    ADMITTED = "admitted"    # considered by the allocation, holds no node
-    RUNNING = "running"      # holds >= 1 node
-    COMPLETED = "completed"
-    CANCELLED = "cancelled"
-    FAILED = "failed"        # its program failed (reported by the launcher)
-
-    @property
-    def finished(self) -> bool:
-        """True for completed, cancelled and failed tasks."""
-        return self in (TaskState.COMPLETED, TaskState.CANCELLED, TaskState.FAILED)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The engine's retained placement updates and their listeners (docs/architecture.md,
 "Streams").
 
-The engine publishes one :class:`~offcut.daemon.app.replies.PlacementUpdate` per applied event
+The engine publishes one :class:`~offcut.views.PlacementUpdate` per applied event
 that changed placements or raised warnings, under its own lock; ``WatchPlacements`` streams
 read them back with :meth:`PlacementUpdates.after` on the gRPC edge's event loop. The updates
 have a lock of their own, held for a copy only and never across a solve, so a reader never
@@ -16,7 +16,7 @@ import threading
 from collections import deque
 from typing import Callable
 
-from offcut.daemon.app.replies import PlacementUpdate
+from offcut.views import PlacementUpdate
 
 log = logging.getLogger("offcut.daemon")
 
@@ -79,7 +79,7 @@ class PlacementUpdates:
         mine = []
         for update in new:
             placements = [p for p in update.placements if p.task_id == task_id]
-            warnings = [w for w in update.warnings if w[0] == task_id]
+            warnings = [w for w in update.warnings if w.task_id == task_id]
             if placements or warnings:
                 mine.append(dataclasses.replace(update, placements=placements,
                                                 warnings=warnings))

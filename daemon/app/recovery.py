@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from offcut.daemon.app.model import Limits, event_from_dict
+from offcut.daemon.app.model import event_from_dict
+from offcut.taskspec import Limits
 from offcut.daemon.app.policies.guard import PolicyGuard
 from offcut.daemon.app.scheduler import Outcome, Scheduler, SolveRecord
 from offcut.daemon.app.solvers.problem import AllocationProblem

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from offcut.daemon.app import snapshot_prune
 from offcut.daemon.app.state_lock import StateOwnershipError, check_state_dir, lock_path, read_mark
-from offcut.daemon.app.store import (SCHEMA_VERSION, StoreError, check_identity,
-                                 check_writable, damaged_journal_rows, inspect_file, snapshots,
-                                 stored_format)
+from offcut.daemon.app.state_file import (SCHEMA_VERSION, StoreError, check_identity,
+                                         check_writable, inspect_file, stored_format)
+from offcut.daemon.app.journal import damaged_journal_rows
+from offcut.daemon.app.snapshots import snapshots
 from offcut.daemon.zeus.storage import bad_zeus_rows
 
 

@@ -45,6 +45,9 @@ class TaskArchive:
         #: logged (at most MAX_BAD_ARCHIVE_ROWS)
         self.bad_rows_skipped = 0
         self._bad_ids: set[str] = set()
+        #: the retention's mark: archived tasks finished before it [s since epoch] are deleted
+        #: a few per transaction (:meth:`prune_marked`); None when none is marked
+        self.retired_before: float | None = None
 
     def insert(self, tasks: Iterable[dict[str, Any]]) -> None:
         """Insert finished tasks (:meth:`Task.to_dict` forms) inside the caller's transaction
@@ -108,6 +111,26 @@ class TaskArchive:
     def counts(self) -> dict[str, int]:
         """Archived tasks per state value."""
         return dict(self.db.execute("SELECT state, COUNT(*) FROM task_archive GROUP BY state"))
+
+    def mark_retired(self, finished_before: float) -> None:
+        """Mark the archived tasks that finished before ``finished_before`` [s since epoch]
+        for deletion (the later of two marks wins); :meth:`prune_marked` deletes them. The
+        mark is in memory: a restart forgets it, and the next snapshot sets it again."""
+        before = float(finished_before)
+        self.retired_before = (before if self.retired_before is None
+                               else max(self.retired_before, before))
+
+    def prune_marked(self, limit: int) -> dict[str, int]:
+        """Delete up to ``limit`` marked tasks (:meth:`prune`, inside the caller's
+        transaction); the mark is cleared once fewer than ``limit`` were left (if that
+        transaction then rolls back, the rows wait for the next snapshot's mark). Returns how
+        many per state value ({} when nothing is marked)."""
+        if self.retired_before is None:
+            return {}
+        gone = self.prune(self.retired_before, limit)
+        if sum(gone.values()) < limit:
+            self.retired_before = None  # caught up
+        return gone
 
     def prune(self, finished_before: float, limit: int) -> dict[str, int]:
         """Delete up to ``limit`` archived tasks that finished before ``finished_before`` [s

@@ -39,7 +39,6 @@ import hashlib
 import os
 import secrets
 import stat
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,6 +48,7 @@ import grpc
 from offcut.daemon.edge.handlers import SYNC, behavior_of, kind_of, rebuild, refusal
 from offcut.errors import Unauthenticated
 from offcut.munge import PAYLOAD_PREFIX
+from offcut.toml_file import TomlFileError, read_toml
 
 if TYPE_CHECKING:
     from offcut.daemon.edge.munge_auth import MungeIdentity
@@ -177,10 +177,9 @@ def load_tokens(path: str | Path) -> dict[str, Principal]:
     path = Path(path)
     check_private(path)
     try:
-        with open(path, "rb") as fh:
-            doc = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise TokensFileError(f"{path}: {exc}") from None
+        doc = read_toml(path, "tokens file")
+    except TomlFileError as exc:
+        raise TokensFileError(str(exc)) from None
     entries = doc.get("tokens", [])
     if not isinstance(entries, list):
         raise TokensFileError(f"{path}: 'tokens' must be an array of tables ([[tokens]])")

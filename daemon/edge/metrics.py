@@ -31,8 +31,9 @@ from prometheus_client.utils import floatToGoString
 from offcut.daemon.app.decision_times import LATENCY_BUCKETS_S, DecisionTimeSummary
 from offcut.daemon.app.engine import Engine
 from offcut.daemon.edge.handlers import ASYNC_GENERATOR, COROUTINE, SYNC, kind_of, wrapped
-from offcut.daemon.app.model import TaskState
-from offcut.daemon.app.replies import MEASURED, MODELLED, StatusView, energy_view
+from offcut.views import TaskState
+from offcut.daemon.app.replies import energy_view
+from offcut.views import MEASURED, MODELLED, StatusView
 from offcut.daemon.zeus.registry import ZeusRegistry
 
 log = logging.getLogger("offcut.daemon")

@@ -39,7 +39,8 @@ from offcut.daemon.edge.service import NodeEventsService, StatusService, TasksSe
 from offcut.daemon.app.solvers.allocator import Allocator
 from offcut.daemon.app.state_lock import StateLock, check_state_dir
 from offcut.daemon.app.storage_errors import StateFull, StateReadOnly
-from offcut.daemon.app.store import Store, StoreError
+from offcut.daemon.app.store import Store
+from offcut.daemon.app.state_file import StoreError
 from offcut.daemon.edge.streams import StreamSlots
 from offcut.daemon.edge.workers import NODE_EVENT_WORKERS, ReservedLaneInterceptor, RpcWorkers
 from offcut.daemon.zeus.registry import ZeusRegistry
@@ -168,7 +169,7 @@ class OffcutServer:
             state (``offcutd --init``); without it such a file is refused.
 
     Raises:
-        offcut.daemon.app.store.StoreError: unusable state file (docs/operations.md lists why).
+        offcut.daemon.app.state_file.StoreError: unusable state file (docs/operations.md lists why).
         offcut.daemon.app.state_lock.StateOwnershipError: the state is another live daemon's, or
             its folder is writable by others.
         RuntimeError: the address cannot be bound.

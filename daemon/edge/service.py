@@ -27,6 +27,7 @@ from grpc.aio import AbortError
 from offcut.errors import InvalidArgument, NotFound, OffcutError, PermissionDenied
 from offcut.daemon.edge.auth import LOCAL_ADMIN, USER, Authenticator, Principal
 from offcut.daemon.edge import protocol
+from offcut.wire import tasks as tasks_wire
 from offcut.daemon.app.engine import Engine, clock_now
 from offcut.daemon.app.model import task_number
 from offcut.daemon.edge.event_times import EventTimes
@@ -119,9 +120,9 @@ def history_entry(row_id: int, kind: str, stored: bytes) -> status_pb2.HistoryEn
     cancellation or run report the ``task`` it answered (as it was answered then)."""
     reply = Reply.from_record(stored)
     entry = status_pb2.HistoryEntry(revision=row_id, kind=kind,
-                                    decision=protocol.decision_to_pb(reply.decision))
+                                    decision=tasks_wire.decision_to_pb(reply.decision))
     if kind in _ONE_TASK_KINDS and reply.tasks:
-        entry.task.CopyFrom(protocol.task_to_pb(reply.tasks[0]))
+        entry.task.CopyFrom(tasks_wire.task_to_pb(reply.tasks[0]))
     return entry
 
 
@@ -183,7 +184,7 @@ class NodeEventsService(nodes_pb2_grpc.NodeEventsServicer):
         event = protocol.node_event_from_pb(request, now, snapshot=snapshot)
         event, stamp = self.times.place(event, now, who)
         reply = self.engine.apply(event, stamp=stamp)
-        return protocol.decision_to_pb(reply.decision, reply.duplicate)
+        return tasks_wire.decision_to_pb(reply.decision, reply.duplicate)
 
     @_rpc
     def ReportNodes(self, request, context):
@@ -249,8 +250,8 @@ def _decision_for(engine: Engine, who: Principal, reply: Reply) -> decision_pb2.
             placements=[p for p in decision.placements if _visible(engine, who, p.task_id)],
             completed_task_ids=[t for t in decision.completed_task_ids
                                 if _visible(engine, who, t)],
-            warnings=[w for w in decision.warnings if _visible(engine, who, w["task_id"])])
-    return protocol.decision_to_pb(decision, reply.duplicate)
+            warnings=[w for w in decision.warnings if _visible(engine, who, w.task_id)])
+    return tasks_wire.decision_to_pb(decision, reply.duplicate)
 
 
 def _caller(who: Principal) -> dict:
@@ -308,7 +309,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         reply = self.engine.apply(event, stamp=stamp, capped=not who.is_admin, **_caller(who))
         if reply.tasks[0].owner != who.user and not who.is_admin:  # someone else's request id
             raise PermissionDenied("belongs to another user's submission", "request_id")
-        return tasks_pb2.SubmitTaskResponse(task=protocol.task_to_pb(reply.tasks[0]),
+        return tasks_pb2.SubmitTaskResponse(task=tasks_wire.task_to_pb(reply.tasks[0]),
                                             decision=_decision_for(self.engine, who, reply))
 
     @_rpc
@@ -319,7 +320,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         who = self.auth.of(context)
         if not _visible(self.engine, who, request.task_id):
             raise NotFound(f"no task {request.task_id!r}", "task_id")
-        return protocol.task_to_pb(self.engine.task(request.task_id))
+        return tasks_wire.task_to_pb(self.engine.task(request.task_id))
 
     @_rpc
     def ListTasks(self, request, context):
@@ -332,16 +333,16 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
             owner = who.user
         wanted = set()
         for s in request.states:
-            if s not in protocol.PB_TO_STATE:
+            if s not in tasks_wire.STATE_FROM_PB:
                 raise InvalidArgument(f"unknown state {s}", "states")
-            wanted.add(protocol.PB_TO_STATE[s])
+            wanted.add(tasks_wire.STATE_FROM_PB[s])
         after = _page_after(request.page_token)
         size = request.page_size or DEFAULT_PAGE_SIZE
         if size > MAX_PAGE_SIZE:
             raise InvalidArgument(f"at most {MAX_PAGE_SIZE}, got {size}", "page_size")
         views, more = self.engine.tasks(wanted, owner, after=after, limit=size)
         return tasks_pb2.ListTasksResponse(
-            tasks=[protocol.task_to_pb(t) for t in views],
+            tasks=[tasks_wire.task_to_pb(t) for t in views],
             next_page_token=views[-1].task_id if more else "")
 
     def _apply_for_own_task(self, request, context, from_pb):
@@ -360,7 +361,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         """Cancel a task, release its nodes, re-allocate (NOT_FOUND / FAILED_PRECONDITION); a
         repeated ``request_id`` of the same caller gets the stored reply."""
         who, reply = self._apply_for_own_task(request, context, protocol.cancel_from_pb)
-        return tasks_pb2.CancelTaskResponse(task=protocol.task_to_pb(reply.tasks[0]),
+        return tasks_pb2.CancelTaskResponse(task=tasks_wire.task_to_pb(reply.tasks[0]),
                                             decision=_decision_for(self.engine, who, reply))
 
     @_rpc
@@ -372,8 +373,8 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         now = clock_now()
         event, stamp = self.times.place(protocol.task_run_from_pb(request, now), now, who)
         reply = self.engine.apply(event, stamp=stamp, **_caller(who))
-        return tasks_pb2.ReportTaskRunResponse(task=protocol.task_to_pb(reply.tasks[0]),
-                                               decision=protocol.decision_to_pb(
+        return tasks_pb2.ReportTaskRunResponse(task=tasks_wire.task_to_pb(reply.tasks[0]),
+                                               decision=tasks_wire.decision_to_pb(
                                                    reply.decision, reply.duplicate))
 
     @_rpc
@@ -393,7 +394,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         reply = self.engine.apply(event, stamp=stamp, **_caller(who))
         return tasks_pb2.ReportProgressResponse(
             decision=_decision_for(self.engine, who, reply),
-            tasks=[protocol.task_to_pb(t) for t in reply.tasks])
+            tasks=[tasks_wire.task_to_pb(t) for t in reply.tasks])
 
     @_rpc
     def ReportEnergy(self, request, context):
@@ -404,7 +405,7 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
         generation after the current one or no longer kept; a repeated ``request_id`` gets the
         stored reply."""
         who, reply = self._apply_for_own_task(request, context, protocol.energy_from_pb)
-        return tasks_pb2.ReportEnergyResponse(task=protocol.task_to_pb(reply.tasks[0]),
+        return tasks_pb2.ReportEnergyResponse(task=tasks_wire.task_to_pb(reply.tasks[0]),
                                               decision=_decision_for(self.engine, who, reply))
 
     @_rpc_stream
@@ -434,11 +435,11 @@ class TasksService(tasks_pb2_grpc.TasksServicer):
                         mine = [p for p in update.placements
                                 if update.owners.get(p.task_id) == who.user]
                         noted = [w for w in update.warnings
-                                 if update.owners.get(w[0]) == who.user]
+                                 if update.owners.get(w.task_id) == who.user]
                         if not (mine or noted):
                             continue
                         update = dataclasses.replace(update, placements=mine, warnings=noted)
-                    await context.write(protocol.update_to_pb(update))
+                    await context.write(tasks_wire.update_to_pb(update))
                 await sub.event.wait()
         finally:  # also when cancelled (the client went away): the slot comes back at once
             feed.unsubscribe(sub)
@@ -476,7 +477,7 @@ class StatusService(status_pb2_grpc.StatusServicer):
         aggregate figures only (no node names, last decision or event sources); admin and
         slurm get all."""
         who = self.auth.of(context)
-        reply = protocol.status_to_pb(
+        reply = tasks_wire.status_to_pb(
             self.engine.status(request.include_idle_nodes and who.sees_all_tasks))
         reply.clock_mode = self.times.mode
         if not who.sees_all_tasks:

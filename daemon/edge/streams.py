@@ -159,7 +159,7 @@ class PlacementFeed:
         self._seen = updates[-1].revision
         woken: set[Subscription] = set(self._all)
         for update in updates:
-            for task_id in [p.task_id for p in update.placements] + [w[0] for w in
+            for task_id in [p.task_id for p in update.placements] + [w.task_id for w in
                                                                       update.warnings]:
                 woken.update(self._by_task.get(task_id, ()))
                 woken.update(self._by_user.get(update.owners.get(task_id, ""), ()))

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from typing import Protocol
 
-from offcut.daemon.zeus.bso import Prediction, Resumed
-from offcut.daemon.zeus.plo import PowerPlan
+from offcut.zeus_views import Prediction, Resumed
+from offcut.zeus_views import PowerPlan
 from offcut.errors import InvalidArgument
 
 #: the version of a stored answer (``zeus_requests.response``) written by this release:

@@ -53,155 +53,17 @@ composes them behind one API and one persisted form.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
-import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from offcut.daemon.app.model import check_finite
-from offcut.daemon.zeus.bso_policy import EXHAUSTED, MAB, PRUNING, BatchSizePolicy
-from offcut.daemon.zeus.bso_trials import (ABANDONED, CONVERGED, FAILED, MAX_COST_J,
-                                           MAX_GENERATION, OPEN, RUNNING, SUSPENDED, Resumed,
-                                           TrialLedger, Verdict, check_generation)
-from offcut.daemon.zeus.cost import zeus_cost
-from offcut.errors import InvalidArgument
+from offcut.daemon.zeus.bso_policy import EXHAUSTED, BatchSizePolicy
+from offcut.daemon.zeus.bso_trials import OPEN, TrialLedger, check_generation
+from offcut.trial_verdict import Verdict
+from offcut.zeus_views import BatchSizeJobSpec, Prediction, Resumed
 
-# the optimizer's API, and the names this module has always offered (statuses, phases and
-# limits live with the part that applies them)
-__all__ = ["BatchSizeJob", "BatchSizeJobSpec", "Prediction", "Resumed", "Verdict",
-           "check_generation", "RUNNING", "CONVERGED", "FAILED", "ABANDONED", "SUSPENDED", "OPEN",
-           "PRUNING", "MAB", "EXHAUSTED", "MAX_COST_J", "MAX_GENERATION",
-           "DEFAULT_SUSPENDED_TRIAL_TIMEOUT_S", "MAX_SUSPENDED_TRIAL_TIMEOUT_S"]
-
-#: default and largest ``suspended_trial_timeout_s`` [s]
-DEFAULT_SUSPENDED_TRIAL_TIMEOUT_S = 86400.0
-MAX_SUSPENDED_TRIAL_TIMEOUT_S = 1e9
-
-
-@dataclass(frozen=True)
-class BatchSizeJobSpec:
-    """A recurring job as registered (all options filled in).
-
-    ``batch_sizes`` sorted ascending, positive, distinct; ``default_batch_size`` one of them;
-    ``eta_knob`` in [0, 1]; ``beta_knob`` > 0 or None (no early stopping); ``max_epochs`` >= 1;
-    ``target_metric`` reached when ``metric >= target`` (``higher_is_better``) or
-    ``metric <= target``; ``max_power_w`` [W] is zeus_cost's MaxPower (max power limit x GPUs);
-    ``window_size`` 0 = whole history; ``seed`` None only before the registry draws one;
-    ``suspended_trial_timeout_s`` [s] in [0, 1e9]: a trial suspended for longer when a
-    Predict comes is abandoned (module docstring).
-    """
-
-    job_id: str
-    batch_sizes: tuple[int, ...]
-    default_batch_size: int
-    eta_knob: float
-    beta_knob: float | None
-    max_epochs: int
-    target_metric: float
-    higher_is_better: bool
-    max_power_w: float
-    num_pruning_rounds: int = 2
-    window_size: int = 0
-    mab_prior_mean: float = 0.0
-    mab_prior_precision: float = 0.0
-    mab_num_explorations: int = 2
-    seed: int | None = None
-    suspended_trial_timeout_s: float = DEFAULT_SUSPENDED_TRIAL_TIMEOUT_S
-
-    @classmethod
-    def create(cls, **fields: Any) -> "BatchSizeJobSpec":
-        """Validate and normalise the fields (batch sizes sorted).
-
-        Raises:
-            InvalidArgument: naming ``spec.<field>`` (e.g. ``num_pruning_rounds`` < 1, a default
-                batch size not among ``batch_sizes``, ``eta_knob`` outside [0, 1] or NaN).
-        """
-        f = dict(fields)
-        if not f.get("job_id"):
-            raise InvalidArgument("is required", "spec.job_id")
-        sizes = [int(b) for b in f.get("batch_sizes", ())]
-        if not sizes:
-            raise InvalidArgument("must list at least one batch size", "spec.batch_sizes")
-        if min(sizes) <= 0 or len(set(sizes)) != len(sizes):
-            shown = ", ".join(str(b) for b in sizes[:20]) + (", ..." if len(sizes) > 20 else "")
-            raise InvalidArgument(f"must be distinct positive integers, got [{shown}]",
-                                  "spec.batch_sizes")
-        f["batch_sizes"] = tuple(sorted(sizes))
-        if f.get("default_batch_size") not in f["batch_sizes"]:
-            raise InvalidArgument(f"{f.get('default_batch_size')} is not one of the batch sizes "
-                                  f"{list(f['batch_sizes'])}", "spec.default_batch_size")
-        eta = check_finite(f.get("eta_knob", math.nan), "spec.eta_knob")
-        if not 0.0 <= eta <= 1.0:
-            raise InvalidArgument(f"must be in [0, 1], got {eta}", "spec.eta_knob")
-        if f.get("beta_knob") is not None:
-            f["beta_knob"] = check_finite(f["beta_knob"], "spec.beta_knob", positive=True)
-        if int(f.get("max_epochs", 0)) < 1:
-            raise InvalidArgument(f"must be >= 1, got {f.get('max_epochs')}", "spec.max_epochs")
-        check_finite(f.get("target_metric", math.nan), "spec.target_metric")
-        check_finite(f.get("max_power_w", math.nan), "spec.max_power_w", positive=True)
-        if int(f.get("num_pruning_rounds", 2)) < 1:
-            raise InvalidArgument(f"must be >= 1, got {f['num_pruning_rounds']}",
-                                  "spec.num_pruning_rounds")
-        if int(f.get("window_size", 0)) < 0:
-            raise InvalidArgument(f"must be >= 0, got {f['window_size']}", "spec.window_size")
-        check_finite(f.get("mab_prior_mean", 0.0), "spec.mab_prior_mean")
-        check_finite(f.get("mab_prior_precision", 0.0), "spec.mab_prior_precision",
-                     non_negative=True)
-        if int(f.get("mab_num_explorations", 2)) < 1:
-            raise InvalidArgument(f"must be >= 1, got {f['mab_num_explorations']}",
-                                  "spec.mab_num_explorations")
-        if f.get("seed") is not None and not 0 <= int(f["seed"]) < 2**63:
-            raise InvalidArgument(f"must be in [0, 2^63), got {f['seed']}", "spec.seed")
-        if "suspended_trial_timeout_s" in f:
-            timeout = check_finite(f["suspended_trial_timeout_s"],
-                                   "spec.suspended_trial_timeout_s", non_negative=True)
-            if timeout > MAX_SUSPENDED_TRIAL_TIMEOUT_S:
-                raise InvalidArgument(f"must be at most {MAX_SUSPENDED_TRIAL_TIMEOUT_S:g} s, got "
-                                      f"{timeout:g}", "spec.suspended_trial_timeout_s")
-            f["suspended_trial_timeout_s"] = timeout
-        try:
-            return cls(**f)
-        except TypeError as exc:  # an unknown field: a programming error of the caller
-            raise InvalidArgument(str(exc), "spec") from None
-
-    def with_seed(self, seed: int) -> "BatchSizeJobSpec":
-        """The same spec with ``seed`` filled in."""
-        return dataclasses.replace(self, seed=seed)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        d = dataclasses.asdict(self)
-        d["batch_sizes"] = list(self.batch_sizes)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "BatchSizeJobSpec":
-        """Inverse of :meth:`to_dict` (trusted input: the state file)."""
-        return cls(**{**d, "batch_sizes": tuple(d["batch_sizes"])})
-
-    def converged(self, metric: float) -> bool:
-        """Whether ``metric`` reaches the target."""
-        return metric >= self.target_metric if self.higher_is_better else metric <= self.target_metric
-
-    def cost(self, energy_j: float, time_s: float) -> float:
-        """zeus_cost [J] of a run with this job's eta_knob and MaxPower."""
-        return zeus_cost(energy_j, time_s, self.eta_knob, self.max_power_w)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """The answer to predict: the batch size and trial number of the next run; its cost bound
-    [J] (``beta_knob * min_cost``, +inf when there is none); ``exploration`` False for a
-    concurrent run given the best known batch size."""
-
-    batch_size: int
-    trial_number: int
-    cost_bound_j: float
-    exploration: bool
 
 
 def _part(part: str, name: str, doc: str) -> property:

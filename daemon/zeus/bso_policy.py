@@ -22,7 +22,7 @@ import numpy as np
 from offcut.errors import FailedPrecondition
 
 if TYPE_CHECKING:  # (bso imports this module)
-    from offcut.daemon.zeus.bso import BatchSizeJobSpec
+    from offcut.zeus_views import BatchSizeJobSpec
 
 PRUNING, MAB, EXHAUSTED = "pruning", "mab", "exhausted"
 #: an arm's runs beyond its retention are dropped from memory (and their rows from the state

@@ -12,15 +12,15 @@ Units: time [s], energy [J], zeus_cost [J] (``BatchSizeJobSpec.cost``), wall-clo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from offcut.daemon.app.model import check_finite
+from offcut.taskspec import check_finite
 from offcut.errors import FailedPrecondition, InvalidArgument, NotFound
 from offcut.trial_verdict import Verdict
+from offcut.zeus_views import Resumed
 
 if TYPE_CHECKING:  # (bso imports this module)
-    from offcut.daemon.zeus.bso import BatchSizeJobSpec
+    from offcut.zeus_views import BatchSizeJobSpec
 
 RUNNING, CONVERGED, FAILED, ABANDONED = "running", "converged", "failed", "abandoned"
 SUSPENDED = "suspended"
@@ -40,25 +40,6 @@ def check_generation(generation: int, field: str = "generation") -> int:
     if not 0 <= generation <= MAX_GENERATION:
         raise InvalidArgument(f"must be in [0, 2^63), got {generation}", field)
     return generation
-
-
-@dataclass(frozen=True)
-class Resumed:
-    """The answer to resume: the trial, its totals so far (``epochs``, ``time_s`` [s],
-    ``energy_j`` [J], ``cost_j`` [J]) that the resumed process adds its own figures to, the
-    current cost bound [J], ``generation`` now holding it, and ``taken_over`` (the trial was
-    running, its holder's generation replaced)."""
-
-    trial_number: int
-    batch_size: int
-    epochs: int
-    time_s: float
-    energy_j: float
-    cost_j: float
-    cost_bound_j: float
-    exploration: bool
-    generation: int
-    taken_over: bool
 
 
 class TrialLedger:

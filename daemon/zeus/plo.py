@@ -17,101 +17,14 @@ limit that every later run of this batch size uses:
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from dataclasses import dataclass
 from typing import Any
 
-from offcut.daemon.app.model import check_finite
-from offcut.daemon.zeus.cost import zeus_cost
+from offcut.taskspec import check_finite
+from offcut.zeus_views import zeus_cost
 from offcut.errors import FailedPrecondition, InvalidArgument
+from offcut.zeus_views import PowerLimitSpec, PowerMeasurement, PowerPlan, PowerProfile
 
-SELECTORS = ("zeus_cost", "energy", "time", "max_slowdown")
-#: most power limits one profile walks through, unless the caller says otherwise
-#: (the daemon passes its ``max_power_limits`` setting)
-DEFAULT_MAX_POWER_LIMITS = 1000
 _LIMIT_TOLERANCE_W = 1e-6
-
-
-@dataclass(frozen=True)
-class PowerLimitSpec:
-    """How to profile: the device's range [W] (per GPU, as pynvml reports it), the stride
-    ``step_w`` [W], steps per window, the selector and its parameters."""
-
-    min_power_limit_w: float
-    max_power_limit_w: float
-    eta_knob: float
-    selector: str = "zeus_cost"
-    step_w: float = 25.0
-    warmup_steps: int = 10
-    profile_steps: int = 40
-    max_slowdown_factor: float = 1.1
-
-    @classmethod
-    def create(cls, max_power_limits: int = DEFAULT_MAX_POWER_LIMITS, **fields: Any
-               ) -> "PowerLimitSpec":
-        """Validate the fields.
-
-        Raises:
-            InvalidArgument: naming the field (a range with min > max or min <= 0, a step
-                <= 0, more than ``max_power_limits`` limits to profile,
-                ``profile_steps`` < 1, ``warmup_steps`` < 0, an unknown selector,
-                ``eta_knob`` outside [0, 1], ``max_slowdown_factor`` < 1).
-        """
-        lo = check_finite(fields.get("min_power_limit_w", math.nan), "min_power_limit_w",
-                          positive=True)
-        hi = check_finite(fields.get("max_power_limit_w", math.nan), "max_power_limit_w",
-                          positive=True)
-        if lo > hi:
-            raise InvalidArgument(f"{lo} W is above max_power_limit_w {hi} W", "min_power_limit_w")
-        step = check_finite(fields.get("step_w", 25.0), "step_w", positive=True)
-        steps = (hi - lo) / step  # may overflow to inf for a tiny step
-        if not steps + 1 <= max_power_limits:
-            raise InvalidArgument(f"walks {steps + 1:.6g} power limits from {hi} W down to "
-                                  f"{lo} W, more than max_power_limits ({max_power_limits})",
-                                  "step_w")
-        if int(fields.get("warmup_steps", 10)) < 0:
-            raise InvalidArgument(f"must be >= 0, got {fields['warmup_steps']}", "warmup_steps")
-        if int(fields.get("profile_steps", 40)) < 1:
-            raise InvalidArgument(f"must be >= 1, got {fields['profile_steps']}", "profile_steps")
-        if fields.get("selector", "zeus_cost") not in SELECTORS:
-            raise InvalidArgument(f"{fields['selector']!r} is not one of {list(SELECTORS)}",
-                                  "selector")
-        eta = check_finite(fields.get("eta_knob", math.nan), "eta_knob")
-        if not 0.0 <= eta <= 1.0:
-            raise InvalidArgument(f"must be in [0, 1], got {eta}", "eta_knob")
-        factor = check_finite(fields.get("max_slowdown_factor", 1.1), "max_slowdown_factor")
-        if factor < 1.0:
-            raise InvalidArgument(f"must be >= 1, got {factor}", "max_slowdown_factor")
-        return cls(**fields)
-
-    def power_limits(self) -> list[float]:
-        """The limits to profile [W], from the maximum down to the minimum in ``step_w``
-        steps (the minimum itself only when it lies on the grid, as in Zeus)."""
-        count = int(math.floor((self.max_power_limit_w - self.min_power_limit_w) / self.step_w
-                               + 1e-9))
-        return [self.max_power_limit_w - i * self.step_w for i in range(count + 1)]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "PowerLimitSpec":
-        """Inverse of :meth:`to_dict` (trusted input: the state file)."""
-        return cls(**d)
-
-
-@dataclass(frozen=True)
-class PowerPlan:
-    """What the training side does next: ``action`` ``profile`` (set ``power_limit_w``, run
-    ``warmup_steps``, then measure ``profile_steps`` steps) or ``use`` (run at
-    ``power_limit_w``)."""
-
-    action: str
-    power_limit_w: float
-    warmup_steps: int = 0
-    profile_steps: int = 0
 
 
 class PowerLimitProfile:
@@ -225,3 +138,9 @@ class PowerLimitProfile:
         ``cost`` (the selector's score)."""
         return [{"power_limit_w": w, "time_s": t, "energy_j": e, "cost": self.score(w)}
                 for w, (t, e) in self.windows.items()]
+
+    def view(self, job_id: str, batch_size: int) -> PowerProfile:
+        """This profile as GetProfile shows it, a copy later windows do not change (chosen
+        limit [W], 0 while profiling)."""
+        return PowerProfile(job_id, batch_size, self.done, self.chosen_power_limit_w or 0.0,
+                            tuple(PowerMeasurement(**m) for m in self.measurements()))

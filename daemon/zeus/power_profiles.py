@@ -15,9 +15,11 @@ import threading
 from typing import TYPE_CHECKING, Callable
 
 from offcut.daemon.zeus.answers import Caller, check_repeat, request_key, stored_answer
-from offcut.daemon.zeus.plo import PowerLimitProfile, PowerPlan
+from offcut.daemon.zeus.plo import PowerLimitProfile
+from offcut.zeus_views import PowerPlan
 from offcut.daemon.zeus.storage import ZeusStorage, ZeusWrite
 from offcut.errors import FailedPrecondition, NotFound
+from offcut.zeus_views import PowerProfile
 
 if TYPE_CHECKING:  # (the registry imports this module)
     from offcut.daemon.zeus.registry import _Entry
@@ -140,7 +142,8 @@ class PowerProfiles:
                                  {"power_limit_w": power_limit_w},
                                  lambda p: p.interrupt(power_limit_w))
 
-    def profile(self, job_id: str, batch_size: int, who: Caller) -> PowerLimitProfile:
-        """The (possibly unfinished) profile of a job's batch size."""
+    def profile(self, job_id: str, batch_size: int, who: Caller) -> PowerProfile:
+        """The (possibly unfinished) profile of a job's batch size, as GetProfile shows it
+        (:meth:`PowerLimitProfile.view`, taken under the lock)."""
         with self.lock:
-            return self._profile(job_id, batch_size, who)
+            return self._profile(job_id, batch_size, who).view(job_id, batch_size)

@@ -47,21 +47,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import secrets
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
-from offcut.daemon.app.model import Limits
+from offcut.taskspec import Limits
 from offcut.daemon.zeus.answers import Caller, request_key, stored_answer
-from offcut.daemon.zeus.bso import BatchSizeJob, BatchSizeJobSpec, Prediction, Resumed, Verdict
+from offcut.daemon.zeus.bso import BatchSizeJob
+from offcut.zeus_views import BatchSizeJobSpec, Prediction, Resumed
+from offcut.trial_verdict import Verdict
 from offcut.daemon.zeus.bso_trials import OPEN
 from offcut.daemon.zeus.group_commit import CommitFailed, GroupCommit
-from offcut.daemon.zeus.plo import PowerLimitProfile, PowerLimitSpec
+from offcut.daemon.zeus.plo import PowerLimitProfile
+from offcut.zeus_views import PowerLimitSpec
 from offcut.daemon.zeus.power_profiles import PLO, PowerProfiles
 from offcut.daemon.zeus.storage import ZeusStorage, ZeusWrite
 from offcut.errors import AlreadyExists, NotFound, OffcutError, ResourceExhausted
+from offcut.zeus_views import ZeusJob, ZeusTrial
 
 T = TypeVar("T")
 
@@ -127,22 +132,6 @@ class _Entry:
         return who.is_admin or (bool(self.owner) and self.owner == who.user)
 
 
-@dataclass(frozen=True)
-class JobView:
-    """A copy of a job's readable state (:meth:`BatchSizeJob.state`, with one page of trials)
-    that later calls do not change: what GetJob shows. ``trial_count``: trials ever opened;
-    ``next_before``: the ``before`` of the next, older page (0: no older trial is kept)."""
-
-    spec: BatchSizeJobSpec
-    view: dict
-    trial_count: int = 0
-    next_before: int = 0
-
-    def state(self) -> dict:
-        """The state, as :meth:`BatchSizeJob.state`."""
-        return self.view
-
-
 def _retention(entry: _Entry, trials: list[dict], rows_retention: int
                ) -> tuple[list[dict], tuple[int, int] | None, list[int], set[int]]:
     """The rows a call's retention changes (docs/operations.md): a trial that ends after its
@@ -166,6 +155,21 @@ def _retention(entry: _Entry, trials: list[dict], rows_retention: int
         for n in gone:
             ledger.held.pop(n, None)
     return trials, prune, drop_trials, gone
+
+
+def _job_answer(spec: BatchSizeJobSpec, power: PowerLimitSpec | None, owner: str, state: dict,
+                count: int, next_before: int) -> ZeusJob:
+    """The :class:`ZeusJob` GetJob shows of ``state`` (:meth:`BatchSizeJob.state` with one
+    page of trial records; ``min_cost_j`` None = +inf [J])."""
+    min_cost = state["min_cost_j"]
+    return ZeusJob(
+        spec=spec, power=power, phase=state["phase"], best_batch_size=state["best_batch_size"],
+        min_cost_j=math.inf if min_cost is None else min_cost,
+        trials=tuple(ZeusTrial(t["trial_number"], t["batch_size"], t["status"], t["epochs"],
+                               t["time_s"], t["energy_j"], t["cost_j"], t["generation"],
+                               t["interruptions"]) for t in state["trials"]),
+        state_json=json.dumps(state), owner=owner, next_before_trial_number=next_before,
+        trial_count=count)
 
 
 class ZeusRegistry:
@@ -367,10 +371,13 @@ class ZeusRegistry:
             return entry.job, entry.power, entry.owner
 
     def job_view(self, job_id: str, who: Caller, page_size: int = DEFAULT_TRIAL_PAGE,
-                 before: int = 0) -> tuple["JobView", PowerLimitSpec | None, str]:
-        """A copy of the job's readable state with one page of trial records: the newest
+                 before: int = 0) -> ZeusJob:
+        """What GetJob shows: a copy of the job's readable state (:meth:`BatchSizeJob.state`)
+        that later calls do not change, with one page of trial records: the newest
         ``page_size`` (1 to :data:`MAX_TRIAL_PAGE`) numbered below ``before`` (0: from the
-        newest), ascending; its power spec and owner; NOT_FOUND if unknown or not ``who``'s.
+        newest), ascending, and ``next_before_trial_number`` for the next older page (0: no
+        older trial is kept); its spec, power spec and owner; NOT_FOUND if unknown or not
+        ``who``'s.
         The records in memory are copied under the lock; older ones are read from the file
         after it (O(page_size) by primary key), so a long history never holds the lock."""
         page_size = min(max(1, int(page_size)), MAX_TRIAL_PAGE)
@@ -388,8 +395,8 @@ class ZeusRegistry:
         numbers = sorted(merged, reverse=True)[:page_size + 1]
         page = sorted(numbers[:page_size])
         next_before = page[0] if len(numbers) > page_size else 0
-        view = {**state, "trials": [merged[n] for n in page]}
-        return JobView(spec, view, count, next_before), power, owner
+        return _job_answer(spec, power, owner, {**state, "trials": [merged[n] for n in page]},
+                           count, next_before)
 
     def trial_records(self, job_id: str, who: Caller) -> list[dict]:
         """Every kept trial record of the job, ascending (the file's, with memory's newer

@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from offcut.daemon.app.store import ReadOnlyConnection, StoreError, WriteTransactions, open_state_file
+from offcut.daemon.app.state_file import (ReadOnlyConnection, StoreError, WriteTransactions,
+                                         open_state_file)
 from offcut.daemon.zeus.answers import stored_fields
 from offcut.daemon.zeus.group_commit import GroupCommit
 
-#: the Zeus optimizers' tables (each must be named in :data:`offcut.daemon.app.store.TABLES`, the
+#: the Zeus optimizers' tables (each must be named in :data:`offcut.daemon.app.state_file.TABLES`, the
 #: tables an Offcut state file may hold: tests/test_zeus_rows.py checks it)
 ZEUS_TABLES = frozenset({"zeus_state", "zeus_trials", "zeus_observations", "zeus_requests"})
 
@@ -152,7 +153,7 @@ class ZeusStorage:
 
     Raises:
         StoreError, StateNotWritable: as :class:`offcut.daemon.app.store.Store` (the file is
-            checked and opened by :func:`offcut.daemon.app.store.open_state_file`; a file of an
+            checked and opened by :func:`offcut.daemon.app.state_file.open_state_file`; a file of an
             older format is refused here: the engine's store upgrades it first).
     """
 
@@ -179,7 +180,7 @@ class ZeusStorage:
     @property
     def on_storage(self) -> Callable[[str | None], None] | None:
         """Called with the reason when a write fails for lack of writable storage, and with
-        None at the next write that succeeds (:class:`offcut.daemon.app.store.WriteTransactions`)."""
+        None at the next write that succeeds (:class:`offcut.daemon.app.state_file.WriteTransactions`)."""
         return self._transactions.on_storage
 
     @on_storage.setter

@@ -23,7 +23,8 @@ from __future__ import annotations
 import operator
 from typing import Any, Protocol
 
-from offcut.daemon.app.model import ProgressReport, check_finite
+from offcut.daemon.app.model import ProgressReport
+from offcut.taskspec import check_finite
 from offcut.errors import FailedPrecondition, InvalidArgument
 
 #: (time [s], samples, nodes, energy [J] or None) of a report that passed the checks

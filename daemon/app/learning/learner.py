@@ -95,7 +95,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from offcut.daemon.app.model import ProgressReport, check_finite
+from offcut.daemon.app.model import ProgressReport
+from offcut.taskspec import check_finite
 from offcut.daemon.app.learning.checks import check_report
 from offcut.daemon.app.learning.timeline import KINDS, MAX_PENDING_ALLOCATIONS, ReportTimeline, opt_float
 from offcut.daemon.app.learning.rescale import (MAX_PENDING_RESCALES, MAX_RESCALE_ESTIMATES,

@@ -2,7 +2,7 @@
 (docs/architecture.md, "Time and events", "Tasks and the progress model" and "Allocation"). No I/O,
 no wall clock, no wire types."""
 
-from offcut.daemon.app.scheduler.outcome import Allocate, Outcome, PlacementChange, SolveRecord
+from offcut.daemon.app.scheduler.outcome import Allocate, Outcome, SolveRecord
 from offcut.daemon.app.scheduler.scheduler import Scheduler
 
-__all__ = ["Allocate", "Outcome", "PlacementChange", "Scheduler", "SolveRecord"]
+__all__ = ["Allocate", "Outcome", "Scheduler", "SolveRecord"]

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Collection
 
 from offcut.daemon.app import placement
-from offcut.daemon.app.model import PLAIN_NODE, Task, TaskState
+from offcut.daemon.app.model import PLAIN_NODE, Task
+from offcut.views import TaskState
 from offcut.daemon.app.scheduler.interfaces import Counts, Lifecycle, Models, Placement
 from offcut.daemon.app.scheduler.outcome import Allocate, Outcome
 from offcut.daemon.app.scheduler.state import SchedulerState

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 
-from offcut.daemon.app.model import Task, TaskState
+from offcut.daemon.app.model import Task
+from offcut.views import TaskState
 from offcut.daemon.app.scheduler.interfaces import Lifecycle, Reallocate
 from offcut.daemon.app.scheduler.outcome import Allocate, Outcome
 from offcut.daemon.app.scheduler.state import SchedulerState

@@ -10,8 +10,10 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from offcut.daemon.app.model import Task, TaskState
-from offcut.daemon.app.scheduler.outcome import Allocate, Outcome, PlacementChange
+from offcut.daemon.app.model import Task
+from offcut.views import TaskState
+from offcut.daemon.app.scheduler.outcome import Allocate, Outcome
+from offcut.views import PlacementChange
 
 
 class Models(Protocol):

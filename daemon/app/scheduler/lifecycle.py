@@ -5,10 +5,12 @@ that charges rescale and preemption costs."""
 from __future__ import annotations
 
 from offcut.daemon.app.learning import TaskLearner
-from offcut.daemon.app.model import CancelEvent, SubmitEvent, Task, TaskRunEvent, TaskState
+from offcut.daemon.app.model import CancelEvent, SubmitEvent, Task, TaskRunEvent
+from offcut.views import TaskState
 from offcut.daemon.app.scheduler.interfaces import Models
 from offcut.daemon.app.scheduler.ledger import ledger_of
-from offcut.daemon.app.scheduler.outcome import Outcome, PlacementChange
+from offcut.daemon.app.scheduler.outcome import Outcome
+from offcut.views import PlacementChange
 from offcut.daemon.app.scheduler.state import SchedulerState
 from offcut.daemon.app.scheduler.waste import STOP_IGNORED, note_failure, note_warning
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from offcut.daemon.app.solvers.problem import AllocationProblem
+from offcut.views import PlacementChange
 
 
 @dataclass
@@ -30,22 +31,6 @@ class SolveRecord:
 
 #: the engine's allocator: a problem in, a journaled answer out
 Allocate = Callable[[AllocationProblem], SolveRecord]
-
-
-@dataclass
-class PlacementChange:
-    """How one task's node set changed (mirrors ``offcut.v1.Placement``)."""
-
-    task_id: str
-    task_name: str
-    change: str  # start | grow | shrink | stop | preempted | completed | cancelled
-    nodes: list[str]
-    previous_count: int
-    rate: float
-    work_done: float
-    total_work: float
-    time: float  # when it took effect [s since epoch]
-    generation: int = 0  # the task's generation after the change (docs/execution.md)
 
 
 @dataclass

@@ -4,7 +4,8 @@ or, for a task a launcher runs, starts its final phase (docs/execution.md, "Comp
 
 from __future__ import annotations
 
-from offcut.daemon.app.model import ProgressEvent, TaskState
+from offcut.daemon.app.model import ProgressEvent
+from offcut.views import TaskState
 from offcut.daemon.app.scheduler.interfaces import Lifecycle, Models
 from offcut.daemon.app.scheduler.outcome import Outcome
 from offcut.daemon.app.scheduler.state import SchedulerState

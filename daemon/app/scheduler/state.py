@@ -11,7 +11,9 @@ from collections import Counter, deque
 from dataclasses import asdict
 from typing import Any
 
-from offcut.daemon.app.model import Limits, NodeKind, ObjectiveSettings, Task, TaskState, task_number
+from offcut.daemon.app.model import NodeKind, ObjectiveSettings, Task, task_number
+from offcut.taskspec import Limits
+from offcut.views import TaskState
 from offcut.daemon.app.scheduler.outcome import Outcome
 
 
