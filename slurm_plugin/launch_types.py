@@ -69,11 +69,13 @@ def generation_of(running: Running) -> Generation:
     """The :class:`Generation` of one running task of the desired state (its last read, its
     current generation and nodes: :data:`offcut.slurm_plugin.placements.Running`)."""
     t, generation, nodes = running
-    return Generation(t.task_id, t.spec.name, generation, nodes, tuple(t.spec.command),
-                      t.spec.zeus_job_id, t.submit_time,
-                      t.owner, t.spec.gpus_per_node, tuple(t.spec.constraint),
-                      t.spec.procs_per_node or t.spec.gpus_per_node or 1,
-                      t.spec.total_work_samples)
+    spec = t.spec
+    return Generation(task_id=t.task_id, task_name=spec.name, generation=generation,
+                      nodes=nodes, command=tuple(spec.command), zeus_job_id=spec.zeus_job_id,
+                      submit_time=t.submit_time or 0.0, owner=t.owner,
+                      gpus_per_node=spec.gpus_per_node, constraint=tuple(spec.constraint),
+                      procs_per_node=spec.local_world_size,
+                      total_work=spec.total_work_samples)
 
 
 @dataclass
