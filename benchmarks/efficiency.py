@@ -7,7 +7,11 @@ private daemon (solver dp, the replays' Tfwd 10 s, every task to its end): the h
 10-task set on 128 and on 64 nodes of the real two-week log, and the ImageNet 1,001-task set
 (100 admitted at once) on the whole 4,734-node machine. The figure lines also go, with the
 machine and the command, to a new ``benchmarks/results/efficiency-DATE-TIME.txt``
-(``--no-results``: not written).
+(``--no-results``: not written). Each row gives the efficiency's parts too: the overhead
+factor (what the tasks kept over what their held node counts give on dedicated nodes) times
+the scaling factor (those counts' rate over the best count's) is the efficiency, and the share
+of idle node-hours the tasks held (docs/replay-and-policies.md, "Efficiency against dedicated
+nodes").
 
 Usage::
 
@@ -53,11 +57,14 @@ def main(argv: list[str] | None = None) -> None:
               flush=True)
     print(f"\noutputs in {out_root}")
     log.say("| task set | nodes | samples trained | dedicated, same node-hours | efficiency | "
-            "node-hours used | tasks done |")
-    log.say("|---|---:|---:|---:|---:|---:|---:|")
+            "= overhead (vs the same counts) | x scaling (vs the best count) | "
+            "idle node-hours used | node-hours used | tasks done |")
+    log.say("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for label, nodes, s in rows:
         log.say(f"| {label} | {nodes:,} | {s['total_samples']:.4g} | "
                 f"{s['dedicated_samples']:.4g} | {100 * s['dedicated_efficiency']:.1f} % | "
+                f"{s['same_counts_efficiency']:.3f} | {s['scaling_factor']:.3f} | "
+                f"{100 * s['utilisation']:.1f} % | "
                 f"{s['used_node_hours']:.0f} | {s['tasks_completed']} of {s['tasks_submitted']} |")
     log.finish()
 

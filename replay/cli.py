@@ -43,10 +43,16 @@ def _print_summary(summary: dict, out: Path) -> None:
         v = summary.get(k)
         if v is None and k in ("oracle_total_samples", "samples_vs_oracle"):
             continue
-        if k == "dedicated_efficiency":  # (offcut.replay.efficiency)
+        if k == "dedicated_efficiency":  # (offcut.replay.efficiency: E = same counts x scaling)
             if v is not None:
                 typer.echo(f"  {'efficiency':18s} {v:.4g} of the same node-hours on dedicated "
                            "nodes (each task at its best count, no rescale)")
+            kept, scaling = summary.get("same_counts_efficiency"), summary.get("scaling_factor")
+            if v is not None and kept is not None and scaling is not None:
+                typer.echo(f"  {'  = overhead':18s} {kept:.4g} of what the held node counts give "
+                           "on dedicated nodes (after rescale and preemption costs)")
+                typer.echo(f"  {'  x scaling':18s} {scaling:.4g}: the held counts' rate over the "
+                           "best count's, per node")
             continue
         typer.echo(f"  {k:18s} {v:.4g}" if isinstance(v, float)
                    else f"  {k:18s} {terminal_safe(v)}")

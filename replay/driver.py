@@ -64,8 +64,8 @@ from offcut.client.child_daemon import offcutd_argv, start_offcutd, stop_offcutd
 from offcut.errors import OffcutError, Unavailable
 from offcut.nodes import STREAM_MESSAGE_BYTES
 from offcut.replay.bftrainer_data import NodeLog, TaskRecord
-from offcut.replay.efficiency import dedicated_efficiency
-from offcut.replay.owners import SINGLE_OWNER, assign_owners, by_owner, fairness
+from offcut.replay.efficiency import dedicated_efficiency, rate_at
+from offcut.replay.owners import SINGLE_OWNER, NodeTime, assign_owners, by_owner, fairness
 from offcut.replay.progress_sim import PowerModel, ProgressSimulator
 # steps.csv / placements.csv are written by the writer shared with ``offcut history``; the
 # names stay importable from here
@@ -221,16 +221,17 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
               solves_by_backend: dict[str, int] | None = None,
               solver_fallbacks: int | None = None,
               sim: ProgressSimulator | None = None,
-              node_seconds: dict[str, float] | None = None) -> dict:
+              node_time: NodeTime | None = None) -> dict:
     """``summary.json``: events, tasks, ``all_done_at``, samples, node-hours, utilisation
     (used / idle node-hours), decision time percentiles [ms] (daemon-side allocation time of
     events that needed a solve), solver statistics: ``solves_by_backend`` (allocation problems
     solved per backend) and ``solver_fallbacks`` as given (the replay counts them from its
     decisions, see :class:`Recorder`), else the daemon's counters since its last start; the
     energy figures of :func:`energy_summary` (``sim``: the played tasks' truth, which then
-    also gives ``total_samples``); per owner (:func:`owner_summary`, ``node_seconds``: per
-    task id, from the replay's placements) and the efficiency against dedicated nodes
-    (:func:`offcut.replay.efficiency.dedicated_efficiency`)."""
+    also gives ``total_samples``); with ``node_time`` (the node counts each task held, from
+    the replay's placements): per owner (:func:`owner_summary`) and the efficiency against
+    dedicated nodes with its parts (:func:`offcut.replay.efficiency.dedicated_efficiency`:
+    ``same_counts_efficiency`` x ``scaling_factor``)."""
     status = client.status()
     tasks = client.list_tasks()
     completed = [t for t in tasks if t.state == TaskState.COMPLETED]
@@ -266,9 +267,14 @@ def summarise(client: Client, events: int, submitted: int, solve_ms: list[float]
                   for t in tasks],
     }
     summary.update(energy_summary(status, sim, opts))
-    if node_seconds is not None:
+    if node_time is not None:
+        node_seconds = node_time.seconds(status.clock)
+        specs = {t.task_id: t.spec for t in tasks}
+        held = node_time.integral(
+            status.clock, lambda task, n: (rate_at(specs[task], n) or 0.0) if task in specs
+            else 0.0)
         summary.update(owner_summary(tasks, node_seconds))
-        summary.update(dedicated_efficiency(tasks, node_seconds))
+        summary.update(dedicated_efficiency(tasks, node_seconds, held))
     return summary
 
 
@@ -466,8 +472,7 @@ def run_replay(node_log: NodeLog, tasks: list[TaskRecord], out_dir: str | Path,
                                 time.perf_counter() - started, node_log,
                                 solves_by_backend=rec.solves_by_backend,
                                 solver_fallbacks=rec.fallbacks, sim=driver.sim,
-                                node_seconds=writers.node_time.seconds(
-                                    client.status().clock))
+                                node_time=writers.node_time)
             summary["stop_reason"] = stop_reason
             summary["drive_s"] = drive_s  # sending events and submissions, no daemon start
             summary["daemon_peak_rss_mb"] = peak_rss_mb(daemon_pid)

@@ -10,7 +10,7 @@ summary then reports node-hours, samples and energy per owner and two fairness f
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 #: owner of every task when the replay is not given owners (``--owners 0``)
 SINGLE_OWNER = "replay"
@@ -62,13 +62,20 @@ class NodeTime:
 
     def seconds(self, until: float) -> dict[str, float]:
         """Node-seconds [node-s] of every task seen, up to ``until`` [s since epoch]."""
+        return self.integral(until, lambda task, n: float(n))
+
+    def integral(self, until: float, value: Callable[[str, int], float]) -> dict[str, float]:
+        """Per task seen, the integral up to ``until`` [s since epoch] of ``value(task, n)``
+        over the time it held ``n`` nodes (``value`` per second: nodes gives node-seconds,
+        the task's throughput P(n) [samples/s] gives the samples its held counts give)."""
         out = {}
         for task, changes in self._changes.items():
             total = 0.0
             for (t0, n), (t1, _) in zip(changes, changes[1:] + [(math.inf, 0)]):
                 if t0 >= until:
                     break
-                total += n * (min(t1, until) - t0)
+                if n:
+                    total += value(task, n) * (min(t1, until) - t0)
             out[task] = total
         return out
 

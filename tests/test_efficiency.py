@@ -1,12 +1,14 @@
-"""The efficiency against dedicated nodes (offcut.replay.efficiency): the formula on hand-made
-tasks, and the figure every replay's summary carries."""
+"""The efficiency against dedicated nodes (offcut.replay.efficiency): the formula and its parts
+on hand-made tasks (tests/test_replay_e2e.py checks the figures every replay's summary
+carries)."""
 
 from __future__ import annotations
 
 import pytest
 from daemon_helpers import make_spec
 
-from offcut.replay.efficiency import best_rate_per_node, dedicated_efficiency
+from offcut.replay.efficiency import best_rate_per_node, dedicated_efficiency, rate_at
+from offcut.replay.owners import NodeTime
 from offcut.v1 import tasks_pb2
 
 
@@ -35,3 +37,30 @@ def test_efficiency_is_trained_over_what_dedicated_nodes_give_for_the_same_node_
     assert got["dedicated_efficiency"] == pytest.approx(1700.0 / 2800.0)
     assert got["dedicated_tasks_left_out"] == 2
     assert dedicated_efficiency([], {})["dedicated_efficiency"] is None
+
+
+def test_the_parts_are_the_held_counts_overhead_and_their_scaling_and_multiply_to_it():
+    # a: P = 10, 18, 30 at 1, 2, 4 nodes (r* = 10 per node), held 2 nodes for 10 s then 4 for 5 s
+    # b: the same curve at least 2 nodes (r* = 9), held 2 nodes for 20 s
+    node_time = NodeTime()
+    for task_id, t, n in (("a", 0.0, 2), ("a", 10.0, 4), ("a", 15.0, 0), ("b", 0.0, 2),
+                          ("b", 20.0, 0)):
+        node_time.change(task_id, t, n)
+    specs = {"a": make_spec("a"), "b": make_spec("b", min_nodes=2)}
+    held = node_time.integral(100.0, lambda task, n: rate_at(specs[task], n))
+    assert held == pytest.approx({"a": 18.0 * 10 + 30.0 * 5, "b": 18.0 * 20})  # 330, 360
+    seconds = node_time.seconds(100.0)
+    assert seconds == pytest.approx({"a": 40.0, "b": 40.0})
+    # trained 300 and 330 samples after rescale and preemption costs
+    got = dedicated_efficiency([task("a", 300.0), task("b", 330.0, min_nodes=2)], seconds, held)
+    assert got["held_count_samples"] == pytest.approx(690.0)
+    assert got["dedicated_samples"] == pytest.approx(40.0 * 10 + 40.0 * 9)  # 760
+    assert got["same_counts_efficiency"] == pytest.approx(630.0 / 690.0)
+    assert got["scaling_factor"] == pytest.approx(690.0 / 760.0)
+    assert got["same_counts_efficiency"] * got["scaling_factor"] == \
+        pytest.approx(got["dedicated_efficiency"])
+    assert got["dedicated_efficiency"] == pytest.approx(630.0 / 760.0)
+    # without the held counts' samples only the whole figure is given
+    assert "scaling_factor" not in dedicated_efficiency([task("a", 300.0)], seconds)
+    # a learned task has no curve: no rate
+    assert rate_at(make_spec("d", ns=(), ps=()), 2) is None

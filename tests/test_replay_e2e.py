@@ -36,6 +36,13 @@ def test_demo_replays_bundled_log_and_all_tasks_finish(tmp_path):
     assert s["all_done_at"] is not None and s["stop_reason"] == "all tasks done"
     # the offcuts give less than the same node-hours on dedicated nodes, but most of it
     assert 0.5 < s["dedicated_efficiency"] < 1.0 and s["dedicated_tasks_left_out"] == 0
+    # its parts, each against its own baseline, multiply to it: what the held node counts give
+    # on dedicated nodes is at most the best count's rate, and the tasks keep at most that
+    kept, scaling = s["same_counts_efficiency"], s["scaling_factor"]
+    assert 0.5 < kept <= 1.0 + 1e-9 and 0.5 < scaling <= 1.0 + 1e-9
+    assert kept * scaling == pytest.approx(s["dedicated_efficiency"], rel=1e-12)
+    assert s["held_count_samples"] <= s["dedicated_samples"] * (1 + 1e-9)
+    assert "= overhead" in result.output and "x scaling" in result.output
     # used node-hours can never exceed idle node-hours, and the tasks did use nodes
     assert 0 < s["used_node_hours"] <= s["idle_node_hours"]
     # all work is accounted: completed tasks earned exactly their total work in net samples
