@@ -40,14 +40,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
 def to_timestamp(t: float | datetime) -> Timestamp:
-    """A Timestamp from seconds since the epoch or a datetime (naive = UTC)."""
+    """A Timestamp from seconds since the epoch (the one conversion,
+    :func:`offcut.wire.tasks.time_to_pb`) or a datetime (naive = UTC)."""
+    if not isinstance(t, datetime):
+        return tasks_wire.time_to_pb(t)
     ts = Timestamp()
-    if isinstance(t, datetime):
-        if t.tzinfo is None:
-            t = t.replace(tzinfo=timezone.utc)
-        ts.FromDatetime(t)
-    else:
-        ts.FromNanoseconds(int(round(t * 1e9)))
+    ts.FromDatetime(t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc))
     return ts
 
 

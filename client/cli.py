@@ -286,7 +286,8 @@ def status(
     except OffcutError as exc:
         fail(str(exc))
     from offcut.views import SolverStatistics
-    from offcut.wire.tasks import status_to_pb, time_to_pb
+    from offcut.client.json_out import time_text
+    from offcut.wire.tasks import status_to_pb
 
     has_clock = st.clock is not None
     lag_s = time.time() - st.clock if has_clock else None
@@ -298,7 +299,7 @@ def status(
     # (a user's status has no last decision; the figures read 0 where the daemon sent none)
     s = st.solver or SolverStatistics("", 0, 0.0, 0.0, 0.0, 0.0, 0, {}, "")
     last = st.last_decision
-    typer.echo(f"clock        {time_to_pb(st.clock).ToJsonString() if has_clock else '-'} (revision {st.revision}; "
+    typer.echo(f"clock        {time_text(st.clock) or '-'} (revision {st.revision}; "
                f"event lag {task_cli.format_duration(lag_s)}; "
                f"{terminal_safe(st.clock_mode or 'live')})")
     typer.echo(f"nodes        {st.idle_nodes} in the idle pool, {st.nodes_in_use} of them in use by tasks")
@@ -317,7 +318,7 @@ def status(
                    f"{snaps.ms_p50:.2f} ms, p99 {snaps.ms_p99:.2f} ms, max {snaps.ms_max:.2f} ms "
                    f"(the last at revision {snaps.last_revision}: {snaps.last_ms:.2f} ms)")
     if last is not None and last.revision:  # the event's source and the solver's words: escaped
-        typer.echo(terminal_safe(f"last         {last.source or 'task request'} at {time_to_pb(last.time).ToJsonString()}: {last.solve.status} by "
+        typer.echo(terminal_safe(f"last         {last.source or 'task request'} at {time_text(last.time)}: {last.solve.status} by "
                    f"{last.solve.solver or '-'} in {last.solve.solve_ms:.2f} ms, "
                    f"{len(last.placements)} placement change(s)"))
     if s.last_fallback_reason:

@@ -27,13 +27,21 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-__all__ = ["to_json", "enum_name", "json_text"]
+from offcut.wire.tasks import time_to_pb
+
+__all__ = ["to_json", "enum_name", "json_text", "time_text"]
 
 
 def json_text(doc: Any, indent: int | None = None) -> str:
     """``doc`` as the JSON text every ``--json`` output prints: ``json.dumps`` with
     ``ensure_ascii`` (module docstring: no raw control character, exact and valid JSON)."""
     return json.dumps(doc, indent=indent, ensure_ascii=True)
+
+
+def time_text(t: float | None) -> str | None:
+    """A time [s since epoch] as the JSON output writes it: RFC 3339 in UTC with the
+    Timestamp's nanoseconds (``2026-11-27T05:25:59.729419947Z``); None for None."""
+    return None if t is None else time_to_pb(t).ToJsonString()
 
 
 def enum_name(enum_type, number: int) -> str:

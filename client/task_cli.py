@@ -21,7 +21,7 @@ import hostlist
 import typer
 
 from offcut.client.cli_common import fail as _fail
-from offcut.client.json_out import json_text
+from offcut.client.json_out import json_text, time_text
 from offcut.client.settings import ClientSettings, connection_options
 from offcut.errors import InvalidArgument, NotFound, OffcutError
 from offcut.text_safety import terminal_safe
@@ -85,7 +85,7 @@ def format_duration(seconds: float | None) -> str:
 
 def _ts(t: float | None) -> str:
     """A time [s since epoch] in RFC 3339 UTC, as the JSON output writes it; ``-`` for None."""
-    return tasks_wire.time_to_pb(t).ToJsonString() if t is not None else "-"
+    return time_text(t) or "-"
 
 
 def eta_seconds(task: TaskView) -> float | None:

@@ -201,7 +201,7 @@ def make_task_spec(name: str, *, nodes: str | tuple[int, int], work_samples: flo
         argument = _ARGUMENT_OF.get(exc.field or "")
         if argument is None:
             raise
-        raise InvalidArgument(str(exc)[len(exc.field or "") + 2:], argument) from None
+        raise InvalidArgument(exc.reason, argument) from None
 
 
 #: spec fields set from one argument of :func:`make_task_spec` of another name (or that the CLI

@@ -13,7 +13,8 @@ from typing import Any
 
 class OffcutError(Exception):
     """Base class. ``status`` is the gRPC status name the daemon answers with; ``field`` names
-    the offending request field where there is one (e.g. ``spec.max_nodes``).
+    the offending request field where there is one (e.g. ``spec.max_nodes``), ``reason`` the
+    message without it (the text is ``"<field>: <reason>"``).
 
     On an error received from the daemon (:func:`from_rpc_error`), ``code`` is the call's
     ``grpc.StatusCode`` and ``status`` its name; on an error raised locally ``code`` is None.
@@ -23,6 +24,7 @@ class OffcutError(Exception):
 
     def __init__(self, message: str, field: str | None = None):
         self.field = field
+        self.reason = message
         self.code: Any = None
         super().__init__(f"{field}: {message}" if field else message)
 

@@ -46,7 +46,8 @@ def _print_summary(summary: dict, out: Path) -> None:
         if k == "dedicated_efficiency":  # (offcut.replay.efficiency: E = same counts x scaling)
             if v is not None:
                 typer.echo(f"  {'efficiency':18s} {v:.4g} of the same node-hours on dedicated "
-                           "nodes (each task at its best count, no rescale)")
+                           "nodes (each task at its best count, no rescale; baselines from the "
+                           "tasks' curves)")
             kept, scaling = summary.get("same_counts_efficiency"), summary.get("scaling_factor")
             if v is not None and kept is not None and scaling is not None:
                 typer.echo(f"  {'  = overhead':18s} {kept:.4g} of what the held node counts give "

@@ -42,24 +42,28 @@ from offcut.views import TaskView
 __all__ = ["best_rate_per_node", "dedicated_efficiency", "rate_at"]
 
 
-def rate_at(spec: TaskSpec, nodes: int) -> float | None:
-    """P(``nodes``) [samples/s]: the spec's throughput curve interpolated linearly between
-    its points; None without a curve (a learned task)."""
+def _rates(spec: TaskSpec, nodes: np.ndarray) -> np.ndarray | None:
+    """P at each of ``nodes`` [samples/s]: the spec's throughput curve interpolated linearly
+    between its points; None without a curve (a learned task)."""
     if len(spec.node_counts) < 2:
         return None
-    return float(np.interp(float(nodes), np.asarray(spec.node_counts, dtype=float),
-                           np.asarray(spec.throughputs, dtype=float)))
+    return np.interp(nodes, np.asarray(spec.node_counts, dtype=float),
+                     np.asarray(spec.throughputs, dtype=float))
+
+
+def rate_at(spec: TaskSpec, nodes: int) -> float | None:
+    """P(``nodes``) [samples/s] on the spec's curve (linear between its points); None
+    without a curve."""
+    rate = _rates(spec, np.array([float(nodes)]))
+    return None if rate is None else float(rate[0])
 
 
 def best_rate_per_node(spec: TaskSpec) -> float | None:
     """``r*`` = max over n in [min_nodes, max_nodes] of P(n) / n [samples/(node s)], P
     interpolated linearly on the spec's curve; None without a curve."""
-    if len(spec.node_counts) < 2:
-        return None
     n = np.arange(max(spec.min_nodes, 1), spec.max_nodes + 1, dtype=float)
-    rate = np.interp(n, np.asarray(spec.node_counts, dtype=float),
-                     np.asarray(spec.throughputs, dtype=float))
-    return float(np.max(rate / n))
+    rate = _rates(spec, n)
+    return None if rate is None else float(np.max(rate / n))
 
 
 def dedicated_efficiency(tasks: Iterable[TaskView], node_seconds: dict[str, float],
