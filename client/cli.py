@@ -36,13 +36,13 @@ ENTRY_POINT_GROUP = "offcut.commands"
 #: offcut's own parts by entry-point name: how a message names them, and the commands each
 #: registers (invoked while the part is missing, they say how to install it)
 PART_COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "replay": ("the replay", ("demo", "solve", "report", "history", "replay")),
+    "replay": ("the replay", ("demo", "solve", "report", "history", "replay", "sweep")),
     "daemon": ("the daemon's admin", ("token",)),
 }
 
 #: the order of ``offcut --help``; other commands (third-party entry points) follow
 HELP_ORDER = ("submit", "queue", "show", "cancel", "watch", "demo", "solve", "recur", "status",
-              "report", "history", "replay", "token")
+              "report", "history", "replay", "sweep", "token")
 _HELP_RANK = {name: rank for rank, name in enumerate(HELP_ORDER)}
 _PART_RANK = {name: rank for rank, name in enumerate(PART_COMMANDS)}
 

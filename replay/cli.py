@@ -478,3 +478,75 @@ def history(
     _render_report(out, use_summary_json=False)
 
 
+
+
+@app.command()
+def sweep(
+    spec_file: Path = typer.Argument(..., metavar="SPEC.toml", help="the sweep spec (docs/replay-and-policies.md, \"Sweeps\")"),
+    executor: Optional[str] = typer.Option(None, "--executor", help="local (processes on this machine) | slurm (one Slurm array job, [slurm]'s options) [default: the spec's [sweep] executor, else local]"),
+    out: Optional[Path] = typer.Option(None, "--out", help="the sweep's folder [default: the spec's [sweep] out, else SPEC-out beside the spec]"),
+    max_parallel: Optional[int] = typer.Option(None, "--max-parallel", min=1, max=10_000, help="cells running at once [default: the spec's [sweep] max_parallel, else 2]"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list the cells, which are finished and which would run; run nothing"),
+    progress: bool = typer.Option(True, help="show a progress bar"),
+) -> None:
+    """Run a sweep: every cell of SPEC.toml's grid (and list) is one replay, run through
+    submitit's local or Slurm executor; finished cells (OUT/cells/ID/row.json) are not run
+    again, a failed cell is reported with its log and the others go on. Writes OUT/table.csv
+    (a row per finished cell: the swept settings, the efficiency and its parts, the idle
+    node-hours used, the all-done time), OUT/sweep.png and OUT/failed.csv. Exit status 1 when
+    a cell failed (run the same command again to retry the failed ones).
+
+    \b
+    A spec (paths relative to its folder):
+      [sweep]
+      executor = "slurm"
+      max_parallel = 8
+      [slurm]
+      partition = "debug"
+      [fixed]
+      node_log = "ndstat-10sdn6-evt.tar.gz"
+      allow_pickle = true
+      [grid]
+      tasks = ["hps-shufflenet-Jbnd-10J.pkl", "ImageNet-imgps-Jbnd-1001J.pkl"]
+      num_nodes = [64, 128]
+      policy = ["throughput", "energy", "zeus_cost"]
+      tfwd = [10, 60]
+    \b
+    Examples:
+      offcut sweep study.toml --dry-run
+      offcut sweep study.toml --executor slurm
+    """
+    from offcut.replay.sweep import finished, run_sweep, table_text
+    from offcut.replay.sweep_spec import SweepSpecError, load_spec
+
+    if executor is not None and executor not in ("local", "slurm"):
+        fail(f"--executor: local or slurm, got {executor!r}", 2)
+    try:
+        spec = load_spec(spec_file)
+    except SweepSpecError as exc:
+        fail(str(exc), 2)
+    folder = (out or spec.out_dir()).resolve()
+    if dry_run:
+        for cell in spec.cells:
+            state = "finished" if finished(folder, cell) is not None else "to run"
+            where = ", ".join(f"{a}={getattr(cell.settings, a)}" for a in spec.axes)
+            typer.echo(terminal_safe(f"{cell.id}  {state:8s}  {where}"))
+        typer.echo(f"{len(spec.cells)} cells; folder {folder}")
+        return
+    try:
+        result = run_sweep(spec, out=folder, executor=executor, max_parallel=max_parallel,
+                           progress=progress, echo=lambda s: typer.echo(terminal_safe(s)))
+    except SweepSpecError as exc:
+        fail(str(exc), 2)
+    import pandas as pd
+
+    table = pd.read_csv(result.table)
+    if len(table) and spec.axes:
+        typer.echo(terminal_safe(table_text(table, spec.axes), keep_newlines=True))
+    typer.echo(f"sweep: {result.ran} cells run in {result.wall_s:.1f} s, "
+               f"{result.finished_before} finished before, {len(result.failed)} failed; "
+               f"table: {result.table}" + (f"   plots: {result.plots}" if result.plots else ""))
+    if result.failed:
+        fail(f"{len(result.failed)} of {result.ran} cells failed (listed in "
+             f"{folder / 'failed.csv'}, with their logs); run the same command again to retry "
+             "them")

@@ -42,7 +42,7 @@ def test_installed_parts_give_every_command_in_order():
     sets = {cs.name: cs for cs in cli.command_sets()}
     # the editable install registers both parts (pip install -e . after a change of pyproject.toml)
     assert sets["replay"].error is None and sets["daemon"].error is None, sets
-    assert set(sets["replay"].commands) == {"demo", "solve", "report", "history", "replay"}
+    assert set(sets["replay"].commands) == {"demo", "solve", "report", "history", "sweep", "replay"}
     assert set(sets["daemon"].commands) == {"token"}
     res = CliRunner().invoke(app, ["--help"])
     assert res.exit_code == 0, res.output
