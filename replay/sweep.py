@@ -33,9 +33,10 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 
@@ -279,14 +280,38 @@ def run_sweep(spec: SweepSpec, *, out: Path | None = None, executor: str | None 
     log and does not stop the others. Then gather every finished cell into ``table.csv`` and
     ``sweep.png``, and the failures into ``failed.csv``.
 
-    Raises :class:`SweepSpecError` for an input that is missing, a policy that does not load
-    or no submitit, before anything is submitted.
+    Raises :class:`SweepSpecError` for an input that is missing, a policy that does not load,
+    no submitit, or another sweep running in ``out``, before anything is submitted.
     """
     out = (out or spec.out_dir()).resolve()
     kind = executor or spec.sweep.executor
     parallel = max_parallel or spec.sweep.max_parallel
     check_inputs(spec)
     out.mkdir(parents=True, exist_ok=True)
+    with _only_sweep_in(out):
+        return _run_sweep(spec, out, kind, parallel, progress, poll_s, echo)
+
+
+@contextmanager
+def _only_sweep_in(out: Path) -> Iterator[None]:
+    """Hold ``out/.sweep.lock`` (``flock``, dropped by the kernel if this process dies): two
+    sweeps in one folder would run the same cells into the same folders."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(out / ".sweep.lock", timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise SweepSpecError(f"another offcut sweep runs in {out} (lock {out / '.sweep.lock'}); "
+                             "wait for it or give this one another --out") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _run_sweep(spec: SweepSpec, out: Path, kind: str, parallel: int, progress: bool,
+               poll_s: float, echo: Callable[[str], None]) -> SweepResult:
     if spec.path.resolve() != (out / "spec.toml").resolve():
         shutil.copyfile(spec.path, out / "spec.toml")
     todo = [c for c in spec.cells if finished(out, c) is None]
@@ -351,19 +376,25 @@ def gather(spec: SweepSpec, out: Path) -> tuple[Path, Path | None]:
 
 def table_text(table: pd.DataFrame, axes: tuple[str, ...]) -> str:
     """``table`` (:func:`gather`'s) as aligned text: the swept settings, the efficiency and its
-    parts [%], the idle node-hours used [%] and the all-done time [h]."""
+    parts [%], the idle node-hours used [%], the all-done time [h], the tasks done, the
+    decision time's p99 [ms] and the cell's wall time [s]."""
     cols = [*axes, "dedicated_efficiency", "same_counts_efficiency", "scaling_factor",
-            "utilisation", "all_done_h", "tasks_completed", "wall_s"]
+            "utilisation", "all_done_h", "tasks_completed", "decision_p99_ms", "wall_s"]
     shown = table[cols].copy()
+    for c in ("node_log", "tasks", "jnps"):  # (the file names: the table has the paths)
+        if c in shown:
+            shown[c] = shown[c].map(lambda v: Path(v).name if isinstance(v, str) else v)
     for c in ("dedicated_efficiency", "same_counts_efficiency", "scaling_factor", "utilisation"):
         shown[c] = shown[c].map(lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v))
                                 else f"{100 * v:.1f} %")
     shown["all_done_h"] = shown["all_done_h"].map(
         lambda v: "not all" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}")
     shown["wall_s"] = shown["wall_s"].map(lambda v: f"{v:.1f}")
+    shown["decision_p99_ms"] = shown["decision_p99_ms"].map(lambda v: f"{v:.2f}")
     shown = shown.rename(columns={"dedicated_efficiency": "efficiency",
                                   "same_counts_efficiency": "= overhead",
                                   "scaling_factor": "x scaling", "utilisation": "idle used",
                                   "all_done_h": "all done [h]", "tasks_completed": "done",
+                                  "decision_p99_ms": "p99 [ms]",
                                   "wall_s": "wall [s]"})
     return shown.to_string(index=False)

@@ -18,6 +18,13 @@ _ROWS = (("dedicated_efficiency", "efficiency vs dedicated nodes [%]", 100.0),
 MAX_AXES = 6
 
 
+def _label(axis: str, value) -> str:
+    """A tick label: an input file's name without the folder, at most 28 characters."""
+    text = Path(value).name if axis in ("node_log", "tasks", "jnps") and isinstance(value, str) \
+        else str(value)
+    return text if len(text) <= 28 else text[:27] + "…"
+
+
 def plot_sweep(table: pd.DataFrame, axes: tuple[str, ...], path: Path, title: str = "") -> Path:
     """Draw ``table`` (:func:`offcut.replay.sweep.gather`'s: a row per finished cell) as a grid
     of panels: a column per swept setting (the first :data:`MAX_AXES` of ``axes``), a row per
@@ -50,8 +57,10 @@ def plot_sweep(table: pd.DataFrame, axes: tuple[str, ...], path: Path, title: st
                      for k in range(len(values))]
             ax.plot(range(len(values)), means, "-o", color="tab:red", lw=1.5, ms=4,
                     label="mean of the cells")
-            ax.set_xticks(range(len(values)), [str(v) for v in values],
-                          rotation=30 if len(values) > 4 else 0)
+            labels = [_label(axis, v) for v in values]
+            crowded = sum(len(t) for t in labels) > 24
+            ax.set_xticks(range(len(values)), labels, rotation=25 if crowded else 0,
+                          ha="right" if crowded else "center", fontsize=8 if crowded else 10)
             ax.set_xlim(-0.5, len(values) - 0.5)
             ax.grid(alpha=0.3)
             if (~ok).any():

@@ -122,6 +122,17 @@ def test_missing_inputs_and_unknown_policies_stop_the_sweep_before_it_submits(tm
     assert not spec.out_dir().exists()  # nothing was made or submitted
 
 
+def test_a_second_sweep_in_the_same_folder_is_refused(tmp_path):
+    from filelock import FileLock
+
+    spec = load_spec(write_spec(tmp_path, GRID))
+    spec.out_dir().mkdir()
+    with FileLock(spec.out_dir() / ".sweep.lock"):  # (a sweep running in another process)
+        with pytest.raises(SweepSpecError, match="another offcut sweep runs in"):
+            run_sweep(spec, progress=False, echo=lambda s: None)
+    assert not (spec.out_dir() / "cells").exists()
+
+
 # ---------------------------------------------------------------------------- running
 def check_table(out: Path, spec, n: int) -> pd.DataFrame:
     table = pd.read_csv(out / "table.csv")
