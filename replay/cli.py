@@ -516,7 +516,7 @@ def sweep(
       offcut sweep study.toml --dry-run
       offcut sweep study.toml --executor slurm
     """
-    from offcut.replay.sweep import finished, run_sweep, table_text
+    from offcut.replay.sweep import SweepSubmitError, finished, run_sweep, table_text
     from offcut.replay.sweep_spec import SweepSpecError, load_spec
 
     if executor is not None and executor not in ("local", "slurm"):
@@ -538,6 +538,8 @@ def sweep(
                            progress=progress, echo=lambda s: typer.echo(terminal_safe(s)))
     except SweepSpecError as exc:
         fail(str(exc), 2)
+    except SweepSubmitError as exc:
+        fail(str(exc))
     import pandas as pd
 
     table = pd.read_csv(result.table)

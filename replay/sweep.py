@@ -3,8 +3,9 @@ replay, run through submitit, and their results gathered into one table and its 
 (docs/replay-and-policies.md, "Sweeps").
 
 The executor is submitit's: ``local`` (a process per cell on this machine, at most
-``max_parallel`` at once) or ``slurm`` (one Slurm array job, ``%max_parallel`` of it running at
-once; the options of ``[slurm]``). A cell runs :func:`run_cell` in the executor's process with
+``max_parallel`` at once) or ``slurm`` (a Slurm array job, ``%max_parallel`` of it running at
+once, with the options of ``[slurm]``; more cells than the cluster's MaxArraySize go in further
+arrays, each submitted when the one before has ended). A cell runs :func:`run_cell` in the executor's process with
 the interpreter that submitted it, so the sweep's folder, the spec's inputs and that
 interpreter must be reachable from the compute nodes (a shared filesystem).
 
@@ -42,8 +43,8 @@ import pandas as pd
 
 from offcut.replay.sweep_spec import Cell, CellSettings, SweepSpec, SweepSpecError
 
-__all__ = ["FIGURES", "CellFailure", "SweepResult", "cell_dir", "finished", "gather",
-           "run_cell", "run_sweep"]
+__all__ = ["FIGURES", "CellFailure", "SweepResult", "SweepSubmitError", "cell_dir", "finished",
+           "gather", "run_cell", "run_sweep"]
 
 #: the figures of a cell in ``table.csv``, from its replay's summary.json
 #: (docs/replay-and-policies.md, "Efficiency against dedicated nodes"): the efficiency against
@@ -235,24 +236,36 @@ def _failure(cell: Cell, job) -> CellFailure | None:
     return CellFailure(cell, error[-500:], log)
 
 
-def _run_jobs(ex, kind: str, out: Path, cells: list[Cell], max_parallel: int,
+class SweepSubmitError(RuntimeError):
+    """The executor refused the cells (``sbatch`` failed: a partition or account the cluster
+    does not know, a limit; no ``sbatch``): the message says why, in one line."""
+
+
+def _submit(ex, kind: str, out: Path, cells: list[Cell]) -> list[tuple[Cell, Any]]:
+    settings = [c.settings.model_dump(mode="json") for c in cells]
+    folders = [str(cell_dir(out, c.id)) for c in cells]
+    try:
+        if kind == "slurm":
+            return list(zip(cells, ex.map_array(run_cell, settings, folders)))
+        return [(c, ex.submit(run_cell, s, f)) for c, s, f in zip(cells, settings, folders)]
+    except Exception as exc:  # noqa: BLE001 - submitit raises what sbatch or Popen raised
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise SweepSubmitError(f"the {kind} executor refused the cells: {text[-500:]}") from None
+
+
+def _run_jobs(ex, kind: str, out: Path, cells: list[Cell], max_parallel: int, array_size: int,
               on_done: Callable[[Cell, CellFailure | None], None], poll_s: float) -> None:
     """Submit ``cells`` and wait for each; calls ``on_done`` as each ends. The Slurm executor
-    gets one array job; the local executor starts a process per cell, ``max_parallel`` at
-    once."""
-    args = ([c.settings.model_dump(mode="json") for c in cells],
-            [str(cell_dir(out, c.id)) for c in cells])
-    waiting = list(cells)
+    gets an array job of up to ``array_size`` cells (its throttle ``%max_parallel``), the next
+    one when it has ended; the local executor a process per cell, ``max_parallel`` at once.
+    Raises :class:`SweepSubmitError`; interrupted (Ctrl-C), it cancels the cells running."""
+    size = array_size if kind == "slurm" else 1
+    batches = [cells[i:i + size] for i in range(0, len(cells), size)]
     running: list[tuple[Cell, Any]] = []
-    if kind == "slurm":
-        running = list(zip(cells, ex.map_array(run_cell, *args)))
-        waiting = []
     try:
-        while waiting or running:
-            while waiting and len(running) < max_parallel:
-                cell = waiting.pop(0)
-                running.append((cell, ex.submit(run_cell, cell.settings.model_dump(mode="json"),
-                                                str(cell_dir(out, cell.id)))))
+        while batches or running:
+            while batches and (not running if kind == "slurm" else len(running) < max_parallel):
+                running += _submit(ex, kind, out, batches.pop(0))
             still = []
             for cell, job in running:
                 if job.done():
@@ -281,7 +294,9 @@ def run_sweep(spec: SweepSpec, *, out: Path | None = None, executor: str | None 
     ``sweep.png``, and the failures into ``failed.csv``.
 
     Raises :class:`SweepSpecError` for an input that is missing, a policy that does not load,
-    no submitit, or another sweep running in ``out``, before anything is submitted.
+    no submitit, or another sweep running in ``out``, before anything is submitted;
+    :class:`SweepSubmitError` when the executor refuses the cells (the cells of earlier
+    Slurm arrays that still run are cancelled).
     """
     out = (out or spec.out_dir()).resolve()
     kind = executor or spec.sweep.executor
@@ -332,7 +347,7 @@ def _run_sweep(spec: SweepSpec, out: Path, kind: str, parallel: int, progress: b
                               f"\n  log: {failure.log}")
                 bar.update(1)
                 bar.set_postfix(failed=len(result.failed))
-            _run_jobs(ex, kind, out, todo, parallel, done, poll_s)
+            _run_jobs(ex, kind, out, todo, parallel, spec.slurm.max_array_size, done, poll_s)
     result.wall_s = time.perf_counter() - started
     result.table, result.plots = gather(spec, out)
     _write_failures(out, spec, result.failed)

@@ -99,7 +99,9 @@ class SweepOptions(BaseModel):
 class SlurmOptions(BaseModel):
     """``[slurm]``: the job options of the Slurm executor (sbatch's names): ``partition``,
     ``account``, ``qos``, ``cpus_per_task`` (a cell runs a replay and its private daemon: 2 is
-    right), ``mem_gb`` (None: the partition's default)."""
+    right), ``mem_gb`` (None: the partition's default), ``max_array_size`` (the cluster's
+    ``MaxArraySize``, ``scontrol show config``; Slurm's default 1001: an array holds at most
+    that many cells, more go in further arrays, one after the other)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -108,6 +110,7 @@ class SlurmOptions(BaseModel):
     qos: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[\w.-]+$")
     cpus_per_task: int = Field(2, ge=1, le=4096)
     mem_gb: float | None = Field(None, gt=0, le=65536)
+    max_array_size: int = Field(1001, ge=1, le=4_000_001)
 
 
 @dataclass(frozen=True)

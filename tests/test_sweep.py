@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from offcut.replay.sweep import FIGURES, cell_dir, check_inputs, run_sweep
+from offcut.replay.sweep import FIGURES, SweepSubmitError, cell_dir, check_inputs, run_sweep
 from offcut.replay.sweep_spec import MAX_CELLS, SweepSpecError, load_spec
 from offcut.replay.synth import demo_data_dir
 
@@ -202,7 +202,7 @@ cpus_per_task = 1
     check_table(out, spec, 8)
     # Slurm ran them: one array job of 8 tasks under the sweep's name, all COMPLETED (sacct:
     # MinJobAge=2, so the controller has forgotten them)
-    rows = cluster.run("sacct", "-n", "-X", "-P", "-o", "JobID,JobName,State",
+    rows = cluster.run("sacct", "-n", "-X", "-P", "-S", "2020-01-01", "-o", "JobID,JobName,State",
                        "--name", "offcut-sweep-study").stdout.split()
     arrays = {r.split("|")[0].split("_")[0] for r in rows}
     assert len(rows) == 8 and len(arrays) == 1, rows
@@ -211,6 +211,36 @@ cpus_per_task = 1
     again = run_sweep(spec, progress=False, echo=lambda s: None)
     assert (again.finished_before, again.ran, again.failed) == (8, 0, [])
     assert row_times(out, spec) == before
+
+
+@pytest.mark.slow
+def test_slurm_arrays_are_cut_at_max_array_size_and_a_refused_submission_says_why(
+        slurm_site, tmp_path, monkeypatch):
+    cluster = slurm_site
+    for key in ("SLURM_CONF", "PATH"):
+        monkeypatch.setenv(key, cluster.env[key])
+    text = GRID.replace("max_events = 150", "max_events = 20").replace(
+        'tfwd = [10, 60]\n', '') + """
+[sweep]
+executor = "slurm"
+max_parallel = 2
+[slurm]
+partition = "batch"
+cpus_per_task = 1
+max_array_size = 3
+"""
+    spec = load_spec(write_spec(tmp_path, text, "arrays.toml"))
+    result = run_sweep(spec, progress=False, echo=lambda s: None, poll_s=0.5)
+    assert (result.ran, result.failed) == (4, [])
+    rows = cluster.run("sacct", "-n", "-X", "-P", "-S", "2020-01-01", "-o", "JobID,State",
+                       "--name", "offcut-sweep-arrays").stdout.split()
+    arrays = sorted({r.split("|")[0].split("_")[0] for r in rows})
+    assert len(rows) == 4 and len(arrays) == 2, rows  # 3 cells, then 1
+    bad = load_spec(write_spec(tmp_path, text.replace('"batch"', '"nosuch"').replace(
+        "max_events = 20", "max_events = 21"), "bad.toml"))
+    with pytest.raises(SweepSubmitError, match="slurm executor refused the cells: .*"
+                       "(?i:invalid partition)"):
+        run_sweep(bad, progress=False, echo=lambda s: None)
 
 
 # ---------------------------------------------------------------------------- the CLI
