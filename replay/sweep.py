@@ -193,10 +193,8 @@ def check_inputs(spec: SweepSpec) -> None:
 
 
 def _executor(spec: SweepSpec, out: Path, kind: str, max_parallel: int):
-    try:
-        import submitit
-    except ImportError:
-        raise SweepSpecError("offcut sweep needs submitit: pip install 'offcut[sweep]'") from None
+    import submitit
+
     ex = submitit.AutoExecutor(folder=out / "logs", cluster=kind)
     params: dict[str, Any] = {"name": f"offcut-sweep-{spec.path.stem}"[:64],
                               "timeout_min": spec.sweep.time_min}
@@ -302,6 +300,12 @@ def run_sweep(spec: SweepSpec, *, out: Path | None = None, executor: str | None 
     kind = executor or spec.sweep.executor
     parallel = max_parallel or spec.sweep.max_parallel
     check_inputs(spec)
+    try:
+        import filelock  # noqa: F401
+        import submitit  # noqa: F401
+    except ImportError as exc:
+        raise SweepSpecError(f"offcut sweep needs {exc.name}: pip install 'offcut[sweep]' (in a "
+                             "source checkout: pip install -e '.[sweep]')") from None
     out.mkdir(parents=True, exist_ok=True)
     with _only_sweep_in(out):
         return _run_sweep(spec, out, kind, parallel, progress, poll_s, echo)

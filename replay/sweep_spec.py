@@ -47,8 +47,10 @@ MAX_TEXT = 4096
 
 
 class SweepSpecError(ValueError):
-    """A spec that cannot be run: unreadable, not TOML, an unknown table or setting, a value
-    out of its bounds, or too many cells. The message names the file and the setting."""
+    """A sweep that cannot start: its spec is unreadable, not TOML, has an unknown table or
+    setting, a value out of its bounds or too many cells (the message names the file and the
+    setting); or (:func:`offcut.replay.sweep.run_sweep`) an input is missing, a policy does
+    not load, the sweep extra is not installed, another sweep runs in the folder."""
 
 
 class CellSettings(BaseModel):

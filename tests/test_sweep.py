@@ -10,6 +10,7 @@ processes, submitit's executors, and Slurm's sbatch/sacct.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -131,6 +132,14 @@ def test_a_second_sweep_in_the_same_folder_is_refused(tmp_path):
         with pytest.raises(SweepSpecError, match="another offcut sweep runs in"):
             run_sweep(spec, progress=False, echo=lambda s: None)
     assert not (spec.out_dir() / "cells").exists()
+
+
+def test_without_the_sweep_extra_it_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "submitit", None)  # (as if not installed)
+    spec = load_spec(write_spec(tmp_path, GRID))
+    with pytest.raises(SweepSpecError, match=r"needs submitit: pip install 'offcut\[sweep\]'"):
+        run_sweep(spec, progress=False, echo=lambda s: None)
+    assert not spec.out_dir().exists()
 
 
 # ---------------------------------------------------------------------------- running
