@@ -33,7 +33,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pandas as pd
 import tomli_w
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,8 +42,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from real_data import parser  # noqa: E402
 from results_log import ResultsLog, add_option  # noqa: E402
 
-from offcut.replay.sweep import FIGURES, run_sweep, table_text  # noqa: E402
-from offcut.replay.sweep_spec import load_spec  # noqa: E402
+from offcut.replay.sweep import run_sweep  # noqa: E402
+from offcut.replay.sweep_results import FIGURES, table_text  # noqa: E402
+from offcut.replay.sweep_spec import PATH_SETTINGS, load_spec  # noqa: E402
 from offcut.toml_file import read_toml  # noqa: E402
 
 DEFAULT_SPEC = REPO / "examples" / "sweeps" / "policies.toml"
@@ -62,7 +62,7 @@ def with_data_dir(spec_path: Path, data_dir: Path, folder: Path, executor: str) 
                 else str(data_dir / Path(value).name))
 
     def inputs_moved(table: dict) -> dict:
-        return {k: moved(v) if k in ("node_log", "tasks", "jnps") else v
+        return {k: moved(v) if k in PATH_SETTINGS else v
                 for k, v in table.items()}
 
     for key in ("fixed", "grid"):
@@ -82,8 +82,8 @@ def run(spec_path: Path, data_dir: Path, root: Path, executor: str, max_parallel
     folder.mkdir(parents=True)
     spec = load_spec(with_data_dir(spec_path, data_dir, folder, executor))
     print(f"\n== {executor}: {len(spec.cells)} cells", flush=True)
-    result = run_sweep(spec, max_parallel=max_parallel, progress=True)
-    return spec, result, pd.read_csv(result.table)
+    result = run_sweep(spec, max_parallel=max_parallel, allow_pickle=True, progress=True)
+    return spec, result, result.table
 
 
 def slurm_cluster(root: Path):

@@ -106,3 +106,14 @@ def csv_writer(fh, **kwargs: Any) -> SafeCsvWriter:
     """The CSV writer of every CSV file Offcut writes: :func:`csv.writer` (same arguments)
     with formula cells neutralised (:func:`csv_cell`)."""
     return SafeCsvWriter(fh, **kwargs)
+
+
+def write_csv_frame(frame: Any, path: Any) -> None:
+    """Write the pandas DataFrame ``frame`` to ``path`` as CSV (no index) with its text
+    cells through :func:`csv_cell`, like :func:`csv_writer`'s rows; ``frame`` is unchanged.
+    Raises ``OSError`` when the file cannot be written."""
+    safe = frame.copy()
+    for col in safe.columns:
+        if safe[col].dtype.kind == "O":  # (object and pandas' string dtype: text cells)
+            safe[col] = safe[col].map(csv_cell)
+    safe.to_csv(path, index=False)

@@ -483,9 +483,10 @@ def history(
 @app.command()
 def sweep(
     spec_file: Path = typer.Argument(..., metavar="SPEC.toml", help="the sweep spec (docs/replay-and-policies.md, \"Sweeps\")"),
-    executor: Optional[str] = typer.Option(None, "--executor", help="local (processes on this machine) | slurm (one Slurm array job, [slurm]'s options) [default: the spec's [sweep] executor, else local]"),
+    executor: Optional[str] = typer.Option(None, "--executor", help="local (processes on this machine) | slurm (Slurm array jobs, [slurm]'s options) [default: the spec's [sweep] executor, else local]"),
     out: Optional[Path] = typer.Option(None, "--out", help="the sweep's folder [default: the spec's [sweep] out, else SPEC-out beside the spec]"),
     max_parallel: Optional[int] = typer.Option(None, "--max-parallel", min=1, max=10_000, help="cells running at once [default: the spec's [sweep] max_parallel, else 2]"),
+    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="let cells with allow_pickle = true load pickles (runs code from the files: only for trusted data)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the cells, which are finished and which would run; run nothing"),
     progress: bool = typer.Option(True, help="show a progress bar"),
 ) -> None:
@@ -494,7 +495,8 @@ def sweep(
     again, a failed cell is reported with its log and the others go on. Writes OUT/table.csv
     (a row per finished cell: the swept settings, the efficiency and its parts, the idle
     node-hours used, the all-done time), OUT/sweep.png and OUT/failed.csv. Exit status 1 when
-    a cell failed (run the same command again to retry the failed ones).
+    a cell failed (run the same command again to retry the failed ones); Ctrl-C, SIGTERM and
+    SIGHUP cancel the cells running.
 
     \b
     A spec (paths relative to its folder):
@@ -514,9 +516,12 @@ def sweep(
     \b
     Examples:
       offcut sweep study.toml --dry-run
-      offcut sweep study.toml --executor slurm
+      offcut sweep study.toml --executor slurm --allow-pickle
     """
-    from offcut.replay.sweep import SweepSubmitError, finished, run_sweep, table_text
+    import signal
+
+    from offcut.replay.sweep import SweepSubmitError, run_sweep
+    from offcut.replay.sweep_results import finished, table_text
     from offcut.replay.sweep_spec import SweepSpecError, load_spec
 
     if executor is not None and executor not in ("local", "slurm"):
@@ -529,25 +534,29 @@ def sweep(
     if dry_run:
         for cell in spec.cells:
             state = "finished" if finished(folder, cell) is not None else "to run"
-            where = ", ".join(f"{a}={getattr(cell.settings, a)}" for a in spec.axes)
-            typer.echo(terminal_safe(f"{cell.id}  {state:8s}  {where}"))
-        typer.echo(f"{len(spec.cells)} cells; folder {folder}")
+            typer.echo(terminal_safe(f"{cell.id}  {state:8s}  {spec.describe(cell)}"))
+        typer.echo(terminal_safe(f"{len(spec.cells)} cells; folder {folder}"))
         return
+
+    def interrupted(signum, frame):  # SIGTERM, SIGHUP: as Ctrl-C, the running cells cancelled
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupted)
     try:
         result = run_sweep(spec, out=folder, executor=executor, max_parallel=max_parallel,
-                           progress=progress, echo=lambda s: typer.echo(terminal_safe(s)))
+                           allow_pickle=allow_pickle, progress=progress,
+                           echo=lambda s: typer.echo(terminal_safe(s)))
     except SweepSpecError as exc:
         fail(str(exc), 2)
     except SweepSubmitError as exc:
         fail(str(exc))
-    import pandas as pd
-
-    table = pd.read_csv(result.table)
-    if len(table) and spec.axes:
-        typer.echo(terminal_safe(table_text(table, spec.axes), keep_newlines=True))
-    typer.echo(f"sweep: {result.ran} cells run in {result.wall_s:.1f} s, "
-               f"{result.finished_before} finished before, {len(result.failed)} failed; "
-               f"table: {result.table}" + (f"   plots: {result.plots}" if result.plots else ""))
+    if len(result.table) and spec.axes:
+        typer.echo(terminal_safe(table_text(result.table, spec.axes), keep_newlines=True))
+    typer.echo(terminal_safe(
+        f"sweep: {result.ran} cells run in {result.wall_s:.1f} s, {result.finished_before} "
+        f"finished before, {len(result.failed)} failed; table: {result.table_csv}"
+        + (f"   plots: {result.plots}" if result.plots else "")))
     if result.failed:
         fail(f"{len(result.failed)} of {result.ran} cells failed (listed in "
              f"{folder / 'failed.csv'}, with their logs); run the same command again to retry "

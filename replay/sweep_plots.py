@@ -9,19 +9,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from offcut.replay.sweep_spec import setting_text
+
 __all__ = ["plot_sweep"]
 
 #: the panels' rows: (table column, y label, scale)
-_ROWS = (("dedicated_efficiency", "efficiency vs dedicated nodes [%]", 100.0),
+_ROWS = (("dedicated_efficiency", "efficiency vs dedicated nodes [%]\n(baselines from the curves)", 100.0),
          ("all_done_h", "all tasks done after [h]", 1.0))
 #: most swept settings drawn (one column each)
 MAX_AXES = 6
 
 
-def _label(axis: str, value) -> str:
-    """A tick label: an input file's name without the folder, at most 28 characters."""
-    text = Path(value).name if axis in ("node_log", "tasks", "jnps") and isinstance(value, str) \
-        else str(value)
+def _label(text: str) -> str:
+    """A tick label of at most 28 characters."""
     return text if len(text) <= 28 else text[:27] + "…"
 
 
@@ -57,7 +57,7 @@ def plot_sweep(table: pd.DataFrame, axes: tuple[str, ...], path: Path, title: st
                      for k in range(len(values))]
             ax.plot(range(len(values)), means, "-o", color="tab:red", lw=1.5, ms=4,
                     label="mean of the cells")
-            labels = [_label(axis, v) for v in values]
+            labels = [_label(setting_text(axis, v)) for v in values]
             crowded = sum(len(t) for t in labels) > 24
             ax.set_xticks(range(len(values)), labels, rotation=25 if crowded else 0,
                           ha="right" if crowded else "center", fontsize=8 if crowded else 10)

@@ -33,8 +33,9 @@ from offcut.daemon.app.solvers.base import SOLVER_NAMES
 from offcut.replay.driver import CURVE_MODES
 from offcut.toml_file import TomlFileError, read_toml
 
-__all__ = ["MAX_CELLS", "MAX_SPEC_BYTES", "Cell", "CellSettings", "SlurmOptions",
-           "SweepOptions", "SweepSpec", "SweepSpecError", "load_spec"]
+__all__ = ["MAX_CELLS", "MAX_SPEC_BYTES", "PATH_SETTINGS", "Cell", "CellSettings",
+           "SlurmOptions", "SweepOptions", "SweepSpec", "SweepSpecError", "load_spec",
+           "setting_text"]
 
 #: most cells one spec may expand to (a study is hundreds)
 MAX_CELLS = 10_000
@@ -111,7 +112,7 @@ class SlurmOptions(BaseModel):
     account: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[\w.-]+$")
     qos: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[\w.-]+$")
     cpus_per_task: int = Field(2, ge=1, le=4096)
-    mem_gb: float | None = Field(None, gt=0, le=65536)
+    mem_gb: float | None = Field(None, ge=0.001, le=65536)  # (>= 1 MB: --mem=0 is "all")
     max_array_size: int = Field(1001, ge=1, le=4_000_001)
 
 
@@ -155,6 +156,16 @@ class SweepSpec:
     cells: tuple[Cell, ...]
     axes: tuple[str, ...]
 
+    def swept(self, cell: Cell) -> dict[str, Any]:
+        """``cell``'s values of the swept settings (:attr:`axes`), by name."""
+        return {a: getattr(cell.settings, a) for a in self.axes}
+
+    def describe(self, cell: Cell) -> str:
+        """``cell`` in one line: its swept settings (input files by name), e.g.
+        ``policy=energy, tfwd=60.0``."""
+        return ", ".join(f"{a}={setting_text(a, v)}" for a, v in self.swept(cell).items()) \
+            or "the only cell"
+
     def out_dir(self) -> Path:
         """The sweep's folder: ``[sweep] out`` (relative to the spec's folder), else
         ``<spec stem>-out`` beside the spec."""
@@ -163,7 +174,14 @@ class SweepSpec:
         return self.path.parent / f"{self.path.stem}-out"
 
 
-_PATH_SETTINGS = ("node_log", "tasks", "jnps")
+#: the settings that are paths (resolved against the spec's folder)
+PATH_SETTINGS = ("node_log", "tasks", "jnps")
+
+
+def setting_text(name: str, value: Any) -> str:
+    """A setting's value as a table or plot shows it: an input file by its name (the table's
+    CSV keeps the whole path), anything else as ``str``."""
+    return Path(value).name if name in PATH_SETTINGS and isinstance(value, str) else str(value)
 
 
 def _resolve(base: Path, value: str) -> Path:
@@ -180,7 +198,7 @@ def cell_id(settings: CellSettings) -> str:
 
 def _cell(base: Path, values: dict[str, Any], where: str) -> CellSettings:
     values = dict(values)
-    for key in _PATH_SETTINGS:
+    for key in PATH_SETTINGS:
         if isinstance(values.get(key), str) and values[key]:
             values[key] = str(_resolve(base, values[key]))
     try:

@@ -28,7 +28,7 @@ import pandas as pd
 
 from offcut.client.api import Client
 from offcut.zeus_views import zeus_cost
-from offcut.text_safety import csv_cell
+from offcut.text_safety import write_csv_frame
 from offcut.v1 import zeus_pb2
 
 MAX_TRIES = 20  # per recurrence, as Zeus's simulator
@@ -321,10 +321,7 @@ def run_zeus_replay(train_csv: Path, power_csv: Path, workload: str, opts: ZeusR
     base = baseline(df, w, opts)
     summary = summarize(history, base, w, opts)
     summary["wall_s"] = time.perf_counter() - started
-    frame = pd.DataFrame(history)
-    for col in frame.columns[frame.dtypes == object]:  # text cells: no spreadsheet formulas
-        frame[col] = frame[col].map(csv_cell)
-    frame.to_csv(out / "history.csv", index=False)
+    write_csv_frame(pd.DataFrame(history), out / "history.csv")  # (no spreadsheet formulas)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot(history, base, out)
     return summary

@@ -19,7 +19,7 @@ from daemon_helpers import T0, make_spec
 
 from offcut.client.cli import app
 from offcut.client.task_cli import format_update, parse_format, render_format
-from offcut.text_safety import csv_cell, csv_uncell, csv_writer, terminal_safe
+from offcut.text_safety import csv_cell, csv_uncell, csv_writer, terminal_safe, write_csv_frame
 from offcut.v1 import decision_pb2, tasks_pb2
 from offcut.views import TaskView
 from offcut.wire.tasks import task_from_pb, update_from_pb
@@ -63,6 +63,16 @@ def test_csv_cell_quotes_formulas_only_and_round_trips(cell, written):
         assert csv_uncell(csv_cell(cell)) == cell
 
 
+def test_a_frame_is_written_with_its_text_cells_quoted(tmp_path):
+    import pandas as pd
+
+    frame = pd.DataFrame({"error": ["=HYPERLINK(1)", "ok"], "n": [-1, 2]})
+    write_csv_frame(frame, tmp_path / "t.csv")
+    assert (tmp_path / "t.csv").read_text().splitlines() == ["error,n", "'=HYPERLINK(1),-1",
+                                                             "ok,2"]
+    assert frame["error"][0] == "=HYPERLINK(1)"  # (the caller's frame is left as it was)
+
+
 def test_every_csv_offcut_writes_goes_through_the_shared_writer():
     # one writer for all: no module writes CSV with csv.writer or DataFrame.to_csv unescaped
     offenders = []
@@ -73,7 +83,7 @@ def test_every_csv_offcut_writes_goes_through_the_shared_writer():
             text = path.read_text()
             if re.search(r"\bcsv\.writer\(|\bcsv\.DictWriter\(", text):
                 offenders.append(str(path.relative_to(ROOT)))
-            if ".to_csv(" in text and "csv_cell" not in text:
+            if ".to_csv(" in text:  # (frames go through text_safety.write_csv_frame)
                 offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
 

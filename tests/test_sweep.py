@@ -16,7 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from offcut.replay.sweep import FIGURES, SweepSubmitError, cell_dir, check_inputs, run_sweep
+from offcut.replay.sweep import SweepSubmitError, check_inputs, run_sweep
+from offcut.replay.sweep_results import FIGURES, cell_dir, table_text
 from offcut.replay.sweep_spec import MAX_CELLS, SweepSpecError, load_spec
 from offcut.replay.synth import demo_data_dir
 
@@ -142,6 +143,21 @@ def test_without_the_sweep_extra_it_says_how_to_install_it(tmp_path, monkeypatch
     assert not spec.out_dir().exists()
 
 
+def test_pickles_need_the_command_lines_word_and_a_foreign_folder_is_refused(tmp_path):
+    spec = load_spec(write_spec(tmp_path, GRID.replace("skip_rows = 0", "skip_rows = 0\n"
+                                                       "allow_pickle = true")))
+    with pytest.raises(SweepSpecError, match="give --allow-pickle if you trust them"):
+        run_sweep(spec, progress=False, echo=lambda s: None)
+    check_inputs(spec, allow_pickle=True)  # (the word given: accepted)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "thesis.tex").write_text("years of work")
+    spec = load_spec(write_spec(tmp_path, GRID))
+    with pytest.raises(SweepSpecError, match="is not a sweep's folder"):
+        run_sweep(spec, out=home, progress=False, echo=lambda s: None)
+    assert sorted(p.name for p in home.iterdir()) == ["thesis.tex"]
+
+
 # ---------------------------------------------------------------------------- running
 def check_table(out: Path, spec, n: int) -> pd.DataFrame:
     table = pd.read_csv(out / "table.csv")
@@ -174,7 +190,11 @@ def test_local_executor_runs_the_cells_reports_a_failure_and_reruns_only_what_is
     assert "exceeds the log's 64 nodes" in failure.log.read_text()
     failed = pd.read_csv(out / "failed.csv")
     assert failed["id"].tolist() == [failure.cell.id] and failed["log"][0] == str(failure.log)
-    check_table(out, spec, 8)
+    table = check_table(out, spec, 8)
+    assert len(result.table) == 8 and set(result.table["id"]) == set(table["id"])
+    text = table_text(result.table, spec.axes)
+    assert text.splitlines()[0].split()[:4] == ["policy", "tfwd", "num_nodes", "efficiency"]
+    assert "baselines from the tasks' curves" in text.splitlines()[-1]
     before = row_times(out, load_spec(write_spec(tmp_path, GRID)))
 
     # the rerun runs only the failed cell, and fails it again
@@ -275,3 +295,17 @@ def test_cli_dry_run_lists_the_cells_and_bad_input_exits_2(tmp_path):
     assert proc.exit_code == 2 and "max_tasks" in proc.output, proc.output
     proc = offcut("sweep", str(path), "--executor", "condor")
     assert proc.exit_code == 2 and "--executor" in proc.output
+
+
+def test_cli_runs_a_sweep_prints_its_table_and_a_rerun_runs_nothing(tmp_path):
+    path = write_spec(tmp_path, GRID.replace("max_events = 150", "max_events = 20").replace(
+        'policy = ["throughput", "energy"]\n', "").replace("tfwd = [10, 60]\n", ""))
+    proc = offcut("sweep", str(path), "--no-progress")
+    assert proc.exit_code == 0, proc.output
+    lines = proc.output.splitlines()
+    assert lines[0].startswith("sweep: 2 cells, 0 finished before, 2 to run with the local")
+    assert [ln.split()[0] for ln in lines[2:4]] == ["16", "32"]  # the table, by num_nodes
+    assert lines[-1].startswith("sweep: 2 cells run in ")
+    assert f"table: {tmp_path / 'study-out' / 'table.csv'}" in lines[-1]
+    proc = offcut("sweep", str(path), "--no-progress")
+    assert proc.exit_code == 0 and "sweep: 0 cells run in" in proc.output, proc.output
