@@ -45,9 +45,15 @@ from offcut.text_safety import terminal_safe, write_csv_frame
 __all__ = ["CellFailure", "SweepResult", "SweepSubmitError", "check_inputs", "run_cell",
            "run_sweep"]
 
-#: seconds between looks at the running cells, per executor (on Slurm each look checks a
-#: file per cell on the shared filesystem, and submitit's sacct at most every few seconds)
-POLL_S = {"local": 1.0, "slurm": 10.0}
+#: the most cells looked at per second on Slurm (each look checks the cell's result file on
+#: the shared filesystem; submitit's sacct runs at most every few seconds whatever this is)
+SLURM_LOOKS_PER_S = 100
+
+
+def poll_interval(kind: str, cells: int) -> float:
+    """Seconds between looks at ``cells`` running cells: 1 s, and on Slurm up to 10 s so that
+    no more than :data:`SLURM_LOOKS_PER_S` cells are looked at per second."""
+    return 1.0 if kind == "local" else min(10.0, max(1.0, cells / SLURM_LOOKS_PER_S))
 
 
 def run_cell(settings: dict[str, Any], folder: str) -> dict[str, Any]:
@@ -237,7 +243,7 @@ def _cancel(kind: str, jobs: list[Any]) -> None:
 
 
 def _run_jobs(ex, kind: str, out: Path, cells: list[Cell], max_parallel: int, array_size: int,
-              on_done: Callable[[Cell, CellFailure | None], None], poll_s: float) -> None:
+              on_done: Callable[[Cell, CellFailure | None], None], poll_s: float | None) -> None:
     """Submit ``cells`` and wait for each; calls ``on_done`` as each ends. The Slurm executor
     gets an array job of up to ``array_size`` cells (its throttle ``%max_parallel``), the next
     one when it has ended; the local executor a process per cell, ``max_parallel`` at once.
@@ -257,7 +263,7 @@ def _run_jobs(ex, kind: str, out: Path, cells: list[Cell], max_parallel: int, ar
                     still.append((cell, job))
             running = still
             if running:
-                time.sleep(poll_s)
+                time.sleep(poll_s or poll_interval(kind, len(running)))
     except BaseException:  # interrupted: the cells still running are cancelled, not left behind
         _cancel(kind, [job for _, job in running])
         raise
@@ -273,7 +279,7 @@ def run_sweep(spec: SweepSpec, *, out: Path | None = None, executor: str | None 
     log and does not stop the others. Then gather every finished cell into ``table.csv`` and
     ``sweep.png``, and the failures into ``failed.csv``. ``allow_pickle``: cells may load
     pickles (:func:`check_inputs`). ``poll_s``: seconds between looks at the running cells
-    (default :data:`POLL_S`).
+    (default :func:`poll_interval`).
 
     Raises :class:`SweepSpecError` before anything is submitted: an input is missing, a
     policy does not load, a cell loads pickles without ``allow_pickle``, the sweep extra is not
@@ -293,7 +299,7 @@ def run_sweep(spec: SweepSpec, *, out: Path | None = None, executor: str | None 
                              "source checkout: pip install -e '.[sweep]')") from None
     _check_folder(out)
     with _only_sweep_in(out):
-        return _run_sweep(spec, out, kind, parallel, progress, poll_s or POLL_S[kind], echo)
+        return _run_sweep(spec, out, kind, parallel, progress, poll_s, echo)
 
 
 @contextmanager
@@ -315,7 +321,7 @@ def _only_sweep_in(out: Path) -> Iterator[None]:
 
 
 def _run_sweep(spec: SweepSpec, out: Path, kind: str, parallel: int, progress: bool,
-               poll_s: float, echo: Callable[[str], None]) -> SweepResult:
+               poll_s: float | None, echo: Callable[[str], None]) -> SweepResult:
     if spec.path.resolve() != (out / "spec.toml").resolve():
         shutil.copyfile(spec.path, out / "spec.toml")
     todo = [c for c in spec.cells if finished(out, c) is None]
