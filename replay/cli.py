@@ -554,8 +554,10 @@ def sweep(
     if len(result.table) and spec.axes:
         typer.echo(terminal_safe(table_text(result.table, spec.axes), keep_newlines=True))
     typer.echo(terminal_safe(
-        f"sweep: {result.ran} cells run in {result.wall_s:.1f} s, {result.finished_before} "
-        f"finished before, {len(result.failed)} failed; table: {result.table_csv}"
+        f"sweep: {result.ran} cells run"
+        + (f" and {result.adopted} of an earlier run waited for" if result.adopted else "")
+        + f" in {result.wall_s:.1f} s, {result.finished_before} finished before, "
+        f"{len(result.failed)} failed; table: {result.table_csv}"
         + (f"   plots: {result.plots}" if result.plots else "")))
     if result.failed:
         fail(f"{len(result.failed)} of {result.ran} cells failed (listed in "

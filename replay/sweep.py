@@ -14,7 +14,9 @@ The sweep's folder (``OUT``) holds:
 * ``cells/<id>/``: one cell's replay outputs (``summary.json``, ``steps.csv``, ``report.png``
   ...) and ``row.json``, its settings and figures, written last and atomically: **a cell is
   finished when its row.json exists**, and a run of the spec runs only the cells that are not
-  (a failed or cancelled cell has none, so it runs again);
+  (a failed or cancelled cell has none, so it runs again); ``job.json``, its Slurm job id: a
+  rerun waits for a cell whose job squeue still lists (its submitter was killed) rather than
+  submit it again;
 * ``logs/``: submitit's folder, every job's stdout and stderr (``<job id>_0_log.out`` /
   ``.err``) and its pickled call and result;
 * ``table.csv``: one row per finished cell: its id, the swept settings, the figures
@@ -29,6 +31,7 @@ be removed whenever no sweep runs in the folder.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -43,7 +46,7 @@ from offcut.replay.sweep_spec import PATH_SETTINGS, Cell, CellSettings, SweepSpe
 from offcut.text_safety import terminal_safe, write_csv_frame
 
 __all__ = ["CellFailure", "SweepResult", "SweepSubmitError", "check_inputs", "run_cell",
-           "run_sweep"]
+           "run_sweep", "still_queued"]
 
 #: the most cells looked at per second on Slurm (each look checks the cell's result file on
 #: the shared filesystem; submitit's sacct runs at most every few seconds whatever this is)
@@ -106,7 +109,8 @@ class CellFailure:
 @dataclass
 class SweepResult:
     """What :func:`run_sweep` did: ``cells`` in the spec, ``finished_before`` (skipped),
-    ``ran`` (submitted this time), ``failed``, ``table`` (the finished cells, a
+    ``ran`` (submitted this time), ``adopted`` (an earlier run's Slurm jobs still queued or
+    running, waited for: :func:`still_queued`), ``failed``, ``table`` (the finished cells, a
     ``pandas.DataFrame``: :func:`offcut.replay.sweep_results.gather`), ``table_csv`` /
     ``plots`` (paths; plots None when nothing is swept or nothing finished), ``wall_s`` [s]
     from the first submission to the last result."""
@@ -114,6 +118,7 @@ class SweepResult:
     cells: int
     finished_before: int
     ran: int
+    adopted: int = 0
     failed: list[CellFailure] = field(default_factory=list)
     table: Any = None
     table_csv: Path | None = None
@@ -228,6 +233,49 @@ def _submit(ex, kind: str, out: Path, cells: list[Cell]) -> list[tuple[Cell, Any
         raise SweepSubmitError(f"the {kind} executor refused the cells: {text[-500:]}") from None
 
 
+#: a cell's Slurm job id (``{"job_id": "123_4"}``), written when it is submitted
+JOB_FILE = "job.json"
+#: squeue states of a cell's job that a rerun waits for instead of submitting the cell again
+QUEUED_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING",
+                 "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED"}
+
+
+def _record_jobs(out: Path, submitted: list[tuple[Cell, Any]]) -> None:
+    """Write each submitted cell's Slurm job id to its folder (:data:`JOB_FILE`)."""
+    for cell, job in submitted:
+        folder = cell_dir(out, cell.id)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / JOB_FILE).write_text(json.dumps({"job_id": str(job.job_id)}) + "\n")
+
+
+def still_queued(out: Path, cells: list[Cell]) -> list[tuple[Cell, Any]]:
+    """The cells of ``cells`` whose Slurm job from an earlier run (:data:`JOB_FILE`) squeue
+    still lists as pending or running (:data:`QUEUED_STATES`), as ``(cell, submitit job)``:
+    a rerun waits for them rather than run them twice (the earlier submitter was killed
+    without cancelling them). A job squeue does not know has ended."""
+    from submitit import SlurmJob
+
+    recorded: dict[str, Cell] = {}
+    for cell in cells:
+        try:
+            job_id = json.loads((cell_dir(out, cell.id) / JOB_FILE).read_text())["job_id"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(job_id, str) and re.fullmatch(r"\d+(_\d+)?", job_id):
+            recorded[job_id] = cell
+    live: set[str] = set()
+    for array in sorted({j.split("_")[0] for j in recorded}):
+        try:  # (-r: a line per array task, "123_4"; an id squeue has forgotten: exit 1)
+            proc = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T", "-j", array],
+                                  capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        live.update(f[0] for f in (line.split() for line in proc.stdout.splitlines())
+                    if len(f) == 2 and f[1] in QUEUED_STATES)
+    return [(cell, SlurmJob(folder=out / "logs", job_id=j)) for j, cell in recorded.items()
+            if j in live]
+
+
 def _cancel(kind: str, jobs: list[Any]) -> None:
     """Cancel ``jobs``, best effort: on Slurm one ``scancel`` of their array ids."""
     try:
@@ -242,19 +290,24 @@ def _cancel(kind: str, jobs: list[Any]) -> None:
         pass
 
 
-def _run_jobs(ex, kind: str, out: Path, cells: list[Cell], max_parallel: int, array_size: int,
+def _run_jobs(ex, kind: str, out: Path, cells: list[Cell], adopted: list[tuple[Cell, Any]],
+              max_parallel: int, array_size: int,
               on_done: Callable[[Cell, CellFailure | None], None], poll_s: float | None) -> None:
-    """Submit ``cells`` and wait for each; calls ``on_done`` as each ends. The Slurm executor
-    gets an array job of up to ``array_size`` cells (its throttle ``%max_parallel``), the next
-    one when it has ended; the local executor a process per cell, ``max_parallel`` at once.
-    Raises :class:`SweepSubmitError`; interrupted (Ctrl-C), it cancels the cells running."""
+    """Submit ``cells`` and wait for each, and for the ``adopted`` jobs of an earlier run;
+    calls ``on_done`` as each ends. The Slurm executor gets an array job of up to
+    ``array_size`` cells (its throttle ``%max_parallel``), the next one when the jobs before
+    have ended; the local executor a process per cell, ``max_parallel`` at once. Raises
+    :class:`SweepSubmitError`; interrupted (Ctrl-C), it cancels the cells running."""
     size = array_size if kind == "slurm" else 1
     batches = [cells[i:i + size] for i in range(0, len(cells), size)]
-    running: list[tuple[Cell, Any]] = []
+    running: list[tuple[Cell, Any]] = list(adopted)
     try:
         while batches or running:
             while batches and (not running if kind == "slurm" else len(running) < max_parallel):
-                running += _submit(ex, kind, out, batches.pop(0))
+                submitted = _submit(ex, kind, out, batches.pop(0))
+                if kind == "slurm":
+                    _record_jobs(out, submitted)
+                running += submitted
             still = []
             for cell, job in running:
                 if job.done():
@@ -325,10 +378,15 @@ def _run_sweep(spec: SweepSpec, out: Path, kind: str, parallel: int, progress: b
     if spec.path.resolve() != (out / "spec.toml").resolve():
         shutil.copyfile(spec.path, out / "spec.toml")
     todo = [c for c in spec.cells if finished(out, c) is None]
+    adopted = still_queued(out, todo) if kind == "slurm" and todo else []
+    waiting = {c.id for c, _ in adopted}
+    new = [c for c in todo if c.id not in waiting]
     result = SweepResult(cells=len(spec.cells), finished_before=len(spec.cells) - len(todo),
-                         ran=len(todo))
+                         ran=len(new), adopted=len(adopted))
     echo(f"sweep: {len(spec.cells)} cells, {result.finished_before} finished before, "
-         f"{len(todo)} to run with the {kind} executor ({parallel} at once); folder {out}")
+         f"{len(new)} to run with the {kind} executor ({parallel} at once); folder {out}"
+         + (f"; waiting for {len(adopted)} cells an earlier run left queued or running"
+            if adopted else ""))
     started = time.perf_counter()
     if todo:
         from tqdm import tqdm
@@ -343,7 +401,8 @@ def _run_sweep(spec: SweepSpec, out: Path, kind: str, parallel: int, progress: b
                                             keep_newlines=True))
                 bar.update(1)
                 bar.set_postfix(failed=len(result.failed))
-            _run_jobs(ex, kind, out, todo, parallel, spec.slurm.max_array_size, done, poll_s)
+            _run_jobs(ex, kind, out, new, adopted, parallel, spec.slurm.max_array_size, done,
+                      poll_s)
     result.wall_s = time.perf_counter() - started
     result.table, result.table_csv, result.plots = gather(spec, out)
     _write_failures(out, spec, result.failed)

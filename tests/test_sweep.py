@@ -10,6 +10,7 @@ processes, submitit's executors, and Slurm's sbatch/sacct.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -270,6 +271,42 @@ max_array_size = 3
     with pytest.raises(SweepSubmitError, match="slurm executor refused the cells: .*"
                        "(?i:invalid partition)"):
         run_sweep(bad, progress=False, echo=lambda s: None)
+
+
+@pytest.mark.slow
+def test_a_rerun_waits_for_the_cells_a_killed_submitter_left_queued_on_slurm(
+        slurm_site, tmp_path, monkeypatch):
+    cluster = slurm_site
+    for key in ("SLURM_CONF", "PATH"):
+        monkeypatch.setenv(key, cluster.env[key])
+    text = GRID.replace("max_events = 150", "max_events = 60").replace(
+        'policy = ["throughput", "energy"]\n', "") + """
+[sweep]
+executor = "slurm"
+max_parallel = 1
+[slurm]
+partition = "batch"
+cpus_per_task = 1
+"""
+    path = write_spec(tmp_path, text, "killed.toml")
+    spec = load_spec(path)
+    submitter = subprocess.Popen([str(Path(sys.executable).with_name("offcut")), "sweep",
+                                  str(path), "--no-progress"], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+    try:
+        cluster.wait_for(lambda: "RUNNING" in cluster.run(
+            "squeue", "-h", "-r", "--name", "offcut-sweep-killed", "-o", "%T").stdout,
+            timeout=120, what="the first cell running")
+    finally:
+        submitter.kill()  # (SIGKILL: nothing is cancelled, the array stays queued)
+        submitter.wait(30)
+    result = run_sweep(spec, progress=False, echo=lambda s: None, poll_s=0.5)
+    assert result.ran == 0 and result.failed == [] and result.adopted >= 1
+    assert result.finished_before + result.adopted == 4
+    check_table(spec.out_dir(), spec, 4)
+    rows = cluster.run("sacct", "-n", "-X", "-P", "-S", "2020-01-01", "-o", "JobID,State",
+                       "--name", "offcut-sweep-killed").stdout.split()
+    assert len(rows) == 4 and all(r.endswith("|COMPLETED") for r in rows), rows  # none twice
 
 
 # ---------------------------------------------------------------------------- the CLI
