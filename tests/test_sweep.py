@@ -10,6 +10,7 @@ processes, submitit's executors, and Slurm's sbatch/sacct.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,27 @@ def write_spec(folder: Path, text: str, name: str = "study.toml") -> Path:
 
 def row_times(out: Path, spec) -> dict[str, int]:
     return {c.id: (cell_dir(out, c.id) / "row.json").stat().st_mtime_ns for c in spec.cells}
+
+
+@pytest.fixture
+def site(slurm_site, monkeypatch):
+    """The test cluster with accounting, in this process's environment (submitit calls
+    sbatch, squeue and sacct)."""
+    for key in ("SLURM_CONF", "PATH"):
+        monkeypatch.setenv(key, slurm_site.env[key])
+    return slurm_site
+
+
+def slurm_grid(max_events: int, max_parallel: int, drop: tuple[str, ...] = (),
+               slurm: str = "") -> str:
+    """:data:`GRID` with ``max_events``, without the axes ``drop``, on the Slurm executor
+    (partition batch, a CPU per cell), ``max_parallel`` at once; ``slurm``: more [slurm]
+    lines."""
+    text = GRID.replace("max_events = 150", f"max_events = {max_events}")
+    for axis in drop:
+        text = re.sub(rf"^{axis} = .*\n", "", text, flags=re.MULTILINE)
+    return text + (f'[sweep]\nexecutor = "slurm"\nmax_parallel = {max_parallel}\n'
+                   f'[slurm]\npartition = "batch"\ncpus_per_task = 1\n{slurm}')
 
 
 # ---------------------------------------------------------------------------- the spec
@@ -212,20 +234,9 @@ def test_local_executor_runs_the_cells_reports_a_failure_and_reruns_only_what_is
 
 
 @pytest.mark.slow
-def test_slurm_executor_runs_the_cells_as_one_array_job_on_the_test_cluster(
-        slurm_site, tmp_path, monkeypatch):
-    cluster = slurm_site
-    for key in ("SLURM_CONF", "PATH"):  # (submitit calls sbatch and sacct)
-        monkeypatch.setenv(key, cluster.env[key])
-    spec = load_spec(write_spec(tmp_path, GRID + """
-[sweep]
-executor = "slurm"
-max_parallel = 4
-time_min = 10
-[slurm]
-partition = "batch"
-cpus_per_task = 1
-"""))
+def test_slurm_executor_runs_the_cells_as_one_array_job_on_the_test_cluster(site, tmp_path):
+    cluster = site
+    spec = load_spec(write_spec(tmp_path, slurm_grid(150, 4)))
     result = run_sweep(spec, progress=False, echo=lambda s: None, poll_s=0.5)
     out = spec.out_dir()
     assert (result.ran, result.failed) == (8, [])
@@ -245,20 +256,9 @@ cpus_per_task = 1
 
 @pytest.mark.slow
 def test_slurm_arrays_are_cut_at_max_array_size_and_a_refused_submission_says_why(
-        slurm_site, tmp_path, monkeypatch):
-    cluster = slurm_site
-    for key in ("SLURM_CONF", "PATH"):
-        monkeypatch.setenv(key, cluster.env[key])
-    text = GRID.replace("max_events = 150", "max_events = 20").replace(
-        'tfwd = [10, 60]\n', '') + """
-[sweep]
-executor = "slurm"
-max_parallel = 2
-[slurm]
-partition = "batch"
-cpus_per_task = 1
-max_array_size = 3
-"""
+        site, tmp_path):
+    cluster = site
+    text = slurm_grid(20, 2, drop=("tfwd",), slurm="max_array_size = 3\n")
     spec = load_spec(write_spec(tmp_path, text, "arrays.toml"))
     result = run_sweep(spec, progress=False, echo=lambda s: None, poll_s=0.5)
     assert (result.ran, result.failed) == (4, [])
@@ -274,20 +274,9 @@ max_array_size = 3
 
 
 @pytest.mark.slow
-def test_a_rerun_waits_for_the_cells_a_killed_submitter_left_queued_on_slurm(
-        slurm_site, tmp_path, monkeypatch):
-    cluster = slurm_site
-    for key in ("SLURM_CONF", "PATH"):
-        monkeypatch.setenv(key, cluster.env[key])
-    text = GRID.replace("max_events = 150", "max_events = 60").replace(
-        'policy = ["throughput", "energy"]\n', "") + """
-[sweep]
-executor = "slurm"
-max_parallel = 1
-[slurm]
-partition = "batch"
-cpus_per_task = 1
-"""
+def test_a_rerun_waits_for_the_cells_a_killed_submitter_left_queued_on_slurm(site, tmp_path):
+    cluster = site
+    text = slurm_grid(60, 1, drop=("policy",))
     path = write_spec(tmp_path, text, "killed.toml")
     spec = load_spec(path)
     submitter = subprocess.Popen([str(Path(sys.executable).with_name("offcut")), "sweep",
