@@ -9,36 +9,29 @@ node counts, samples, samples/s, s, W.
 
 from __future__ import annotations
 
+import dataclasses
+
 from offcut.taskspec import Limits, TaskSpec
 from offcut.v1 import tasks_pb2
 
-__all__ = ["spec_from_pb", "spec_to_pb", "spec_view_from_pb"]
+__all__ = ["SPEC_FIELDS", "spec_from_pb", "spec_to_pb", "spec_view_from_pb"]
+
+
+#: the spec's fields, which ``offcut.v1.TaskSpec`` carries under the same names
+#: (tests/test_spec_wire.py checks the two lists agree)
+SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(TaskSpec))
 
 
 def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
     """The ``offcut.v1.TaskSpec`` of ``spec``, field for field (no check: a :class:`TaskSpec`
     built by :meth:`TaskSpec.create` is valid)."""
-    return tasks_pb2.TaskSpec(
-        name=spec.name, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
-        node_counts=spec.node_counts, throughputs=spec.throughputs,
-        objective_values=spec.objective_values, rescale_up_s=spec.rescale_up_s,
-        rescale_down_s=spec.rescale_down_s, total_work_samples=spec.total_work_samples,
-        command=spec.command, reports_progress=spec.reports_progress, power_w=spec.power_w,
-        zeus_job_id=spec.zeus_job_id, gpus_per_node=spec.gpus_per_node,
-        constraint=spec.constraint, procs_per_node=spec.procs_per_node)
+    return tasks_pb2.TaskSpec(**{name: getattr(spec, name) for name in SPEC_FIELDS})
 
 
 def _fields(msg: tasks_pb2.TaskSpec) -> dict:
     """The message's fields by the spec's names (its repeated fields as they are: the
     validator checks their sizes before it copies them)."""
-    return dict(
-        name=msg.name, min_nodes=msg.min_nodes, max_nodes=msg.max_nodes,
-        node_counts=msg.node_counts, throughputs=msg.throughputs,
-        objective_values=msg.objective_values, rescale_up_s=msg.rescale_up_s,
-        rescale_down_s=msg.rescale_down_s, total_work_samples=msg.total_work_samples,
-        command=msg.command, reports_progress=msg.reports_progress, power_w=msg.power_w,
-        zeus_job_id=msg.zeus_job_id, gpus_per_node=msg.gpus_per_node,
-        constraint=msg.constraint, procs_per_node=msg.procs_per_node)
+    return {name: getattr(msg, name) for name in SPEC_FIELDS}
 
 
 def spec_from_pb(msg: tasks_pb2.TaskSpec, limits: Limits | None = None) -> TaskSpec:
