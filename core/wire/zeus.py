@@ -11,6 +11,7 @@ import math
 from offcut.errors import InvalidArgument
 from offcut.trial_verdict import Verdict
 from offcut.v1 import zeus_pb2
+from offcut.wire.flat import flat_from_pb, flat_to_pb
 from offcut.zeus_views import (DEFAULT_MAX_POWER_LIMITS, BatchSizeJobSpec, PowerLimitSpec,
                                PowerMeasurement, PowerPlan, PowerProfile, Prediction, Resumed,
                                ZeusJob, ZeusTrial)
@@ -97,16 +98,12 @@ def job_spec_to_pb(spec: BatchSizeJobSpec, power: PowerLimitSpec | None = None
 # ----------------------------------------------------------------------------- jobs
 def trial_to_pb(t: ZeusTrial) -> zeus_pb2.ZeusTrial:
     """A :class:`ZeusTrial` as its message (``time_s`` [s], ``energy_j``/``cost_j`` [J])."""
-    return zeus_pb2.ZeusTrial(
-        trial_number=t.trial_number, batch_size=t.batch_size, status=t.status, epochs=t.epochs,
-        time_s=t.time_s, energy_j=t.energy_j, cost_j=t.cost_j, generation=t.generation,
-        interruptions=t.interruptions)
+    return flat_to_pb(t, zeus_pb2.ZeusTrial)
 
 
 def trial_from_pb(pb: zeus_pb2.ZeusTrial) -> ZeusTrial:
     """Inverse of :func:`trial_to_pb`."""
-    return ZeusTrial(pb.trial_number, pb.batch_size, pb.status, pb.epochs, pb.time_s,
-                     pb.energy_j, pb.cost_j, pb.generation, pb.interruptions)
+    return flat_from_pb(pb, ZeusTrial)
 
 
 def job_to_pb(job: ZeusJob) -> zeus_pb2.ZeusJob:
@@ -136,50 +133,43 @@ def job_from_pb(pb: zeus_pb2.ZeusJob) -> ZeusJob:
 # ----------------------------------------------------------------------------- answers
 def prediction_to_pb(p: Prediction) -> zeus_pb2.Prediction:
     """A :class:`Prediction` as its message (``cost_bound_j`` [J])."""
-    return zeus_pb2.Prediction(batch_size=p.batch_size, trial_number=p.trial_number,
-                               cost_bound_j=p.cost_bound_j, exploration=p.exploration)
+    return flat_to_pb(p, zeus_pb2.Prediction)
 
 
 def prediction_from_pb(pb: zeus_pb2.Prediction) -> Prediction:
     """Inverse of :func:`prediction_to_pb`."""
-    return Prediction(pb.batch_size, pb.trial_number, pb.cost_bound_j, pb.exploration)
+    return flat_from_pb(pb, Prediction)
 
 
 def resumed_to_pb(r: Resumed) -> zeus_pb2.ResumedTrial:
     """A :class:`Resumed` as its message (``time_s`` [s], ``energy_j``/``cost_j``/
     ``cost_bound_j`` [J])."""
-    return zeus_pb2.ResumedTrial(
-        trial_number=r.trial_number, batch_size=r.batch_size, epochs=r.epochs, time_s=r.time_s,
-        energy_j=r.energy_j, cost_j=r.cost_j, cost_bound_j=r.cost_bound_j,
-        exploration=r.exploration, generation=r.generation, taken_over=r.taken_over)
+    return flat_to_pb(r, zeus_pb2.ResumedTrial)
 
 
 def resumed_from_pb(pb: zeus_pb2.ResumedTrial) -> Resumed:
     """Inverse of :func:`resumed_to_pb`."""
-    return Resumed(pb.trial_number, pb.batch_size, pb.epochs, pb.time_s, pb.energy_j, pb.cost_j,
-                   pb.cost_bound_j, pb.exploration, pb.generation, pb.taken_over)
+    return flat_from_pb(pb, Resumed)
 
 
 def verdict_to_pb(v: Verdict) -> zeus_pb2.TrialVerdict:
     """A :class:`Verdict` as its message (``cost_j`` [J])."""
-    return zeus_pb2.TrialVerdict(stop=v.stop, converged=v.converged, cost_j=v.cost_j,
-                                 message=v.message, finished=v.finished, suspended=v.suspended)
+    return flat_to_pb(v, zeus_pb2.TrialVerdict)
 
 
 def verdict_from_pb(pb: zeus_pb2.TrialVerdict) -> Verdict:
     """Inverse of :func:`verdict_to_pb`."""
-    return Verdict(pb.stop, pb.converged, pb.cost_j, pb.message, pb.finished, pb.suspended)
+    return flat_from_pb(pb, Verdict)
 
 
 def plan_to_pb(p: PowerPlan) -> zeus_pb2.PowerPlan:
     """A :class:`PowerPlan` as its message (``power_limit_w`` [W])."""
-    return zeus_pb2.PowerPlan(action=p.action, power_limit_w=p.power_limit_w,
-                              warmup_steps=p.warmup_steps, profile_steps=p.profile_steps)
+    return flat_to_pb(p, zeus_pb2.PowerPlan)
 
 
 def plan_from_pb(pb: zeus_pb2.PowerPlan) -> PowerPlan:
     """Inverse of :func:`plan_to_pb`."""
-    return PowerPlan(pb.action, pb.power_limit_w, pb.warmup_steps, pb.profile_steps)
+    return flat_from_pb(pb, PowerPlan)
 
 
 def profile_to_pb(p: PowerProfile) -> zeus_pb2.PowerProfile:
@@ -188,13 +178,10 @@ def profile_to_pb(p: PowerProfile) -> zeus_pb2.PowerProfile:
     return zeus_pb2.PowerProfile(
         job_id=p.job_id, batch_size=p.batch_size, done=p.done,
         chosen_power_limit_w=p.chosen_power_limit_w,
-        measurements=[zeus_pb2.PowerMeasurement(
-            power_limit_w=m.power_limit_w, time_s=m.time_s, energy_j=m.energy_j, cost=m.cost)
-            for m in p.measurements])
+        measurements=[flat_to_pb(m, zeus_pb2.PowerMeasurement) for m in p.measurements])
 
 
 def profile_from_pb(pb: zeus_pb2.PowerProfile) -> PowerProfile:
     """Inverse of :func:`profile_to_pb`."""
     return PowerProfile(pb.job_id, pb.batch_size, pb.done, pb.chosen_power_limit_w,
-                        tuple(PowerMeasurement(m.power_limit_w, m.time_s, m.energy_j, m.cost)
-                              for m in pb.measurements))
+                        tuple(flat_from_pb(m, PowerMeasurement) for m in pb.measurements))
