@@ -75,13 +75,15 @@ def _print_summary(summary: dict, out: Path) -> None:
 
 
 def _replay(node_log, tasks, out: Path, oracle: bool = False, **opts) -> None:
-    from offcut.replay.driver import ReplayOptions, run_replay, run_with_oracle
+    """Replay, print the summary (``opts``: options under the CLI's names,
+    :func:`offcut.replay.driver.replay_options`); exit 2 on a bad option or input."""
+    from offcut.replay.driver import replay_options, run_replay, run_with_oracle
 
     try:
         if oracle:
-            summary = run_with_oracle(node_log, tasks, out, ReplayOptions(**opts))
+            summary = run_with_oracle(node_log, tasks, out, replay_options(**opts))
         else:
-            summary = run_replay(node_log, tasks, out, ReplayOptions(**opts))
+            summary = run_replay(node_log, tasks, out, replay_options(**opts))
     except ValueError as exc:
         fail(str(exc), 2)
     except OffcutError as exc:
@@ -161,12 +163,11 @@ def replay_bftrainer(
     except ReplayInputError as exc:
         fail(str(exc), 2)
     typer.echo(f"replay: {len(log.node_names)} nodes from {log.initial_time}, {len(task_set)} tasks")
-    _replay(log, task_set, out, solver=solver, tfwd_s=tfwd, max_tasks=max_tasks,
-            max_events=max_events, seed=seed, target=target, time_limit_s=time_limit,
+    _replay(log, task_set, out, solver=solver, tfwd=tfwd, max_tasks=max_tasks,
+            max_events=max_events, seed=seed, target=target, time_limit=time_limit,
             record_instances=str(record_instances) if record_instances else None,
             until_log_end=until_log_end, progress=progress, curves=curves, noise=noise,
-            report_every_s=report_every,
-            objective=policy, eta=eta, owners=owners, oracle=oracle)
+            report_every=report_every, policy=policy, eta=eta, owners=owners, oracle=oracle)
 
 
 def _site_log(sacct: Path, nodes: str, start: str, end: str, scavenger_partition: List[str],
@@ -288,7 +289,7 @@ def replay_slurm(
             t.submit_time = t.submit_time + offset
     typer.echo(f"replay: {len(log.node_names)} nodes from {log.initial_time} ({log.num_events} "
                f"changes in the accounting), {len(task_set)} tasks")
-    _replay(log, task_set, out, solver=solver, tfwd_s=tfwd, max_tasks=max_tasks,
+    _replay(log, task_set, out, solver=solver, tfwd=tfwd, max_tasks=max_tasks,
             progress=progress)
 
 

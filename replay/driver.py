@@ -114,6 +114,19 @@ class ReplayOptions:
     send_ahead: int = 4
 
 
+#: the option names of ``offcut replay bftrainer`` (and of a sweep cell's settings,
+#: :class:`offcut.replay.sweep_spec.CellSettings`) that :class:`ReplayOptions` holds under
+#: another name; the other options have the same name in both
+CLI_NAMES = {"tfwd": "tfwd_s", "time_limit": "time_limit_s", "report_every": "report_every_s",
+             "policy": "objective"}
+
+
+def replay_options(**options) -> ReplayOptions:
+    """The :class:`ReplayOptions` of options under the CLI's names (:data:`CLI_NAMES`; the
+    others as they are). Raises ``TypeError`` naming an option that is not a replay's."""
+    return ReplayOptions(**{CLI_NAMES.get(k, k): v for k, v in options.items()})
+
+
 #: ``ReplayOptions.curves``: ``model`` = the daemon computes progress from the true curves (no
 #: reports); with reports from :class:`~offcut.replay.progress_sim.ProgressSimulator` (true
 #: curves + seeded noise): ``known`` = the daemon is given the true curves (and power curves),

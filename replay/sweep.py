@@ -74,7 +74,7 @@ def run_cell(settings: dict[str, Any], folder: str) -> dict[str, Any]:
     fails, and the sweep reports it with its log.
     """
     from offcut.replay.bftrainer_data import load_node_log, load_task_set
-    from offcut.replay.driver import ReplayOptions, run_replay
+    from offcut.replay.driver import replay_options, run_replay
 
     s = CellSettings(**settings)
     out = Path(folder)
@@ -85,11 +85,7 @@ def run_cell(settings: dict[str, Any], folder: str) -> dict[str, Any]:
     tasks = load_task_set(s.tasks, s.jnps, allow_pickle=s.allow_pickle)
     if s.num_tasks is not None:
         tasks = tasks[:s.num_tasks]  # (sorted by submit time, then name)
-    opts = ReplayOptions(solver=s.solver, tfwd_s=s.tfwd, max_tasks=s.max_tasks,
-                         max_events=s.max_events, seed=s.seed, time_limit_s=s.time_limit,
-                         until_log_end=s.until_log_end, progress=False, curves=s.curves,
-                         noise=s.noise, report_every_s=s.report_every, objective=s.policy,
-                         eta=s.eta, owners=s.owners)
+    opts = replay_options(progress=False, **s.replay_settings())
     row = figures(run_replay(node_log, tasks, out, opts))
     row["wall_s"] = time.perf_counter() - started  # (with loading the inputs)
     write_row(out, s, row)

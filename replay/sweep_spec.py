@@ -83,6 +83,12 @@ class CellSettings(BaseModel):
     eta: float = Field(0.5, ge=0.0, le=1.0)
     owners: int = Field(0, ge=0, le=100_000)
 
+    def replay_settings(self) -> dict[str, Any]:
+        """The replay's options among the settings, under the CLI's names (for
+        :func:`offcut.replay.driver.replay_options`): all but the inputs
+        (:data:`INPUT_SETTINGS`)."""
+        return self.model_dump(exclude=set(INPUT_SETTINGS))
+
 
 class SweepOptions(BaseModel):
     """``[sweep]``: ``out`` (the sweep's folder; default ``<spec name>-out`` beside the spec),
@@ -176,6 +182,9 @@ class SweepSpec:
 
 #: the settings that are paths (resolved against the spec's folder)
 PATH_SETTINGS = ("node_log", "tasks", "jnps")
+#: the settings that say what is loaded (the rest are the replay's options)
+INPUT_SETTINGS = (*PATH_SETTINGS, "allow_pickle", "first_node", "num_nodes", "skip_rows",
+                  "num_tasks")
 
 
 def setting_text(name: str, value: Any) -> str:

@@ -87,6 +87,16 @@ def test_grid_expands_to_stable_cells_with_their_axes(tmp_path):
     assert not {c.id for c in other.cells} & {c.id for c in spec.cells}
 
 
+def test_a_cells_settings_are_the_replays_options_under_the_cli_names(tmp_path):
+    from offcut.replay.driver import replay_options
+
+    cell = load_spec(write_spec(tmp_path, GRID)).cells[-1].settings  # (energy, 60 s, 32 nodes)
+    opts = replay_options(progress=False, **cell.replay_settings())
+    assert (opts.objective, opts.tfwd_s, opts.max_events, opts.progress) == ("energy", 60.0,
+                                                                             150, False)
+    assert "num_nodes" not in cell.replay_settings()  # (an input, not a replay option)
+
+
 def test_relative_paths_are_the_spec_folders_and_cells_can_be_listed(tmp_path):
     (tmp_path / "inputs").symlink_to(DEMO)
     spec = load_spec(write_spec(tmp_path, """
