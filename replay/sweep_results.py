@@ -28,8 +28,8 @@ __all__ = ["FIGURES", "ROW_FILE", "cell_dir", "figures", "finished", "gather", "
 #: (docs/replay-and-policies.md, "Efficiency against dedicated nodes"): the efficiency against
 #: dedicated nodes (its baselines from the tasks' curves) and its parts, the share of idle
 #: node-hours held, the all-done time [h from the log's first event; empty when not every
-#: task finished], samples, energy [J], decision times [ms], the nodes replayed and the cell's
-#: wall time [s]
+#: task finished], samples, energy [J] (modelled: an estimate), decision times [ms], the
+#: nodes replayed and the cell's wall time [s]
 FIGURES = ("dedicated_efficiency", "same_counts_efficiency", "scaling_factor", "utilisation",
            "all_done_h", "tasks_completed", "tasks_submitted", "stop_reason", "total_samples",
            "idle_node_hours", "used_node_hours", "energy_j", "samples_per_joule",
